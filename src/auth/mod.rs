@@ -1,0 +1,100 @@
+//! Agent API keys and the operator token.
+//!
+//! Keys look like `x4r_<43 base64url chars>` (256 random bits) so secret scanners can
+//! spot leaked ones. Only their sha256 is stored. An agent's identity comes only from
+//! its key: every query in the service filters by the authenticated agent id.
+
+pub mod agents;
+
+use std::future::{Ready, ready};
+
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, web};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::idempotency::canonical::sha256_hex;
+use crate::state::AppState;
+
+/// Prefix of every agent API key.
+pub const KEY_PREFIX: &str = "x4r_";
+
+/// A new random API key (256 bits from the operating system's CSPRNG).
+///
+/// # Errors
+/// If the operating system cannot provide randomness.
+pub fn generate_api_key() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes)?;
+    Ok(format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes)))
+}
+
+/// The stored form of a key.
+pub fn hash_api_key(key: &str) -> String {
+    sha256_hex(key.as_bytes())
+}
+
+/// The agent behind a request's `Authorization: Bearer` key.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthenticatedAgent {
+    pub id: Uuid,
+}
+
+fn bearer(req: &HttpRequest) -> Option<&str> {
+    let value = req.headers().get(actix_web::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+}
+
+impl FromRequest for AuthenticatedAgent {
+    type Error = ApiError;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let token = bearer(req).map(str::to_owned);
+        Box::pin(async move {
+            let state = state.ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+            let token = token.ok_or(ApiError::Unauthorized)?;
+            if !token.starts_with(KEY_PREFIX) || token.len() > 200 {
+                return Err(ApiError::Unauthorized);
+            }
+            let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+            let found = agents::find_by_key_hash(&mut conn, &hash_api_key(&token)).await.map_err(ApiError::database)?;
+            match found {
+                None => Err(ApiError::Unauthorized),
+                Some(a) if a.disabled => Err(ApiError::Forbidden),
+                Some(a) => Ok(AuthenticatedAgent { id: a.id }),
+            }
+        })
+    }
+}
+
+/// An operator request (`Authorization: Bearer $OPERATOR_TOKEN`, constant-time compare).
+#[derive(Debug, Clone, Copy)]
+pub struct Operator;
+
+impl FromRequest for Operator {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let Some(state) = req.app_data::<web::Data<AppState>>() else {
+            return ready(Err(ApiError::Internal(anyhow::anyhow!("app state missing"))));
+        };
+        let Some(expected) = state.config.operator_token.as_ref() else {
+            return ready(Err(ApiError::NotFound));
+        };
+        let result = match bearer(req) {
+            None => Err(ApiError::Unauthorized),
+            Some(t) if bool::from(t.as_bytes().ct_eq(expected.expose().as_bytes())) => Ok(Operator),
+            // An agent key is a valid credential, but not for this surface.
+            Some(t) if t.starts_with(KEY_PREFIX) => Err(ApiError::Forbidden),
+            Some(_) => Err(ApiError::Unauthorized),
+        };
+        ready(result)
+    }
+}

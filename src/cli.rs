@@ -1,0 +1,163 @@
+//! The command line: `serve`, `migrate`, `gc`, `agents …`.
+//!
+//! Every setting can come from a flag or from the environment variable named in its
+//! help. Values arrive here as raw strings on purpose: `config` turns them into typed
+//! settings and reports a missing or malformed one in a single line that names it.
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "x402-router", version, about = "Pays x402 APIs for AI agents, at most once per Idempotency-Key")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service (runs pending migrations first unless --no-migrate).
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Delete expired idempotency rows in bounded batches; prints how many were removed.
+    Gc(GcArgs),
+    /// Manage agents (the callers of POST /route).
+    Agents(AgentsArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DatabaseArgs {
+    /// Postgres URL (the source of truth).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Largest number of pooled Postgres connections.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value = "16")]
+    pub database_pool_size: String,
+    /// How long to wait for a pooled Postgres connection before answering 503, in ms.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value = "2000")]
+    pub database_acquire_timeout_ms: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Redis URL (hot cache only; the service keeps answering correctly without it).
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Timeout of every Redis call, in ms. Past it the request continues on Postgres.
+    #[arg(long, env = "REDIS_TIMEOUT_MS", default_value = "50")]
+    pub redis_timeout_ms: String,
+    /// Prefix of every Redis key (lets several deployments or tests share one Redis).
+    #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
+    pub redis_key_prefix: String,
+    /// Address to listen on.
+    #[arg(long, env = "BIND", default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// The paying wallet's secp256k1 key, hex. Prefer --router-private-key-file.
+    #[arg(long, env = "ROUTER_PRIVATE_KEY", hide_env_values = true)]
+    pub router_private_key: Option<String>,
+    /// A file holding the paying wallet's key (hex).
+    #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
+    pub router_private_key_file: Option<String>,
+    /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`.
+    #[arg(long, env = "X402_RPC_URLS", default_value = "")]
+    pub x402_rpc_urls: String,
+    /// Token contracts the router pays with, per network: `eip155:84532=0x…,…`.
+    /// Empty: USDC on Base and Base Sepolia.
+    #[arg(long, env = "X402_ASSETS", default_value = "")]
+    pub x402_assets: String,
+    /// Timeout of each chain RPC call, in ms.
+    #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
+    pub x402_rpc_timeout_ms: String,
+    /// Bearer token for /audit/* (unset: the audit API is disabled).
+    #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+    /// Allow upstreams on loopback/private/link-local addresses (local development and tests).
+    #[arg(long, env = "UPSTREAM_ALLOW_PRIVATE", default_value = "false")]
+    pub upstream_allow_private: String,
+    /// Comma-separated CIDRs that are allowed even though they are private (e.g. `10.1.2.0/24`).
+    #[arg(long, env = "UPSTREAM_ALLOW_CIDRS", default_value = "")]
+    pub upstream_allow_cidrs: String,
+    /// Upstream connect timeout, in ms.
+    #[arg(long, env = "UPSTREAM_CONNECT_TIMEOUT_MS", default_value = "5000")]
+    pub upstream_connect_timeout_ms: String,
+    /// Upstream timeout for one whole exchange (request and response body), in ms.
+    #[arg(long, env = "UPSTREAM_TIMEOUT_MS", default_value = "30000")]
+    pub upstream_timeout_ms: String,
+    /// Largest upstream response body the router accepts, in bytes.
+    #[arg(long, env = "UPSTREAM_MAX_RESPONSE_BYTES", default_value = "1048576")]
+    pub upstream_max_response_bytes: String,
+    /// Largest POST /route request body, in bytes.
+    #[arg(long, env = "REQUEST_MAX_BYTES", default_value = "262144")]
+    pub request_max_bytes: String,
+    /// An in-flight idempotency row whose heartbeat is older than this is abandoned, in ms.
+    #[arg(long, env = "IDEMPOTENCY_ABANDON_AFTER_MS", default_value = "60000")]
+    pub idempotency_abandon_after_ms: String,
+    /// How often a running request refreshes its in-flight row, in ms.
+    #[arg(long, env = "IDEMPOTENCY_HEARTBEAT_MS", default_value = "10000")]
+    pub idempotency_heartbeat_ms: String,
+    /// Deadline of one routed call (payment + upstream), in ms.
+    #[arg(long, env = "ROUTE_DEADLINE_MS", default_value = "50000")]
+    pub route_deadline_ms: String,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    /// HTTP worker threads (0: one per core).
+    #[arg(long, env = "WORKERS", default_value = "0")]
+    pub workers: String,
+    /// Do not run pending migrations at start.
+    #[arg(long, env = "NO_MIGRATE", default_value = "false")]
+    pub no_migrate: String,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Rows deleted per statement.
+    #[arg(long, env = "GC_BATCH_SIZE", default_value = "5000")]
+    pub gc_batch_size: String,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: AgentsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsCommand {
+    /// Create an agent and print `{"agent_id", "api_key"}` (the only time the key is shown).
+    Create {
+        /// A name for operators.
+        #[arg(long)]
+        name: String,
+        /// Most the agent may pay in one call, in the asset's atomic units.
+        #[arg(long)]
+        max_per_call: Option<String>,
+        /// Most the agent may pay in any rolling 24 hours, in atomic units.
+        #[arg(long)]
+        daily_budget: Option<String>,
+    },
+    /// List agents as JSON lines (never the keys).
+    List,
+    /// Disable an agent: its key is refused with 403 from then on.
+    Disable {
+        /// The agent's id.
+        id: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

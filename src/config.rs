@@ -1,0 +1,302 @@
+//! Typed settings, built once from the raw CLI/env strings.
+//!
+//! Start-up fails fast: a missing or malformed setting becomes one [`ConfigError`] line
+//! that names the environment variable and the flag. Secrets live in [`Secret`], whose
+//! `Debug` never prints the value.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use alloy::primitives::Address;
+use alloy::signers::local::PrivateKeySigner;
+use ipnet::IpNet;
+
+use crate::cli::{DatabaseArgs, ServeArgs};
+
+/// A setting that is missing or malformed. Displayed as one line naming the setting.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {env} (--{flag}): {reason}", flag = env.to_ascii_lowercase().replace('_', "-"))]
+pub struct ConfigError {
+    env: &'static str,
+    reason: String,
+}
+
+impl ConfigError {
+    fn new(env: &'static str, reason: impl Into<String>) -> Self {
+        Self { env, reason: reason.into() }
+    }
+}
+
+/// A secret string: never printed by `Debug`.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// Postgres settings shared by every sub-command.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    pub url: Secret,
+    pub pool_size: u32,
+    pub acquire_timeout: Duration,
+}
+
+impl DatabaseConfig {
+    pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
+        let url = required("DATABASE_URL", args.database_url.as_deref())?;
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
+        }
+        let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
+        if pool_size == 0 {
+            return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
+        }
+        Ok(Self {
+            url: Secret::new(url.to_owned()),
+            pool_size,
+            acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
+        })
+    }
+}
+
+/// Timing of the idempotency protocol.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyTiming {
+    /// An in-flight row whose `created_at` (heartbeat) is older than this may be taken over.
+    pub abandon_after: Duration,
+    /// How often the owner refreshes `created_at`.
+    pub heartbeat: Duration,
+    /// Deadline of the whole routed call.
+    pub deadline: Duration,
+}
+
+/// Upstream HTTP client settings and the SSRF policy.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub allow_private: bool,
+    pub allow_cidrs: Vec<IpNet>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub max_response_bytes: usize,
+}
+
+/// What the router is willing to pay with.
+#[derive(Debug, Clone)]
+pub struct PaymentConfig {
+    /// CAIP-2 network id → RPC URL. A network without one is never paid on.
+    pub rpc_urls: BTreeMap<String, String>,
+    /// CAIP-2 network id → token contracts the router pays with.
+    pub assets: BTreeMap<String, Vec<Address>>,
+    pub rpc_timeout: Duration,
+}
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub redis_url: Secret,
+    pub redis_timeout: Duration,
+    pub redis_key_prefix: String,
+    pub bind: SocketAddr,
+    pub signer: PrivateKeySigner,
+    pub payments: PaymentConfig,
+    pub operator_token: Option<Secret>,
+    pub upstream: UpstreamConfig,
+    pub request_max_bytes: usize,
+    pub idempotency: IdempotencyTiming,
+    pub json_logs: bool,
+    pub workers: usize,
+    pub run_migrations: bool,
+}
+
+/// USDC as deployed by Circle: the default `X402_ASSETS`.
+pub const DEFAULT_ASSETS: &str = "eip155:8453=0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913,\
+eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e";
+
+impl Config {
+    /// Builds the typed configuration.
+    ///
+    /// # Errors
+    /// The first missing or malformed setting, naming it.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let database = DatabaseConfig::from_args(&args.db)?;
+        let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
+        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
+            return Err(ConfigError::new("REDIS_URL", "must start with redis:// or rediss://"));
+        }
+        let bind = SocketAddr::from_str(args.bind.trim())
+            .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
+        let signer = load_signer(args)?;
+        let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
+        let assets_raw = if args.x402_assets.trim().is_empty() { DEFAULT_ASSETS } else { &args.x402_assets };
+        let assets = parse_assets(assets_raw)?;
+        let operator_token = match args.operator_token.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(t) if t.len() < 16 => {
+                return Err(ConfigError::new("OPERATOR_TOKEN", "must be at least 16 characters"));
+            }
+            Some(t) => Some(Secret::new(t.to_owned())),
+        };
+        let upstream = UpstreamConfig {
+            allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
+            allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
+            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
+            timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
+            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
+        };
+        let idempotency = IdempotencyTiming {
+            abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
+            heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
+            deadline: parse_ms("ROUTE_DEADLINE_MS", &args.route_deadline_ms)?,
+        };
+        // The heartbeat must beat well inside the abandonment window, or a live owner
+        // could be taken over between two beats.
+        if idempotency.heartbeat * 2 > idempotency.abandon_after {
+            return Err(ConfigError::new(
+                "IDEMPOTENCY_HEARTBEAT_MS",
+                "must be at most half of IDEMPOTENCY_ABANDON_AFTER_MS",
+            ));
+        }
+        let json_logs = match args.log_format.trim() {
+            "text" => false,
+            "json" => true,
+            _ => return Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
+        };
+        Ok(Self {
+            database,
+            redis_url: Secret::new(redis_url.to_owned()),
+            redis_timeout: parse_ms("REDIS_TIMEOUT_MS", &args.redis_timeout_ms)?,
+            redis_key_prefix: args.redis_key_prefix.clone(),
+            bind,
+            signer,
+            payments: PaymentConfig {
+                rpc_urls,
+                assets,
+                rpc_timeout: parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?,
+            },
+            operator_token,
+            upstream,
+            request_max_bytes: parse_num("REQUEST_MAX_BYTES", &args.request_max_bytes)?,
+            idempotency,
+            json_logs,
+            workers: parse_num("WORKERS", &args.workers)?,
+            run_migrations: !parse_bool("NO_MIGRATE", &args.no_migrate)?,
+        })
+    }
+}
+
+fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, ConfigError> {
+    match value.map(str::trim) {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(ConfigError::new(env, "is required")),
+    }
+}
+
+fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
+    raw.trim().parse().map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
+}
+
+fn parse_ms(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
+    let ms: u64 = parse_num(env, raw)?;
+    if ms == 0 {
+        return Err(ConfigError::new(env, "must be greater than 0"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+fn parse_bool(env: &'static str, raw: &str) -> Result<bool, ConfigError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" | "" => Ok(false),
+        _ => Err(ConfigError::new(env, format!("expected true or false, got {raw:?}"))),
+    }
+}
+
+fn parse_cidrs(raw: &str) -> Result<Vec<IpNet>, ConfigError> {
+    split_list(raw)
+        .map(|item| {
+            item.parse::<IpNet>()
+                .or_else(|_| item.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| ConfigError::new("UPSTREAM_ALLOW_CIDRS", format!("{item:?} is not an IP or CIDR")))
+        })
+        .collect()
+}
+
+fn split_list(raw: &str) -> impl Iterator<Item = &str> {
+    raw.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(String, &'a str), ConfigError> {
+    let (network, value) = item
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new(env, format!("{item:?} is not of the form network=value")))?;
+    let network = crate::x402::Network::parse(network.trim())
+        .map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
+    Ok((network.to_string(), value.trim()))
+}
+
+fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in split_list(raw) {
+        let (network, url) = split_pair("X402_RPC_URLS", item)?;
+        let parsed = url::Url::parse(url)
+            .map_err(|_| ConfigError::new("X402_RPC_URLS", format!("{url:?} is not a URL")))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ConfigError::new("X402_RPC_URLS", format!("{url:?} must be http(s)")));
+        }
+        if out.insert(network.clone(), url.to_owned()).is_some() {
+            return Err(ConfigError::new("X402_RPC_URLS", format!("{network} is listed twice")));
+        }
+    }
+    Ok(out)
+}
+
+fn parse_assets(raw: &str) -> Result<BTreeMap<String, Vec<Address>>, ConfigError> {
+    let mut out: BTreeMap<String, Vec<Address>> = BTreeMap::new();
+    for item in split_list(raw) {
+        let (network, addr) = split_pair("X402_ASSETS", item)?;
+        let asset = Address::from_str(addr)
+            .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
+        let list = out.entry(network).or_default();
+        if !list.contains(&asset) {
+            list.push(asset);
+        }
+    }
+    Ok(out)
+}
+
+fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
+    let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
+        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
+            ("ROUTER_PRIVATE_KEY_FILE", text)
+        }
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "ROUTER_PRIVATE_KEY",
+                "set ROUTER_PRIVATE_KEY or ROUTER_PRIVATE_KEY_FILE, not both",
+            ));
+        }
+        (None, None) => return Err(ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)")),
+    };
+    let hex = raw.trim();
+    PrivateKeySigner::from_str(hex)
+        .map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
+}

@@ -1,0 +1,68 @@
+//! Postgres plumbing: the bb8 pool of diesel-async connections, the embedded migrations
+//! and the schema. No business logic lives here.
+
+pub mod schema;
+
+use std::time::Duration;
+
+use diesel_async::AsyncPgConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::bb8::{Pool, PooledConnection};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+
+use crate::config::DatabaseConfig;
+
+/// The migrations in `migrations/`, compiled into the binary.
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+
+pub type PgPool = Pool<AsyncPgConnection>;
+pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
+
+/// Builds the pool without connecting: the service starts even while Postgres is down
+/// (requests then get 503 until it is back).
+pub fn pool(config: &DatabaseConfig) -> PgPool {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(config.url.expose());
+    Pool::builder()
+        .max_size(config.pool_size)
+        .min_idle(Some(0))
+        .connection_timeout(config.acquire_timeout)
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .build_unchecked(manager)
+}
+
+/// Applies pending migrations; returns the versions applied.
+///
+/// Runs on a blocking thread: diesel's migration harness is synchronous and
+/// `AsyncConnectionWrapper` drives its own small runtime there.
+///
+/// # Errors
+/// Connection or migration failure.
+pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
+    let url = url.to_owned();
+    let applied = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let versions = conn
+            .run_pending_migrations(MIGRATIONS)
+            .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
+        Ok(versions.into_iter().map(|v| v.to_string()).collect())
+    })
+    .await??;
+    Ok(applied)
+}
+
+/// Reverts every migration (used by the migration round-trip test).
+///
+/// # Errors
+/// Connection or migration failure.
+pub async fn revert_all_migrations(url: &str) -> anyhow::Result<usize> {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let versions = conn
+            .revert_all_migrations(MIGRATIONS)
+            .map_err(|e| anyhow::anyhow!("revert failed: {e}"))?;
+        Ok(versions.len())
+    })
+    .await?
+}

@@ -1,0 +1,53 @@
+//! Diesel table definitions, matching `migrations/` (written by hand; see diesel.toml).
+//! Amount columns (NUMERIC) are not declared here: they are read and written with SQL
+//! that casts them to text, so no big-decimal type is needed.
+
+diesel::table! {
+    agents (id) {
+        id -> Uuid,
+        name -> Text,
+        api_key_hash -> Text,
+        disabled -> Bool,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    receipts (id) {
+        id -> Uuid,
+        agent_id -> Uuid,
+        idempotency_key -> Text,
+        request_hash -> Text,
+        method -> Text,
+        url -> Text,
+        upstream_status -> Int4,
+        upstream_body_sha256 -> Text,
+        payment -> Nullable<Jsonb>,
+        outcome -> Text,
+        created_at -> Timestamptz,
+        signer -> Text,
+        signature -> Text,
+    }
+}
+
+diesel::table! {
+    idempotency_keys (agent_id, key) {
+        agent_id -> Uuid,
+        key -> Text,
+        request_hash -> Text,
+        status -> Text,
+        lease -> Uuid,
+        response_status_code -> Nullable<Int4>,
+        response_body -> Nullable<Jsonb>,
+        receipt_id -> Nullable<Uuid>,
+        created_at -> Timestamptz,
+        first_seen_at -> Timestamptz,
+        completed_at -> Nullable<Timestamptz>,
+        takeovers -> Int4,
+        expires_at -> Timestamptz,
+    }
+}
+
+diesel::joinable!(idempotency_keys -> agents (agent_id));
+diesel::joinable!(receipts -> agents (agent_id));
+diesel::allow_tables_to_appear_in_same_query!(agents, receipts, idempotency_keys);

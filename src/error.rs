@@ -1,0 +1,97 @@
+//! The one place that maps errors to HTTP. Every error body is `{"error": "…"}`.
+//! 5xx bodies are opaque; their cause is logged once, here.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{HeaderValue, RETRY_AFTER};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+use crate::idempotency::key::InvalidKey;
+use crate::routing::request::BadRequest;
+
+/// Errors of the HTTP API.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("Idempotency-Key header required (16–128 chars)")]
+    IdempotencyKeyRequired,
+    #[error("request body exceeds {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("missing or unknown API key")]
+    Unauthorized,
+    #[error("agent is disabled")]
+    Forbidden,
+    #[error("not found")]
+    NotFound,
+    #[error("Idempotency-Key reused with different body")]
+    KeyReused,
+    #[error("Original request still in flight; retry shortly")]
+    InFlight,
+    #[error("this attempt was superseded by a retry of the same Idempotency-Key; retry to read the recorded result")]
+    Superseded,
+    #[error("service unavailable: {0}")]
+    Unavailable(&'static str),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    /// Postgres could not be reached: 503, and nothing was executed.
+    pub fn database(e: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %e, "postgres unavailable");
+        Self::Unavailable("database unavailable")
+    }
+}
+
+impl From<BadRequest> for ApiError {
+    fn from(e: BadRequest) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
+impl From<InvalidKey> for ApiError {
+    fn from(_: InvalidKey) -> Self {
+        Self::IdempotencyKeyRequired
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) | Self::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let Self::Internal(e) = self {
+            tracing::error!(error = ?e, "internal error");
+        }
+        let mut resp = HttpResponse::build(self.status_code());
+        match self {
+            Self::InFlight => {
+                resp.insert_header((RETRY_AFTER, HeaderValue::from_static("5")));
+            }
+            Self::Unauthorized => {
+                resp.insert_header(("WWW-Authenticate", "Bearer"));
+            }
+            Self::Unavailable(_) => {
+                resp.insert_header((RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            _ => {}
+        }
+        resp.json(json!({ "error": self.to_string() }))
+    }
+}
+
+/// Re-shapes actix's own rejections (bad query, bad path, …) into `{"error": …}`.
+pub fn json_error(status: StatusCode, message: impl Into<String>) -> HttpResponse {
+    HttpResponse::build(status).json(json!({ "error": message.into() }))
+}

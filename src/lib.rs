@@ -1,0 +1,34 @@
+//! x402-router: AI agents call `POST /route`; the router calls the upstream, pays x402
+//! payment requests at most once per (agent, Idempotency-Key), and records a signed receipt.
+//!
+//! Map (start at `routes/mod.rs`, the route table):
+//! * `routes/`       HTTP adaptation only.
+//! * `routing/`      the `/route` use case: idempotency around the upstream call, recording.
+//! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
+//! * `payments/`     the x402 flow: selection, signing, the payment ledger, settlement checks.
+//! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 signing, chain reads.
+//! * `upstream/`     the HTTP client, its SSRF guard and limits.
+//! * `receipts/`     signed receipts and their table.
+//! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `db/`           pool, schema, embedded migrations.
+//! * `gc`            deletion of expired idempotency rows.
+//! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
+
+pub mod auth;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod gc;
+pub mod idempotency;
+pub mod metrics;
+pub mod payments;
+pub mod receipts;
+pub mod routes;
+pub mod routing;
+pub mod startup;
+pub mod state;
+pub mod telemetry;
+pub mod upstream;
+pub mod x402;

@@ -1,0 +1,23 @@
+//! `x402-router`: parse the command line and dispatch. No logic lives here.
+
+use clap::Parser;
+use x402_router::cli::{Cli, Command};
+use x402_router::commands;
+
+#[actix_web::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Serve(args) => commands::serve(args).await,
+        Command::Migrate(args) => commands::migrate(args).await,
+        Command::Gc(args) => commands::gc(args).await,
+        Command::Agents(args) => commands::agents(args).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

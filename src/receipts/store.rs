@@ -1,0 +1,102 @@
+//! The `receipts` table.
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::Receipt;
+use crate::db::schema::receipts;
+
+#[derive(Queryable, Selectable, Insertable)]
+#[diesel(table_name = receipts)]
+struct ReceiptRow {
+    id: Uuid,
+    agent_id: Uuid,
+    idempotency_key: String,
+    request_hash: String,
+    method: String,
+    url: String,
+    upstream_status: i32,
+    upstream_body_sha256: String,
+    payment: Option<serde_json::Value>,
+    outcome: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+    signer: String,
+    signature: String,
+}
+
+impl From<&Receipt> for ReceiptRow {
+    fn from(r: &Receipt) -> Self {
+        Self {
+            id: r.id,
+            agent_id: r.agent_id,
+            idempotency_key: r.idempotency_key.clone(),
+            request_hash: r.request_hash.clone(),
+            method: r.method.clone(),
+            url: r.url.clone(),
+            upstream_status: r.upstream_status,
+            upstream_body_sha256: r.upstream_body_sha256.clone(),
+            payment: r.payment.clone(),
+            outcome: r.outcome.clone(),
+            created_at: r.created_at,
+            signer: r.signer.clone(),
+            signature: r.signature.clone(),
+        }
+    }
+}
+
+impl From<ReceiptRow> for Receipt {
+    fn from(r: ReceiptRow) -> Self {
+        Self {
+            id: r.id,
+            agent_id: r.agent_id,
+            idempotency_key: r.idempotency_key,
+            request_hash: r.request_hash,
+            method: r.method,
+            url: r.url,
+            upstream_status: r.upstream_status,
+            upstream_body_sha256: r.upstream_body_sha256,
+            payment: r.payment,
+            outcome: r.outcome,
+            created_at: r.created_at,
+            signer: r.signer,
+            signature: r.signature,
+        }
+    }
+}
+
+/// Inserts a receipt (inside the caller's transaction).
+///
+/// # Errors
+/// Database errors.
+pub async fn insert(conn: &mut AsyncPgConnection, receipt: &Receipt) -> QueryResult<()> {
+    diesel::insert_into(receipts::table).values(ReceiptRow::from(receipt)).execute(conn).await.map(|_| ())
+}
+
+/// One of `agent_id`'s receipts. Another agent's receipt is simply not found.
+///
+/// # Errors
+/// Database errors.
+pub async fn find_for_agent(conn: &mut AsyncPgConnection, agent_id: Uuid, id: Uuid) -> QueryResult<Option<Receipt>> {
+    receipts::table
+        .filter(receipts::id.eq(id))
+        .filter(receipts::agent_id.eq(agent_id))
+        .select(ReceiptRow::as_select())
+        .first(conn)
+        .await
+        .optional()
+        .map(|r| r.map(Receipt::from))
+}
+
+/// Number of receipts of one (agent, key): tests and audits use it to prove at-most-once.
+///
+/// # Errors
+/// Database errors.
+pub async fn count_for_key(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<i64> {
+    receipts::table
+        .filter(receipts::agent_id.eq(agent_id))
+        .filter(receipts::idempotency_key.eq(key))
+        .count()
+        .get_result(conn)
+        .await
+}

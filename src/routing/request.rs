@@ -1,0 +1,213 @@
+//! The body of `POST /route`, parsed at the edge into a [`RouteCall`].
+//!
+//! Everything that can be refused without side effects is refused here, before any
+//! idempotency row is written: malformed JSON, unknown fields, a bad URL, method,
+//! header or amount.
+
+use std::str::FromStr;
+
+use alloy::primitives::U256;
+use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::Value;
+use url::Url;
+
+use crate::idempotency::canonical::{self, JsonError};
+use crate::upstream::{UpstreamRequest, is_dropped_request_header};
+
+/// Longest upstream URL accepted.
+const MAX_URL_LEN: usize = 8192;
+/// Most headers an agent may pass through.
+const MAX_HEADERS: usize = 64;
+
+/// A refused `/route` body; the message goes to the agent as a 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+impl From<JsonError> for BadRequest {
+    fn from(e: JsonError) -> Self {
+        Self(e.to_string())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouteRequest {
+    url: Value,
+    #[serde(default)]
+    method: Option<Value>,
+    #[serde(default)]
+    headers: Option<Value>,
+    #[serde(default)]
+    body: Value,
+    #[serde(default)]
+    max_amount: Option<Value>,
+}
+
+/// A validated routed call.
+#[derive(Debug, Clone)]
+pub struct RouteCall {
+    pub upstream: UpstreamRequest,
+    /// The most the agent will pay for this call, in atomic units (0 when absent).
+    pub max_amount: U256,
+    /// The request fingerprint (idempotency and receipts).
+    pub request_hash: String,
+}
+
+impl RouteCall {
+    /// Parses and validates the raw body of `POST /route`.
+    ///
+    /// # Errors
+    /// [`BadRequest`] with a message naming the problem.
+    pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
+        if raw.is_empty() {
+            return Err(BadRequest("request body is required (JSON object with at least \"url\")".into()));
+        }
+        let value = canonical::parse_strict(raw)?;
+        if !value.is_object() {
+            return Err(BadRequest("request body must be a JSON object".into()));
+        }
+        let request_hash = canonical::request_hash(&value, path, query)
+            .map_err(|e| BadRequest(format!("request body cannot be canonicalized: {e}")))?;
+        let req: RawRouteRequest =
+            serde_json::from_value(value).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
+
+        let url = parse_url(&req.url)?;
+        let method = parse_method(req.method.as_ref())?;
+        let headers = parse_headers(req.headers.as_ref())?;
+        let body = match req.body {
+            Value::Null => None,
+            v => {
+                if method == Method::GET || method == Method::HEAD {
+                    return Err(BadRequest(format!("\"body\" is not allowed with {method}")));
+                }
+                Some(serde_json::to_vec(&v).map_err(|e| BadRequest(format!("invalid body: {e}")))?)
+            }
+        };
+        let max_amount = parse_amount(req.max_amount.as_ref())?;
+        Ok(Self { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
+    }
+}
+
+fn parse_url(v: &Value) -> Result<Url, BadRequest> {
+    let Value::String(s) = v else {
+        return Err(BadRequest("\"url\" must be a string".into()));
+    };
+    if s.len() > MAX_URL_LEN {
+        return Err(BadRequest(format!("\"url\" is longer than {MAX_URL_LEN} characters")));
+    }
+    let url = Url::parse(s).map_err(|e| BadRequest(format!("\"url\" is not a valid absolute URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(BadRequest("\"url\" must be http or https".into()));
+    }
+    if url.host().is_none() {
+        return Err(BadRequest("\"url\" has no host".into()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BadRequest("\"url\" must not carry credentials; pass an Authorization header instead".into()));
+    }
+    Ok(url)
+}
+
+fn parse_method(v: Option<&Value>) -> Result<Method, BadRequest> {
+    let name = match v {
+        None | Some(Value::Null) => return Ok(Method::GET),
+        Some(Value::String(s)) => s.to_ascii_uppercase(),
+        Some(_) => return Err(BadRequest("\"method\" must be a string".into())),
+    };
+    match name.as_str() {
+        "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => {
+            Method::from_str(&name).map_err(|_| BadRequest(format!("unsupported method {name:?}")))
+        }
+        _ => Err(BadRequest(format!(
+            "unsupported method {name:?}; use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS"
+        ))),
+    }
+}
+
+fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
+    let mut out = HeaderMap::new();
+    let obj = match v {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(BadRequest("\"headers\" must be an object of string values".into())),
+    };
+    if obj.len() > MAX_HEADERS {
+        return Err(BadRequest(format!("at most {MAX_HEADERS} headers")));
+    }
+    for (name, value) in obj {
+        let Value::String(value) = value else {
+            return Err(BadRequest(format!("header {name:?} must have a string value")));
+        };
+        let hname = HeaderName::from_str(name).map_err(|_| BadRequest(format!("invalid header name {name:?}")))?;
+        let hvalue =
+            HeaderValue::from_str(value).map_err(|_| BadRequest(format!("invalid value for header {name:?}")))?;
+        if is_dropped_request_header(hname.as_str()) {
+            continue;
+        }
+        out.append(hname, hvalue);
+    }
+    Ok(out)
+}
+
+/// A decimal string of atomic units, e.g. `"50000"`. Absent means 0: pay nothing.
+fn parse_amount(v: Option<&Value>) -> Result<U256, BadRequest> {
+    match v {
+        None | Some(Value::Null) => Ok(U256::ZERO),
+        Some(Value::String(s)) => parse_decimal_amount(s)
+            .ok_or_else(|| BadRequest("\"max_amount\" must be a decimal string of atomic units, e.g. \"50000\"".into())),
+        Some(_) => Err(BadRequest(
+            "\"max_amount\" must be a decimal string of atomic units (e.g. \"50000\"), not a number".into(),
+        )),
+    }
+}
+
+/// Strict decimal: digits only, no sign, no leading `+`, at most 78 digits, fits U256.
+pub fn parse_decimal_amount(s: &str) -> Option<U256> {
+    if s.is_empty() || s.len() > 78 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    U256::from_str_radix(s, 10).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<RouteCall, BadRequest> {
+        RouteCall::parse(body.as_bytes(), "/route", "")
+    }
+
+    #[test]
+    fn minimal_get() {
+        let c = parse(r#"{"url":"https://api.example.com/x?a=1"}"#).unwrap();
+        assert_eq!(c.upstream.method, Method::GET);
+        assert_eq!(c.max_amount, U256::ZERO);
+        assert!(c.upstream.body.is_none());
+    }
+
+    #[test]
+    fn refusals() {
+        for bad in [
+            "", "[]", "{}", r#"{"url":1}"#, r#"{"url":"ftp://x/"}"#, r#"{"url":"/relative"}"#,
+            r#"{"url":"http://u:p@x.com/"}"#, r#"{"url":"http://x.com/","method":"TRACE"}"#,
+            r#"{"url":"http://x.com/","method":"GET","body":{"a":1}}"#,
+            r#"{"url":"http://x.com/","headers":{"bad name":"v"}}"#, r#"{"url":"http://x.com/","headers":{"a":"v\n"}}"#,
+            r#"{"url":"http://x.com/","headers":{"a":1}}"#, r#"{"url":"http://x.com/","max_amount":5}"#,
+            r#"{"url":"http://x.com/","max_amount":"-5"}"#, r#"{"url":"http://x.com/","max_amount":"1.5"}"#,
+            r#"{"url":"http://x.com/","extra":1}"#, r#"{"url":"http://x.com/","url":"http://y.com/"}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn payment_and_hop_headers_are_dropped() {
+        let c = parse(r#"{"url":"http://x.com/","headers":{"Host":"evil","X-PAYMENT":"x","Accept":"a/b"}}"#).unwrap();
+        assert!(c.upstream.headers.get("host").is_none());
+        assert!(c.upstream.headers.get("x-payment").is_none());
+        assert_eq!(c.upstream.headers.get("accept").unwrap(), "a/b");
+    }
+}

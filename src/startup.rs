@@ -1,0 +1,106 @@
+//! Builds the application: state, listener, HTTP server. `port()` tells which port was
+//! bound (port 0 works, for tests).
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{App, HttpServer, web};
+use tracing_actix_web::TracingLogger;
+
+use crate::config::Config;
+use crate::idempotency::{Cache, FaultHook, Idempotency};
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use crate::upstream::UpstreamClient;
+
+/// Optional fault-injection hooks; production passes `Hooks::default()`.
+#[derive(Default, Clone)]
+pub struct Hooks {
+    /// Runs between a lost idempotency claim and the follow-up lookup (GC-race tests).
+    pub after_conflict: Option<FaultHook>,
+}
+
+/// A built, not yet running, application.
+pub struct Application {
+    port: u16,
+    server: Server,
+    state: AppState,
+}
+
+impl Application {
+    /// Builds state and binds the listener.
+    ///
+    /// # Errors
+    /// Bind failure, HTTP client or metrics construction failure.
+    pub fn build(config: Config, hooks: Hooks) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(config.bind)?;
+        let port = listener.local_addr()?.port();
+        let state = build_state(config, hooks)?;
+        state.idempotency.cache.connect_in_background();
+        let workers = if state.config.workers == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()) } else { state.config.workers };
+        let shutdown = state.config.idempotency.deadline + Duration::from_secs(5);
+        let app_state = web::Data::new(state.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_state.clone())
+                .wrap(from_fn(count_requests))
+                .wrap(TracingLogger::default())
+                .configure(crate::routes::configure)
+        })
+        .workers(workers)
+        .shutdown_timeout(shutdown.as_secs())
+        .listen(listener)?
+        .run();
+        Ok(Self { port, server, state })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The state handlers see (tests use it to inspect the pool and config).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Runs until the server stops (SIGINT/SIGTERM: graceful, in-flight requests finish).
+    ///
+    /// # Errors
+    /// Server I/O errors.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+
+    /// The server handle and future, for callers that need to stop it themselves.
+    pub fn into_server(self) -> Server {
+        self.server
+    }
+}
+
+fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
+    let pool = crate::db::pool(&config.database);
+    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
+    let idempotency = Idempotency { cache, timing: config.idempotency, after_conflict: hooks.after_conflict };
+    let upstream = UpstreamClient::new(&config.upstream)?;
+    let receipt_signer = Arc::new(config.signer.clone());
+    let metrics = Arc::new(Metrics::new()?);
+    Ok(AppState { config: Arc::new(config), pool, idempotency, upstream, receipt_signer, metrics })
+}
+
+/// Counts requests by matched route pattern and status.
+async fn count_requests(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let metrics = req.app_data::<web::Data<AppState>>().map(|s| Arc::clone(&s.metrics));
+    let res = next.call(req).await?;
+    if let Some(m) = metrics {
+        let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+        m.http_requests.with_label_values(&[route.as_str(), res.status().as_str()]).inc();
+    }
+    Ok(res)
+}

@@ -1,0 +1,23 @@
+//! The application state shared by every handler: cheap to clone (everything inside is
+//! reference-counted), built once by `startup`, never global.
+
+use std::sync::Arc;
+
+use alloy::signers::local::PrivateKeySigner;
+
+use crate::config::Config;
+use crate::db::PgPool;
+use crate::idempotency::Idempotency;
+use crate::metrics::Metrics;
+use crate::upstream::UpstreamClient;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub pool: PgPool,
+    pub idempotency: Idempotency,
+    pub upstream: UpstreamClient,
+    /// Signs receipts (EIP-191). Today the router's wallet key.
+    pub receipt_signer: Arc<PrivateKeySigner>,
+    pub metrics: Arc<Metrics>,
+}
