@@ -1,0 +1,63 @@
+//! Garbage collection of expired idempotency rows.
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[actix_web::test]
+async fn gc_removes_only_expired_rows_in_batches_and_keeps_receipts() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    for i in 0..3 {
+        assert_eq!(app.route(&new_key(), &json!({"url": up.url(&format!("/ok/gc{i}"))})).await.status(), 200);
+    }
+    // 7 expired rows (completed and in-flight alike), 3 live ones from the calls above.
+    for i in 0..7 {
+        exec(
+            &app.db,
+            &format!(
+                "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, response_body, expires_at) \
+                 VALUES ('{}', 'expired-key-{i:08}', 'h', {}, gen_random_uuid(), {}, {}, now() - interval '1 second')",
+                app.agent.id,
+                if i % 2 == 0 { "'completed'" } else { "'in_flight'" },
+                if i % 2 == 0 { "200" } else { "NULL" },
+                if i % 2 == 0 { "'{}'" } else { "NULL" },
+            ),
+        )
+        .await;
+    }
+    let mut conn = app.db.conn().await;
+    let deleted = x402_router::gc::run_once(&mut conn, 2).await.unwrap();
+    assert_eq!(deleted, 7);
+    assert_eq!(app.idempotency_rows().await, 3);
+    assert_eq!(app.receipt_rows().await, 3);
+    assert_eq!(x402_router::gc::run_once(&mut conn, 2).await.unwrap(), 0);
+}
+
+#[actix_web::test]
+async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "gc").await;
+    exec(
+        &db,
+        &format!(
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, expires_at) \
+             VALUES ('{}', 'expired-key-cli-0001', 'h', 'in_flight', gen_random_uuid(), now() - interval '1 hour')",
+            agent.id
+        ),
+    )
+    .await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+        .args(["gc", "--database-url", &db.url, "--gc-batch-size", "10"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"deleted":1}"#);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+        .args(["gc", "--database-url", &format!("postgres://postgres@127.0.0.1:{}/none", free_port())])
+        .env("DATABASE_ACQUIRE_TIMEOUT_MS", "500")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

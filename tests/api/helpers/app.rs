@@ -1,0 +1,270 @@
+//! The router under test: in-process ([`spawn_app`]) or as real processes ([`RouterProcess`]).
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use reqwest::Response;
+use serde_json::Value;
+use uuid::Uuid;
+use x402_router::auth::{agents, generate_api_key, hash_api_key};
+use x402_router::cli::{Cli, Command};
+use x402_router::config::Config;
+use x402_router::startup::{Application, Hooks};
+
+use super::db::TestDb;
+
+/// anvil's account #1: a well-known dev key, never used for real money.
+pub const ROUTER_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+
+pub fn redis_url() -> String {
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Knobs of a test router.
+#[derive(Clone)]
+pub struct AppOptions {
+    pub allow_private: bool,
+    pub abandon_ms: u64,
+    pub heartbeat_ms: u64,
+    pub deadline_ms: u64,
+    pub upstream_timeout_ms: u64,
+    pub max_response_bytes: u64,
+    pub request_max_bytes: u64,
+    pub redis_url: String,
+    pub database_url: Option<String>,
+    pub hooks: Hooks,
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            allow_private: true,
+            abandon_ms: 60_000,
+            heartbeat_ms: 10_000,
+            deadline_ms: 50_000,
+            upstream_timeout_ms: 30_000,
+            max_response_bytes: 1_048_576,
+            request_max_bytes: 262_144,
+            redis_url: redis_url(),
+            database_url: None,
+            hooks: Hooks::default(),
+            extra: vec![],
+        }
+    }
+}
+
+/// An agent's credentials.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub id: Uuid,
+    pub key: String,
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub db: Arc<TestDb>,
+    pub agent: Agent,
+    pub redis_prefix: String,
+    pub client: reqwest::Client,
+    pub options: AppOptions,
+    handle: actix_web::dev::ServerHandle,
+}
+
+/// The `serve` arguments for a test router.
+pub fn serve_args(opts: &AppOptions, db_url: &str, redis_prefix: &str, bind: &str) -> Vec<String> {
+    let mut args: Vec<String> = vec!["x402-router".into(), "serve".into()];
+    let mut push = |flag: &str, v: String| {
+        args.push(format!("--{flag}"));
+        args.push(v);
+    };
+    push("database-url", opts.database_url.clone().unwrap_or_else(|| db_url.to_owned()));
+    push("database-acquire-timeout-ms", "1000".into());
+    push("redis-url", opts.redis_url.clone());
+    push("redis-key-prefix", redis_prefix.to_owned());
+    push("bind", bind.to_owned());
+    push("router-private-key", ROUTER_KEY.into());
+    push("upstream-allow-private", opts.allow_private.to_string());
+    push("idempotency-abandon-after-ms", opts.abandon_ms.to_string());
+    push("idempotency-heartbeat-ms", opts.heartbeat_ms.to_string());
+    push("route-deadline-ms", opts.deadline_ms.to_string());
+    push("upstream-timeout-ms", opts.upstream_timeout_ms.to_string());
+    push("upstream-max-response-bytes", opts.max_response_bytes.to_string());
+    push("request-max-bytes", opts.request_max_bytes.to_string());
+    push("workers", "2".into());
+    push("no-migrate", "true".into());
+    for (k, v) in &opts.extra {
+        push(k, v.clone());
+    }
+    args
+}
+
+pub fn config_from(args: &[String]) -> Config {
+    let cli = Cli::try_parse_from(args).expect("valid test arguments");
+    let Command::Serve(serve) = cli.command else { panic!("not serve") };
+    Config::from_args(&serve).expect("valid test config")
+}
+
+fn init_logs() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        x402_router::telemetry::init(false);
+    }
+}
+
+/// Creates an agent directly in the database.
+pub async fn create_agent(db: &TestDb, name: &str) -> Agent {
+    let mut conn = db.conn().await;
+    let id = Uuid::new_v4();
+    let key = generate_api_key().unwrap();
+    agents::insert(&mut conn, id, name, &hash_api_key(&key), None, None).await.unwrap();
+    Agent { id, key }
+}
+
+/// A router in this process, on a fresh database, with one agent.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(AppOptions::default()).await
+}
+
+pub async fn spawn_app_with(options: AppOptions) -> TestApp {
+    init_logs();
+    let db = Arc::new(TestDb::new().await);
+    spawn_app_on(db, options).await
+}
+
+/// Another router on an existing database (several routers, one ledger).
+pub async fn spawn_app_on(db: Arc<TestDb>, options: AppOptions) -> TestApp {
+    let agent = create_agent(&db, "test-agent").await;
+    let redis_prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let config = config_from(&serve_args(&options, &db.url, &redis_prefix, "127.0.0.1:0"));
+    let app = Application::build(config, options.hooks.clone()).expect("build app");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let server = app.into_server();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    TestApp { address, db, agent, redis_prefix, client, options, handle }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let h = self.handle.clone();
+        drop(tokio::spawn(async move { h.stop(false).await }));
+    }
+}
+
+/// A unique, valid Idempotency-Key.
+pub fn new_key() -> String {
+    format!("test-{}", Uuid::new_v4().simple())
+}
+
+impl TestApp {
+    /// POST /route as this app's agent.
+    pub async fn route(&self, key: &str, body: &Value) -> Response {
+        self.route_as(&self.agent, key, body).await
+    }
+
+    pub async fn route_as(&self, agent: &Agent, key: &str, body: &Value) -> Response {
+        route_at(&self.client, &self.address, agent, key, body).await
+    }
+
+    /// POST /route with a raw body and optional headers.
+    pub async fn route_raw(&self, key: Option<&str>, body: Vec<u8>) -> Response {
+        let mut req = self.client.post(format!("{}/route", self.address)).bearer_auth(&self.agent.key).body(body);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// Rows in idempotency_keys (all agents).
+    pub async fn idempotency_rows(&self) -> i64 {
+        count(&self.db, "SELECT count(*) AS n FROM idempotency_keys").await
+    }
+
+    pub async fn receipt_rows(&self) -> i64 {
+        count(&self.db, "SELECT count(*) AS n FROM receipts").await
+    }
+}
+
+pub async fn route_at(client: &reqwest::Client, address: &str, agent: &Agent, key: &str, body: &Value) -> Response {
+    client
+        .post(format!("{address}/route"))
+        .bearer_auth(&agent.key)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// Runs a `SELECT count(*) AS n …` on the test database.
+pub async fn count(db: &TestDb, sql: &str) -> i64 {
+    use diesel_async::RunQueryDsl;
+    let mut conn = db.conn().await;
+    let c: Count = diesel::sql_query(sql).get_result(&mut conn).await.unwrap();
+    c.n
+}
+
+/// Runs one SQL statement on the test database.
+pub async fn exec(db: &TestDb, sql: &str) -> usize {
+    use diesel_async::RunQueryDsl;
+    let mut conn = db.conn().await;
+    diesel::sql_query(sql).execute(&mut conn).await.unwrap()
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A router as a real child process (killed when dropped).
+pub struct RouterProcess {
+    pub address: String,
+    child: tokio::process::Child,
+}
+
+impl RouterProcess {
+    pub async fn spawn(db_url: &str, opts: &AppOptions, redis_prefix: &str) -> Self {
+        let port = free_port();
+        let bind = format!("127.0.0.1:{port}");
+        let args = serve_args(opts, db_url, redis_prefix, &bind);
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_x402-router"));
+        cmd.args(&args[1..]).env_remove("DATABASE_URL").env_remove("REDIS_URL").kill_on_drop(true).stdin(Stdio::null());
+        if std::env::var_os("TEST_LOG").is_none() {
+            cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        }
+        let child = cmd.spawn().expect("spawn x402-router");
+        let address = format!("http://{bind}");
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            if client.get(format!("{address}/healthz")).send().await.is_ok() {
+                return Self { address, child };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("router process did not come up on {bind}");
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().map(|p| p as i32).unwrap_or(0)
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub async fn kill9(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// Sends a signal (e.g. "STOP", "CONT", "TERM") to the process.
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap();
+        assert!(status.success(), "kill -{sig} failed");
+    }
+}

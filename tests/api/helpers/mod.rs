@@ -1,0 +1,15 @@
+//! Test harness: real Postgres (a database per test), real Redis (a key prefix per
+//! test, or a private server), a real HTTP upstream, and the router in-process or as
+//! real processes.
+
+#![allow(dead_code)]
+
+pub mod app;
+pub mod db;
+pub mod services;
+pub mod upstream;
+
+pub use app::*;
+pub use db::TestDb;
+pub use services::{PrivateRedis, TcpProxy};
+pub use upstream::TestUpstream;

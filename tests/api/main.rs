@@ -1,0 +1,13 @@
+//! Integration tests: one binary, real services. See helpers/ for the harness.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod helpers;
+
+mod auth;
+mod cli;
+mod concurrency;
+mod faults;
+mod gc;
+mod idempotency;
+mod validation;
