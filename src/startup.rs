@@ -16,6 +16,7 @@ use crate::idempotency::{Cache, FaultHook, Idempotency};
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::upstream::UpstreamClient;
+use crate::x402::{Chain, Network, Supported};
 
 /// Optional fault-injection hooks; production passes `Hooks::default()`.
 #[derive(Default, Clone)]
@@ -88,7 +89,42 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
-    Ok(AppState { config: Arc::new(config), pool, idempotency, upstream, receipt_signer, metrics })
+    let networks: Vec<(Network, url::Url)> = config
+        .payments
+        .rpc_urls
+        .iter()
+        .map(|(n, u)| Ok((Network::parse(n)?, url::Url::parse(u)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let chain = Chain::new(networks.clone(), config.payments.rpc_timeout);
+    let mut assets = Vec::new();
+    for (n, list) in &config.payments.assets {
+        let network = Network::parse(n)?;
+        assets.extend(list.iter().map(|a| (network, *a)));
+    }
+    let supported = Supported::new(networks.iter().map(|(n, _)| *n), assets);
+    let nonce_secret = Arc::new(nonce_secret(&config.signer));
+    Ok(AppState {
+        config: Arc::new(config),
+        pool,
+        idempotency,
+        upstream,
+        receipt_signer,
+        metrics,
+        chain,
+        supported,
+        nonce_secret,
+    })
+}
+
+/// The HMAC key of the deterministic nonces: sha256 over a label and the wallet key.
+/// Derived rather than configured, so it can never drift from the wallet whose nonces
+/// it spaces out (a new wallet is a new nonce space anyway).
+fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"x402-router/nonce-secret/v1\0");
+    h.update(signer.credential().to_bytes());
+    h.finalize().into()
 }
 
 /// Counts requests by matched route pattern and status.

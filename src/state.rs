@@ -10,6 +10,7 @@ use crate::db::PgPool;
 use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
 use crate::upstream::UpstreamClient;
+use crate::x402::{Chain, Supported};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -20,4 +21,10 @@ pub struct AppState {
     /// Signs receipts (EIP-191). Today the router's wallet key.
     pub receipt_signer: Arc<PrivateKeySigner>,
     pub metrics: Arc<Metrics>,
+    /// RPC access to the networks the router pays on.
+    pub chain: Chain,
+    /// The networks and assets the router will pay with.
+    pub supported: Supported,
+    /// Key of the deterministic nonce and payment-identifier HMACs, derived from the wallet key.
+    pub nonce_secret: Arc<[u8; 32]>,
 }

@@ -19,7 +19,8 @@ CREATE TABLE receipts (
     request_hash          TEXT NOT NULL,
     method                TEXT NOT NULL,
     url                   TEXT NOT NULL,
-    upstream_status       INTEGER NOT NULL,
+    -- NULL when the upstream's answer never arrived (e.g. paid, then the connection dropped).
+    upstream_status       INTEGER,
     upstream_body_sha256  TEXT NOT NULL,
     payment               JSONB,
     outcome               TEXT NOT NULL,

@@ -20,7 +20,7 @@ diesel::table! {
         request_hash -> Text,
         method -> Text,
         url -> Text,
-        upstream_status -> Int4,
+        upstream_status -> Nullable<Int4>,
         upstream_body_sha256 -> Text,
         payment -> Nullable<Jsonb>,
         outcome -> Text,
@@ -50,4 +50,34 @@ diesel::table! {
 
 diesel::joinable!(idempotency_keys -> agents (agent_id));
 diesel::joinable!(receipts -> agents (agent_id));
-diesel::allow_tables_to_appear_in_same_query!(agents, receipts, idempotency_keys);
+
+diesel::table! {
+    payments (id) {
+        id -> Uuid,
+        agent_id -> Uuid,
+        idempotency_key -> Text,
+        x402_version -> Int2,
+        scheme -> Text,
+        network -> Text,
+        asset -> Text,
+        pay_to -> Text,
+        payer -> Text,
+        nonce -> Text,
+        valid_after -> Int8,
+        valid_before -> Int8,
+        requirement -> Jsonb,
+        context -> Jsonb,
+        authorization -> Jsonb,
+        header_name -> Text,
+        header_value -> Text,
+        status -> Text,
+        tx_hash -> Nullable<Text>,
+        error -> Nullable<Text>,
+        attempts -> Int4,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::joinable!(payments -> agents (agent_id));
+diesel::allow_tables_to_appear_in_same_query!(payments, agents, receipts, idempotency_keys);

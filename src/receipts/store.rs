@@ -16,7 +16,7 @@ struct ReceiptRow {
     request_hash: String,
     method: String,
     url: String,
-    upstream_status: i32,
+    upstream_status: Option<i32>,
     upstream_body_sha256: String,
     payment: Option<serde_json::Value>,
     outcome: String,

@@ -40,6 +40,8 @@ pub struct Outcome {
     pub http_status: u16,
     pub body: Value,
     pub receipt: Option<receipts::Draft>,
+    /// The payment intent's final state, written with the receipt.
+    pub payment: Option<crate::payments::Final>,
 }
 
 /// Runs `POST /route` for an authenticated agent.
@@ -82,28 +84,46 @@ async fn run_owned(state: AppState, own: Ownership, call: RouteCall) -> Result<R
     let _heartbeat = Heartbeat::start(state.pool.clone(), &own, state.idempotency.timing.heartbeat);
     let deadline = Instant::now() + state.idempotency.timing.deadline;
     let outcome = match tokio::time::timeout_at(deadline.into(), execute(&state, &own, &call, deadline)).await {
-        Ok(outcome) => outcome,
+        Ok(Ok(outcome)) => outcome,
+        // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
+        // the key stays in flight and a later retry takes it over and decides.
+        Ok(Err(e)) => return Err(e),
         Err(_) => Outcome {
             status: Status::Errored,
             http_status: 504,
             body: envelope::error_envelope("route deadline exceeded", None, None, None),
             receipt: None,
+            payment: None,
         },
     };
     record(&state, &own, outcome).await
 }
 
 /// Calls the upstream (paying if it asks and the agent allows) and builds the outcome.
-async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Outcome {
-    let timeout = remaining(deadline).min(state.upstream.timeout());
-    let resp = match state.upstream.send(&call.upstream, &[], timeout).await {
+/// A takeover first resumes any payment the previous owner signed.
+///
+/// # Errors
+/// An [`ApiError`] means "answer this and record nothing".
+async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Result<Outcome, ApiError> {
+    if own.took_over {
+        let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+        let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str()).await.map_err(ApiError::database)?;
+        drop(conn);
+        if let Some(intent) = signed {
+            return crate::payments::resume(state, own, call, intent, deadline).await;
+        }
+    }
+    let started = Instant::now();
+    let sent = state.upstream.send(&call.upstream, &[], remaining(deadline).min(state.upstream.timeout())).await;
+    state.metrics.upstream_seconds.with_label_values(&["unpaid"]).observe(started.elapsed().as_secs_f64());
+    let resp = match sent {
         Ok(resp) => resp,
-        Err(e) => return upstream_failure(&e),
+        Err(e) => return Ok(upstream_failure(&e)),
     };
     if resp.status == 402 {
         return crate::payments::pay(state, own, call, resp, deadline).await;
     }
-    answered(own, call, &resp, None)
+    Ok(answered(own, call, &resp, None, None))
 }
 
 /// Time left until `deadline` (zero if past).
@@ -117,12 +137,24 @@ pub fn upstream_failure(e: &UpstreamError) -> Outcome {
         UpstreamError::Timeout => 504,
         _ => 502,
     };
-    Outcome { status: Status::Errored, http_status, body: envelope::error_envelope(&e.to_string(), None, None, None), receipt: None }
+    Outcome {
+        status: Status::Errored,
+        http_status,
+        body: envelope::error_envelope(&e.to_string(), None, None, None),
+        receipt: None,
+        payment: None,
+    }
 }
 
 /// The outcome of an upstream answer (after payment, if any): 200 envelope for < 500,
 /// 502 with the envelope fields for 5xx. A receipt is always written.
-pub fn answered(own: &Ownership, call: &RouteCall, resp: &UpstreamResponse, payment: Option<Value>) -> Outcome {
+pub fn answered(
+    own: &Ownership,
+    call: &RouteCall,
+    resp: &UpstreamResponse,
+    payment: Option<Value>,
+    payment_final: Option<crate::payments::Final>,
+) -> Outcome {
     let receipt_id = Uuid::new_v4();
     let (status, http_status, body) = if resp.status < 500 {
         (Status::Completed, 200, envelope::envelope(resp, payment.as_ref(), receipt_id))
@@ -130,7 +162,8 @@ pub fn answered(own: &Ownership, call: &RouteCall, resp: &UpstreamResponse, paym
         let msg = format!("upstream answered {}", resp.status);
         (Status::Errored, 502, envelope::error_envelope(&msg, Some(resp), payment.as_ref(), Some(receipt_id)))
     };
-    Outcome { status, http_status, body, receipt: Some(draft(receipt_id, own, call, resp.status, &resp.body, payment, status)) }
+    let receipt = draft(receipt_id, own, call, Some(resp.status), &resp.body, payment, status);
+    Outcome { status, http_status, body, receipt: Some(receipt), payment: payment_final }
 }
 
 /// A receipt draft for a call that reached the upstream.
@@ -138,7 +171,7 @@ pub fn draft(
     id: Uuid,
     own: &Ownership,
     call: &RouteCall,
-    upstream_status: u16,
+    upstream_status: Option<u16>,
     upstream_body: &[u8],
     payment: Option<Value>,
     status: Status,
@@ -150,7 +183,7 @@ pub fn draft(
         request_hash: call.request_hash.clone(),
         method: call.upstream.method.to_string(),
         url: call.upstream.url.to_string(),
-        upstream_status: i32::from(upstream_status),
+        upstream_status: upstream_status.map(i32::from),
         upstream_body_sha256: canonical::sha256_hex(upstream_body),
         payment,
         outcome: status.as_str().to_owned(),
@@ -186,13 +219,15 @@ async fn record(state: &AppState, own: &Ownership, outcome: Outcome) -> Result<R
                 continue;
             }
         };
-        let (receipt, stored_ref) = (receipt.as_ref(), &stored);
+        let (receipt, stored_ref, payment) = (receipt.as_ref(), &stored, outcome.payment.as_ref());
         let result = conn
             .transaction::<_, RecordError, _>(async |c| {
                 if let Some(r) = receipt {
                     receipts::store::insert(c, r).await?;
                 }
-                crate::payments::finalize_in_tx(c, own).await?;
+                if let Some(p) = payment {
+                    crate::payments::store::finalize(c, p.id, p.status.as_str(), p.tx_hash.as_deref(), p.error.as_deref()).await?;
+                }
                 let applied = crate::idempotency::store::finish(
                     c,
                     own.agent_id,
@@ -230,6 +265,7 @@ pub fn declined(own: &Ownership, call: &RouteCall, resp: &UpstreamResponse, reas
         status: Status::Completed,
         http_status: 402,
         body: json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id }),
-        receipt: Some(draft(receipt_id, own, call, resp.status, &resp.body, None, Status::Completed)),
+        receipt: Some(draft(receipt_id, own, call, Some(resp.status), &resp.body, None, Status::Completed)),
+        payment: None,
     }
 }

@@ -1,0 +1,189 @@
+//! The `payments` ledger table.
+//!
+//! Writes are fenced like the idempotency row: the intent is inserted, and later
+//! re-signed, only while the caller still holds the key's lease.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Jsonb, SmallInt, Text, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::db::schema::payments;
+
+/// A payment intent as stored.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = payments)]
+pub struct PaymentRow {
+    pub id: Uuid,
+    pub agent_id: Uuid,
+    pub idempotency_key: String,
+    pub x402_version: i16,
+    pub scheme: String,
+    pub network: String,
+    pub asset: String,
+    pub pay_to: String,
+    pub payer: String,
+    pub nonce: String,
+    pub valid_after: i64,
+    pub valid_before: i64,
+    pub requirement: Value,
+    pub context: Value,
+    pub authorization: Value,
+    pub header_name: String,
+    pub header_value: String,
+    pub status: String,
+    pub tx_hash: Option<String>,
+    pub error: Option<String>,
+    pub attempts: i32,
+}
+
+/// A new intent (status `signed`).
+pub struct NewPayment<'a> {
+    pub id: Uuid,
+    pub agent_id: Uuid,
+    pub idempotency_key: &'a str,
+    pub lease: Uuid,
+    pub x402_version: i16,
+    pub scheme: &'a str,
+    pub network: &'a str,
+    pub asset: &'a str,
+    pub amount: &'a str,
+    pub pay_to: &'a str,
+    pub payer: &'a str,
+    pub nonce: &'a str,
+    pub valid_after: i64,
+    pub valid_before: i64,
+    pub requirement: &'a Value,
+    pub context: &'a Value,
+    pub authorization: &'a Value,
+    pub header_name: &'a str,
+    pub header_value: &'a str,
+}
+
+/// Inserts the intent if, and only if, `lease` still owns the in-flight key and no
+/// intent exists for it yet. `false`: fenced or already present.
+///
+/// # Errors
+/// Database errors.
+pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
+                               pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
+                               authorization, header_name, header_value, status) \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, 'signed' \
+          WHERE EXISTS (SELECT 1 FROM idempotency_keys \
+                         WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight') \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind::<SqlUuid, _>(p.id)
+    .bind::<SqlUuid, _>(p.agent_id)
+    .bind::<Text, _>(p.idempotency_key)
+    .bind::<SqlUuid, _>(p.lease)
+    .bind::<SmallInt, _>(p.x402_version)
+    .bind::<Text, _>(p.scheme)
+    .bind::<Text, _>(p.network)
+    .bind::<Text, _>(p.asset)
+    .bind::<Text, _>(p.amount)
+    .bind::<Text, _>(p.pay_to)
+    .bind::<Text, _>(p.payer)
+    .bind::<Text, _>(p.nonce)
+    .bind::<BigInt, _>(p.valid_after)
+    .bind::<BigInt, _>(p.valid_before)
+    .bind::<Jsonb, _>(p.requirement)
+    .bind::<Jsonb, _>(p.context)
+    .bind::<Jsonb, _>(p.authorization)
+    .bind::<Text, _>(p.header_name)
+    .bind::<Text, _>(p.header_value)
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+/// Replaces the signature of an expired, unused intent (same nonce), fenced by lease.
+///
+/// # Errors
+/// Database errors.
+#[expect(clippy::too_many_arguments, reason = "one column each")]
+pub async fn resign(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    lease: Uuid,
+    valid_after: i64,
+    valid_before: i64,
+    authorization: &Value,
+    header_value: &str,
+    agent_id: Uuid,
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "UPDATE payments p SET valid_after = $3, valid_before = $4, authorization = $5, header_value = $6, \
+                               attempts = attempts + 1, updated_at = now() \
+          WHERE p.id = $1 AND p.status = 'signed' AND EXISTS ( \
+                SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
+                   AND k.lease = $2 AND k.status = 'in_flight')",
+    )
+    .bind::<SqlUuid, _>(id)
+    .bind::<SqlUuid, _>(lease)
+    .bind::<BigInt, _>(valid_after)
+    .bind::<BigInt, _>(valid_before)
+    .bind::<Jsonb, _>(authorization)
+    .bind::<Text, _>(header_value)
+    .bind::<SqlUuid, _>(agent_id)
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+/// The intent of (agent, key), if one was signed.
+///
+/// # Errors
+/// Database errors.
+pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<PaymentRow>> {
+    payments::table
+        .filter(payments::agent_id.eq(agent_id))
+        .filter(payments::idempotency_key.eq(key))
+        .select(PaymentRow::as_select())
+        .first(conn)
+        .await
+        .optional()
+}
+
+/// Records the final state (inside the recording transaction).
+///
+/// # Errors
+/// Database errors.
+pub async fn finalize(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    status: &str,
+    tx_hash: Option<&str>,
+    error: Option<&str>,
+) -> QueryResult<()> {
+    diesel::update(payments::table.find(id))
+        .set((
+            payments::status.eq(status),
+            payments::tx_hash.eq(tx_hash),
+            payments::error.eq(error),
+            payments::updated_at.eq(diesel::dsl::now),
+        ))
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// The agent's per-call cap, as a decimal string (None: no cap).
+///
+/// # Errors
+/// Database errors.
+pub async fn agent_max_per_call(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Option<String>> {
+    #[derive(QueryableByName)]
+    struct Cap {
+        #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+        cap: Option<String>,
+    }
+    let c: Cap = diesel::sql_query("SELECT max_per_call::text AS cap FROM agents WHERE id = $1")
+        .bind::<SqlUuid, _>(agent_id)
+        .get_result(conn)
+        .await?;
+    Ok(c.cap)
+}

@@ -1,0 +1,557 @@
+//! Requirement selection: which of an upstream's payment options, if any, the router pays.
+//!
+//! Rules (DESIGN §6), all of which an option must pass:
+//! scheme `exact`; network configured (has an RPC URL); asset configured for that network;
+//! `extra.name` and `extra.version` present (the EIP-712 domain); `payTo` not the zero address;
+//! amount > 0; `maxTimeoutSeconds` > 0; amount ≤ the agent's `max_amount`; amount ≤ the
+//! agent's limit (per-call cap and/or what remains of its budget), when given.
+//! Among the passing options the cheapest wins; ties go to the earliest in `accepts`.
+//!
+//! Fail closed: with no passing option the answer is a [`Rejection`] that says, per option,
+//! why it was refused — never a fallback to `accepts[0]`.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use alloy::primitives::{Address, U256};
+
+use super::network::Network;
+use super::wire::{PaymentRequired, Requirement};
+
+/// The only scheme the router pays with.
+pub const EXACT: &str = "exact";
+
+/// What the router is configured to pay with: networks that have an RPC URL, and the
+/// `(network, token)` pairs of `X402_ASSETS`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Supported {
+    networks: BTreeSet<Network>,
+    assets: BTreeSet<(Network, Address)>,
+}
+
+impl Supported {
+    /// Builds the set. An asset on a network without an RPC URL is kept but never allowed
+    /// ([`Self::allows_asset`] checks both), so settlement can always be verified.
+    pub fn new(
+        networks: impl IntoIterator<Item = Network>,
+        assets: impl IntoIterator<Item = (Network, Address)>,
+    ) -> Self {
+        Self {
+            networks: networks.into_iter().collect(),
+            assets: assets.into_iter().collect(),
+        }
+    }
+
+    /// True when the router can pay on, and verify settlement on, `network`.
+    pub fn has_network(&self, network: Network) -> bool {
+        self.networks.contains(&network)
+    }
+
+    /// True when `asset` is configured for `network` and `network` has an RPC URL.
+    pub fn allows_asset(&self, network: Network, asset: Address) -> bool {
+        self.has_network(network) && self.assets.contains(&(network, asset))
+    }
+}
+
+/// Why one option was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Not the `exact` scheme.
+    UnsupportedScheme(String),
+    /// Network without RPC URL, or not an EVM network at all (the upstream's string).
+    UnsupportedNetwork(String),
+    /// Token not configured for that network.
+    UnsupportedAsset {
+        /// Network.
+        network: Network,
+        /// Token contract.
+        asset: Address,
+    },
+    /// No `extra.name` / `extra.version`.
+    MissingEip712Domain,
+    /// `payTo` is the zero address.
+    ZeroPayTo,
+    /// Amount is zero.
+    ZeroAmount,
+    /// `maxTimeoutSeconds` is zero.
+    ZeroTimeout,
+    /// More than the agent's `max_amount` for this call.
+    OverMaxAmount {
+        /// Asked.
+        amount: U256,
+        /// Allowed.
+        max_amount: U256,
+    },
+    /// More than the agent's spending limit.
+    OverAgentLimit {
+        /// Asked.
+        amount: U256,
+        /// Allowed.
+        limit: U256,
+    },
+    /// The entry names a network or scheme the router cannot read or pay (e.g. Solana).
+    Unsupported(String),
+    /// The entry is malformed (see [`crate::x402::wire::EntryError`]).
+    Unreadable(String),
+}
+
+impl RejectReason {
+    /// True when the option is acceptable except for its price: the agent could pay it by
+    /// raising `max_amount` or its limits.
+    pub fn is_over_budget(&self) -> bool {
+        matches!(
+            self,
+            Self::OverMaxAmount { .. } | Self::OverAgentLimit { .. }
+        )
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnsupportedScheme(s) => {
+                write!(f, "scheme {s:?} is not supported (only \"exact\")")
+            }
+            Self::UnsupportedNetwork(n) => write!(f, "network {n:?} is not configured"),
+            Self::UnsupportedAsset { network, asset } => {
+                write!(f, "asset {asset} is not configured for {network}")
+            }
+            Self::MissingEip712Domain => {
+                f.write_str("extra.name/extra.version (token EIP-712 domain) missing")
+            }
+            Self::ZeroPayTo => f.write_str("payTo is the zero address"),
+            Self::ZeroAmount => f.write_str("amount is zero"),
+            Self::ZeroTimeout => f.write_str("maxTimeoutSeconds is zero"),
+            Self::OverMaxAmount { amount, max_amount } => {
+                write!(f, "amount {amount} exceeds max_amount {max_amount}")
+            }
+            Self::OverAgentLimit { amount, limit } => {
+                write!(
+                    f,
+                    "amount {amount} exceeds the agent's spending limit {limit}"
+                )
+            }
+            Self::Unsupported(e) => f.write_str(e),
+            Self::Unreadable(e) => write!(f, "malformed: {e}"),
+        }
+    }
+}
+
+/// One refused option: its position in `accepts` and the first rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionRejection {
+    /// Position in the upstream's `accepts`.
+    pub index: usize,
+    /// Why.
+    pub reason: RejectReason,
+}
+
+/// No option is acceptable. Its `Display` is a sentence for the agent, listing each option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Rejection {
+    /// Every refused option, in `accepts` order.
+    pub options: Vec<OptionRejection>,
+}
+
+impl Rejection {
+    /// True when at least one option failed only on price.
+    pub fn is_over_budget(&self) -> bool {
+        self.options.iter().any(|o| o.reason.is_over_budget())
+    }
+
+    /// The cheapest price among options refused only on price: what the agent would need.
+    pub fn cheapest_over_budget(&self) -> Option<U256> {
+        self.options
+            .iter()
+            .filter_map(|o| match o.reason {
+                RejectReason::OverMaxAmount { amount, .. }
+                | RejectReason::OverAgentLimit { amount, .. } => Some(amount),
+                _ => None,
+            })
+            .min()
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.options.is_empty() {
+            return f.write_str("no acceptable payment option: the upstream offered none");
+        }
+        f.write_str("no acceptable payment option: ")?;
+        for (i, o) in self.options.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "option #{}: {}", o.index, o.reason)?;
+        }
+        Ok(())
+    }
+}
+
+/// The first rule `requirement` breaks, or `None` when it is payable.
+pub fn check(
+    requirement: &Requirement,
+    supported: &Supported,
+    max_amount: U256,
+    agent_limit: Option<U256>,
+) -> Option<RejectReason> {
+    let network = requirement.network();
+    let amount = requirement.amount();
+    let has_domain = requirement.extra_name().is_some_and(|s| !s.is_empty())
+        && requirement.extra_version().is_some_and(|s| !s.is_empty());
+    let reason = if requirement.scheme() != EXACT {
+        RejectReason::UnsupportedScheme(requirement.scheme().to_owned())
+    } else if !supported.has_network(network) {
+        RejectReason::UnsupportedNetwork(requirement.network_raw().to_owned())
+    } else if !supported.allows_asset(network, requirement.asset()) {
+        RejectReason::UnsupportedAsset {
+            network,
+            asset: requirement.asset(),
+        }
+    } else if !has_domain {
+        RejectReason::MissingEip712Domain
+    } else if requirement.pay_to() == Address::ZERO {
+        RejectReason::ZeroPayTo
+    } else if amount.is_zero() {
+        RejectReason::ZeroAmount
+    } else if requirement.max_timeout_seconds() == 0 {
+        RejectReason::ZeroTimeout
+    } else if amount > max_amount {
+        RejectReason::OverMaxAmount { amount, max_amount }
+    } else if let Some(limit) = agent_limit.filter(|&limit| amount > limit) {
+        RejectReason::OverAgentLimit { amount, limit }
+    } else {
+        return None;
+    };
+    Some(reason)
+}
+
+/// Picks the cheapest payable option of `accepts` (ties: earliest), or says why there is none.
+///
+/// `max_amount` is the agent's ceiling for this call; `agent_limit` its own limit if any
+/// (per-call cap, or what remains of its daily budget — pass the smaller).
+///
+/// # Errors
+/// [`Rejection`] listing every option and the rule it broke.
+pub fn select<'a>(
+    accepts: &'a [Requirement],
+    supported: &Supported,
+    max_amount: U256,
+    agent_limit: Option<U256>,
+) -> Result<&'a Requirement, Rejection> {
+    let mut best: Option<&Requirement> = None;
+    let mut options = Vec::new();
+    for requirement in accepts {
+        match check(requirement, supported, max_amount, agent_limit) {
+            Some(reason) => options.push(OptionRejection {
+                index: requirement.index(),
+                reason,
+            }),
+            None => {
+                let cheaper = best.is_none_or(|b| {
+                    (requirement.amount(), requirement.index()) < (b.amount(), b.index())
+                });
+                if cheaper {
+                    best = Some(requirement);
+                }
+            }
+        }
+    }
+    best.ok_or(Rejection { options })
+}
+
+impl PaymentRequired {
+    /// [`select`] over this 402's options; a [`Rejection`] also lists the entries that did not
+    /// parse, so the agent sees every option the upstream offered.
+    ///
+    /// # Errors
+    /// [`Rejection`] when no option is payable.
+    pub fn select(
+        &self,
+        supported: &Supported,
+        max_amount: U256,
+        agent_limit: Option<U256>,
+    ) -> Result<&Requirement, Rejection> {
+        select(&self.accepts, supported, max_amount, agent_limit).map_err(|mut rejection| {
+            rejection
+                .options
+                .extend(self.skipped.iter().map(|s| OptionRejection {
+                    index: s.index,
+                    reason: if s.error.is_unsupported() {
+                        RejectReason::Unsupported(s.error.to_string())
+                    } else {
+                        RejectReason::Unreadable(s.error.to_string())
+                    },
+                }));
+            rejection.options.sort_by_key(|o| o.index);
+            rejection
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloy::primitives::address;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::x402::wire::{X402Version, parse_payment_required};
+
+    const USDC_SEPOLIA: Address = address!("0x036CbD53842c5426634e7929541eC2318f3dCF7e");
+    const USDC_BASE: Address = address!("0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913");
+    const PAY_TO: &str = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC";
+
+    fn supported() -> Supported {
+        Supported::new(
+            [Network::BASE_SEPOLIA, Network::BASE],
+            [
+                (Network::BASE_SEPOLIA, USDC_SEPOLIA),
+                (Network::BASE, USDC_BASE),
+            ],
+        )
+    }
+
+    fn entry(network: &str, asset: Address, amount: &str) -> Value {
+        json!({"scheme": "exact", "network": network, "amount": amount, "asset": asset.to_string(),
+               "payTo": PAY_TO, "maxTimeoutSeconds": 60,
+               "extra": {"name": "USD Coin", "version": "2"}})
+    }
+
+    fn parse(entries: Vec<Value>) -> Vec<Requirement> {
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Requirement::from_json(X402Version::V2, i, e).unwrap())
+            .collect()
+    }
+
+    fn amount(n: u64) -> U256 {
+        U256::from(n)
+    }
+
+    #[test]
+    fn picks_the_cheapest_acceptable_option() {
+        let accepts = parse(vec![
+            entry("eip155:84532", USDC_SEPOLIA, "300"),
+            entry("eip155:8453", USDC_BASE, "100"),
+            entry("eip155:84532", USDC_SEPOLIA, "200"),
+        ]);
+        let chosen = select(&accepts, &supported(), amount(1000), None).unwrap();
+        assert_eq!(chosen.index(), 1);
+        assert_eq!(chosen.amount(), amount(100));
+    }
+
+    #[test]
+    fn ties_go_to_the_earliest_option() {
+        let accepts = parse(vec![
+            entry("eip155:1", USDC_BASE, "5"), // unsupported network, cheapest
+            entry("eip155:8453", USDC_BASE, "100"),
+            entry("eip155:84532", USDC_SEPOLIA, "100"),
+        ]);
+        assert_eq!(
+            select(&accepts, &supported(), amount(100), None)
+                .unwrap()
+                .index(),
+            1
+        );
+    }
+
+    #[test]
+    fn cheaper_but_unacceptable_options_are_skipped() {
+        let accepts = parse(vec![
+            entry("eip155:84532", USDC_BASE, "1"), // asset of another network
+            entry("eip155:84532", USDC_SEPOLIA, "900"),
+        ]);
+        assert_eq!(
+            select(&accepts, &supported(), amount(1000), None)
+                .unwrap()
+                .index(),
+            1
+        );
+    }
+
+    #[test]
+    fn fails_closed_and_says_why_for_every_option() {
+        let mut no_domain = entry("eip155:84532", USDC_SEPOLIA, "10");
+        no_domain["extra"] = json!({"name": "USD Coin"});
+        let mut empty_domain = entry("eip155:84532", USDC_SEPOLIA, "10");
+        empty_domain["extra"] = json!({"name": "", "version": "2"});
+        let mut no_extra = entry("eip155:84532", USDC_SEPOLIA, "10");
+        no_extra.as_object_mut().unwrap().remove("extra");
+        let mut upto = entry("eip155:84532", USDC_SEPOLIA, "10");
+        upto["scheme"] = json!("upto");
+        let mut zero_timeout = entry("eip155:84532", USDC_SEPOLIA, "10");
+        zero_timeout["maxTimeoutSeconds"] = json!(0);
+        let mut zero_pay_to = entry("eip155:84532", USDC_SEPOLIA, "10");
+        zero_pay_to["payTo"] = json!(Address::ZERO.to_string());
+        let accepts = parse(vec![
+            upto,
+            entry("eip155:137", USDC_SEPOLIA, "10"),
+            entry("eip155:84532", USDC_BASE, "10"),
+            no_domain,
+            empty_domain,
+            no_extra,
+            zero_pay_to,
+            entry("eip155:84532", USDC_SEPOLIA, "0"),
+            zero_timeout,
+            entry("eip155:84532", USDC_SEPOLIA, "5000"),
+        ]);
+        let rejection = select(&accepts, &supported(), amount(1000), None).unwrap_err();
+        let reasons: Vec<_> = rejection.options.iter().map(|o| o.reason.clone()).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                RejectReason::UnsupportedScheme("upto".into()),
+                RejectReason::UnsupportedNetwork("eip155:137".into()),
+                RejectReason::UnsupportedAsset {
+                    network: Network::BASE_SEPOLIA,
+                    asset: USDC_BASE
+                },
+                RejectReason::MissingEip712Domain,
+                RejectReason::MissingEip712Domain,
+                RejectReason::MissingEip712Domain,
+                RejectReason::ZeroPayTo,
+                RejectReason::ZeroAmount,
+                RejectReason::ZeroTimeout,
+                RejectReason::OverMaxAmount {
+                    amount: amount(5000),
+                    max_amount: amount(1000)
+                },
+            ]
+        );
+        assert_eq!(
+            rejection
+                .options
+                .iter()
+                .map(|o| o.index)
+                .collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>()
+        );
+        assert!(rejection.is_over_budget());
+        assert_eq!(rejection.cheapest_over_budget(), Some(amount(5000)));
+        let message = rejection.to_string();
+        assert!(
+            message.starts_with("no acceptable payment option: option #0: scheme \"upto\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("option #9: amount 5000 exceeds max_amount 1000"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn max_amount_and_agent_limit_are_inclusive_ceilings() {
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "50000")]);
+        assert!(select(&accepts, &supported(), amount(50_000), None).is_ok());
+        assert!(select(&accepts, &supported(), amount(50_000), Some(amount(50_000))).is_ok());
+        let over_max = select(&accepts, &supported(), amount(49_999), None).unwrap_err();
+        assert_eq!(
+            over_max.options[0].reason,
+            RejectReason::OverMaxAmount {
+                amount: amount(50_000),
+                max_amount: amount(49_999)
+            }
+        );
+        let over_limit =
+            select(&accepts, &supported(), amount(100_000), Some(amount(10))).unwrap_err();
+        assert_eq!(
+            over_limit.options[0].reason,
+            RejectReason::OverAgentLimit {
+                amount: amount(50_000),
+                limit: amount(10)
+            }
+        );
+        assert!(over_limit.to_string().contains("spending limit 10"));
+    }
+
+    #[test]
+    fn huge_amounts_compare_without_overflow() {
+        let accepts = parse(vec![entry(
+            "eip155:84532",
+            USDC_SEPOLIA,
+            &U256::MAX.to_string(),
+        )]);
+        assert!(select(&accepts, &supported(), U256::MAX - U256::from(1u8), None).is_err());
+        assert!(select(&accepts, &supported(), U256::MAX, None).is_ok());
+    }
+
+    #[test]
+    fn an_asset_on_a_network_without_rpc_url_is_never_paid() {
+        let only_assets = Supported::new([], [(Network::BASE_SEPOLIA, USDC_SEPOLIA)]);
+        assert!(!only_assets.allows_asset(Network::BASE_SEPOLIA, USDC_SEPOLIA));
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "1")]);
+        let rejection = select(&accepts, &only_assets, amount(10), None).unwrap_err();
+        assert_eq!(
+            rejection.options[0].reason,
+            RejectReason::UnsupportedNetwork("eip155:84532".into())
+        );
+    }
+
+    #[test]
+    fn nothing_configured_or_nothing_offered_is_a_rejection() {
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "1")]);
+        assert!(select(&accepts, &Supported::default(), amount(10), None).is_err());
+        let none = select(&[], &supported(), amount(10), None).unwrap_err();
+        assert!(none.options.is_empty());
+        assert!(!none.is_over_budget());
+        assert_eq!(
+            none.to_string(),
+            "no acceptable payment option: the upstream offered none"
+        );
+    }
+
+    #[test]
+    fn v1_names_select_like_caip2() {
+        let body = json!({"x402Version": 1, "accepts": [{
+            "scheme": "exact", "network": "base-sepolia", "maxAmountRequired": "10000",
+            "asset": USDC_SEPOLIA.to_string(), "payTo": PAY_TO, "maxTimeoutSeconds": 60,
+            "extra": {"name": "USDC", "version": "2"}}]});
+        let pr = parse_payment_required(
+            reqwest::StatusCode::PAYMENT_REQUIRED,
+            &reqwest::header::HeaderMap::new(),
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        let chosen = pr.select(&supported(), amount(10_000), None).unwrap();
+        assert_eq!(chosen.network_raw(), "base-sepolia");
+    }
+
+    #[test]
+    fn payment_required_select_reports_skipped_entries_too() {
+        let message = json!({"x402Version": 2, "accepts": [
+            entry("eip155:84532", USDC_SEPOLIA, "-1"),
+            {"scheme": "exact", "network": "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp", "amount": "1",
+             "asset": "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v", "payTo": "x", "maxTimeoutSeconds": 60},
+            entry("eip155:84532", USDC_SEPOLIA, "99999"),
+        ]});
+        let mut headers = reqwest::header::HeaderMap::new();
+        let encoded = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            message.to_string(),
+        );
+        headers.insert("payment-required", encoded.parse().unwrap());
+        let pr =
+            parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, b"").unwrap();
+        let rejection = pr.select(&supported(), amount(10), None).unwrap_err();
+        assert_eq!(
+            rejection
+                .options
+                .iter()
+                .map(|o| o.index)
+                .collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert!(matches!(
+            rejection.options[0].reason,
+            RejectReason::Unreadable(_)
+        ));
+        assert!(matches!(
+            rejection.options[1].reason,
+            RejectReason::Unsupported(_)
+        ));
+        assert!(rejection.options[2].reason.is_over_budget());
+        let text = rejection.to_string();
+        assert!(text.contains("option #1: network \"solana:"), "{text}");
+    }
+}
