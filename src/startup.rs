@@ -102,7 +102,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         assets.extend(list.iter().map(|a| (network, *a)));
     }
     let supported = Supported::new(networks.iter().map(|(n, _)| *n), assets);
-    let nonce_secret = Arc::new(nonce_secret(&config.signer));
+    let nonce_secret = Arc::new(crate::payments::nonce_secret(&config.signer));
     Ok(AppState {
         config: Arc::new(config),
         pool,
@@ -114,17 +114,6 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         supported,
         nonce_secret,
     })
-}
-
-/// The HMAC key of the deterministic nonces: sha256 over a label and the wallet key.
-/// Derived rather than configured, so it can never drift from the wallet whose nonces
-/// it spaces out (a new wallet is a new nonce space anyway).
-fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"x402-router/nonce-secret/v1\0");
-    h.update(signer.credential().to_bytes());
-    h.finalize().into()
 }
 
 /// Counts requests by matched route pattern and status.

@@ -67,7 +67,7 @@ diesel::table! {
         valid_before -> Int8,
         requirement -> Jsonb,
         context -> Jsonb,
-        authorization -> Jsonb,
+        signed_authorization -> Jsonb,
         header_name -> Text,
         header_value -> Text,
         status -> Text,

@@ -109,6 +109,17 @@ fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentS
     })
 }
 
+/// The HMAC key of the deterministic nonces: sha256 over a label and the wallet key.
+/// Derived rather than configured, so it can never drift from the wallet whose nonces
+/// it spaces out (a new wallet is a new nonce space anyway).
+pub fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"x402-router/nonce-secret/v1\0");
+    h.update(signer.credential().to_bytes());
+    h.finalize().into()
+}
+
 fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -245,7 +256,7 @@ pub async fn resume(
     intent: PaymentRow,
     deadline: Instant,
 ) -> Result<Outcome, ApiError> {
-    let signed: SignedAuthorization = serde_json::from_value(intent.authorization.clone())
+    let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored authorization unreadable: {e}")))?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored x402 version {}", intent.x402_version)))?;
@@ -329,8 +340,13 @@ async fn exchange(state: &AppState, own: &Ownership, call: &RouteCall, attempt: 
             let id = Uuid::new_v4();
             let payment = attempt.describe(status, None);
             let mut body = envelope::error_envelope(&msg, Some(&resp), Some(&payment), Some(id));
-            if let (Value::Object(map), Ok(Value::Object(r))) = (&mut body, serde_json::to_value(&reasons)) {
-                map.extend(r);
+            // The facilitator's reasons, unchanged, beside our own message.
+            if let Value::Object(map) = &mut body {
+                for (k, v) in [("invalidReason", &reasons.invalid_reason), ("errorReason", &reasons.error_reason)] {
+                    if let Some(v) = v {
+                        map.insert(k.to_owned(), Value::String(v.clone()));
+                    }
+                }
             }
             let receipt = draft(id, own, call, Some(resp.status), &resp.body, Some(payment), Status::Errored);
             let fin = Final { id: attempt.id, status, tx_hash: None, error: reason };

@@ -29,7 +29,7 @@ pub struct PaymentRow {
     pub valid_before: i64,
     pub requirement: Value,
     pub context: Value,
-    pub authorization: Value,
+    pub signed_authorization: Value,
     pub header_name: String,
     pub header_value: String,
     pub status: String,
@@ -70,7 +70,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     let n = diesel::sql_query(
         "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
-                               authorization, header_name, header_value, status) \
+                               signed_authorization, header_name, header_value, status) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, 'signed' \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
                          WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight') \
@@ -116,7 +116,7 @@ pub async fn resign(
     agent_id: Uuid,
 ) -> QueryResult<bool> {
     let n = diesel::sql_query(
-        "UPDATE payments p SET valid_after = $3, valid_before = $4, authorization = $5, header_value = $6, \
+        "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
                                attempts = attempts + 1, updated_at = now() \
           WHERE p.id = $1 AND p.status = 'signed' AND EXISTS ( \
                 SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \

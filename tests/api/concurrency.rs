@@ -45,7 +45,7 @@ async fn three_router_processes_sharing_one_ledger_execute_a_key_once() {
     let agent = create_agent(&db, "multi").await;
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
     let opts = AppOptions::default();
-    let routers = vec![
+    let routers = [
         RouterProcess::spawn(&db.url, &opts, &prefix).await,
         RouterProcess::spawn(&db.url, &opts, &prefix).await,
         RouterProcess::spawn(&db.url, &opts, &prefix).await,

@@ -10,4 +10,5 @@ mod concurrency;
 mod faults;
 mod gc;
 mod idempotency;
+mod payments;
 mod validation;

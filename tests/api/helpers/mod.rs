@@ -5,11 +5,13 @@
 #![allow(dead_code)]
 
 pub mod app;
+pub mod chain;
 pub mod db;
 pub mod services;
 pub mod upstream;
 
 pub use app::*;
+pub use chain::{Devnet, PAY_TO, PRICE, ROUTER_ADDRESS};
 pub use db::TestDb;
 pub use services::{PrivateRedis, TcpProxy};
 pub use upstream::TestUpstream;

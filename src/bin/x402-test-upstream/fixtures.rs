@@ -1,0 +1,78 @@
+//! The compiled contracts, embedded at build time from the committed fixtures that
+//! `scripts/compile-contracts` writes (and checks with `--check`).
+
+use alloy::primitives::{Address, Bytes, address};
+use serde::Deserialize;
+
+/// Where Multicall3 lives on every chain that has it; the official x402 facilitator calls it there.
+pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976CA11");
+
+const TEST_TOKEN_JSON: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/TestToken.json"
+));
+const MULTICALL_JSON: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/Multicall.json"
+));
+
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    #[error("fixture {name} is not valid JSON of the expected shape")]
+    Json {
+        name: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("fixture {name} has empty {field}")]
+    Empty {
+        name: &'static str,
+        field: &'static str,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Artifact {
+    bytecode: Bytes,
+    deployed_bytecode: Bytes,
+}
+
+fn artifact(name: &'static str, json: &str) -> Result<Artifact, FixtureError> {
+    let artifact: Artifact =
+        serde_json::from_str(json).map_err(|source| FixtureError::Json { name, source })?;
+    if artifact.bytecode.is_empty() {
+        return Err(FixtureError::Empty {
+            name,
+            field: "bytecode",
+        });
+    }
+    if artifact.deployed_bytecode.is_empty() {
+        return Err(FixtureError::Empty {
+            name,
+            field: "deployedBytecode",
+        });
+    }
+    Ok(artifact)
+}
+
+/// Creation code of TestToken (its constructor takes no arguments).
+pub fn test_token_creation_code() -> Result<Bytes, FixtureError> {
+    artifact("TestToken.json", TEST_TOKEN_JSON).map(|a| a.bytecode)
+}
+
+/// Runtime code of the Multicall fixture, for `anvil_setCode` (it has no constructor state).
+pub fn multicall_runtime_code() -> Result<Bytes, FixtureError> {
+    artifact("Multicall.json", MULTICALL_JSON).map(|a| a.deployed_bytecode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_fixtures_parse() {
+        assert!(test_token_creation_code().unwrap().len() > 100);
+        assert!(multicall_runtime_code().unwrap().len() > 100);
+    }
+}

@@ -1,0 +1,54 @@
+//! `x402-test-upstream` — a development fixture: a local x402 resource server and the tool that
+//! puts its token on a local chain.
+//!
+//! * `deploy` deploys `contracts/TestToken.sol` (bytecode embedded from
+//!   `tests/fixtures/TestToken.json`), installs the Multicall fixture's runtime code at
+//!   Multicall3's canonical address, mints, and prints `{"token": "0x…", "chain_id": N}`.
+//! * `serve` runs an actix-web x402 server (v1 and v2 wire formats) that verifies payments
+//!   itself, settles them on chain with `transferWithAuthorization` from a facilitator key, and
+//!   misbehaves on purpose on some routes (`server::ROUTES` is the table). It prints
+//!   `{"listening": "127.0.0.1:PORT"}` once bound.
+//!
+//! This binary deliberately shares no code with the crate's own `src/x402` module: a fixture
+//! that reused the code under test would agree with its bugs. Everything here (wire types,
+//! EIP-712 recovery, settlement) is written against the protocol, not against the router.
+
+mod chain;
+mod cli;
+mod deploy;
+mod fixtures;
+mod payment;
+mod server;
+mod stats;
+mod wire;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    // Logs go to stderr: stdout carries exactly one JSON line for the caller to parse.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+
+    let cli = cli::Cli::parse();
+    let system = actix_rt::System::new();
+    let result = match cli.command {
+        cli::Command::Deploy(args) => system.block_on(deploy::run(args)),
+        cli::Command::Serve(args) => system.block_on(server::run(args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("x402-test-upstream: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Per-route counters behind `GET /_stats`, so tests can assert how often the upstream was
+//! called and paid without reading the chain. Process-local; shared by all workers.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RouteStats {
+    /// Every request that reached the route, paid or not.
+    pub requests: u64,
+    /// Requests that carried a decodable payment header.
+    pub payment_attempts: u64,
+    /// Payments refused (402 with a reason).
+    pub refused: u64,
+    /// Settlements that landed on chain (a receipt with status 1).
+    pub paid: u64,
+    /// Amount (atomic units) of the last settlement.
+    pub last_paid_amount: Option<String>,
+    /// Transaction hash of the last settlement.
+    pub last_transaction: Option<String>,
+    /// `extensions["payment-identifier"].info.id` of the last payment that carried one.
+    pub last_payment_identifier: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    routes: Arc<Mutex<BTreeMap<String, RouteStats>>>,
+}
+
+#[derive(Serialize)]
+pub struct Snapshot {
+    pub routes: BTreeMap<String, RouteStats>,
+    /// Sum of `paid` over all routes.
+    pub settlements: u64,
+}
+
+impl Stats {
+    /// Starts every listed route at zero so that `/_stats` shows them before the first call.
+    pub fn with_routes<'a>(paths: impl IntoIterator<Item = &'a str>) -> Self {
+        let stats = Self::default();
+        {
+            let mut routes = stats.lock();
+            for path in paths {
+                routes.insert(path.to_owned(), RouteStats::default());
+            }
+        }
+        stats
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, RouteStats>> {
+        // A panic elsewhere while holding the lock leaves only counters behind: keep serving them.
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn update(&self, path: &str, change: impl FnOnce(&mut RouteStats)) {
+        change(self.lock().entry(path.to_owned()).or_default());
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let routes = self.lock().clone();
+        let settlements = routes.values().map(|r| r.paid).sum();
+        Snapshot {
+            routes,
+            settlements,
+        }
+    }
+}

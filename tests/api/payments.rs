@@ -1,0 +1,482 @@
+//! Paying x402 upstreams: real anvil, the project's EIP-3009 token, the project's x402
+//! test upstream. Money is checked on-chain (balances, `authorizationState`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use alloy::primitives::{B256, U256};
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+async fn paid_app(chain: &Devnet) -> TestApp {
+    spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await
+}
+
+fn nonce_for(app: &TestApp, key: &str) -> B256 {
+    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
+    let secret = x402_router::payments::nonce_secret(&signer);
+    x402_router::x402::deterministic_nonce(&secret, app.agent.id, key)
+}
+
+fn price() -> U256 {
+    U256::from(PRICE)
+}
+
+async fn balances(chain: &Devnet) -> (U256, U256) {
+    (chain.balance(ROUTER_ADDRESS).await, chain.balance(PAY_TO).await)
+}
+
+async fn payments_rows(app: &TestApp) -> i64 {
+    count(&app.db, "SELECT count(*) AS n FROM payments").await
+}
+
+#[actix_web::test]
+async fn paid_v2_call_moves_exactly_the_price_once_and_replay_moves_nothing() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "50000"});
+
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["status"], 200);
+    let p = &env["payment"];
+    assert_eq!(p["x402_version"], 2);
+    assert_eq!(p["network"], "eip155:84532");
+    assert_eq!(p["amount"], PRICE.to_string());
+    assert_eq!(p["status"], "settled");
+    assert_eq!(p["payer"], ROUTER_ADDRESS.to_checksum(None));
+    assert_eq!(p["pay_to"], PAY_TO.to_checksum(None));
+    assert!(p["tx_hash"].as_str().unwrap().starts_with("0x"));
+    let nonce = nonce_for(&app, &key);
+    assert_eq!(p["nonce"], nonce.to_string());
+    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce).await);
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+
+    let replay = app.route(&key, &body).await;
+    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+    assert_eq!(replay.json::<Value>().await.unwrap(), env);
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+    assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
+
+    // The receipt records the settled payment and verifies.
+    let receipt: Value = app
+        .client
+        .get(format!("{}/receipts/{}", app.address, env["receipt_id"].as_str().unwrap()))
+        .bearer_auth(&app.agent.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(receipt["payment"]["status"], "settled");
+    assert!(x402_router::receipts::Receipt::verify_json(&receipt.to_string()).is_ok());
+    let settled = count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await;
+    assert_eq!(settled, 1);
+}
+
+#[actix_web::test]
+async fn paid_v1_call_moves_exactly_the_price_once() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v1/weather"), "max_amount": "10000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["x402_version"], 1);
+    assert_eq!(env["payment"]["status"], "settled");
+    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await);
+    assert_eq!(app.route(&key, &body).await.status(), 200);
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+}
+
+#[actix_web::test]
+async fn paid_post_is_forwarded_with_its_body() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let body = json!({"url": chain.url("/v2/echo"), "method": "POST", "body": {"q": "hello"}, "max_amount": "20000"});
+    let env: Value = app.route(&new_key(), &body).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(env["payment"]["amount"], "20000");
+    assert!(env["body"].to_string().contains("hello"), "{env}");
+}
+
+#[actix_web::test]
+async fn twenty_concurrent_same_key_paid_requests_make_one_transfer() {
+    let chain = Devnet::start().await;
+    let app = Arc::new(paid_app(&chain).await);
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    let results = join_all((0..20).map(|_| {
+        let (app, key, body) = (Arc::clone(&app), key.clone(), body.clone());
+        async move { app.route(&key, &body).await.status().as_u16() }
+    }))
+    .await;
+    assert!(results.iter().all(|s| *s == 200 || *s == 409), "{results:?}");
+    assert!(results.contains(&200));
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+    assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
+    assert_eq!(payments_rows(&app).await, 1);
+}
+
+#[actix_web::test]
+async fn price_over_max_amount_is_402_and_nothing_is_signed() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let before = balances(&chain).await;
+    for max in [None, Some("9999")] {
+        let mut body = json!({"url": chain.url("/v2/weather")});
+        if let Some(m) = max {
+            body["max_amount"] = json!(m);
+        }
+        let resp = app.route(&new_key(), &body).await;
+        assert_eq!(resp.status(), 402);
+        let err: Value = resp.json().await.unwrap();
+        assert!(err["error"].as_str().unwrap().contains("will not make"), "{err}");
+        assert_eq!(err["accepts"][0]["amount"], PRICE.to_string());
+    }
+    assert_eq!(payments_rows(&app).await, 0);
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+    assert_eq!(balances(&chain).await, before);
+}
+
+#[actix_web::test]
+async fn agent_per_call_cap_is_enforced() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    exec(&app.db, &format!("UPDATE agents SET max_per_call = 5000 WHERE id = '{}'", app.agent.id)).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 402);
+    assert_eq!(payments_rows(&app).await, 0);
+}
+
+#[actix_web::test]
+async fn unsupported_network_or_asset_is_402_and_nothing_is_signed() {
+    let chain = Devnet::start().await;
+    let before = balances(&chain).await;
+    // The token is not among the configured assets.
+    let other_asset = spawn_app_with(AppOptions {
+        extra: vec![
+            ("x402-rpc-urls".into(), format!("eip155:84532={}", chain.rpc_url)),
+            ("x402-assets".into(), "eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    // The network has no RPC URL configured.
+    let other_network = spawn_app_with(AppOptions {
+        extra: vec![
+            ("x402-rpc-urls".into(), format!("eip155:8453={}", chain.rpc_url)),
+            ("x402-assets".into(), format!("eip155:84532={}", chain.token)),
+        ],
+        ..Default::default()
+    })
+    .await;
+    for app in [&other_asset, &other_network] {
+        let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+        assert_eq!(resp.status(), 402);
+        assert_eq!(payments_rows(app).await, 0);
+    }
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+    assert_eq!(balances(&chain).await, before);
+}
+
+#[actix_web::test]
+async fn cheapest_payable_option_is_chosen_among_several() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, _) = balances(&chain).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/multi"), "max_amount": "1000000"})).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["asset"], chain.token.to_checksum(None));
+    let paid = U256::from_str_radix(env["payment"]["amount"].as_str().unwrap(), 10).unwrap();
+    assert_eq!(balances(&chain).await.0, router0 - paid);
+}
+
+#[actix_web::test]
+async fn upstream_500_before_settlement_is_errored_and_moves_nothing() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let before = balances(&chain).await;
+    let key = new_key();
+    for path in ["/v2/error500", "/v1/error500"] {
+        let key = format!("{key}{}", path.len() + path.as_bytes()[2] as usize);
+        let resp = app.route(&key, &json!({"url": chain.url(path), "max_amount": "10000"})).await;
+        assert_eq!(resp.status(), 502, "{path}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["status"], 500);
+        assert_eq!(body["payment"]["status"], "not_settled", "{body}");
+        assert!(!chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await);
+        let again = app.route(&key, &json!({"url": chain.url(path), "max_amount": "10000"})).await;
+        assert_eq!(again.headers().get("x-idempotent-replay").unwrap(), "true");
+    }
+    assert_eq!(balances(&chain).await, before);
+}
+
+#[actix_web::test]
+async fn upstream_that_settles_then_fails_is_errored_with_the_payment_shown_and_paid_once() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/settle-then-500"), "max_amount": "10000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["status"], 500);
+    assert_eq!(err["payment"]["status"], "settled");
+    assert!(err["receipt_id"].is_string());
+    let replay = app.route(&key, &body).await;
+    assert_eq!(replay.status(), 502);
+    assert_eq!(replay.json::<Value>().await.unwrap(), err);
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+}
+
+#[actix_web::test]
+async fn upstream_that_settles_then_drops_the_connection_is_settled_response_lost() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, _) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/settle-then-drop"), "max_amount": "10000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["payment"]["status"], "settled_response_lost", "{err}");
+    assert_eq!(app.route(&key, &body).await.status(), 502);
+    assert_eq!(balances(&chain).await.0, router0 - price());
+}
+
+#[actix_web::test]
+async fn rejected_payment_passes_the_reason_through() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let before = balances(&chain).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/reject"), "max_amount": "10000"})).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert!(err["error"].as_str().unwrap().contains("rejected"), "{err}");
+    assert!(err.get("invalidReason").is_some() || err["error"].as_str().unwrap().contains("invalid_"), "{err}");
+    assert_eq!(err["payment"]["status"], "rejected");
+    assert_eq!(balances(&chain).await, before);
+}
+
+#[actix_web::test]
+async fn lying_upstream_is_not_recorded_as_settled() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let before = balances(&chain).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/lie"), "max_amount": "10000"})).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "unconfirmed");
+    assert_eq!(env["payment"]["tx_hash"], Value::Null);
+    let receipt_status = count(&app.db, "SELECT count(*) AS n FROM receipts WHERE payment->>'status' = 'unconfirmed'").await;
+    assert_eq!(receipt_status, 1);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await, 0);
+    assert_eq!(balances(&chain).await, before);
+}
+
+#[actix_web::test]
+async fn with_the_rpc_down_nothing_is_paid() {
+    let mut chain = Devnet::start().await;
+    // The router's RPC points at a dead port; the upstream keeps its own chain access.
+    let app = spawn_app_with(AppOptions {
+        extra: vec![
+            ("x402-rpc-urls".into(), format!("eip155:84532=http://127.0.0.1:{}", free_port())),
+            ("x402-assets".into(), format!("eip155:84532={}", chain.token)),
+            ("x402-rpc-timeout-ms".into(), "1000".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let before = balances(&chain).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert!(err["error"].as_str().unwrap().contains("nothing was signed or paid"), "{err}");
+    assert_eq!(payments_rows(&app).await, 0);
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+    assert_eq!(balances(&chain).await, before);
+    chain.stop_chain().await;
+}
+
+#[actix_web::test]
+async fn payment_identifier_is_derived_never_the_raw_key() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let key = new_key();
+    let resp = app.route(&key, &json!({"url": chain.url("/v2/pid"), "max_amount": "10000"})).await;
+    assert_eq!(resp.status(), 200);
+    let stats = chain.stats().await;
+    let pid = stats["/v2/pid"]["last_payment_identifier"].as_str().unwrap().to_owned();
+    assert!(!pid.contains(&key));
+    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
+    let expected = x402_router::x402::payment_identifier_id(&x402_router::payments::nonce_secret(&signer), app.agent.id, &key);
+    assert_eq!(pid, expected);
+}
+
+#[actix_web::test]
+async fn router_killed_after_the_upstream_settled_never_pays_twice() {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "crash").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions {
+        abandon_ms: 2000,
+        heartbeat_ms: 500,
+        deadline_ms: 30_000,
+        extra: chain.router_extra(),
+        ..Default::default()
+    };
+    let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let client = reqwest::Client::new();
+    let key = new_key();
+    // The upstream settles at once, then waits 5 s before answering.
+    let body = json!({"url": chain.url("/v2/slow-settle?seconds=5"), "max_amount": "10000"});
+    let call = {
+        let (client, addr, agent, key, body) = (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
+        tokio::spawn(async move { client.post(format!("{addr}/route")).bearer_auth(&agent.key).header("Idempotency-Key", key).json(&body).send().await })
+    };
+    // Wait until the transfer is on-chain, then kill the router before it hears back.
+    for _ in 0..100 {
+        if balances(&chain).await.0 < router0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(balances(&chain).await.0, router0 - price(), "the upstream settled");
+    a.kill9().await;
+    assert!(call.await.unwrap().is_err());
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
+
+    assert_eq!(route_at(&client, &b.address, &agent, &key, &body).await.status(), 409);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let resp = route_at(&client, &b.address, &agent, &key, &body).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["payment"]["status"], "settled_response_lost", "{err}");
+    assert!(err["error"].as_str().unwrap().contains("response was lost"));
+    // No second transfer, and the receipt says what happened.
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
+    assert_eq!(chain.stats().await["/v2/slow-settle"]["paid"], 1);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM receipts WHERE payment->>'status' = 'settled_response_lost' AND upstream_status IS NULL").await, 1);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost'").await, 1);
+    let replay = route_at(&client, &b.address, &agent, &key, &body).await;
+    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+    assert_eq!(balances(&chain).await.0, router0 - price());
+}
+
+/// Leaves the state a router would leave if it crashed after committing a signed intent
+/// and before sending it: an old in-flight row plus a `signed` payment.
+async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body: &Value, valid_before_offset: i64) {
+    use x402_router::x402::{Requirement, X402Version, sign_authorization, wire};
+    let hash = x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "").unwrap().request_hash;
+    exec(
+        &app.db,
+        &format!(
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
+             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid(), now() - interval '5 minutes')",
+            app.agent.id
+        ),
+    )
+    .await;
+    // The requirement the upstream advertises, as the crashed router saw it.
+    let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
+    let headers = first.headers().clone();
+    let required = wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, &first.bytes().await.unwrap()).unwrap();
+    let req: &Requirement = &required.accepts[0];
+    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
+    let signed = sign_authorization(&signer, req, nonce_for(app, key), signing_time).unwrap();
+    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
+    let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
+    let auth = signed.authorization();
+    exec(
+        &app.db,
+        &format!(
+            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, pay_to, payer, nonce, \
+             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status) VALUES \
+             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed')",
+            app.agent.id,
+            chain.token,
+            PAY_TO,
+            ROUTER_ADDRESS,
+            auth.nonce,
+            auth.valid_after,
+            auth.valid_before,
+            req.raw_json(),
+            json!({"version": 2, "resource": required.resource, "extensions": null}),
+            serde_json::to_value(&signed).unwrap(),
+            name,
+            value.to_str().unwrap(),
+        ),
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn takeover_of_an_unsent_valid_payment_resends_it_and_pays_once() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, _) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, 200).await;
+    let stored_header = count(&app.db, "SELECT attempts::bigint AS n FROM payments").await;
+    assert_eq!(stored_header, 1);
+
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 1, "resent, not re-signed");
+    assert_eq!(balances(&chain).await.0, router0 - price());
+    // Only the paid request reached the upstream: no new unpaid probe.
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 1);
+}
+
+#[actix_web::test]
+async fn takeover_of_an_expired_unused_payment_re_signs_with_the_same_nonce() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, _) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, -5).await;
+
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(env["payment"]["nonce"], nonce_for(&app, &key).to_string());
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed once");
+    assert_eq!(balances(&chain).await.0, router0 - price());
+}
+
+#[actix_web::test]
+async fn takeover_with_the_chain_unreadable_decides_nothing_and_pays_nothing() {
+    let mut chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, 200).await;
+    chain.stop_chain().await;
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight'").await, 1);
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+}
