@@ -21,7 +21,7 @@ CREATE TABLE payments (
     context           JSONB NOT NULL,
     -- The signed authorization and the exact header sent (a bearer instrument until
     -- valid_before: never logged, never served by the API).
-    authorization     JSONB NOT NULL,
+    signed_authorization JSONB NOT NULL,
     header_name       TEXT NOT NULL,
     header_value      TEXT NOT NULL,
     status            TEXT NOT NULL CHECK (status IN (
