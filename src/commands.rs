@@ -18,7 +18,9 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
     crate::telemetry::init(config.json_logs);
     if config.run_migrations {
-        let applied = crate::db::run_migrations(config.database.url.expose()).await.context("running migrations")?;
+        let applied = crate::db::run_migrations(config.database.url.expose())
+            .await
+            .context("running migrations")?;
         if !applied.is_empty() {
             tracing::info!(migrations = ?applied, "applied migrations");
         }
@@ -55,7 +57,9 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
         .context("invalid setting GC_BATCH_SIZE (--gc-batch-size): expected a positive integer")?;
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let deleted = crate::gc::run_once(&mut conn, batch).await.context("deleting expired rows")?;
+    let deleted = crate::gc::run_once(&mut conn, batch)
+        .await
+        .context("deleting expired rows")?;
     println!("{}", json!({ "deleted": deleted }));
     Ok(())
 }
@@ -69,19 +73,39 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     match &args.command {
-        AgentsCommand::Create { name, max_per_call, daily_budget } => {
+        AgentsCommand::Create {
+            name,
+            max_per_call,
+            daily_budget,
+        } => {
             let name = name.trim();
-            anyhow::ensure!(!name.is_empty() && name.len() <= 200, "--name must be 1 to 200 characters");
-            for (flag, v) in [("--max-per-call", max_per_call), ("--daily-budget", daily_budget)] {
+            anyhow::ensure!(
+                !name.is_empty() && name.len() <= 200,
+                "--name must be 1 to 200 characters"
+            );
+            for (flag, v) in [
+                ("--max-per-call", max_per_call),
+                ("--daily-budget", daily_budget),
+            ] {
                 if let Some(v) = v {
-                    anyhow::ensure!(parse_decimal_amount(v).is_some(), "{flag} must be a decimal integer of atomic units");
+                    anyhow::ensure!(
+                        parse_decimal_amount(v).is_some(),
+                        "{flag} must be a decimal integer of atomic units"
+                    );
                 }
             }
             let id = Uuid::new_v4();
             let key = generate_api_key().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            agents::insert(&mut conn, id, name, &hash_api_key(&key), max_per_call.as_deref(), daily_budget.as_deref())
-                .await
-                .context("creating the agent")?;
+            agents::insert(
+                &mut conn,
+                id,
+                name,
+                &hash_api_key(&key),
+                max_per_call.as_deref(),
+                daily_budget.as_deref(),
+            )
+            .await
+            .context("creating the agent")?;
             println!("{}", json!({ "agent_id": id, "api_key": key }));
         }
         AgentsCommand::List => {

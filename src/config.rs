@@ -25,7 +25,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(env: &'static str, reason: impl Into<String>) -> Self {
-        Self { env, reason: reason.into() }
+        Self {
+            env,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -60,7 +63,10 @@ impl DatabaseConfig {
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                "must start with postgres:// or postgresql://",
+            ));
         }
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
@@ -69,7 +75,10 @@ impl DatabaseConfig {
         Ok(Self {
             url: Secret::new(url.to_owned()),
             pool_size,
-            acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
+            acquire_timeout: parse_ms(
+                "DATABASE_ACQUIRE_TIMEOUT_MS",
+                &args.database_acquire_timeout_ms,
+            )?,
         })
     }
 }
@@ -137,30 +146,49 @@ impl Config {
         let database = DatabaseConfig::from_args(&args.db)?;
         let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
         if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
-            return Err(ConfigError::new("REDIS_URL", "must start with redis:// or rediss://"));
+            return Err(ConfigError::new(
+                "REDIS_URL",
+                "must start with redis:// or rediss://",
+            ));
         }
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(args)?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
-        let assets_raw = if args.x402_assets.trim().is_empty() { DEFAULT_ASSETS } else { &args.x402_assets };
+        let assets_raw = if args.x402_assets.trim().is_empty() {
+            DEFAULT_ASSETS
+        } else {
+            &args.x402_assets
+        };
         let assets = parse_assets(assets_raw)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) if t.len() < 16 => {
-                return Err(ConfigError::new("OPERATOR_TOKEN", "must be at least 16 characters"));
+                return Err(ConfigError::new(
+                    "OPERATOR_TOKEN",
+                    "must be at least 16 characters",
+                ));
             }
             Some(t) => Some(Secret::new(t.to_owned())),
         };
         let upstream = UpstreamConfig {
             allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
             allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
-            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
+            connect_timeout: parse_ms(
+                "UPSTREAM_CONNECT_TIMEOUT_MS",
+                &args.upstream_connect_timeout_ms,
+            )?,
             timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
-            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
+            max_response_bytes: parse_num(
+                "UPSTREAM_MAX_RESPONSE_BYTES",
+                &args.upstream_max_response_bytes,
+            )?,
         };
         let idempotency = IdempotencyTiming {
-            abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
+            abandon_after: parse_ms(
+                "IDEMPOTENCY_ABANDON_AFTER_MS",
+                &args.idempotency_abandon_after_ms,
+            )?,
             heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
             deadline: parse_ms("ROUTE_DEADLINE_MS", &args.route_deadline_ms)?,
         };
@@ -208,7 +236,9 @@ fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, Co
 }
 
 fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
-    raw.trim().parse().map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
+    raw.trim()
+        .parse()
+        .map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
 }
 
 fn parse_ms(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
@@ -223,7 +253,10 @@ fn parse_bool(env: &'static str, raw: &str) -> Result<bool, ConfigError> {
     match raw.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Ok(true),
         "false" | "0" | "no" | "" => Ok(false),
-        _ => Err(ConfigError::new(env, format!("expected true or false, got {raw:?}"))),
+        _ => Err(ConfigError::new(
+            env,
+            format!("expected true or false, got {raw:?}"),
+        )),
     }
 }
 
@@ -232,7 +265,12 @@ fn parse_cidrs(raw: &str) -> Result<Vec<IpNet>, ConfigError> {
         .map(|item| {
             item.parse::<IpNet>()
                 .or_else(|_| item.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| ConfigError::new("UPSTREAM_ALLOW_CIDRS", format!("{item:?} is not an IP or CIDR")))
+                .map_err(|_| {
+                    ConfigError::new(
+                        "UPSTREAM_ALLOW_CIDRS",
+                        format!("{item:?} is not an IP or CIDR"),
+                    )
+                })
         })
         .collect()
 }
@@ -242,9 +280,9 @@ fn split_list(raw: &str) -> impl Iterator<Item = &str> {
 }
 
 fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(String, &'a str), ConfigError> {
-    let (network, value) = item
-        .split_once('=')
-        .ok_or_else(|| ConfigError::new(env, format!("{item:?} is not of the form network=value")))?;
+    let (network, value) = item.split_once('=').ok_or_else(|| {
+        ConfigError::new(env, format!("{item:?} is not of the form network=value"))
+    })?;
     let network = crate::x402::Network::parse(network.trim())
         .map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
     Ok((network.to_string(), value.trim()))
@@ -257,10 +295,16 @@ fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
         let parsed = url::Url::parse(url)
             .map_err(|_| ConfigError::new("X402_RPC_URLS", format!("{url:?} is not a URL")))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ConfigError::new("X402_RPC_URLS", format!("{url:?} must be http(s)")));
+            return Err(ConfigError::new(
+                "X402_RPC_URLS",
+                format!("{url:?} must be http(s)"),
+            ));
         }
         if out.insert(network.clone(), url.to_owned()).is_some() {
-            return Err(ConfigError::new("X402_RPC_URLS", format!("{network} is listed twice")));
+            return Err(ConfigError::new(
+                "X402_RPC_URLS",
+                format!("{network} is listed twice"),
+            ));
         }
     }
     Ok(out)
@@ -270,8 +314,9 @@ fn parse_assets(raw: &str) -> Result<BTreeMap<String, Vec<Address>>, ConfigError
     let mut out: BTreeMap<String, Vec<Address>> = BTreeMap::new();
     for item in split_list(raw) {
         let (network, addr) = split_pair("X402_ASSETS", item)?;
-        let asset = Address::from_str(addr)
-            .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
+        let asset = Address::from_str(addr).map_err(|_| {
+            ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address"))
+        })?;
         let list = out.entry(network).or_default();
         if !list.contains(&asset) {
             list.push(asset);
@@ -284,8 +329,12 @@ fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
     let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
         (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new(
+                    "ROUTER_PRIVATE_KEY_FILE",
+                    format!("cannot read {path:?}: {e}"),
+                )
+            })?;
             ("ROUTER_PRIVATE_KEY_FILE", text)
         }
         (Some(_), Some(_)) => {
@@ -294,7 +343,12 @@ fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
                 "set ROUTER_PRIVATE_KEY or ROUTER_PRIVATE_KEY_FILE, not both",
             ));
         }
-        (None, None) => return Err(ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)")),
+        (None, None) => {
+            return Err(ConfigError::new(
+                "ROUTER_PRIVATE_KEY",
+                "is required (or ROUTER_PRIVATE_KEY_FILE)",
+            ));
+        }
     };
     let hex = raw.trim();
     PrivateKeySigner::from_str(hex)

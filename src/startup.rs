@@ -42,7 +42,11 @@ impl Application {
         let port = listener.local_addr()?.port();
         let state = build_state(config, hooks)?;
         state.idempotency.cache.connect_in_background();
-        let workers = if state.config.workers == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()) } else { state.config.workers };
+        let workers = if state.config.workers == 0 {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            state.config.workers
+        };
         let shutdown = state.config.idempotency.deadline + Duration::from_secs(5);
         let app_state = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -56,7 +60,11 @@ impl Application {
         .shutdown_timeout(shutdown.as_secs())
         .listen(listener)?
         .run();
-        Ok(Self { port, server, state })
+        Ok(Self {
+            port,
+            server,
+            state,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -84,8 +92,16 @@ impl Application {
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let pool = crate::db::pool(&config.database);
-    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
-    let idempotency = Idempotency { cache, timing: config.idempotency, after_conflict: hooks.after_conflict };
+    let cache = Cache::new(
+        config.redis_url.expose(),
+        config.redis_timeout,
+        config.redis_key_prefix.clone(),
+    );
+    let idempotency = Idempotency {
+        cache,
+        timing: config.idempotency,
+        after_conflict: hooks.after_conflict,
+    };
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
@@ -121,11 +137,18 @@ async fn count_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let metrics = req.app_data::<web::Data<AppState>>().map(|s| Arc::clone(&s.metrics));
+    let metrics = req
+        .app_data::<web::Data<AppState>>()
+        .map(|s| Arc::clone(&s.metrics));
     let res = next.call(req).await?;
     if let Some(m) = metrics {
-        let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-        m.http_requests.with_label_values(&[route.as_str(), res.status().as_str()]).inc();
+        let route = res
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".to_owned());
+        m.http_requests
+            .with_label_values(&[route.as_str(), res.status().as_str()])
+            .inc();
     }
     Ok(res)
 }

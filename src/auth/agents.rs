@@ -37,7 +37,10 @@ pub struct AgentInfo {
 ///
 /// # Errors
 /// Database errors.
-pub async fn find_by_key_hash(conn: &mut AsyncPgConnection, key_hash: &str) -> QueryResult<Option<AgentAuth>> {
+pub async fn find_by_key_hash(
+    conn: &mut AsyncPgConnection,
+    key_hash: &str,
+) -> QueryResult<Option<AgentAuth>> {
     agents::table
         .filter(agents::api_key_hash.eq(key_hash))
         .select(AgentAuth::as_select())
@@ -90,6 +93,9 @@ pub async fn list(conn: &mut AsyncPgConnection) -> QueryResult<Vec<AgentInfo>> {
 /// # Errors
 /// Database errors.
 pub async fn disable(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<bool> {
-    let n = diesel::update(agents::table.find(id)).set(agents::disabled.eq(true)).execute(conn).await?;
+    let n = diesel::update(agents::table.find(id))
+        .set(agents::disabled.eq(true))
+        .execute(conn)
+        .await?;
     Ok(n == 1)
 }

@@ -41,7 +41,8 @@ pub fn pool(config: &DatabaseConfig) -> PgPool {
 pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
     let url = url.to_owned();
     let applied = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
+            diesel::Connection::establish(&url)?;
         let versions = conn
             .run_pending_migrations(MIGRATIONS)
             .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
@@ -58,7 +59,8 @@ pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
 pub async fn revert_all_migrations(url: &str) -> anyhow::Result<usize> {
     let url = url.to_owned();
     tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
+            diesel::Connection::establish(&url)?;
         let versions = conn
             .revert_all_migrations(MIGRATIONS)
             .map_err(|e| anyhow::anyhow!("revert failed: {e}"))?;

@@ -87,7 +87,9 @@ impl Cache {
 
     /// Starts one background connection attempt unless one is already running.
     pub fn connect_in_background(&self) {
-        let Some(client) = self.inner.client.clone() else { return };
+        let Some(client) = self.inner.client.clone() else {
+            return;
+        };
         if self.inner.connecting.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -98,7 +100,12 @@ impl Cache {
                 .set_response_timeout(Some(inner.timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
-            match tokio::time::timeout(Duration::from_secs(2), ConnectionManager::new_with_config(client, cfg)).await {
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                ConnectionManager::new_with_config(client, cfg),
+            )
+            .await
+            {
                 Ok(Ok(m)) => {
                     if let Ok(mut guard) = inner.manager.write() {
                         *guard = Some(m);
@@ -110,7 +117,9 @@ impl Cache {
                     // Do not hammer a dead Redis: wait before the next attempt may start.
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                Err(_) => tracing::warn!("redis connect timed out; idempotency continues on Postgres"),
+                Err(_) => {
+                    tracing::warn!("redis connect timed out; idempotency continues on Postgres")
+                }
             }
             inner.connecting.store(false, Ordering::Release);
         });
@@ -120,17 +129,18 @@ impl Cache {
     pub async fn get(&self, agent_id: Uuid, key: &str) -> Option<Entry> {
         let mut conn = self.connection()?;
         let rkey = self.redis_key(agent_id, key);
-        let raw: Option<String> = match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "redis get failed");
-                return None;
-            }
-            Err(_) => {
-                tracing::debug!("redis get timed out");
-                return None;
-            }
-        };
+        let raw: Option<String> =
+            match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "redis get failed");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::debug!("redis get timed out");
+                    return None;
+                }
+            };
         let raw = raw?;
         match serde_json::from_str(&raw) {
             Ok(entry) => Some(entry),
@@ -143,10 +153,19 @@ impl Cache {
 
     /// Writes the entry with the 25 h TTL. Failures are logged at debug and ignored.
     pub async fn put(&self, agent_id: Uuid, key: &str, entry: &Entry) {
-        let Some(mut conn) = self.connection() else { return };
-        let Ok(raw) = serde_json::to_string(entry) else { return };
+        let Some(mut conn) = self.connection() else {
+            return;
+        };
+        let Ok(raw) = serde_json::to_string(entry) else {
+            return;
+        };
         let rkey = self.redis_key(agent_id, key);
-        match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS)).await {
+        match tokio::time::timeout(
+            self.inner.timeout,
+            conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "redis set failed"),
             Err(_) => tracing::debug!("redis set timed out"),
@@ -155,9 +174,15 @@ impl Cache {
 
     /// Pings Redis (for /readyz). `false` on any error or timeout.
     pub async fn ping(&self) -> bool {
-        let Some(mut conn) = self.connection() else { return false };
+        let Some(mut conn) = self.connection() else {
+            return false;
+        };
         matches!(
-            tokio::time::timeout(self.inner.timeout.max(Duration::from_millis(200)), redis::cmd("PING").query_async::<String>(&mut conn)).await,
+            tokio::time::timeout(
+                self.inner.timeout.max(Duration::from_millis(200)),
+                redis::cmd("PING").query_async::<String>(&mut conn)
+            )
+            .await,
             Ok(Ok(_))
         )
     }

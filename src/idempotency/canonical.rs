@@ -21,7 +21,9 @@ use sha2::{Digest, Sha256};
 pub enum JsonError {
     #[error("request body is not valid JSON: {0}")]
     Syntax(String),
-    #[error("request body has a number that cannot be represented exactly ({0}); send it as a string")]
+    #[error(
+        "request body has a number that cannot be represented exactly ({0}); send it as a string"
+    )]
     Precision(String),
 }
 
@@ -31,7 +33,9 @@ pub enum JsonError {
 /// [`JsonError`] with a message suitable for a 400 response.
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = StrictSeed.deserialize(&mut de).map_err(|e| JsonError::Syntax(e.to_string()))?;
+    let value = StrictSeed
+        .deserialize(&mut de)
+        .map_err(|e| JsonError::Syntax(e.to_string()))?;
     de.end().map_err(|e| JsonError::Syntax(e.to_string()))?;
     check_number_literals(bytes)?;
     Ok(value)
@@ -44,7 +48,10 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
 pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, serde_json::Error> {
     let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        params.entry(name.into_owned()).or_default().push(value.into_owned());
+        params
+            .entry(name.into_owned())
+            .or_default()
+            .push(value.into_owned());
     }
     let query: Map<String, Value> = params
         .into_iter()
@@ -93,7 +100,9 @@ impl<'de> Visitor<'de> for StrictVisitor {
         Ok(Value::from(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("number out of range"))
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number out of range"))
     }
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_owned()))
@@ -149,7 +158,9 @@ fn check_number_literals(bytes: &[u8]) -> Result<(), JsonError> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
                     i += 1;
                 }
                 let literal = std::str::from_utf8(&bytes[start..i]).unwrap_or_default();
@@ -166,7 +177,9 @@ fn check_number_literals(bytes: &[u8]) -> Result<(), JsonError> {
 /// True when the decimal literal denotes exactly the number that its nearest double
 /// prints as (shortest round-trip form), i.e. JCS will not change its value.
 fn exactly_representable(literal: &str) -> bool {
-    let Ok(v) = literal.parse::<f64>() else { return false };
+    let Ok(v) = literal.parse::<f64>() else {
+        return false;
+    };
     if !v.is_finite() {
         return false;
     }
@@ -219,14 +232,28 @@ mod tests {
 
     #[test]
     fn ordinary_numbers_are_accepted() {
-        for ok in ["9007199254740992", "-9007199254740992", "0", "-0", "1.0", "1e21", "0.1", "1E-7", "2.5e3", "100", "1152921504606846976"] {
+        for ok in [
+            "9007199254740992",
+            "-9007199254740992",
+            "0",
+            "-0",
+            "1.0",
+            "1e21",
+            "0.1",
+            "1E-7",
+            "2.5e3",
+            "100",
+            "1152921504606846976",
+        ] {
             assert!(parse_strict(ok.as_bytes()).is_ok(), "{ok}");
         }
     }
 
     #[test]
     fn strings_with_digits_and_escapes_are_not_numbers() {
-        assert!(parse_strict(br#"{"n":"9007199254740993","q":"a\"12345678901234567890123"}"#).is_ok());
+        assert!(
+            parse_strict(br#"{"n":"9007199254740993","q":"a\"12345678901234567890123"}"#).is_ok()
+        );
     }
 
     #[test]

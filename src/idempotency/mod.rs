@@ -110,15 +110,29 @@ pub struct Idempotency {
 impl Idempotency {
     /// Redis fast path. `Some` only for a decisive hit (terminal replay or mismatch);
     /// in-flight entries and misses go to Postgres.
-    pub async fn check_cache(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str) -> Option<(Decision, Path)> {
+    pub async fn check_cache(
+        &self,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+    ) -> Option<(Decision, Path)> {
         let entry = self.cache.get(agent_id, key.as_str()).await?;
         if entry.request_hash != request_hash {
             return Some((Decision::Mismatch, Path::Mismatch));
         }
-        match (entry.status, entry.response_status_code, entry.response_body) {
+        match (
+            entry.status,
+            entry.response_status_code,
+            entry.response_body,
+        ) {
             (Status::InFlight, _, _) => None,
             (status, Some(code), Some(body)) => Some((
-                Decision::Replay(Stored { status, http_status: to_http_status(code), body, receipt_id: entry.receipt_id }),
+                Decision::Replay(Stored {
+                    status,
+                    http_status: to_http_status(code),
+                    body,
+                    receipt_id: entry.receipt_id,
+                }),
                 Path::ReplayRedis,
             )),
             _ => None,
@@ -139,8 +153,15 @@ impl Idempotency {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
             if store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
-                self.warm(agent_id, key, request_hash, Status::InFlight, None).await;
-                let own = Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: false };
+                self.warm(agent_id, key, request_hash, Status::InFlight, None)
+                    .await;
+                let own = Ownership {
+                    agent_id,
+                    key: key.clone(),
+                    request_hash: request_hash.to_owned(),
+                    lease,
+                    took_over: false,
+                };
                 return Ok((Decision::Execute(own), Path::Fresh));
             }
             if let Some(hook) = &self.after_conflict {
@@ -157,14 +178,23 @@ impl Idempotency {
                 return Ok((Decision::Mismatch, Path::Mismatch));
             }
             return match row.status {
-                Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
+                Status::InFlight => {
+                    self.maybe_take_over(conn, agent_id, key, request_hash, &row)
+                        .await
+                }
                 status => {
-                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
+                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body)
+                    else {
                         return Err(diesel::result::Error::DeserializationError(
                             "terminal idempotency row without a response".into(),
                         ));
                     };
-                    let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
+                    let stored = Stored {
+                        status,
+                        http_status: to_http_status(code),
+                        body,
+                        receipt_id: row.receipt_id,
+                    };
                     self.warm_stored(agent_id, key, request_hash, &stored).await;
                     Ok((Decision::Replay(stored), Path::ReplayPostgres))
                 }
@@ -188,7 +218,16 @@ impl Idempotency {
             return Ok((Decision::InFlight, Path::InFlight));
         }
         let lease = Uuid::new_v4();
-        if !store::take_over(conn, agent_id, key.as_str(), request_hash, lease, self.timing.abandon_after).await? {
+        if !store::take_over(
+            conn,
+            agent_id,
+            key.as_str(),
+            request_hash,
+            lease,
+            self.timing.abandon_after,
+        )
+        .await?
+        {
             // Another retry won the takeover (or the owner finished meanwhile).
             return Ok((Decision::InFlight, Path::InFlight));
         }
@@ -196,16 +235,36 @@ impl Idempotency {
             agent_id = %agent_id, idem.age_ms = row.age_ms,
             "another request with this idempotency key was abandoned and is being retried"
         );
-        let own = Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: true };
+        let own = Ownership {
+            agent_id,
+            key: key.clone(),
+            request_hash: request_hash.to_owned(),
+            lease,
+            took_over: true,
+        };
         Ok((Decision::Execute(own), Path::Takeover))
     }
 
     /// Caches a terminal response after it has been committed to Postgres.
-    pub async fn warm_stored(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, stored: &Stored) {
-        self.warm(agent_id, key, request_hash, stored.status, Some(stored)).await;
+    pub async fn warm_stored(
+        &self,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+        stored: &Stored,
+    ) {
+        self.warm(agent_id, key, request_hash, stored.status, Some(stored))
+            .await;
     }
 
-    async fn warm(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, status: Status, stored: Option<&Stored>) {
+    async fn warm(
+        &self,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+        status: Status,
+        stored: Option<&Stored>,
+    ) {
         let entry = cache::Entry {
             status,
             request_hash: request_hash.to_owned(),
@@ -237,7 +296,9 @@ impl Heartbeat {
                 ticker.tick().await;
                 let beat = async {
                     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    store::heartbeat(&mut conn, agent_id, &key, lease).await.map_err(|e| e.to_string())
+                    store::heartbeat(&mut conn, agent_id, &key, lease)
+                        .await
+                        .map_err(|e| e.to_string())
                 };
                 match beat.await {
                     Ok(true) => tracing::trace!("idempotency heartbeat"),
@@ -245,7 +306,9 @@ impl Heartbeat {
                         tracing::warn!(agent_id = %agent_id, "lost the idempotency lease while running; the result will not be recorded");
                         return;
                     }
-                    Err(e) => tracing::warn!(error = %e, "idempotency heartbeat failed; will retry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "idempotency heartbeat failed; will retry")
+                    }
                 }
             }
         });

@@ -93,7 +93,12 @@ impl Attempt {
     }
 }
 
-fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+fn describe(
+    version: X402Version,
+    signed: &SignedAuthorization,
+    status: PaymentStatus,
+    tx_hash: Option<&str>,
+) -> Value {
     let auth = signed.authorization();
     json!({
         "x402_version": version.number(),
@@ -121,11 +126,24 @@ pub fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
-fn errored(http_status: u16, body: Value, receipt: Option<crate::receipts::Draft>, payment: Option<Final>) -> Outcome {
-    Outcome { status: Status::Errored, http_status, body, receipt, payment }
+fn errored(
+    http_status: u16,
+    body: Value,
+    receipt: Option<crate::receipts::Draft>,
+    payment: Option<Final>,
+) -> Outcome {
+    Outcome {
+        status: Status::Errored,
+        http_status,
+        body,
+        receipt,
+        payment,
+    }
 }
 
 /// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
@@ -140,28 +158,62 @@ pub async fn pay(
     first: UpstreamResponse,
     deadline: Instant,
 ) -> Result<Outcome, ApiError> {
-    let required = match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
+    let required = match x402::wire::parse_payment_required(
+        StatusCode::PAYMENT_REQUIRED,
+        &first.headers,
+        &first.body,
+    ) {
         Ok(r) => r,
         Err(e) => {
-            state.metrics.payments.with_label_values(&["invalid_402"]).inc();
+            state
+                .metrics
+                .payments
+                .with_label_values(&["invalid_402"])
+                .inc();
             let id = Uuid::new_v4();
-            let body = envelope::error_envelope(&format!("invalid 402 from upstream: {e}"), Some(&first), None, Some(id));
-            let receipt = draft(id, own, call, Some(first.status), &first.body, None, Status::Errored);
+            let body = envelope::error_envelope(
+                &format!("invalid 402 from upstream: {e}"),
+                Some(&first),
+                None,
+                Some(id),
+            );
+            let receipt = draft(
+                id,
+                own,
+                call,
+                Some(first.status),
+                &first.body,
+                None,
+                Status::Errored,
+            );
             return Ok(errored(502, body, Some(receipt), None));
         }
     };
 
     let cap = {
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-        store::agent_max_per_call(&mut conn, own.agent_id).await.map_err(ApiError::database)?
+        store::agent_max_per_call(&mut conn, own.agent_id)
+            .await
+            .map_err(ApiError::database)?
     };
     let cap = cap.as_deref().and_then(parse_decimal_amount);
     let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, cap) {
         Ok(r) => r.clone(),
         Err(rejection) => {
-            state.metrics.payments.with_label_values(&["declined"]).inc();
-            let reason = format!("upstream requires a payment the router will not make: {rejection}");
-            return Ok(declined(own, call, &first, &reason, Value::Array(required.raw_accepts.clone())));
+            state
+                .metrics
+                .payments
+                .with_label_values(&["declined"])
+                .inc();
+            let reason =
+                format!("upstream requires a payment the router will not make: {rejection}");
+            return Ok(declined(
+                own,
+                call,
+                &first,
+                &reason,
+                Value::Array(required.raw_accepts.clone()),
+            ));
         }
     };
 
@@ -171,7 +223,11 @@ pub async fn pay(
     match chain_used(state, chosen.network(), chosen.asset(), payer, nonce).await {
         Ok(false) => {}
         Ok(true) => {
-            state.metrics.payments.with_label_values(&["already_settled"]).inc();
+            state
+                .metrics
+                .payments
+                .with_label_values(&["already_settled"])
+                .inc();
             let id = Uuid::new_v4();
             let payment = json!({
                 "x402_version": required.version.number(), "scheme": "exact", "network": chosen.network().caip2(),
@@ -180,22 +236,45 @@ pub async fn pay(
             });
             let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
             let body = envelope::error_envelope(msg, Some(&first), Some(&payment), Some(id));
-            let receipt = draft(id, own, call, Some(first.status), &first.body, Some(payment), Status::Errored);
+            let receipt = draft(
+                id,
+                own,
+                call,
+                Some(first.status),
+                &first.body,
+                Some(payment),
+                Status::Errored,
+            );
             return Ok(errored(502, body, Some(receipt), None));
         }
         Err(e) => {
-            state.metrics.payments.with_label_values(&["rpc_unavailable"]).inc();
+            state
+                .metrics
+                .payments
+                .with_label_values(&["rpc_unavailable"])
+                .inc();
             let id = Uuid::new_v4();
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
             let body = envelope::error_envelope(&msg, Some(&first), None, Some(id));
-            let receipt = draft(id, own, call, Some(first.status), &first.body, None, Status::Errored);
+            let receipt = draft(
+                id,
+                own,
+                call,
+                Some(first.status),
+                &first.body,
+                None,
+                Status::Errored,
+            );
             return Ok(errored(502, body, Some(receipt), None));
         }
     }
 
     let extensions = if required.advertises_payment_identifier() {
-        let pid = x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
-        x402::wire::payment_extensions(required.extensions.as_ref(), &pid).ok().flatten()
+        let pid =
+            x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+        x402::wire::payment_extensions(required.extensions.as_ref(), &pid)
+            .ok()
+            .flatten()
     } else {
         None
     };
@@ -205,7 +284,15 @@ pub async fn pay(
         Err(msg) => {
             let id = Uuid::new_v4();
             let body = envelope::error_envelope(&msg, Some(&first), None, Some(id));
-            let receipt = draft(id, own, call, Some(first.status), &first.body, None, Status::Errored);
+            let receipt = draft(
+                id,
+                own,
+                call,
+                Some(first.status),
+                &first.body,
+                None,
+                Status::Errored,
+            );
             return Ok(errored(502, body, Some(receipt), None));
         }
     };
@@ -228,12 +315,20 @@ pub async fn pay(
         valid_before: to_i64(attempt.signed.authorization().valid_before),
         requirement: &chosen.raw_json(),
         context: &context,
-        authorization: &serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?,
+        authorization: &serde_json::to_value(&attempt.signed)
+            .map_err(|e| ApiError::Internal(e.into()))?,
         header_name: attempt.header.0.as_str(),
-        header_value: attempt.header.1.to_str().map_err(|e| ApiError::Internal(e.into()))?,
+        header_value: attempt
+            .header
+            .1
+            .to_str()
+            .map_err(|e| ApiError::Internal(e.into()))?,
     };
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    if !store::insert_signed(&mut conn, &row).await.map_err(ApiError::database)? {
+    if !store::insert_signed(&mut conn, &row)
+        .await
+        .map_err(ApiError::database)?
+    {
         return Err(ApiError::Superseded);
     }
     drop(conn);
@@ -257,136 +352,299 @@ pub async fn resume(
     deadline: Instant,
 ) -> Result<Outcome, ApiError> {
     let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored authorization unreadable: {e}")))?;
+        .map_err(|e| {
+        ApiError::Internal(anyhow::anyhow!("stored authorization unreadable: {e}"))
+    })?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored x402 version {}", intent.x402_version)))?;
-    let used = chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await.map_err(|e| {
+        .ok_or_else(|| {
+            ApiError::Internal(anyhow::anyhow!(
+                "stored x402 version {}",
+                intent.x402_version
+            ))
+        })?;
+    let used = chain_used(
+        state,
+        signed.network(),
+        signed.asset(),
+        signed.payer(),
+        signed.nonce(),
+    )
+    .await
+    .map_err(|e| {
         tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
-        ApiError::Unavailable("the payment network cannot be read to check an earlier payment; retry later")
+        ApiError::Unavailable(
+            "the payment network cannot be read to check an earlier payment; retry later",
+        )
     })?;
     if used {
-        state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
+        state
+            .metrics
+            .payments
+            .with_label_values(&["settled_response_lost"])
+            .inc();
         tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on-chain: settled, response lost");
         let id = Uuid::new_v4();
-        let payment = describe(version, &signed, PaymentStatus::SettledResponseLost, intent.tx_hash.as_deref());
+        let payment = describe(
+            version,
+            &signed,
+            PaymentStatus::SettledResponseLost,
+            intent.tx_hash.as_deref(),
+        );
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
         let body = envelope::error_envelope(msg, None, Some(&payment), Some(id));
         let receipt = draft(id, own, call, None, &[], Some(payment), Status::Errored);
-        let fin = Final { id: intent.id, status: PaymentStatus::SettledResponseLost, tx_hash: intent.tx_hash, error: None };
+        let fin = Final {
+            id: intent.id,
+            status: PaymentStatus::SettledResponseLost,
+            tx_hash: intent.tx_hash,
+            error: None,
+        };
         return Ok(errored(502, body, Some(receipt), Some(fin)));
     }
     let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
-        let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| ApiError::Internal(e.into()))?;
-        let value = HeaderValue::from_str(&intent.header_value).map_err(|e| ApiError::Internal(e.into()))?;
+        let name = HeaderName::from_bytes(intent.header_name.as_bytes())
+            .map_err(|e| ApiError::Internal(e.into()))?;
+        let value = HeaderValue::from_str(&intent.header_value)
+            .map_err(|e| ApiError::Internal(e.into()))?;
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
-        Attempt { id: intent.id, version, signed, header: (name, value) }
+        Attempt {
+            id: intent.id,
+            version,
+            signed,
+            header: (name, value),
+        }
     } else {
-        let requirement = Requirement::from_json(version, 0, &intent.requirement)
-            .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored requirement unreadable: {e}")))?;
-        let attempt = sign(state, version, &requirement, &intent.context, signed.nonce())
-            .map_err(|m| ApiError::Internal(anyhow::anyhow!(m)))?;
+        let requirement = Requirement::from_json(version, 0, &intent.requirement).map_err(|e| {
+            ApiError::Internal(anyhow::anyhow!("stored requirement unreadable: {e}"))
+        })?;
+        let attempt = sign(
+            state,
+            version,
+            &requirement,
+            &intent.context,
+            signed.nonce(),
+        )
+        .map_err(|m| ApiError::Internal(anyhow::anyhow!(m)))?;
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-        let auth = serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?;
-        let header = attempt.header.1.to_str().map_err(|e| ApiError::Internal(e.into()))?;
+        let auth =
+            serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?;
+        let header = attempt
+            .header
+            .1
+            .to_str()
+            .map_err(|e| ApiError::Internal(e.into()))?;
         let a = attempt.signed.authorization();
-        let ok = store::resign(&mut conn, intent.id, own.lease, to_i64(a.valid_after), to_i64(a.valid_before), &auth, header, own.agent_id)
-            .await
-            .map_err(ApiError::database)?;
+        let ok = store::resign(
+            &mut conn,
+            intent.id,
+            own.lease,
+            to_i64(a.valid_after),
+            to_i64(a.valid_before),
+            &auth,
+            header,
+            own.agent_id,
+        )
+        .await
+        .map_err(ApiError::database)?;
         if !ok {
             return Err(ApiError::Superseded);
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
-        Attempt { id: intent.id, ..attempt }
+        Attempt {
+            id: intent.id,
+            ..attempt
+        }
     };
     Ok(exchange(state, own, call, &attempt, deadline).await)
 }
 
 /// Signs `requirement` and builds the header of `version`.
-fn sign(state: &AppState, version: X402Version, requirement: &Requirement, context: &Value, nonce: B256) -> Result<Attempt, String> {
+fn sign(
+    state: &AppState,
+    version: X402Version,
+    requirement: &Requirement,
+    context: &Value,
+    nonce: B256,
+) -> Result<Attempt, String> {
     let signed = x402::sign_authorization(&state.config.signer, requirement, nonce, now_unix())
         .map_err(|e| format!("cannot sign the payment: {e}"))?;
     let resource = context.get("resource").filter(|v| !v.is_null());
     let extensions = context.get("extensions").filter(|v| !v.is_null());
     let payload = x402::wire::payment_payload(version, requirement, resource, &signed, extensions)
         .map_err(|e| format!("cannot build the payment: {e}"))?;
-    let (name, value) =
-        x402::wire::encode_payment_header(version, &payload).map_err(|e| format!("cannot encode the payment: {e}"))?;
-    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("bad payment header name: {e}"))?;
-    Ok(Attempt { id: Uuid::new_v4(), version, signed, header: (name, value) })
+    let (name, value) = x402::wire::encode_payment_header(version, &payload)
+        .map_err(|e| format!("cannot encode the payment: {e}"))?;
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|e| format!("bad payment header name: {e}"))?;
+    Ok(Attempt {
+        id: Uuid::new_v4(),
+        version,
+        signed,
+        header: (name, value),
+    })
 }
 
 /// Sends the paid request and turns the answer (or its absence) into an outcome,
 /// confirming settlement on-chain.
-async fn exchange(state: &AppState, own: &Ownership, call: &RouteCall, attempt: &Attempt, deadline: Instant) -> Outcome {
+async fn exchange(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    attempt: &Attempt,
+    deadline: Instant,
+) -> Outcome {
     let started = Instant::now();
     let sent = state
         .upstream
-        .send(&call.upstream, std::slice::from_ref(&attempt.header), remaining(deadline).min(state.upstream.timeout()))
+        .send(
+            &call.upstream,
+            std::slice::from_ref(&attempt.header),
+            remaining(deadline).min(state.upstream.timeout()),
+        )
         .await;
-    state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .upstream_seconds
+        .with_label_values(&["paid"])
+        .observe(started.elapsed().as_secs_f64());
     let signed = &attempt.signed;
     match sent {
         Err(e) => lost_answer(state, own, call, attempt, &e).await,
         Ok(resp) if resp.status == 402 => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
-            let status = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await {
+            let status = match chain_used(
+                state,
+                signed.network(),
+                signed.asset(),
+                signed.payer(),
+                signed.nonce(),
+            )
+            .await
+            {
                 Ok(true) => PaymentStatus::Settled,
                 Ok(false) => PaymentStatus::Rejected,
                 Err(_) => PaymentStatus::Unknown,
             };
-            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-            let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
-            let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
+            state
+                .metrics
+                .payments
+                .with_label_values(&[status.as_str()])
+                .inc();
+            let reason = reasons
+                .error
+                .clone()
+                .or(reasons.invalid_reason.clone())
+                .or(reasons.error_reason.clone());
+            let msg = format!(
+                "upstream rejected the payment: {}",
+                reason.as_deref().unwrap_or("no reason given")
+            );
             let id = Uuid::new_v4();
             let payment = attempt.describe(status, None);
             let mut body = envelope::error_envelope(&msg, Some(&resp), Some(&payment), Some(id));
             // The facilitator's reasons, unchanged, beside our own message.
             if let Value::Object(map) = &mut body {
-                for (k, v) in [("invalidReason", &reasons.invalid_reason), ("errorReason", &reasons.error_reason)] {
+                for (k, v) in [
+                    ("invalidReason", &reasons.invalid_reason),
+                    ("errorReason", &reasons.error_reason),
+                ] {
                     if let Some(v) = v {
                         map.insert(k.to_owned(), Value::String(v.clone()));
                     }
                 }
             }
-            let receipt = draft(id, own, call, Some(resp.status), &resp.body, Some(payment), Status::Errored);
-            let fin = Final { id: attempt.id, status, tx_hash: None, error: reason };
+            let receipt = draft(
+                id,
+                own,
+                call,
+                Some(resp.status),
+                &resp.body,
+                Some(payment),
+                Status::Errored,
+            );
+            let fin = Final {
+                id: attempt.id,
+                status,
+                tx_hash: None,
+                error: reason,
+            };
             errored(502, body, Some(receipt), Some(fin))
         }
         Ok(resp) => {
             let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
             let claimed = claim.as_ref().is_some_and(|c| c.success);
             let (status, tx_hash, note) = confirm(state, signed, claim.as_ref()).await;
-            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            state
+                .metrics
+                .payments
+                .with_label_values(&[status.as_str()])
+                .inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let payment = attempt.describe(status, tx_hash.as_deref());
             let error = note.or_else(|| {
-                claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone())
+                claim
+                    .as_ref()
+                    .filter(|_| !claimed)
+                    .and_then(|c| c.error_reason.clone())
             });
-            let fin = Final { id: attempt.id, status, tx_hash, error };
+            let fin = Final {
+                id: attempt.id,
+                status,
+                tx_hash,
+                error,
+            };
             answered(own, call, &resp, Some(payment), Some(fin))
         }
     }
 }
 
 /// The paid request got no answer: whether money moved is the chain's to say.
-async fn lost_answer(state: &AppState, own: &Ownership, call: &RouteCall, attempt: &Attempt, e: &UpstreamError) -> Outcome {
+async fn lost_answer(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    attempt: &Attempt,
+    e: &UpstreamError,
+) -> Outcome {
     let s = &attempt.signed;
     let status = match chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await {
         Ok(true) => PaymentStatus::SettledResponseLost,
         // Not (yet) used: the upstream still holds a valid authorization until validBefore.
         _ => PaymentStatus::Unknown,
     };
-    state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-    let http_status = if matches!(e, UpstreamError::Timeout) { 504 } else { 502 };
+    state
+        .metrics
+        .payments
+        .with_label_values(&[status.as_str()])
+        .inc();
+    let http_status = if matches!(e, UpstreamError::Timeout) {
+        504
+    } else {
+        502
+    };
     let payment = attempt.describe(status, None);
     let msg = match status {
-        PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
-        _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
+        PaymentStatus::SettledResponseLost => {
+            format!("{e}; the payment settled on-chain but the response was lost")
+        }
+        _ => format!(
+            "{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"
+        ),
     };
     let id = Uuid::new_v4();
     let body = envelope::error_envelope(&msg, None, Some(&payment), Some(id));
     let receipt = draft(id, own, call, None, &[], Some(payment), Status::Errored);
-    errored(http_status, body, Some(receipt), Some(Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()) }))
+    errored(
+        http_status,
+        body,
+        Some(receipt),
+        Some(Final {
+            id: attempt.id,
+            status,
+            tx_hash: None,
+            error: Some(e.to_string()),
+        }),
+    )
 }
 
 /// Asks the chain whether the authorization was consumed. A claimed success is given a
@@ -415,8 +673,14 @@ async fn confirm(
             if let Some(hash) = claim.and_then(|c| c.tx_hash) {
                 match state.chain.transaction_status(s.network(), hash).await {
                     Ok(Some(true)) => tx = Some(hash.to_string()),
-                    Ok(_) => note = Some(format!("the claimed transaction {hash} was not found or failed")),
-                    Err(e) => note = Some(format!("the claimed transaction could not be checked: {e}")),
+                    Ok(_) => {
+                        note = Some(format!(
+                            "the claimed transaction {hash} was not found or failed"
+                        ))
+                    }
+                    Err(e) => {
+                        note = Some(format!("the claimed transaction could not be checked: {e}"))
+                    }
                 }
             }
             (PaymentStatus::Settled, tx, note)
@@ -424,17 +688,36 @@ async fn confirm(
         Ok(false) if claimed => (
             PaymentStatus::Unconfirmed,
             None,
-            Some("the upstream claimed settlement, but the authorization is unused on-chain".into()),
+            Some(
+                "the upstream claimed settlement, but the authorization is unused on-chain".into(),
+            ),
         ),
         Ok(false) => (PaymentStatus::NotSettled, None, None),
-        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
+        Err(e) => (
+            PaymentStatus::Unknown,
+            None,
+            Some(format!("settlement could not be checked: {e}")),
+        ),
     }
 }
 
-async fn chain_used(state: &AppState, network: Network, asset: Address, payer: Address, nonce: B256) -> Result<bool, x402::ChainError> {
+async fn chain_used(
+    state: &AppState,
+    network: Network,
+    asset: Address,
+    payer: Address,
+    nonce: B256,
+) -> Result<bool, x402::ChainError> {
     let started = Instant::now();
-    let r = state.chain.authorization_state(network, asset, payer, nonce).await;
-    state.metrics.rpc_seconds.with_label_values(&["authorizationState"]).observe(started.elapsed().as_secs_f64());
+    let r = state
+        .chain
+        .authorization_state(network, asset, payer, nonce)
+        .await;
+    state
+        .metrics
+        .rpc_seconds
+        .with_label_values(&["authorizationState"])
+        .observe(started.elapsed().as_secs_f64());
     r
 }
 

@@ -138,7 +138,11 @@ pub async fn resign(
 ///
 /// # Errors
 /// Database errors.
-pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<PaymentRow>> {
+pub async fn find(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+) -> QueryResult<Option<PaymentRow>> {
     payments::table
         .filter(payments::agent_id.eq(agent_id))
         .filter(payments::idempotency_key.eq(key))
@@ -175,7 +179,10 @@ pub async fn finalize(
 ///
 /// # Errors
 /// Database errors.
-pub async fn agent_max_per_call(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Option<String>> {
+pub async fn agent_max_per_call(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+) -> QueryResult<Option<String>> {
     #[derive(QueryableByName)]
     struct Cap {
         #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]

@@ -16,7 +16,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
         .route("/metrics", web::get().to(health::metrics))
-        .route("/.well-known/x402-router", web::get().to(health::well_known))
+        .route(
+            "/.well-known/x402-router",
+            web::get().to(health::well_known),
+        )
         .default_service(web::to(not_found));
 }
 

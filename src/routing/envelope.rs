@@ -15,7 +15,11 @@ pub fn headers_json(headers: &HeaderMap) -> Value {
         if !is_kept_response_header(name.as_str()) {
             continue;
         }
-        let values: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
+        let values: Vec<&str> = headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
         if !values.is_empty() {
             out.insert(name.as_str().to_owned(), Value::String(values.join(", ")));
         }
@@ -54,7 +58,12 @@ pub fn envelope(resp: &UpstreamResponse, payment: Option<&Value>, receipt_id: Uu
 }
 
 /// A 502/504 body: the error plus the envelope fields known so far.
-pub fn error_envelope(error: &str, resp: Option<&UpstreamResponse>, payment: Option<&Value>, receipt_id: Option<Uuid>) -> Value {
+pub fn error_envelope(
+    error: &str,
+    resp: Option<&UpstreamResponse>,
+    payment: Option<&Value>,
+    receipt_id: Option<Uuid>,
+) -> Value {
     let mut body = match resp {
         Some(r) => json!({
             "status": r.status,
@@ -66,7 +75,10 @@ pub fn error_envelope(error: &str, resp: Option<&UpstreamResponse>, payment: Opt
     if let Value::Object(map) = &mut body {
         map.insert("error".into(), Value::String(error.to_owned()));
         map.insert("payment".into(), payment.cloned().unwrap_or(Value::Null));
-        map.insert("receipt_id".into(), receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())));
+        map.insert(
+            "receipt_id".into(),
+            receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())),
+        );
     }
     body
 }

@@ -63,7 +63,9 @@ impl RouteCall {
     /// [`BadRequest`] with a message naming the problem.
     pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
         if raw.is_empty() {
-            return Err(BadRequest("request body is required (JSON object with at least \"url\")".into()));
+            return Err(BadRequest(
+                "request body is required (JSON object with at least \"url\")".into(),
+            ));
         }
         let value = canonical::parse_strict(raw)?;
         if !value.is_object() {
@@ -71,8 +73,8 @@ impl RouteCall {
         }
         let request_hash = canonical::request_hash(&value, path, query)
             .map_err(|e| BadRequest(format!("request body cannot be canonicalized: {e}")))?;
-        let req: RawRouteRequest =
-            serde_json::from_value(value).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
+        let req: RawRouteRequest = serde_json::from_value(value)
+            .map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
 
         let url = parse_url(&req.url)?;
         let method = parse_method(req.method.as_ref())?;
@@ -87,7 +89,16 @@ impl RouteCall {
             }
         };
         let max_amount = parse_amount(req.max_amount.as_ref())?;
-        Ok(Self { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
+        Ok(Self {
+            upstream: UpstreamRequest {
+                method,
+                url,
+                headers,
+                body,
+            },
+            max_amount,
+            request_hash,
+        })
     }
 }
 
@@ -96,9 +107,12 @@ fn parse_url(v: &Value) -> Result<Url, BadRequest> {
         return Err(BadRequest("\"url\" must be a string".into()));
     };
     if s.len() > MAX_URL_LEN {
-        return Err(BadRequest(format!("\"url\" is longer than {MAX_URL_LEN} characters")));
+        return Err(BadRequest(format!(
+            "\"url\" is longer than {MAX_URL_LEN} characters"
+        )));
     }
-    let url = Url::parse(s).map_err(|e| BadRequest(format!("\"url\" is not a valid absolute URL: {e}")))?;
+    let url = Url::parse(s)
+        .map_err(|e| BadRequest(format!("\"url\" is not a valid absolute URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(BadRequest("\"url\" must be http or https".into()));
     }
@@ -106,7 +120,9 @@ fn parse_url(v: &Value) -> Result<Url, BadRequest> {
         return Err(BadRequest("\"url\" has no host".into()));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(BadRequest("\"url\" must not carry credentials; pass an Authorization header instead".into()));
+        return Err(BadRequest(
+            "\"url\" must not carry credentials; pass an Authorization header instead".into(),
+        ));
     }
     Ok(url)
 }
@@ -132,18 +148,25 @@ fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
     let obj = match v {
         None | Some(Value::Null) => return Ok(out),
         Some(Value::Object(o)) => o,
-        Some(_) => return Err(BadRequest("\"headers\" must be an object of string values".into())),
+        Some(_) => {
+            return Err(BadRequest(
+                "\"headers\" must be an object of string values".into(),
+            ));
+        }
     };
     if obj.len() > MAX_HEADERS {
         return Err(BadRequest(format!("at most {MAX_HEADERS} headers")));
     }
     for (name, value) in obj {
         let Value::String(value) = value else {
-            return Err(BadRequest(format!("header {name:?} must have a string value")));
+            return Err(BadRequest(format!(
+                "header {name:?} must have a string value"
+            )));
         };
-        let hname = HeaderName::from_str(name).map_err(|_| BadRequest(format!("invalid header name {name:?}")))?;
-        let hvalue =
-            HeaderValue::from_str(value).map_err(|_| BadRequest(format!("invalid value for header {name:?}")))?;
+        let hname = HeaderName::from_str(name)
+            .map_err(|_| BadRequest(format!("invalid header name {name:?}")))?;
+        let hvalue = HeaderValue::from_str(value)
+            .map_err(|_| BadRequest(format!("invalid value for header {name:?}")))?;
         if is_dropped_request_header(hname.as_str()) {
             continue;
         }
@@ -191,13 +214,23 @@ mod tests {
     #[test]
     fn refusals() {
         for bad in [
-            "", "[]", "{}", r#"{"url":1}"#, r#"{"url":"ftp://x/"}"#, r#"{"url":"/relative"}"#,
-            r#"{"url":"http://u:p@x.com/"}"#, r#"{"url":"http://x.com/","method":"TRACE"}"#,
+            "",
+            "[]",
+            "{}",
+            r#"{"url":1}"#,
+            r#"{"url":"ftp://x/"}"#,
+            r#"{"url":"/relative"}"#,
+            r#"{"url":"http://u:p@x.com/"}"#,
+            r#"{"url":"http://x.com/","method":"TRACE"}"#,
             r#"{"url":"http://x.com/","method":"GET","body":{"a":1}}"#,
-            r#"{"url":"http://x.com/","headers":{"bad name":"v"}}"#, r#"{"url":"http://x.com/","headers":{"a":"v\n"}}"#,
-            r#"{"url":"http://x.com/","headers":{"a":1}}"#, r#"{"url":"http://x.com/","max_amount":5}"#,
-            r#"{"url":"http://x.com/","max_amount":"-5"}"#, r#"{"url":"http://x.com/","max_amount":"1.5"}"#,
-            r#"{"url":"http://x.com/","extra":1}"#, r#"{"url":"http://x.com/","url":"http://y.com/"}"#,
+            r#"{"url":"http://x.com/","headers":{"bad name":"v"}}"#,
+            r#"{"url":"http://x.com/","headers":{"a":"v\n"}}"#,
+            r#"{"url":"http://x.com/","headers":{"a":1}}"#,
+            r#"{"url":"http://x.com/","max_amount":5}"#,
+            r#"{"url":"http://x.com/","max_amount":"-5"}"#,
+            r#"{"url":"http://x.com/","max_amount":"1.5"}"#,
+            r#"{"url":"http://x.com/","extra":1}"#,
+            r#"{"url":"http://x.com/","url":"http://y.com/"}"#,
         ] {
             assert!(parse(bad).is_err(), "{bad} should be refused");
         }
@@ -205,7 +238,10 @@ mod tests {
 
     #[test]
     fn payment_and_hop_headers_are_dropped() {
-        let c = parse(r#"{"url":"http://x.com/","headers":{"Host":"evil","X-PAYMENT":"x","Accept":"a/b"}}"#).unwrap();
+        let c = parse(
+            r#"{"url":"http://x.com/","headers":{"Host":"evil","X-PAYMENT":"x","Accept":"a/b"}}"#,
+        )
+        .unwrap();
         assert!(c.upstream.headers.get("host").is_none());
         assert!(c.upstream.headers.get("x-payment").is_none());
         assert_eq!(c.upstream.headers.get("accept").unwrap(), "a/b");

@@ -20,7 +20,9 @@ pub enum GuardError {
     Scheme,
     #[error("url has no host")]
     NoHost,
-    #[error("upstream address {0} is not allowed (loopback, private, link-local or otherwise non-public)")]
+    #[error(
+        "upstream address {0} is not allowed (loopback, private, link-local or otherwise non-public)"
+    )]
     Forbidden(IpAddr),
     #[error("upstream host {0:?} did not resolve")]
     Unresolved(String),
@@ -35,7 +37,10 @@ pub struct Guard {
 
 impl Guard {
     pub fn new(allow_private: bool, allow_cidrs: Vec<IpNet>) -> Self {
-        Self { allow_private, allow_cidrs }
+        Self {
+            allow_private,
+            allow_cidrs,
+        }
     }
 
     /// Checks scheme and, for IP-literal hosts, the address.
@@ -110,7 +115,12 @@ fn canonical(ip: IpAddr) -> IpAddr {
             }
             let s = v6.segments();
             if s[..6].iter().all(|x| *x == 0) && !(s[6] == 0 && s[7] <= 1) {
-                return IpAddr::V4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
+                return IpAddr::V4(Ipv4Addr::new(
+                    (s[6] >> 8) as u8,
+                    s[6] as u8,
+                    (s[7] >> 8) as u8,
+                    s[7] as u8,
+                ));
             }
             IpAddr::V6(v6)
         }
@@ -138,7 +148,7 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || (o[0] == 100 && (o[1] & 0xc0) == 64)        // 100.64.0.0/10 CGNAT
         || (o[0] == 192 && o[1] == 0 && o[2] == 0)     // 192.0.0.0/24 IETF protocol assignments
         || (o[0] == 198 && (o[1] & 0xfe) == 18)        // 198.18.0.0/15 benchmarking
-        || o[0] >= 240)                                // 240.0.0.0/4 reserved
+        || o[0] >= 240) // 240.0.0.0/4 reserved
 }
 
 fn is_public_v6(ip: Ipv6Addr) -> bool {
@@ -152,7 +162,7 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (s[0] == 0x2001 && s[1] == 0x0db8)          // documentation
         || (s[0] == 0x0064 && s[1] == 0xff9b)          // 64:ff9b::/96 NAT64 (may reach private v4)
         || s[0] == 0x2002                              // 6to4 (embeds an arbitrary v4)
-        || (s[0] == 0x2001 && s[1] == 0))              // Teredo
+        || (s[0] == 0x2001 && s[1] == 0)) // Teredo
 }
 
 #[cfg(test)]
@@ -164,17 +174,36 @@ mod tests {
     }
 
     fn url_ok(u: &str) -> bool {
-        Url::parse(u).map(|u| strict().check_url(&u).is_ok()).unwrap_or(false)
+        Url::parse(u)
+            .map(|u| strict().check_url(&u).is_ok())
+            .unwrap_or(false)
     }
 
     #[test]
     fn refuses_non_public_literals_in_every_spelling() {
         for u in [
-            "http://127.0.0.1/", "http://127.1/", "http://2130706433/", "http://0x7f000001/", "http://0177.0.0.1/",
-            "http://0/", "http://10.0.0.1/", "http://172.16.5.4/", "http://192.168.1.1/", "http://169.254.169.254/latest",
-            "http://100.64.0.1/", "http://[::1]/", "http://[::ffff:127.0.0.1]/", "http://[::ffff:7f00:1]/",
-            "http://[::ffff:169.254.169.254]/", "http://[fd00::1]/", "http://[fe80::1]/", "http://[::]/",
-            "http://224.0.0.1/", "http://255.255.255.255/", "http://[::127.0.0.1]/", "http://[64:ff9b::7f00:1]/",
+            "http://127.0.0.1/",
+            "http://127.1/",
+            "http://2130706433/",
+            "http://0x7f000001/",
+            "http://0177.0.0.1/",
+            "http://0/",
+            "http://10.0.0.1/",
+            "http://172.16.5.4/",
+            "http://192.168.1.1/",
+            "http://169.254.169.254/latest",
+            "http://100.64.0.1/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:7f00:1]/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://[fd00::1]/",
+            "http://[fe80::1]/",
+            "http://[::]/",
+            "http://224.0.0.1/",
+            "http://255.255.255.255/",
+            "http://[::127.0.0.1]/",
+            "http://[64:ff9b::7f00:1]/",
         ] {
             assert!(!url_ok(u), "{u} should be refused");
         }
@@ -182,7 +211,11 @@ mod tests {
 
     #[test]
     fn accepts_public_literals_and_names() {
-        for u in ["https://93.184.215.14/", "http://[2606:4700:4700::1111]/", "https://api.example.com/x"] {
+        for u in [
+            "https://93.184.215.14/",
+            "http://[2606:4700:4700::1111]/",
+            "https://api.example.com/x",
+        ] {
             assert!(url_ok(u), "{u} should pass the literal check");
         }
     }
@@ -198,8 +231,16 @@ mod tests {
     fn operator_allowances_apply() {
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         assert!(Guard::new(true, vec![]).check_ip(ip).is_ok());
-        assert!(Guard::new(false, vec!["10.1.2.0/24".parse().unwrap()]).check_ip(ip).is_ok());
-        assert!(Guard::new(false, vec!["10.1.3.0/24".parse().unwrap()]).check_ip(ip).is_err());
+        assert!(
+            Guard::new(false, vec!["10.1.2.0/24".parse().unwrap()])
+                .check_ip(ip)
+                .is_ok()
+        );
+        assert!(
+            Guard::new(false, vec!["10.1.3.0/24".parse().unwrap()])
+                .check_ip(ip)
+                .is_err()
+        );
     }
 
     #[tokio::test]

@@ -19,24 +19,49 @@ use crate::config::UpstreamConfig;
 /// Request headers an agent may not set: the router owns the connection (hop-by-hop,
 /// Host, framing) and the payment headers.
 const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "host", "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
-    "te", "trailer", "transfer-encoding", "upgrade", "content-length", "expect",
-    "x-payment", "payment-signature", "payment-required", "payment-response", "x-payment-response",
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+    "x-payment",
+    "payment-signature",
+    "payment-required",
+    "payment-response",
+    "x-payment-response",
 ];
 
 /// Response headers not passed back to the agent (they describe our hop only).
 const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
 ];
 
 /// True when an agent-supplied header is dropped before the upstream call.
 pub fn is_dropped_request_header(name: &str) -> bool {
-    DROPPED_REQUEST_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
+    DROPPED_REQUEST_HEADERS
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// True when an upstream response header is kept in the envelope.
 pub fn is_kept_response_header(name: &str) -> bool {
-    !DROPPED_RESPONSE_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
+    !DROPPED_RESPONSE_HEADERS
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// A validated upstream request.
@@ -125,10 +150,17 @@ impl UpstreamClient {
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .dns_resolver(Arc::new(GuardedResolver { guard: Arc::clone(&guard) }))
+            .dns_resolver(Arc::new(GuardedResolver {
+                guard: Arc::clone(&guard),
+            }))
             .user_agent(concat!("x402-router/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Self { client, guard, max_response_bytes: config.max_response_bytes, timeout: config.timeout })
+        Ok(Self {
+            client,
+            guard,
+            max_response_bytes: config.max_response_bytes,
+            timeout: config.timeout,
+        })
     }
 
     /// The SSRF policy, for the pre-flight check before a request is claimed.
@@ -152,13 +184,21 @@ impl UpstreamClient {
         extra: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        self.guard.check_url(&req.url).map_err(UpstreamError::Blocked)?;
-        let mut builder = self.client.request(req.method.clone(), req.url.clone()).headers(req.headers.clone()).timeout(timeout);
+        self.guard
+            .check_url(&req.url)
+            .map_err(UpstreamError::Blocked)?;
+        let mut builder = self
+            .client
+            .request(req.method.clone(), req.url.clone())
+            .headers(req.headers.clone())
+            .timeout(timeout);
         for (name, value) in extra {
             builder = builder.header(name, value);
         }
         if let Some(body) = &req.body {
-            builder = builder.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
+            builder = builder
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone());
         }
         let exchange = async {
             let resp = builder.send().await.map_err(classify)?;
@@ -172,16 +212,28 @@ impl UpstreamClient {
             let mut body = Vec::new();
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| if e.is_timeout() { UpstreamError::Timeout } else { UpstreamError::Broken(e.to_string()) })?;
+                let chunk = chunk.map_err(|e| {
+                    if e.is_timeout() {
+                        UpstreamError::Timeout
+                    } else {
+                        UpstreamError::Broken(e.to_string())
+                    }
+                })?;
                 if body.len() + chunk.len() > self.max_response_bytes {
                     return Err(UpstreamError::TooLarge(self.max_response_bytes));
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(UpstreamResponse { status, headers, body })
+            Ok(UpstreamResponse {
+                status,
+                headers,
+                body,
+            })
         };
         // reqwest's own timeout covers the whole exchange; this outer one is a backstop.
-        tokio::time::timeout(timeout + Duration::from_millis(250), exchange).await.map_err(|_| UpstreamError::Timeout)?
+        tokio::time::timeout(timeout + Duration::from_millis(250), exchange)
+            .await
+            .map_err(|_| UpstreamError::Timeout)?
     }
 }
 
