@@ -228,6 +228,8 @@ mod tests {
         assert!(parse_strict(b"[12345678901234567890123]").is_err());
         assert!(parse_strict(b"0.10000000000000000001").is_err());
         assert!(parse_strict(b"1e400").is_err());
+        // 2^60 is a double, but JCS prints it as 1152921504606847000: two literals, one hash.
+        assert!(parse_strict(b"1152921504606846976").is_err());
     }
 
     #[test]
@@ -243,7 +245,6 @@ mod tests {
             "1E-7",
             "2.5e3",
             "100",
-            "1152921504606846976",
         ] {
             assert!(parse_strict(ok.as_bytes()).is_ok(), "{ok}");
         }
@@ -291,5 +292,41 @@ mod tests {
             request_hash(&v, "/route", "").unwrap_or_default(),
             sha256_hex(br#"{"body":{"x":1},"path":"/route","query":{}}"#)
         );
+    }
+
+    #[test]
+    fn serde_jcs_follows_rfc_8785_number_and_ordering_rules() {
+        // Property ordering by UTF-16 code units (RFC 8785 §3.2.3 example).
+        let v = parse_strict(
+            "{\"\\u20ac\":\"Euro Sign\",\"\\r\":\"Carriage Return\",\"\\ufb33\":\"Hebrew Letter Dalet With Dagesh\",\
+             \"1\":\"One\",\"\\ud83d\\ude00\":\"Emoji: Grinning Face\",\"\\u0080\":\"Control\",\"\\u00f6\":\"Latin Small Letter O With Diaeresis\"}"
+                .as_bytes(),
+        )
+        .unwrap();
+        let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, Value>>(
+            &serde_jcs::to_string(&v).unwrap(),
+        )
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+        let jcs = serde_jcs::to_string(&v).unwrap();
+        let order: Vec<usize> = ["\\r", "1", "\u{80}", "ö", "€", "😀", "\u{fb33}"]
+            .iter()
+            .map(|k| jcs.find(&format!("\"{k}\"")).unwrap_or(usize::MAX))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{jcs}");
+        assert_eq!(keys.len(), 7);
+        // ES6 number serialization (RFC 8785 §3.2.2.3).
+        for (input, expected) in [
+            ("1.0", "1"),
+            ("1e21", "1e+21"),
+            ("1E30", "1e+30"),
+            ("-0", "0"),
+            ("1e-7", "1e-7"),
+            ("0.000001", "0.000001"),
+            ("333333333.33333329", "333333333.3333333"),
+        ] {
+            let v: Value = serde_json::from_str(input).unwrap();
+            assert_eq!(serde_jcs::to_string(&v).unwrap(), expected, "{input}");
+        }
     }
 }
