@@ -146,6 +146,20 @@ pub enum AgentsCommand {
         #[arg(long)]
         daily_budget: Option<String>,
     },
+    /// Change an agent's name or spend limits (`none` removes a limit).
+    Update {
+        /// The agent's id.
+        id: String,
+        /// A new name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Most the agent may pay in one call, in atomic units, or `none`.
+        #[arg(long)]
+        max_per_call: Option<String>,
+        /// Most the agent may pay in any rolling 24 hours, in atomic units, or `none`.
+        #[arg(long)]
+        daily_budget: Option<String>,
+    },
     /// List agents as JSON lines (never the keys).
     List,
     /// Disable an agent: its key is refused with 403 from then on.

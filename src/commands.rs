@@ -108,6 +108,51 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
             .context("creating the agent")?;
             println!("{}", json!({ "agent_id": id, "api_key": key }));
         }
+        AgentsCommand::Update {
+            id,
+            name,
+            max_per_call,
+            daily_budget,
+        } => {
+            let id = Uuid::parse_str(id).context("ID must be an agent uuid")?;
+            let limit = |flag: &str,
+                         v: &Option<String>|
+             -> anyhow::Result<Option<Option<String>>> {
+                match v.as_deref() {
+                    None => Ok(None),
+                    Some("none") => Ok(Some(None)),
+                    Some(a) if parse_decimal_amount(a).is_some() => Ok(Some(Some(a.to_owned()))),
+                    Some(_) => {
+                        anyhow::bail!("{flag} must be a decimal integer of atomic units, or `none`")
+                    }
+                }
+            };
+            let max_per_call = limit("--max-per-call", max_per_call)?;
+            let daily_budget = limit("--daily-budget", daily_budget)?;
+            if let Some(n) = name {
+                anyhow::ensure!(
+                    !n.trim().is_empty() && n.trim().len() <= 200,
+                    "--name must be 1 to 200 characters"
+                );
+            }
+            let found = agents::update(
+                &mut conn,
+                id,
+                name.as_deref().map(str::trim),
+                max_per_call,
+                daily_budget,
+            )
+            .await
+            .context("updating the agent")?;
+            anyhow::ensure!(found, "no agent {id}");
+            for a in agents::list(&mut conn)
+                .await?
+                .into_iter()
+                .filter(|a| a.id == id)
+            {
+                println!("{}", serde_json::to_string(&a)?);
+            }
+        }
         AgentsCommand::List => {
             for a in agents::list(&mut conn).await.context("listing agents")? {
                 println!("{}", serde_json::to_string(&a)?);

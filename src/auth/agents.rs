@@ -75,6 +75,35 @@ pub async fn insert(
     .map(|_| ())
 }
 
+/// Updates name and/or limits. `Some(None)` clears a limit. `false`: no such agent.
+///
+/// # Errors
+/// Database errors.
+pub async fn update(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    name: Option<&str>,
+    max_per_call: Option<Option<String>>,
+    daily_budget: Option<Option<String>>,
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "UPDATE agents SET \
+            name = COALESCE($2, name), \
+            max_per_call = CASE WHEN $3 THEN $4::numeric ELSE max_per_call END, \
+            daily_budget = CASE WHEN $5 THEN $6::numeric ELSE daily_budget END \
+          WHERE id = $1",
+    )
+    .bind::<SqlUuid, _>(id)
+    .bind::<Nullable<Text>, _>(name)
+    .bind::<Bool, _>(max_per_call.is_some())
+    .bind::<Nullable<Text>, _>(max_per_call.flatten())
+    .bind::<Bool, _>(daily_budget.is_some())
+    .bind::<Nullable<Text>, _>(daily_budget.flatten())
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
 /// Every agent, oldest first.
 ///
 /// # Errors

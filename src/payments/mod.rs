@@ -190,14 +190,22 @@ pub async fn pay(
         }
     };
 
-    let cap = {
+    // The agent's limits narrow the choice up front; `store::reserve` re-checks atomically.
+    let spend = {
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-        store::agent_max_per_call(&mut conn, own.agent_id)
+        store::agent_spend(&mut conn, own.agent_id, false)
             .await
             .map_err(ApiError::database)?
     };
-    let cap = cap.as_deref().and_then(parse_decimal_amount);
-    let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, cap) {
+    let limit = spend.as_ref().and_then(|s| {
+        let cap = s.max_per_call.as_deref().and_then(parse_decimal_amount);
+        let left = s.remaining_24h.as_deref().and_then(parse_decimal_amount);
+        match (cap, left) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    });
+    let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, limit) {
         Ok(r) => r.clone(),
         Err(rejection) => {
             state
@@ -325,11 +333,29 @@ pub async fn pay(
             .map_err(|e| ApiError::Internal(e.into()))?,
     };
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    if !store::insert_signed(&mut conn, &row)
+    match store::reserve(&mut conn, &row)
         .await
         .map_err(ApiError::database)?
     {
-        return Err(ApiError::Superseded);
+        store::Reservation::Reserved => {}
+        store::Reservation::Fenced => return Err(ApiError::Superseded),
+        store::Reservation::OverLimit(why) => {
+            // A concurrent payment of the same agent took the budget first. This
+            // signature is dropped here: it was never stored nor sent.
+            state
+                .metrics
+                .payments
+                .with_label_values(&["declined"])
+                .inc();
+            let reason = format!("upstream requires a payment the router will not make: {why}");
+            return Ok(declined(
+                own,
+                call,
+                &first,
+                &reason,
+                Value::Array(required.raw_accepts.clone()),
+            ));
+        }
     }
     drop(conn);
     tracing::info!(

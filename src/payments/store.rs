@@ -4,7 +4,7 @@
 //! re-signed, only while the caller still holds the key's lease.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Jsonb, SmallInt, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Jsonb, Nullable, SmallInt, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::Value;
 use uuid::Uuid;
@@ -175,22 +175,111 @@ pub async fn finalize(
         .map(|_| ())
 }
 
-/// The agent's per-call cap, as a decimal string (None: no cap).
+/// Payment statuses that can no longer move money: they release their reservation.
+const RELEASED: &str = "('not_settled', 'rejected', 'expired')";
+
+/// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
+#[derive(Debug, Clone, serde::Serialize, QueryableByName)]
+pub struct Spend {
+    #[diesel(sql_type = SqlUuid)]
+    pub agent_id: Uuid,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub max_per_call: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub daily_budget: Option<String>,
+    /// Settled (or settled, response lost) in the last 24 h.
+    #[diesel(sql_type = Text)]
+    pub settled_24h: String,
+    /// Reserved but not (yet) known to have settled: signed, unknown, unconfirmed.
+    #[diesel(sql_type = Text)]
+    pub reserved_24h: String,
+    /// What the budget still allows (None: no budget).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub remaining_24h: Option<String>,
+}
+
+/// The spend of `agent_id`, locking its row when `lock` (so that concurrent payments of one
+/// agent reserve one after another). `None`: no such agent.
 ///
 /// # Errors
 /// Database errors.
-pub async fn agent_max_per_call(
+pub async fn agent_spend(
     conn: &mut AsyncPgConnection,
     agent_id: Uuid,
-) -> QueryResult<Option<String>> {
-    #[derive(QueryableByName)]
-    struct Cap {
-        #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-        cap: Option<String>,
-    }
-    let c: Cap = diesel::sql_query("SELECT max_per_call::text AS cap FROM agents WHERE id = $1")
+    lock: bool,
+) -> QueryResult<Option<Spend>> {
+    let sql = format!(
+        "SELECT a.id AS agent_id, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
+                u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
+                CASE WHEN a.daily_budget IS NULL THEN NULL \
+                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h \
+           FROM agents a, LATERAL ( \
+                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN ('settled', 'settled_response_lost')), 0) AS settled, \
+                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN ('settled', 'settled_response_lost')), 0) AS reserved \
+                  FROM payments p \
+                 WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
+                   AND p.status NOT IN {RELEASED}) u \
+          WHERE a.id = $1 {}",
+        if lock { "FOR UPDATE OF a" } else { "" }
+    );
+    diesel::sql_query(sql)
         .bind::<SqlUuid, _>(agent_id)
         .get_result(conn)
-        .await?;
-    Ok(c.cap)
+        .await
+        .optional()
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// The intent is committed and counts against the budget.
+    Reserved,
+    /// Over the per-call cap or the rolling 24 h budget.
+    OverLimit(String),
+    /// The caller no longer owns the key (or an intent exists already).
+    Fenced,
+}
+
+/// Atomically checks the agent's limits and commits the signed intent: the agent row is
+/// locked, so concurrent payments of one agent can never overspend together.
+///
+/// # Errors
+/// Database errors.
+pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<Reservation> {
+    use diesel_async::AsyncConnection;
+    conn.transaction::<_, diesel::result::Error, _>(async |c| {
+        let Some(spend) = agent_spend(c, p.agent_id, true).await? else {
+            return Ok(Reservation::OverLimit("unknown agent".into()));
+        };
+        if let Some(refusal) = over_limit(&spend, p.amount) {
+            return Ok(Reservation::OverLimit(refusal));
+        }
+        Ok(if insert_signed(c, p).await? {
+            Reservation::Reserved
+        } else {
+            Reservation::Fenced
+        })
+    })
+    .await
+}
+
+fn over_limit(spend: &Spend, amount: &str) -> Option<String> {
+    use alloy::primitives::U256;
+    let parse = |s: &str| U256::from_str_radix(s, 10).ok();
+    let amount = parse(amount)?;
+    if let Some(cap) = spend.max_per_call.as_deref().and_then(parse)
+        && amount > cap
+    {
+        return Some(format!(
+            "the price {amount} exceeds the agent's per-call cap {cap}"
+        ));
+    }
+    if let Some(remaining) = spend.remaining_24h.as_deref().and_then(parse)
+        && amount > remaining
+    {
+        return Some(format!(
+            "the price {amount} exceeds what remains of the agent's daily budget ({remaining})"
+        ));
+    }
+    None
 }

@@ -1,0 +1,117 @@
+// A local x402 facilitator made of the official packages: @x402/core's x402Facilitator with
+// @x402/evm's "exact" EVM schemes, for x402 v2 (CAIP-2 "eip155:84532") and v1 ("base-sepolia").
+// It verifies payments and settles them on a local chain (anvil) with anvil's dev account #0 as
+// the transaction sender. Used by scripts/interop; binds 127.0.0.1 only.
+//
+//   node interop/facilitator.mjs --rpc-url http://127.0.0.1:8545 [--port 0]
+//   (or INTEROP_RPC_URL / INTEROP_FACILITATOR_PORT; port 0 = any free port)
+//
+// HTTP: GET /supported, POST /verify, POST /settle, GET /healthz.
+// stdout: first line is one JSON object once listening:
+//   {"ready":"facilitator","url":"http://127.0.0.1:PORT","signer":"0x…","rpc_url":"…"}
+// then one JSON line per verify/settle exchange (request and answer), for diagnosis.
+import { parseArgs } from "node:util";
+import express from "express";
+import { createWalletClient, defineChain, http, publicActions } from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { x402Facilitator } from "@x402/core/facilitator";
+import { toFacilitatorEvmSigner } from "@x402/evm";
+import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
+import { ExactEvmSchemeV1 } from "@x402/evm/exact/v1/facilitator";
+
+// anvil's well-known dev account #0 (public test key): submits the settlements and pays gas.
+const GAS_PAYER_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+const CHAIN_ID = 84532; // Base Sepolia's chain id, so both network spellings below apply
+const NETWORK_V2 = `eip155:${CHAIN_ID}`;
+const NETWORK_V1 = "base-sepolia";
+const MULTICALL3 = "0xcA11bde05977b3631167028862bE2a173976CA11";
+
+const { values: opts } = parseArgs({
+  options: {
+    "rpc-url": { type: "string", default: process.env.INTEROP_RPC_URL },
+    port: { type: "string", default: process.env.INTEROP_FACILITATOR_PORT || "0" },
+  },
+});
+if (!opts["rpc-url"]) {
+  console.error("facilitator: --rpc-url (or INTEROP_RPC_URL) is required");
+  process.exit(2);
+}
+const rpcUrl = opts["rpc-url"];
+const port = Number(opts.port);
+if (!Number.isInteger(port) || port < 0 || port > 65535) {
+  console.error(`facilitator: bad port ${opts.port}`);
+  process.exit(2);
+}
+
+const chain = defineChain({
+  id: CHAIN_ID,
+  name: "interop anvil",
+  nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
+  rpcUrls: { default: { http: [rpcUrl] } },
+  // The EVM scheme names failure reasons with a Multicall3 read; the deploy step installs it.
+  contracts: { multicall3: { address: MULTICALL3 } },
+});
+const wallet = createWalletClient({
+  chain,
+  account: privateKeyToAccount(GAS_PAYER_KEY),
+  transport: http(rpcUrl),
+  pollingInterval: 100, // anvil mines at once: don't wait viem's default 4 s for receipts
+}).extend(publicActions);
+const signer = toFacilitatorEvmSigner(
+  { ...wallet, address: wallet.account.address },
+  { confirmationTimeoutMs: 30_000 },
+);
+
+const facilitator = new x402Facilitator()
+  .register(NETWORK_V2, new ExactEvmScheme(signer))
+  .registerV1(NETWORK_V1, new ExactEvmSchemeV1(signer));
+
+const emit = (obj) => process.stdout.write(`${JSON.stringify({ at: new Date().toISOString(), ...obj })}\n`);
+
+const app = express();
+app.disable("x-powered-by");
+app.use(express.json({ limit: "256kb" }));
+
+app.get("/healthz", (_req, res) => res.json({ ok: true }));
+app.get("/supported", (_req, res) => res.json(facilitator.getSupported()));
+
+// verify and settle take the same body: {x402Version, paymentPayload, paymentRequirements}.
+function exchange(op) {
+  return async (req, res) => {
+    const { paymentPayload, paymentRequirements } = req.body ?? {};
+    if (typeof paymentPayload !== "object" || typeof paymentRequirements !== "object" || !paymentPayload || !paymentRequirements) {
+      emit({ op, error: "missing paymentPayload/paymentRequirements", request: req.body ?? null });
+      res.status(400).json({ error: "body must carry paymentPayload and paymentRequirements objects" });
+      return;
+    }
+    try {
+      const result = await facilitator[op](paymentPayload, paymentRequirements);
+      emit({ op, request: req.body, response: result });
+      res.json(result);
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      emit({ op, request: req.body, error: message });
+      res.status(500).json({ error: message });
+    }
+  };
+}
+app.post("/verify", exchange("verify"));
+app.post("/settle", exchange("settle"));
+
+const server = app.listen(port, "127.0.0.1", () => {
+  const { port: bound } = server.address();
+  process.stdout.write(
+    `${JSON.stringify({ ready: "facilitator", url: `http://127.0.0.1:${bound}`, signer: wallet.account.address, rpc_url: rpcUrl })}\n`,
+  );
+});
+server.on("error", (err) => {
+  console.error(`facilitator: ${err.message}`);
+  process.exit(1);
+});
+for (const sig of ["SIGTERM", "SIGINT"]) {
+  process.on(sig, () => {
+    server.close(() => process.exit(0));
+    server.closeAllConnections();
+    setTimeout(() => process.exit(0), 1000).unref();
+  });
+}

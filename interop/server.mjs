@@ -1,0 +1,184 @@
+// An x402-protected express resource server made of the official middlewares, used by
+// scripts/interop as the upstream that x402-router must pay:
+//   - x402 v2 routes through @x402/express (PAYMENT-REQUIRED / PAYMENT-SIGNATURE / PAYMENT-RESPONSE)
+//   - x402 v1 routes through the legacy x402-express (402 JSON body / X-PAYMENT / X-PAYMENT-RESPONSE)
+// Both ask the facilitator given on the command line to verify and settle. Binds 127.0.0.1 only.
+//
+//   node interop/server.mjs --token 0x… --facilitator-url http://127.0.0.1:PORT [--port 0]
+//   (or INTEROP_TOKEN / INTEROP_FACILITATOR_URL / INTEROP_SERVER_PORT; port 0 = any free port)
+//
+// stdout: first line is one JSON object once listening (and synced with the facilitator):
+//   {"ready":"server","url":"http://127.0.0.1:PORT","pay_to":"0x…","asset":"0x…","routes":[…]}
+// then one JSON line per request to a paid route with the payment headers both ways, decoded,
+// so that a failed interop check can show exactly what the client sent and what it was told.
+import { parseArgs } from "node:util";
+import express from "express";
+import { paymentMiddlewareFromHTTPServer, x402HTTPResourceServer, x402ResourceServer } from "@x402/express";
+import { HTTPFacilitatorClient } from "@x402/core/server";
+import { ExactEvmScheme } from "@x402/evm/exact/server";
+import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
+
+const NETWORK_V2 = "eip155:84532";
+const NETWORK_V1 = "base-sepolia"; // the same chain, by its v1 name
+const PAY_TO = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"; // anvil dev account #2
+
+const { values: opts } = parseArgs({
+  options: {
+    token: { type: "string", default: process.env.INTEROP_TOKEN },
+    "token-name": { type: "string", default: process.env.INTEROP_TOKEN_NAME || "USD Coin" },
+    "token-version": { type: "string", default: process.env.INTEROP_TOKEN_VERSION || "2" },
+    "facilitator-url": { type: "string", default: process.env.INTEROP_FACILITATOR_URL },
+    port: { type: "string", default: process.env.INTEROP_SERVER_PORT || "0" },
+  },
+});
+const fail = (msg) => {
+  console.error(`server: ${msg}`);
+  process.exit(2);
+};
+const asset = opts.token ?? "";
+if (!/^0x[0-9a-fA-F]{40}$/.test(asset)) fail("--token (or INTEROP_TOKEN) must be the token contract address");
+if (!opts["facilitator-url"]) fail("--facilitator-url (or INTEROP_FACILITATOR_URL) is required");
+const facilitatorUrl = opts["facilitator-url"].replace(/\/+$/, "");
+const port = Number(opts.port);
+if (!Number.isInteger(port) || port < 0 || port > 65535) fail(`bad port ${opts.port}`);
+// EIP-712 domain name/version of the token (the wallet signs against them).
+const domain = { name: opts["token-name"], version: opts["token-version"] };
+
+// The paid routes, in one table: the driver reads prices from the ready line.
+const ROUTES = [
+  { method: "GET", path: "/v2/weather", x402_version: 2, amount: "10000", description: "Weather report (x402 v2)" },
+  { method: "POST", path: "/v2/echo", x402_version: 2, amount: "20000", description: "Echoes the JSON body (x402 v2)" },
+  { method: "GET", path: "/v1/weather", x402_version: 1, amount: "10000", description: "Weather report (x402 v1)" },
+];
+
+// ---- v2: an x402ResourceServer with the EVM "exact" scheme; prices given as token amounts.
+const v2Routes = {};
+for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
+  v2Routes[`${r.method} ${r.path}`] = {
+    accepts: { scheme: "exact", network: NETWORK_V2, payTo: PAY_TO, price: { amount: r.amount, asset, extra: { ...domain } } },
+    description: r.description,
+    mimeType: "application/json",
+  };
+}
+const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: facilitatorUrl })).register(
+  NETWORK_V2,
+  new ExactEvmScheme(),
+);
+const v2Http = new x402HTTPResourceServer(resourceServer, v2Routes);
+
+// ---- v1: the legacy middleware; price = atomic amount of an explicit asset.
+const v1Routes = {};
+for (const r of ROUTES.filter((r) => r.x402_version === 1)) {
+  v1Routes[`${r.method} ${r.path}`] = {
+    price: { amount: r.amount, asset: { address: asset, decimals: 6, eip712: { ...domain } } },
+    network: NETWORK_V1,
+    config: { description: r.description, mimeType: "application/json" },
+  };
+}
+
+// ---- diagnostics: one JSON line per paid-route request, headers decoded.
+const emit = (obj) => process.stdout.write(`${JSON.stringify({ at: new Date().toISOString(), ...obj })}\n`);
+const decodeB64Json = (value) => {
+  if (value === undefined) return undefined;
+  try {
+    return JSON.parse(Buffer.from(String(value), "base64").toString("utf8"));
+  } catch {
+    return { undecodable: String(value).slice(0, 500) };
+  }
+};
+const paidPaths = new Set(ROUTES.map((r) => r.path));
+function wireLog(req, res, next) {
+  if (!paidPaths.has(req.path)) return next();
+  const chunks = [];
+  let size = 0;
+  const keep = (chunk) => {
+    if (chunk && typeof chunk !== "function" && size < 4096) {
+      const buf = Buffer.isBuffer(chunk) ? chunk : Buffer.from(String(chunk));
+      chunks.push(buf);
+      size += buf.length;
+    }
+  };
+  const write = res.write.bind(res);
+  const end = res.end.bind(res);
+  res.write = (chunk, ...rest) => {
+    keep(chunk);
+    return write(chunk, ...rest);
+  };
+  res.end = (chunk, ...rest) => {
+    keep(chunk);
+    return end(chunk, ...rest);
+  };
+  res.on("finish", () => {
+    const text = Buffer.concat(chunks).toString("utf8").slice(0, 4096);
+    let body;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = text;
+    }
+    emit({
+      request: {
+        method: req.method,
+        url: req.originalUrl,
+        // the payment headers appear decoded below
+        headers: Object.fromEntries(
+          Object.entries(req.headers).map(([k, v]) => [k, k === "payment-signature" || k === "x-payment" ? "(decoded below)" : v]),
+        ),
+        body: req.body,
+        "payment-signature (decoded)": decodeB64Json(req.header("payment-signature")),
+        "x-payment (decoded)": decodeB64Json(req.header("x-payment")),
+      },
+      response: {
+        status: res.statusCode,
+        "payment-required (decoded)": decodeB64Json(res.getHeader("payment-required")),
+        "payment-response (decoded)": decodeB64Json(res.getHeader("payment-response")),
+        "x-payment-response (decoded)": decodeB64Json(res.getHeader("x-payment-response")),
+        body,
+      },
+    });
+  });
+  next();
+}
+
+const app = express();
+app.disable("x-powered-by");
+app.use(express.json({ limit: "256kb" }));
+app.use(wireLog);
+app.get("/healthz", (_req, res) => res.json({ ok: true }));
+app.get("/free", (_req, res) => res.json({ free: true }));
+app.use(v1PaymentMiddleware(PAY_TO, v1Routes, { url: facilitatorUrl }));
+app.use(paymentMiddlewareFromHTTPServer(v2Http));
+
+const forecast = (x402Version) => ({ x402Version, city: "Interop", sky: "clear", temperature_c: 19 });
+app.get("/v2/weather", (_req, res) => res.json(forecast(2)));
+app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
+app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
+
+// Sync with the facilitator (GET /supported) and validate the v2 routes before saying ready.
+try {
+  await v2Http.initialize();
+} catch (err) {
+  fail(`cannot initialise against the facilitator at ${facilitatorUrl}: ${err instanceof Error ? err.message : err}`);
+}
+
+const server = app.listen(port, "127.0.0.1", () => {
+  const url = `http://127.0.0.1:${server.address().port}`;
+  process.stdout.write(
+    `${JSON.stringify({
+      ready: "server",
+      url,
+      pay_to: PAY_TO,
+      asset,
+      facilitator: facilitatorUrl,
+      routes: ROUTES.map(({ method, path, x402_version, amount }) => ({ method, path, x402_version, amount })),
+    })}\n`,
+  );
+});
+server.on("error", (err) => fail(err.message));
+for (const sig of ["SIGTERM", "SIGINT"]) {
+  process.on(sig, () => {
+    server.close(() => process.exit(0));
+    server.closeAllConnections();
+    setTimeout(() => process.exit(0), 1000).unref();
+  });
+}
