@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
-use actix_web::{App, HttpServer, web};
+use actix_web::{App, HttpMessage, HttpServer, web};
 use tracing_actix_web::TracingLogger;
 
 use crate::config::Config;
@@ -97,14 +97,15 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         config.redis_timeout,
         config.redis_key_prefix.clone(),
     );
+    let upstream = UpstreamClient::new(&config.upstream)?;
+    let receipt_signer = Arc::new(config.signer.clone());
+    let metrics = Arc::new(Metrics::new()?);
     let idempotency = Idempotency {
         cache,
         timing: config.idempotency,
         after_conflict: hooks.after_conflict,
+        metrics: Arc::clone(&metrics),
     };
-    let upstream = UpstreamClient::new(&config.upstream)?;
-    let receipt_signer = Arc::new(config.signer.clone());
-    let metrics = Arc::new(Metrics::new()?);
     let networks: Vec<(Network, url::Url)> = config
         .payments
         .rpc_urls
@@ -132,7 +133,8 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     })
 }
 
-/// Counts requests by matched route pattern and status.
+/// Counts requests by matched route pattern and status, and returns tracing-actix-web's
+/// request id as `X-Request-Id` (the same id is in every log line of the request).
 async fn count_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -140,7 +142,19 @@ async fn count_requests(
     let metrics = req
         .app_data::<web::Data<AppState>>()
         .map(|s| Arc::clone(&s.metrics));
-    let res = next.call(req).await?;
+    let request_id = req
+        .extensions()
+        .get::<tracing_actix_web::RequestId>()
+        .map(|id| id.to_string());
+    let mut res = next.call(req).await?;
+    if let Some(id) =
+        request_id.and_then(|id| actix_web::http::header::HeaderValue::from_str(&id).ok())
+    {
+        res.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static("x-request-id"),
+            id,
+        );
+    }
     if let Some(m) = metrics {
         let route = res
             .request()

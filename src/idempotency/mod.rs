@@ -80,6 +80,8 @@ pub enum Path {
     InFlight,
     Mismatch,
     Takeover,
+    /// The row vanished between a lost claim and the lookup (GC race); counted per retry.
+    GcRace,
 }
 
 impl Path {
@@ -91,6 +93,7 @@ impl Path {
             Self::InFlight => "in-flight-409",
             Self::Mismatch => "mismatch-409",
             Self::Takeover => "takeover",
+            Self::GcRace => "gc-race",
         }
     }
 }
@@ -105,6 +108,7 @@ pub struct Idempotency {
     pub cache: Cache,
     pub timing: IdempotencyTiming,
     pub after_conflict: Option<FaultHook>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Idempotency {
@@ -172,6 +176,7 @@ impl Idempotency {
                     agent_id = %agent_id, idem.attempt = attempt,
                     "idempotency row vanished between the conflicting insert and the lookup (GC race); retrying"
                 );
+                self.metrics.idempotency_outcome(Path::GcRace);
                 continue;
             };
             if row.request_hash != request_hash {

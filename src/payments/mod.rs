@@ -197,14 +197,16 @@ pub async fn pay(
             .await
             .map_err(ApiError::database)?
     };
-    let limit = spend.as_ref().and_then(|s| {
-        let cap = s.max_per_call.as_deref().and_then(parse_decimal_amount);
-        let left = s.remaining_24h.as_deref().and_then(parse_decimal_amount);
-        match (cap, left) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    });
+    let cap = spend
+        .as_ref()
+        .and_then(|s| s.max_per_call.as_deref().and_then(parse_decimal_amount));
+    let left = spend
+        .as_ref()
+        .and_then(|s| s.remaining_24h.as_deref().and_then(parse_decimal_amount));
+    let limit = match (cap, left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, limit) {
         Ok(r) => r.clone(),
         Err(rejection) => {
@@ -213,8 +215,15 @@ pub async fn pay(
                 .payments
                 .with_label_values(&["declined"])
                 .inc();
-            let reason =
+            let mut reason =
                 format!("upstream requires a payment the router will not make: {rejection}");
+            if let Some(left) =
+                left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c))
+            {
+                reason.push_str(&format!(
+                    " (the agent's rolling 24 h budget has {left} left)"
+                ));
+            }
             return Ok(declined(
                 own,
                 call,

@@ -198,8 +198,12 @@ pub struct Spend {
     pub remaining_24h: Option<String>,
 }
 
-/// The spend of `agent_id`, locking its row when `lock` (so that concurrent payments of one
-/// agent reserve one after another). `None`: no such agent.
+/// The spend of `agent_id`. With `lock`, first locks the agent row in a statement of its
+/// own, so that (under READ COMMITTED) the sums are read from a snapshot taken after every
+/// earlier reservation of this agent committed: concurrent payments of one agent reserve
+/// strictly one after another. (Locking inside the summing statement would not do: after
+/// waiting for the lock, Postgres re-checks the locked row but keeps the statement's old
+/// snapshot for the sums.) `None`: no such agent.
 ///
 /// # Errors
 /// Database errors.
@@ -208,6 +212,15 @@ pub async fn agent_spend(
     agent_id: Uuid,
     lock: bool,
 ) -> QueryResult<Option<Spend>> {
+    if lock {
+        let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
+            .bind::<SqlUuid, _>(agent_id)
+            .execute(conn)
+            .await?;
+        if locked == 0 {
+            return Ok(None);
+        }
+    }
     let sql = format!(
         "SELECT a.id AS agent_id, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
                 u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
@@ -219,8 +232,7 @@ pub async fn agent_spend(
                   FROM payments p \
                  WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
                    AND p.status NOT IN {RELEASED}) u \
-          WHERE a.id = $1 {}",
-        if lock { "FOR UPDATE OF a" } else { "" }
+          WHERE a.id = $1"
     );
     diesel::sql_query(sql)
         .bind::<SqlUuid, _>(agent_id)

@@ -61,8 +61,8 @@ pub async fn well_known(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "name": "x402-router",
         "version": env!("CARGO_PKG_VERSION"),
-        "receipt_signer": state.receipt_signer.address(),
-        "payer": state.config.signer.address(),
+        "receipt_signer": state.receipt_signer.address().to_checksum(None),
+        "payer": state.config.signer.address().to_checksum(None),
         "x402_versions": [1, 2],
         "schemes": ["exact"],
         "networks": networks,

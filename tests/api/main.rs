@@ -10,5 +10,6 @@ mod concurrency;
 mod faults;
 mod gc;
 mod idempotency;
+mod operations;
 mod payments;
 mod validation;

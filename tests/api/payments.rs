@@ -707,3 +707,104 @@ async fn takeover_with_the_chain_unreadable_decides_nothing_and_pays_nothing() {
     );
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
 }
+
+#[actix_web::test]
+async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly_three_transfers() {
+    let chain = Devnet::start().await;
+    let app = Arc::new(paid_app(&chain).await);
+    exec(
+        &app.db,
+        &format!(
+            "UPDATE agents SET daily_budget = {} WHERE id = '{}'",
+            3 * PRICE,
+            app.agent.id
+        ),
+    )
+    .await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let results = join_all((0..50).map(|_| {
+        let app = Arc::clone(&app);
+        let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+        async move {
+            let resp = app.route(&new_key(), &body).await;
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            (status, body)
+        }
+    }))
+    .await;
+    let paid = results
+        .iter()
+        .filter(|(s, b)| *s == 200 && b["payment"]["status"] == "settled")
+        .count();
+    let refused: Vec<_> = results.iter().filter(|(s, _)| *s == 402).collect();
+    assert_eq!(
+        paid,
+        3,
+        "{:?}",
+        results.iter().map(|(s, _)| s).collect::<Vec<_>>()
+    );
+    assert_eq!(refused.len(), 47);
+    assert!(
+        refused
+            .iter()
+            .all(|(_, b)| b["error"].as_str().unwrap().contains("budget")),
+        "{:?}",
+        refused.first()
+    );
+    assert_eq!(
+        balances(&chain).await,
+        (
+            router0 - price() * U256::from(3),
+            pay_to0 + price() * U256::from(3)
+        )
+    );
+    assert_eq!(chain.stats().await["/v2/weather"]["paid"], 3);
+    let spend =
+        x402_router::payments::store::agent_spend(&mut app.db.conn().await, app.agent.id, false)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(spend.settled_24h, (3 * PRICE).to_string());
+    assert_eq!(spend.remaining_24h.as_deref(), Some("0"));
+}
+
+#[actix_web::test]
+async fn payments_that_moved_no_money_release_their_budget() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    exec(
+        &app.db,
+        &format!(
+            "UPDATE agents SET daily_budget = {PRICE} WHERE id = '{}'",
+            app.agent.id
+        ),
+    )
+    .await;
+    // Verified but not settled: the reservation is released.
+    assert_eq!(
+        app.route(
+            &new_key(),
+            &json!({"url": chain.url("/v2/error500"), "max_amount": "10000"})
+        )
+        .await
+        .status(),
+        502
+    );
+    let ok = app
+        .route(
+            &new_key(),
+            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
+        )
+        .await;
+    assert_eq!(ok.status(), 200);
+    // Now the budget is spent.
+    let over = app
+        .route(
+            &new_key(),
+            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
+        )
+        .await;
+    assert_eq!(over.status(), 402);
+    assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
+}
