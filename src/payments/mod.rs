@@ -374,6 +374,34 @@ pub async fn pay(
     Ok(exchange(state, own, call, &attempt, deadline).await)
 }
 
+/// The outcome of a call cut off by the route deadline. If a payment was signed for the
+/// key, it may have left: its state becomes `unknown` (shown in the answer and to
+/// operators; `x402-router reconcile` settles the question from the chain later).
+///
+/// # Errors
+/// [`ApiError`] when the ledger cannot be read.
+pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome, ApiError> {
+    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let intent = store::find(&mut conn, own.agent_id, own.key.as_str())
+        .await
+        .map_err(ApiError::database)?;
+    let described = intent.and_then(|row| {
+        let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization).ok()?;
+        let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
+        let payment = describe(version, &signed, PaymentStatus::Unknown, None);
+        let fin = Final {
+            id: row.id,
+            status: PaymentStatus::Unknown,
+            tx_hash: None,
+            error: Some("route deadline exceeded".into()),
+        };
+        Some((payment, fin))
+    });
+    let (payment, fin) = described.unzip();
+    let body = envelope::error_envelope("route deadline exceeded", None, payment.as_ref(), None);
+    Ok(errored(504, body, None, fin))
+}
+
 /// Resumes a key whose previous owner signed a payment (takeover after a crash).
 ///
 /// # Errors

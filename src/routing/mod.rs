@@ -126,13 +126,7 @@ async fn run_owned(
         // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
         // the key stays in flight and a later retry takes it over and decides.
         Ok(Err(e)) => return Err(e),
-        Err(_) => Outcome {
-            status: Status::Errored,
-            http_status: 504,
-            body: envelope::error_envelope("route deadline exceeded", None, None, None),
-            receipt: None,
-            payment: None,
-        },
+        Err(_) => crate::payments::past_deadline(&state, &own).await?,
     };
     record(&state, &own, outcome).await
 }

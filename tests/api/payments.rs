@@ -808,3 +808,49 @@ async fn payments_that_moved_no_money_release_their_budget() {
     assert_eq!(over.status(), 402);
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
 }
+
+#[actix_web::test]
+async fn paid_request_cut_off_by_the_deadline_is_errored_unknown_and_never_paid_again() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions {
+        deadline_ms: 1500,
+        extra: chain.router_extra(),
+        ..Default::default()
+    })
+    .await;
+    let (router0, _) = balances(&chain).await;
+    let key = new_key();
+    // The upstream verifies, waits 3 s, then settles: it holds a valid authorization.
+    let body = json!({"url": chain.url("/v2/stall?seconds=3"), "max_amount": "10000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 504);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["payment"]["status"], "unknown", "{err}");
+    // The upstream settles later; the router never pays this key again.
+    for _ in 0..100 {
+        if chain
+            .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
+            .await
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        chain
+            .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
+            .await
+    );
+    let replay = app.route(&key, &body).await;
+    assert_eq!(replay.status(), 504);
+    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+    assert_eq!(balances(&chain).await.0, router0 - price());
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) AS n FROM payments WHERE status = 'unknown'"
+        )
+        .await,
+        1
+    );
+}
