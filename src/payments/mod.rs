@@ -131,6 +131,32 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
+/// the 402 is the envelope's known part, and the call gets its receipt.
+fn stopped_after_402(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    first: &UpstreamResponse,
+    metric: &str,
+    msg: &str,
+    payment: Option<Value>,
+) -> Outcome {
+    state.metrics.payments.with_label_values(&[metric]).inc();
+    let id = Uuid::new_v4();
+    let body = envelope::error_envelope(msg, Some(first), payment.as_ref(), Some(id));
+    let receipt = draft(
+        id,
+        own,
+        call,
+        Some(first.status),
+        &first.body,
+        payment,
+        Status::Errored,
+    );
+    errored(502, body, Some(receipt), None)
+}
+
 fn errored(
     http_status: u16,
     body: Value,
@@ -165,28 +191,16 @@ pub async fn pay(
     ) {
         Ok(r) => r,
         Err(e) => {
-            state
-                .metrics
-                .payments
-                .with_label_values(&["invalid_402"])
-                .inc();
-            let id = Uuid::new_v4();
-            let body = envelope::error_envelope(
-                &format!("invalid 402 from upstream: {e}"),
-                Some(&first),
-                None,
-                Some(id),
-            );
-            let receipt = draft(
-                id,
+            let msg = format!("invalid 402 from upstream: {e}");
+            return Ok(stopped_after_402(
+                state,
                 own,
                 call,
-                Some(first.status),
-                &first.body,
+                &first,
+                "invalid_402",
+                &msg,
                 None,
-                Status::Errored,
-            );
-            return Ok(errored(502, body, Some(receipt), None));
+            ));
         }
     };
 
@@ -240,49 +254,33 @@ pub async fn pay(
     match chain_used(state, chosen.network(), chosen.asset(), payer, nonce).await {
         Ok(false) => {}
         Ok(true) => {
-            state
-                .metrics
-                .payments
-                .with_label_values(&["already_settled"])
-                .inc();
-            let id = Uuid::new_v4();
             let payment = json!({
                 "x402_version": required.version.number(), "scheme": "exact", "network": chosen.network().caip2(),
                 "asset": chosen.asset().to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
                 "status": PaymentStatus::SettledResponseLost.as_str(),
             });
             let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
-            let body = envelope::error_envelope(msg, Some(&first), Some(&payment), Some(id));
-            let receipt = draft(
-                id,
+            return Ok(stopped_after_402(
+                state,
                 own,
                 call,
-                Some(first.status),
-                &first.body,
+                &first,
+                "already_settled",
+                msg,
                 Some(payment),
-                Status::Errored,
-            );
-            return Ok(errored(502, body, Some(receipt), None));
+            ));
         }
         Err(e) => {
-            state
-                .metrics
-                .payments
-                .with_label_values(&["rpc_unavailable"])
-                .inc();
-            let id = Uuid::new_v4();
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
-            let body = envelope::error_envelope(&msg, Some(&first), None, Some(id));
-            let receipt = draft(
-                id,
+            return Ok(stopped_after_402(
+                state,
                 own,
                 call,
-                Some(first.status),
-                &first.body,
+                &first,
+                "rpc_unavailable",
+                &msg,
                 None,
-                Status::Errored,
-            );
-            return Ok(errored(502, body, Some(receipt), None));
+            ));
         }
     }
 
@@ -299,18 +297,15 @@ pub async fn pay(
     let attempt = match sign(state, required.version, &chosen, &context, nonce) {
         Ok(a) => a,
         Err(msg) => {
-            let id = Uuid::new_v4();
-            let body = envelope::error_envelope(&msg, Some(&first), None, Some(id));
-            let receipt = draft(
-                id,
+            return Ok(stopped_after_402(
+                state,
                 own,
                 call,
-                Some(first.status),
-                &first.body,
+                &first,
+                "sign_failed",
+                &msg,
                 None,
-                Status::Errored,
-            );
-            return Ok(errored(502, body, Some(receipt), None));
+            ));
         }
     };
 
