@@ -250,19 +250,7 @@ async fn concurrent_retries_of_an_abandoned_key_elect_exactly_one_new_owner() {
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/slow/elect?ms=300")});
-    let hash =
-        x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-            .unwrap()
-            .request_hash;
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
-             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid(), now() - interval '2 minutes')",
-            app.agent.id
-        ),
-    )
-    .await;
+    insert_in_flight(&app.db, app.agent.id, &key, &body, 120).await;
     let results = join_all((0..30).map(|_| {
         let (app, key, body) = (Arc::clone(&app), key.clone(), body.clone());
         async move { status_and_replay(app.route(&key, &body).await).await }

@@ -169,19 +169,7 @@ async fn abandoned_in_flight_row_is_taken_over_and_executed() {
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/abandoned")});
-    let hash =
-        x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-            .unwrap()
-            .request_hash;
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
-             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid(), now() - interval '90 seconds')",
-            app.agent.id
-        ),
-    )
-    .await;
+    insert_in_flight(&app.db, app.agent.id, &key, &body, 90).await;
 
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);
@@ -205,19 +193,7 @@ async fn young_in_flight_row_is_not_taken_over() {
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/young")});
-    let hash =
-        x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-            .unwrap()
-            .request_hash;
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
-             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid(), now() - interval '30 seconds')",
-            app.agent.id
-        ),
-    )
-    .await;
+    insert_in_flight(&app.db, app.agent.id, &key, &body, 30).await;
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 409);
     assert_eq!(resp.headers().get("retry-after").unwrap(), "5");
@@ -341,10 +317,7 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/gc-race")});
-    let hash =
-        x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-            .unwrap()
-            .request_hash;
+    let hash = request_hash(&body);
     exec(
         &db,
         &format!(

@@ -569,19 +569,7 @@ async fn crash_after_signing(
     valid_before_offset: i64,
 ) {
     use x402_router::x402::{Requirement, X402Version, sign_authorization, wire};
-    let hash =
-        x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-            .unwrap()
-            .request_hash;
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
-             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid(), now() - interval '5 minutes')",
-            app.agent.id
-        ),
-    )
-    .await;
+    insert_in_flight(&app.db, app.agent.id, key, body, 300).await;
     // The requirement the upstream advertises, as the crashed router saw it.
     let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
     let headers = first.headers().clone();

@@ -318,3 +318,24 @@ impl RouterProcess {
         assert!(status.success(), "kill -{sig} failed");
     }
 }
+
+/// The request fingerprint the router computes for this `/route` body.
+pub fn request_hash(body: &Value) -> String {
+    x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
+        .unwrap()
+        .request_hash
+}
+
+/// Leaves the row a router leaves when it claimed `key` for `body` `age_secs` ago and then
+/// died (no heartbeat since).
+pub async fn insert_in_flight(db: &TestDb, agent_id: Uuid, key: &str, body: &Value, age_secs: u32) {
+    exec(
+        db,
+        &format!(
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, created_at) \
+             VALUES ('{agent_id}', '{key}', '{}', 'in_flight', gen_random_uuid(), now() - interval '{age_secs} seconds')",
+            request_hash(body)
+        ),
+    )
+    .await;
+}
