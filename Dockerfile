@@ -5,7 +5,7 @@
 # the build context (see .dockerignore).
 
 FROM rust:1.95-slim-bookworm AS chef
-RUN cargo install cargo-chef --locked --version 0.1.73
+RUN cargo install cargo-chef --locked --version 0.1.78
 WORKDIR /app
 
 FROM chef AS planner
