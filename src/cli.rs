@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `gc`, `agents …`.
+//! The command line: `serve`, `migrate`, `gc`, `agents …`, `reconcile`, `receipts verify`.
 //!
 //! Every setting can come from a flag or from the environment variable named in its
 //! help. Values arrive here as raw strings on purpose: `config` turns them into typed
@@ -27,6 +27,11 @@ pub enum Command {
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
     Agents(AgentsArgs),
+    /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
+    /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
+    Reconcile(ReconcileArgs),
+    /// Offline receipt tools.
+    Receipts(ReceiptsArgs),
 }
 
 #[derive(Debug, Args, Clone)]
@@ -166,6 +171,42 @@ pub enum AgentsCommand {
     Disable {
         /// The agent's id.
         id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Networks and their RPC URLs: `eip155:84532=http://…,…` (the routers' setting).
+    #[arg(long, env = "X402_RPC_URLS", default_value = "")]
+    pub x402_rpc_urls: String,
+    /// Timeout of each chain RPC call, in ms.
+    #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
+    pub x402_rpc_timeout_ms: String,
+    /// Only intents last written longer ago than this, in seconds (the grace period).
+    #[arg(long, env = "RECONCILE_OLDER_THAN_SECS", default_value = "120")]
+    pub older_than_secs: String,
+    /// An in-flight key whose heartbeat is older than this has no live owner, in ms
+    /// (the routers' IDEMPOTENCY_ABANDON_AFTER_MS).
+    #[arg(long, env = "IDEMPOTENCY_ABANDON_AFTER_MS", default_value = "60000")]
+    pub abandon_after_ms: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ReceiptsArgs {
+    #[command(subcommand)]
+    pub command: ReceiptsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// Verify a receipt's signature offline: prints `valid: signed by 0x…` (exit 0) or
+    /// `invalid: <reason>` (exit 1); exit 2 if the file cannot be read. Compare the signer
+    /// with `receipt_signer` of GET /.well-known/x402-router.
+    Verify {
+        /// A receipt JSON file (as served by GET /receipts/{id}), or `-` for stdin.
+        file: String,
     },
 }
 

@@ -5,7 +5,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::auth::{agents, generate_api_key, hash_api_key};
-use crate::cli::{AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ServeArgs};
+use crate::cli::{
+    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs,
+    ServeArgs,
+};
 use crate::config::{Config, DatabaseConfig};
 use crate::routing::request::parse_decimal_amount;
 use crate::startup::{Application, Hooks};
@@ -165,4 +168,122 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `reconcile`: re-check stale payment intents on-chain; prints one JSON line of counts.
+///
+/// # Errors
+/// Configuration or database errors, or intents the chain could not answer for (after the
+/// counts are printed), so that a scheduler notices.
+pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
+    use crate::audit::reconcile;
+    let db = DatabaseConfig::from_args(&args.db)?;
+    let networks = rpc_urls(&args.x402_rpc_urls)?;
+    let timeout = positive("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?;
+    let older_than: u64 = args.older_than_secs.trim().parse().map_err(|_| {
+        setting(
+            "RECONCILE_OLDER_THAN_SECS",
+            "older-than-secs",
+            "expected a non-negative integer",
+        )
+    })?;
+    let settings = reconcile::Settings {
+        older_than: std::time::Duration::from_secs(older_than),
+        abandon_after: std::time::Duration::from_millis(positive(
+            "IDEMPOTENCY_ABANDON_AFTER_MS",
+            &args.abandon_after_ms,
+        )?),
+    };
+    crate::telemetry::init(false);
+    let chain = crate::x402::Chain::new(networks, std::time::Duration::from_millis(timeout));
+    let pool = crate::db::pool(&db);
+    let mut conn = pool.get().await.context("connecting to Postgres")?;
+    let report = reconcile::run(&mut conn, &chain, &settings)
+        .await
+        .context("reconciling payment intents")?;
+    println!("{}", serde_json::to_string(&report)?);
+    anyhow::ensure!(
+        report.errors == 0,
+        "{} payment intent(s) could not be checked on-chain (see the log); they were left as they were",
+        report.errors
+    );
+    Ok(())
+}
+
+/// `receipts verify FILE|-`: prints `valid: signed by 0x…` (exit 0) or `invalid: <reason>`
+/// (exit 1); a file that cannot be read is `error: …` on stderr (exit 2).
+pub fn receipts(args: &ReceiptsArgs) -> std::process::ExitCode {
+    use std::io::Read;
+    use std::process::ExitCode;
+    let ReceiptsCommand::Verify { file } = &args.command;
+    let text = if file == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map(|_| text)
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read {file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match crate::audit::verify_receipt(&text) {
+        Ok(signer) => {
+            println!("valid: signed by {}", signer.to_checksum(None));
+            ExitCode::SUCCESS
+        }
+        Err(reason) => {
+            println!("invalid: {reason}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A setting error worded like `config::ConfigError`.
+fn setting(env: &str, flag: &str, reason: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("invalid setting {env} (--{flag}): {reason}")
+}
+
+fn positive(env: &str, raw: &str) -> anyhow::Result<u64> {
+    let flag = env.to_ascii_lowercase().replace('_', "-");
+    let flag = flag.trim_start_matches("idempotency-");
+    raw.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| {
+            setting(
+                env,
+                flag,
+                format!("expected a positive integer, got {raw:?}"),
+            )
+        })
+}
+
+/// `X402_RPC_URLS` for commands other than `serve` (which reads it through `Config`).
+fn rpc_urls(raw: &str) -> anyhow::Result<Vec<(crate::x402::Network, url::Url)>> {
+    let bad = |reason: String| setting("X402_RPC_URLS", "x402-rpc-urls", reason);
+    let mut out: Vec<(crate::x402::Network, url::Url)> = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (network, rpc) = item
+            .split_once('=')
+            .ok_or_else(|| bad(format!("{item:?} is not of the form network=url")))?;
+        let network = crate::x402::Network::parse(network.trim())
+            .map_err(|e| bad(format!("{network:?}: {e}")))?;
+        let rpc = url::Url::parse(rpc.trim())
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| bad(format!("the URL of {network} is not an http(s) URL")))?;
+        if out.iter().any(|(n, _)| *n == network) {
+            return Err(bad(format!("{network} is listed twice")));
+        }
+        out.push((network, rpc));
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        bad("is required: reconcile reads the chain".into())
+    );
+    Ok(out)
 }

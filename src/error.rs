@@ -6,6 +6,7 @@ use actix_web::http::header::{HeaderValue, RETRY_AFTER};
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
+use crate::audit::BadQuery;
 use crate::idempotency::key::InvalidKey;
 use crate::routing::request::BadRequest;
 
@@ -48,6 +49,12 @@ impl ApiError {
 
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
+impl From<BadQuery> for ApiError {
+    fn from(e: BadQuery) -> Self {
         Self::BadRequest(e.0)
     }
 }

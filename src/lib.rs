@@ -10,10 +10,12 @@
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations.
 //! * `gc`            deletion of expired idempotency rows.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
+pub mod audit;
 pub mod auth;
 pub mod cli;
 pub mod commands;

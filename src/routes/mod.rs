@@ -1,28 +1,66 @@
 //! THE route table. Handlers only adapt HTTP: extract, call a feature module, map.
+//!
+//! [`ROUTES`] lists every endpoint once; [`configure`] registers exactly that list, and a
+//! test holds `docs/openapi.json` (served at `GET /openapi.json`) to the same list.
 
+mod audit;
 mod health;
 mod receipts;
 mod route;
 
-use actix_web::http::StatusCode;
-use actix_web::web;
+use actix_web::http::{Method, StatusCode};
+use actix_web::{HttpResponse, Route, web};
 
 use crate::error::json_error;
 
-/// Registers every endpoint.
+/// Attaches an endpoint's handler to a route that already matches its method.
+pub type Handler = fn(Route) -> Route;
+
+/// Every endpoint: method, path pattern, handler.
+pub const ROUTES: &[(Method, &str, Handler)] = &[
+    // Agents (Authorization: Bearer x4r_…).
+    (Method::POST, "/route", |r| r.to(route::route)),
+    (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
+    // Operators (Authorization: Bearer $OPERATOR_TOKEN).
+    (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
+    (Method::GET, "/audit/receipts/{id}", |r| {
+        r.to(audit::receipt)
+    }),
+    (Method::GET, "/audit/idempotency", |r| {
+        r.to(audit::idempotency)
+    }),
+    (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
+    (Method::GET, "/audit/agents/{id}/spend", |r| {
+        r.to(audit::spend)
+    }),
+    // Anyone.
+    (Method::GET, "/healthz", |r| r.to(health::healthz)),
+    (Method::GET, "/readyz", |r| r.to(health::readyz)),
+    (Method::GET, "/metrics", |r| r.to(health::metrics)),
+    (Method::GET, "/.well-known/x402-router", |r| {
+        r.to(health::well_known)
+    }),
+    (Method::GET, "/openapi.json", |r| r.to(openapi)),
+];
+
+/// Registers every endpoint of [`ROUTES`]; anything else is a JSON 404.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/route", web::post().to(route::route))
-        .route("/receipts/{id}", web::get().to(receipts::get_own))
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz))
-        .route("/metrics", web::get().to(health::metrics))
-        .route(
-            "/.well-known/x402-router",
-            web::get().to(health::well_known),
-        )
-        .default_service(web::to(not_found));
+    for (method, path, handler) in ROUTES {
+        cfg.route(path, handler(web::route().method(method.clone())));
+    }
+    cfg.default_service(web::to(not_found));
 }
 
-async fn not_found() -> actix_web::HttpResponse {
+/// The OpenAPI 3.1 description of this service, written by hand (docs/openapi.json).
+pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
+
+/// GET /openapi.json — the API description.
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI_JSON)
+}
+
+async fn not_found() -> HttpResponse {
     json_error(StatusCode::NOT_FOUND, "not found")
 }

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod audit;
 mod auth;
 mod cli;
 mod concurrency;

@@ -1,0 +1,289 @@
+//! `x402-router reconcile`: settles the fate of payment intents that no live request owns.
+//!
+//! A router that dies after signing leaves an intent in `signed` (or `unknown`, when the
+//! chain could not be read; or `unconfirmed`, when an upstream claimed a settlement the chain
+//! did not show yet). Until someone retries the key, nobody looks at it again: the agent's
+//! budget stays reserved and operators cannot tell whether money moved. Reconcile asks the
+//! chain (`authorizationState(payer, nonce)`) for each such intent:
+//!
+//! | chain says | old status | new status |
+//! |---|---|---|
+//! | used | `signed`, `unknown` | `settled_response_lost` (paid, answer never recorded) |
+//! | used | `unconfirmed` | `settled` |
+//! | unused, `validBefore` passed | any | `expired` (can never move money: releases the reservation) |
+//! | unused, still valid | any | unchanged (`pending`) |
+//! | no answer | any | unchanged (`errors`) |
+//!
+//! Invariants:
+//! - Only intents whose key has no live owner are touched: the idempotency row is missing,
+//!   terminal, or in flight with a heartbeat older than the abandonment threshold. A live
+//!   owner decides for itself (it reads the chain before it pays, resends or re-signs).
+//! - Every update is guarded by the status it read (`WHERE id = $1 AND status = $old`) and
+//!   re-checks "no live owner" while holding a share lock on the idempotency row, so a
+//!   takeover that starts meanwhile either waits for the update or makes it a no-op. Running
+//!   reconcile twice, or from two cron hosts at once, is harmless.
+//! - Nothing is signed or sent: reconcile only reads the chain and writes statuses.
+//! - "Older than the grace period" is measured from `updated_at` (the intent's last write,
+//!   e.g. a re-signing), not from its creation.
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use alloy::primitives::{Address, B256};
+use chrono::{DateTime, Utc};
+use diesel::QueryResult;
+use diesel::prelude::QueryableByName;
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Cursor;
+use crate::x402::{Chain, Network};
+
+/// Intents read per batch.
+const BATCH: i64 = 200;
+
+/// An unused authorization is called expired only this long after its `validBefore`, so
+/// that a clock of this host running ahead of the chain's cannot expire one that a block
+/// could still carry.
+pub const EXPIRY_MARGIN_SECS: i64 = 60;
+
+/// What reconcile looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Intents written more recently than this are left alone.
+    pub older_than: Duration,
+    /// An in-flight key whose heartbeat is older than this has no live owner
+    /// (`IDEMPOTENCY_ABANDON_AFTER_MS` of the routers).
+    pub abandon_after: Duration,
+}
+
+/// What one run did; printed as one JSON line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Intents examined.
+    pub checked: u64,
+    /// `unconfirmed` intents the chain shows used.
+    pub settled: u64,
+    /// `signed`/`unknown` intents the chain shows used.
+    pub settled_response_lost: u64,
+    /// Unused intents past their `validBefore`.
+    pub expired: u64,
+    /// Unused and still valid, or taken by a live owner meanwhile: left as they were.
+    pub pending: u64,
+    /// Intents the chain could not answer for (or with unreadable stored fields).
+    pub errors: u64,
+}
+
+#[derive(Debug, QueryableByName)]
+struct Candidate {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    agent_id: Uuid,
+    #[diesel(sql_type = Text)]
+    idempotency_key: String,
+    #[diesel(sql_type = Text)]
+    network: String,
+    #[diesel(sql_type = Text)]
+    asset: String,
+    #[diesel(sql_type = Text)]
+    payer: String,
+    #[diesel(sql_type = Text)]
+    nonce: String,
+    #[diesel(sql_type = BigInt)]
+    valid_before: i64,
+    #[diesel(sql_type = Text)]
+    status: String,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+}
+
+/// "No live owner holds the key of `p`", for a `payments p` row. `$ABANDON` is replaced by
+/// the placeholder of the threshold in milliseconds.
+const NO_LIVE_OWNER: &str = "NOT EXISTS (SELECT 1 FROM idempotency_keys k \
+        WHERE k.agent_id = p.agent_id AND k.key = p.idempotency_key AND k.status = 'in_flight' \
+          AND k.created_at >= now() - make_interval(secs => $ABANDON::float8 / 1000))";
+
+/// One batch of intents to check, after `after` in `(created_at, id)` order.
+async fn candidates(
+    conn: &mut AsyncPgConnection,
+    settings: &Settings,
+    after: Option<Cursor>,
+) -> QueryResult<Vec<Candidate>> {
+    diesel::sql_query(format!(
+        "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, \
+                p.valid_before, p.status, p.created_at \
+           FROM payments p \
+          WHERE p.status IN ('signed', 'unknown', 'unconfirmed') \
+            AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
+            AND {} \
+            AND ($3::timestamptz IS NULL OR (p.created_at, p.id) > ($3, $4::uuid)) \
+          ORDER BY p.created_at, p.id \
+          LIMIT $5",
+        NO_LIVE_OWNER.replace("$ABANDON", "$2")
+    ))
+    .bind::<BigInt, _>(millis(settings.older_than))
+    .bind::<BigInt, _>(millis(settings.abandon_after))
+    .bind::<Nullable<Timestamptz>, _>(after.map(|c| c.created_at))
+    .bind::<Nullable<SqlUuid>, _>(after.map(|c| c.id))
+    .bind::<BigInt, _>(BATCH)
+    .load(conn)
+    .await
+}
+
+/// Moves one intent from `old` to `new` if it is still in `old` and its key still has no
+/// live owner. The share lock on the idempotency row makes a concurrent takeover (an
+/// `UPDATE` of that row) wait for this statement, or this statement see the takeover.
+/// `false`: someone else moved first; nothing was written.
+///
+/// # Errors
+/// Database errors.
+async fn transition(
+    conn: &mut AsyncPgConnection,
+    c: &Candidate,
+    new: &str,
+    abandon_after: Duration,
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "WITH owner AS ( \
+              SELECT status, created_at FROM idempotency_keys \
+               WHERE agent_id = $2 AND key = $3 FOR SHARE) \
+         UPDATE payments p SET status = $5, updated_at = now() \
+          WHERE p.id = $1 AND p.status = $4 \
+            AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight' \
+                   AND o.created_at >= now() - make_interval(secs => $6::float8 / 1000))",
+    )
+    .bind::<SqlUuid, _>(c.id)
+    .bind::<SqlUuid, _>(c.agent_id)
+    .bind::<Text, _>(&c.idempotency_key)
+    .bind::<Text, _>(&c.status)
+    .bind::<Text, _>(new)
+    .bind::<BigInt, _>(millis(abandon_after))
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The on-chain coordinates of an intent, parsed from its stored text.
+fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), String> {
+    let network = Network::parse(&c.network).map_err(|e| format!("network: {e}"))?;
+    let asset = Address::from_str(&c.asset).map_err(|e| format!("asset: {e}"))?;
+    let payer = Address::from_str(&c.payer).map_err(|e| format!("payer: {e}"))?;
+    let nonce = B256::from_str(&c.nonce).map_err(|e| format!("nonce: {e}"))?;
+    Ok((network, asset, payer, nonce))
+}
+
+/// The status the chain's answer moves an intent to; `None`: leave it.
+fn decide(old: &str, used: bool, valid_before: i64, now: i64) -> Option<&'static str> {
+    if used {
+        return Some(if old == "unconfirmed" {
+            "settled"
+        } else {
+            "settled_response_lost"
+        });
+    }
+    (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some("expired")
+}
+
+/// Checks every eligible intent once. Per-intent failures (an unreadable chain) are counted
+/// in [`Report::errors`] and logged; the run goes on with the next intent.
+///
+/// # Errors
+/// Database errors (the run stops; updates already made stay made).
+pub async fn run(
+    conn: &mut AsyncPgConnection,
+    chain: &Chain,
+    settings: &Settings,
+) -> QueryResult<Report> {
+    let mut report = Report::default();
+    let mut after = None;
+    loop {
+        let batch = candidates(conn, settings, after).await?;
+        let Some(last) = batch.last() else {
+            return Ok(report);
+        };
+        after = Some(Cursor {
+            created_at: last.created_at,
+            id: last.id,
+        });
+        for c in &batch {
+            report.checked += 1;
+            let used = match coordinates(c) {
+                Err(e) => Err(e),
+                Ok((network, asset, payer, nonce)) => chain
+                    .authorization_state(network, asset, payer, nonce)
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            let used = match used {
+                Ok(used) => used,
+                Err(e) => {
+                    report.errors += 1;
+                    tracing::warn!(payment.id = %c.id, agent_id = %c.agent_id, payment.network = %c.network, error = %e,
+                        "cannot check a payment intent on-chain; left as it was");
+                    continue;
+                }
+            };
+            let Some(new) = decide(&c.status, used, c.valid_before, now_unix()) else {
+                report.pending += 1;
+                continue;
+            };
+            if !transition(conn, c, new, settings.abandon_after).await? {
+                report.pending += 1;
+                tracing::info!(payment.id = %c.id, "payment intent changed meanwhile; left to its owner");
+                continue;
+            }
+            tracing::info!(payment.id = %c.id, agent_id = %c.agent_id, payment.status.old = %c.status,
+                payment.status.new = new, "payment intent reconciled");
+            match new {
+                "settled" => report.settled += 1,
+                "settled_response_lost" => report.settled_response_lost += 1,
+                _ => report.expired += 1,
+            }
+        }
+        if (batch.len() as i64) < BATCH {
+            return Ok(report);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_decides_as_the_table_says() {
+        let now = 1_000_000;
+        assert_eq!(
+            decide("signed", true, now + 100, now),
+            Some("settled_response_lost")
+        );
+        assert_eq!(
+            decide("unknown", true, 0, now),
+            Some("settled_response_lost")
+        );
+        assert_eq!(decide("unconfirmed", true, 0, now), Some("settled"));
+        assert_eq!(decide("signed", false, now + 100, now), None);
+        assert_eq!(
+            decide("unconfirmed", false, now - 1, now),
+            None,
+            "within the margin"
+        );
+        assert_eq!(
+            decide("signed", false, now - EXPIRY_MARGIN_SECS - 1, now),
+            Some("expired")
+        );
+    }
+}

@@ -1,0 +1,358 @@
+//! The SQL of the audit API. Read-only; every function takes the caller's connection.
+//!
+//! Each list is one static statement whose optional filters are `($n IS NULL OR …)`: the
+//! statements are never cached as prepared (diesel `sql_query`), so Postgres plans each with
+//! the actual values and the absent filters fold away. Pages are fetched one row long to
+//! learn whether another page follows without a second query.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::QueryableByName;
+use diesel::sql_types::{
+    BigInt, Bool, Int2, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+};
+use diesel::{OptionalExtension, QueryResult};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Cursor, KeyQuery, Page, PaymentQuery, PaymentSelection, ReceiptQuery};
+use crate::db::schema::receipts;
+use crate::receipts::Receipt;
+
+/// One page of rows and the cursor of the next page (`None`: this was the last).
+#[derive(Debug, Clone)]
+pub struct Paged<T> {
+    pub rows: Vec<T>,
+    pub next: Option<Cursor>,
+}
+
+/// Cuts the `limit + 1` rows fetched down to `limit` and derives the next cursor.
+fn paged<T>(mut rows: Vec<T>, page: Page, key: impl Fn(&T) -> Cursor) -> Paged<T> {
+    let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+    let next = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(key)
+    } else {
+        None
+    };
+    Paged { rows, next }
+}
+
+#[derive(QueryableByName)]
+#[diesel(table_name = receipts)]
+struct ReceiptRow {
+    id: Uuid,
+    agent_id: Uuid,
+    idempotency_key: String,
+    request_hash: String,
+    method: String,
+    url: String,
+    upstream_status: Option<i32>,
+    upstream_body_sha256: String,
+    payment: Option<Value>,
+    outcome: String,
+    created_at: DateTime<Utc>,
+    signer: String,
+    signature: String,
+}
+
+impl From<ReceiptRow> for Receipt {
+    fn from(r: ReceiptRow) -> Self {
+        Self {
+            id: r.id,
+            agent_id: r.agent_id,
+            idempotency_key: r.idempotency_key,
+            request_hash: r.request_hash,
+            method: r.method,
+            url: r.url,
+            upstream_status: r.upstream_status,
+            upstream_body_sha256: r.upstream_body_sha256,
+            payment: r.payment,
+            outcome: r.outcome,
+            created_at: r.created_at,
+            signer: r.signer,
+            signature: r.signature,
+        }
+    }
+}
+
+const RECEIPT_COLUMNS: &str = "id, agent_id, idempotency_key, request_hash, method, url, upstream_status, \
+     upstream_body_sha256, payment, outcome, created_at, signer, signature";
+
+/// Receipts of every agent, filtered, oldest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn receipts(
+    conn: &mut AsyncPgConnection,
+    q: &ReceiptQuery,
+) -> QueryResult<Paged<Receipt>> {
+    let rows: Vec<ReceiptRow> = diesel::sql_query(format!(
+        "SELECT {RECEIPT_COLUMNS} FROM receipts \
+          WHERE ($1::uuid IS NULL OR agent_id = $1) \
+            AND ($2::timestamptz IS NULL OR created_at >= $2) \
+            AND ($3::timestamptz IS NULL OR created_at < $3) \
+            AND ($4::boolean IS NULL OR (COALESCE(jsonb_typeof(payment), 'null') <> 'null') = $4) \
+            AND ($5::text IS NULL OR payment->>'network' = $5) \
+            AND ($6::timestamptz IS NULL OR (created_at, id) > ($6, $7::uuid)) \
+          ORDER BY created_at, id \
+          LIMIT $8"
+    ))
+    .bind::<Nullable<SqlUuid>, _>(q.agent_id)
+    .bind::<Nullable<Timestamptz>, _>(q.from)
+    .bind::<Nullable<Timestamptz>, _>(q.to)
+    .bind::<Nullable<Bool>, _>(q.paid)
+    .bind::<Nullable<Text>, _>(q.network.as_deref())
+    .bind::<Nullable<Timestamptz>, _>(q.page.after.map(|c| c.created_at))
+    .bind::<Nullable<SqlUuid>, _>(q.page.after.map(|c| c.id))
+    .bind::<BigInt, _>(q.page.limit + 1)
+    .load(conn)
+    .await?;
+    Ok(paged(
+        rows.into_iter().map(Receipt::from).collect(),
+        q.page,
+        |r| Cursor {
+            created_at: r.created_at,
+            id: r.id,
+        },
+    ))
+}
+
+/// Any agent's receipt.
+///
+/// # Errors
+/// Database errors.
+pub async fn receipt(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option<Receipt>> {
+    let row: Option<ReceiptRow> = diesel::sql_query(format!(
+        "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE id = $1"
+    ))
+    .bind::<SqlUuid, _>(id)
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(row.map(Receipt::from))
+}
+
+/// A payment intent as operators see it: everything but the signed authorization and the
+/// payment header (bearer instruments), plus where its call ended.
+#[derive(Debug, Clone, Serialize, QueryableByName)]
+pub struct PaymentView {
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    pub agent_id: Uuid,
+    #[diesel(sql_type = Text)]
+    pub idempotency_key: String,
+    #[diesel(sql_type = Int2)]
+    pub x402_version: i16,
+    #[diesel(sql_type = Text)]
+    pub scheme: String,
+    #[diesel(sql_type = Text)]
+    pub network: String,
+    #[diesel(sql_type = Text)]
+    pub asset: String,
+    /// Atomic units of the asset, decimal.
+    #[diesel(sql_type = Text)]
+    pub amount: String,
+    #[diesel(sql_type = Text)]
+    pub pay_to: String,
+    #[diesel(sql_type = Text)]
+    pub payer: String,
+    #[diesel(sql_type = Text)]
+    pub nonce: String,
+    /// Unix seconds.
+    #[diesel(sql_type = BigInt)]
+    pub valid_after: i64,
+    /// Unix seconds: unused past this, the authorization can never move money.
+    #[diesel(sql_type = BigInt)]
+    pub valid_before: i64,
+    /// The 402's `resource` (what was paid for), when the upstream gave one.
+    #[diesel(sql_type = Nullable<Jsonb>)]
+    pub resource: Option<Value>,
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tx_hash: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub error: Option<String>,
+    /// Signatures made for this intent (re-signing keeps the nonce).
+    #[diesel(sql_type = Int4)]
+    pub attempts: i32,
+    #[diesel(sql_type = Timestamptz)]
+    pub created_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    pub updated_at: DateTime<Utc>,
+    /// The newest receipt of the same (agent, key), if any.
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub receipt_id: Option<Uuid>,
+    /// That receipt's outcome: `completed` or `errored`.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub receipt_outcome: Option<String>,
+    /// The key's idempotency status (`None` once GC removed the row).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub idempotency_status: Option<String>,
+}
+
+/// The column list of [`PaymentView`]: the only way payments leave the database through
+/// the audit API. `header_value` and `signed_authorization` are deliberately absent.
+const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_version, p.scheme, p.network, \
+            p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
+            p.valid_before, p.context->'resource' AS resource, p.status, p.tx_hash, p.error, \
+            p.attempts, p.created_at, p.updated_at, \
+            r.id AS receipt_id, r.outcome AS receipt_outcome, k.status AS idempotency_status \
+       FROM payments p \
+       LEFT JOIN LATERAL ( \
+            SELECT r.id, r.outcome FROM receipts r \
+             WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
+             ORDER BY r.created_at DESC, r.id DESC LIMIT 1) r ON true \
+       LEFT JOIN idempotency_keys k ON k.agent_id = p.agent_id AND k.key = p.idempotency_key";
+
+/// "Money moved, call not served": settled (or settled with the answer lost), and neither a
+/// completed receipt nor a completed idempotency row exists for the key. Receipts are kept
+/// forever, so a served call stays served after GC removed its idempotency row.
+const PAID_NOT_SERVED: &str = "p.status IN ('settled', 'settled_response_lost') \
+        AND NOT EXISTS (SELECT 1 FROM receipts c WHERE c.agent_id = p.agent_id \
+                           AND c.idempotency_key = p.idempotency_key AND c.outcome = 'completed') \
+        AND k.status IS DISTINCT FROM 'completed'";
+
+/// Payment intents of every agent, oldest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn payments(
+    conn: &mut AsyncPgConnection,
+    q: &PaymentQuery,
+) -> QueryResult<Paged<PaymentView>> {
+    let (status, paid_not_served, stuck_secs) = match &q.selection {
+        PaymentSelection::All => (None, false, None),
+        PaymentSelection::Status(s) => (Some(s.as_str()), false, None),
+        PaymentSelection::PaidNotServed => (None, true, None),
+        PaymentSelection::Stuck { older_than_secs } => {
+            (Some("signed"), false, Some(*older_than_secs))
+        }
+    };
+    let rows: Vec<PaymentView> = diesel::sql_query(format!(
+        "{PAYMENT_FROM} \
+          WHERE ($1::text IS NULL OR p.status = $1) \
+            AND ($2::uuid IS NULL OR p.agent_id = $2) \
+            AND (NOT $3 OR ({PAID_NOT_SERVED})) \
+            AND ($4::bigint IS NULL OR p.updated_at < now() - make_interval(secs => $4::float8)) \
+            AND ($5::timestamptz IS NULL OR (p.created_at, p.id) > ($5, $6::uuid)) \
+          ORDER BY p.created_at, p.id \
+          LIMIT $7"
+    ))
+    .bind::<Nullable<Text>, _>(status)
+    .bind::<Nullable<SqlUuid>, _>(q.agent_id)
+    .bind::<Bool, _>(paid_not_served)
+    .bind::<Nullable<BigInt>, _>(stuck_secs)
+    .bind::<Nullable<Timestamptz>, _>(q.page.after.map(|c| c.created_at))
+    .bind::<Nullable<SqlUuid>, _>(q.page.after.map(|c| c.id))
+    .bind::<BigInt, _>(q.page.limit + 1)
+    .load(conn)
+    .await?;
+    Ok(paged(rows, q.page, |p| Cursor {
+        created_at: p.created_at,
+        id: p.id,
+    }))
+}
+
+/// The payment intent of one (agent, key), if one was signed.
+///
+/// # Errors
+/// Database errors.
+pub async fn payment_for_key(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+) -> QueryResult<Option<PaymentView>> {
+    diesel::sql_query(format!(
+        "{PAYMENT_FROM} WHERE p.agent_id = $1 AND p.idempotency_key = $2"
+    ))
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(key)
+    .get_result(conn)
+    .await
+    .optional()
+}
+
+/// An idempotency row as operators see it (the cached response body is not repeated here:
+/// the receipt is the record of the call).
+#[derive(Debug, Clone, Serialize, QueryableByName)]
+pub struct KeyView {
+    #[diesel(sql_type = SqlUuid)]
+    pub agent_id: Uuid,
+    #[diesel(sql_type = Text)]
+    pub key: String,
+    /// `in_flight`, `completed` or `errored`.
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Text)]
+    pub request_hash: String,
+    /// The HTTP status the router answered (None while in flight).
+    #[diesel(sql_type = Nullable<Int4>)]
+    pub response_status_code: Option<i32>,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub receipt_id: Option<Uuid>,
+    #[diesel(sql_type = Timestamptz)]
+    pub first_seen_at: DateTime<Utc>,
+    /// The owner's last heartbeat (or the takeover, or the claim): the abandonment clock.
+    #[diesel(sql_type = Timestamptz)]
+    pub created_at: DateTime<Utc>,
+    /// Milliseconds since the key was first seen.
+    #[diesel(sql_type = BigInt)]
+    pub age_ms: i64,
+    /// Milliseconds since `created_at` (an in-flight key is abandoned past the threshold).
+    #[diesel(sql_type = BigInt)]
+    pub heartbeat_age_ms: i64,
+    #[diesel(sql_type = Int4)]
+    pub takeovers: i32,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub completed_at: Option<DateTime<Utc>>,
+    /// GC removes the row after this; the key is then new again.
+    #[diesel(sql_type = Timestamptz)]
+    pub expires_at: DateTime<Utc>,
+}
+
+/// What `GET /audit/idempotency` shows about one key.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyReport {
+    #[serde(flatten)]
+    pub row: KeyView,
+    /// `/audit/receipts/{receipt_id}` when there is a receipt.
+    pub receipt_url: Option<String>,
+    /// The key's payment intent, when one was signed.
+    pub payment: Option<PaymentView>,
+}
+
+/// The idempotency row of (agent, key) and its payment intent; `None` when there is no row
+/// (never seen, or removed by GC).
+///
+/// # Errors
+/// Database errors.
+pub async fn idempotency(
+    conn: &mut AsyncPgConnection,
+    q: &KeyQuery,
+) -> QueryResult<Option<KeyReport>> {
+    let row: Option<KeyView> = diesel::sql_query(
+        "SELECT agent_id, key, status, request_hash, response_status_code, receipt_id, \
+                first_seen_at, created_at, completed_at, expires_at, takeovers, \
+                (extract(epoch FROM now() - first_seen_at) * 1000)::bigint AS age_ms, \
+                (extract(epoch FROM now() - created_at) * 1000)::bigint AS heartbeat_age_ms \
+           FROM idempotency_keys WHERE agent_id = $1 AND key = $2",
+    )
+    .bind::<SqlUuid, _>(q.agent_id)
+    .bind::<Text, _>(&q.key)
+    .get_result(conn)
+    .await
+    .optional()?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let payment = payment_for_key(conn, q.agent_id, &q.key).await?;
+    Ok(Some(KeyReport {
+        receipt_url: row.receipt_id.map(|id| format!("/audit/receipts/{id}")),
+        row,
+        payment,
+    }))
+}
