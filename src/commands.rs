@@ -9,7 +9,7 @@ use crate::cli::{
     AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs,
     ServeArgs,
 };
-use crate::config::{Config, DatabaseConfig};
+use crate::config::{self, Config, DatabaseConfig};
 use crate::routing::request::parse_decimal_amount;
 use crate::startup::{Application, Hooks};
 
@@ -178,24 +178,22 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
 pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     use crate::audit::reconcile;
     let db = DatabaseConfig::from_args(&args.db)?;
-    let networks = rpc_urls(&args.x402_rpc_urls)?;
-    let timeout = positive("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?;
-    let older_than: u64 = args.older_than_secs.trim().parse().map_err(|_| {
-        setting(
-            "RECONCILE_OLDER_THAN_SECS",
-            "older-than-secs",
-            "expected a non-negative integer",
-        )
-    })?;
+    let networks = config::parse_rpc_urls(&args.x402_rpc_urls)?;
+    anyhow::ensure!(
+        !networks.is_empty(),
+        "invalid setting X402_RPC_URLS (--x402-rpc-urls): is required: reconcile reads the chain"
+    );
+    let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?;
+    let older_than: u64 = config::parse_num("RECONCILE_OLDER_THAN_SECS", &args.older_than_secs)
+        .map_err(|e| e.for_flag("older-than-secs"))?;
+    let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
+        .map_err(|e| e.for_flag("abandon-after-ms"))?;
     let settings = reconcile::Settings {
         older_than: std::time::Duration::from_secs(older_than),
-        abandon_after: std::time::Duration::from_millis(positive(
-            "IDEMPOTENCY_ABANDON_AFTER_MS",
-            &args.abandon_after_ms,
-        )?),
+        abandon_after,
     };
     crate::telemetry::init(false);
-    let chain = crate::x402::Chain::new(networks, std::time::Duration::from_millis(timeout));
+    let chain = crate::x402::Chain::new(networks, timeout);
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     let report = reconcile::run(&mut conn, &chain, &settings)
@@ -239,51 +237,4 @@ pub fn receipts(args: &ReceiptsArgs) -> std::process::ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// A setting error worded like `config::ConfigError`.
-fn setting(env: &str, flag: &str, reason: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("invalid setting {env} (--{flag}): {reason}")
-}
-
-fn positive(env: &str, raw: &str) -> anyhow::Result<u64> {
-    let flag = env.to_ascii_lowercase().replace('_', "-");
-    let flag = flag.trim_start_matches("idempotency-");
-    raw.trim()
-        .parse::<u64>()
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| {
-            setting(
-                env,
-                flag,
-                format!("expected a positive integer, got {raw:?}"),
-            )
-        })
-}
-
-/// `X402_RPC_URLS` for commands other than `serve` (which reads it through `Config`).
-fn rpc_urls(raw: &str) -> anyhow::Result<Vec<(crate::x402::Network, url::Url)>> {
-    let bad = |reason: String| setting("X402_RPC_URLS", "x402-rpc-urls", reason);
-    let mut out: Vec<(crate::x402::Network, url::Url)> = Vec::new();
-    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (network, rpc) = item
-            .split_once('=')
-            .ok_or_else(|| bad(format!("{item:?} is not of the form network=url")))?;
-        let network = crate::x402::Network::parse(network.trim())
-            .map_err(|e| bad(format!("{network:?}: {e}")))?;
-        let rpc = url::Url::parse(rpc.trim())
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| bad(format!("the URL of {network} is not an http(s) URL")))?;
-        if out.iter().any(|(n, _)| *n == network) {
-            return Err(bad(format!("{network} is listed twice")));
-        }
-        out.push((network, rpc));
-    }
-    anyhow::ensure!(
-        !out.is_empty(),
-        bad("is required: reconcile reads the chain".into())
-    );
-    Ok(out)
 }

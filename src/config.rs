@@ -12,14 +12,18 @@ use std::time::Duration;
 use alloy::primitives::Address;
 use alloy::signers::local::PrivateKeySigner;
 use ipnet::IpNet;
+use url::Url;
 
 use crate::cli::{DatabaseArgs, ServeArgs};
+use crate::x402::Network;
 
-/// A setting that is missing or malformed. Displayed as one line naming the setting.
+/// A setting that is missing or malformed. Displayed as one line naming the setting's
+/// environment variable and flag (by default the variable in lower case with dashes).
 #[derive(Debug, thiserror::Error)]
-#[error("invalid setting {env} (--{flag}): {reason}", flag = env.to_ascii_lowercase().replace('_', "-"))]
+#[error("invalid setting {env} (--{}): {reason}", self.flag())]
 pub struct ConfigError {
     env: &'static str,
+    flag: Option<&'static str>,
     reason: String,
 }
 
@@ -27,8 +31,22 @@ impl ConfigError {
     fn new(env: &'static str, reason: impl Into<String>) -> Self {
         Self {
             env,
+            flag: None,
             reason: reason.into(),
         }
+    }
+
+    /// The same error for a sub-command whose flag is not named after the variable.
+    pub fn for_flag(mut self, flag: &'static str) -> Self {
+        self.flag = Some(flag);
+        self
+    }
+
+    fn flag(&self) -> String {
+        self.flag.map_or_else(
+            || self.env.to_ascii_lowercase().replace('_', "-"),
+            str::to_owned,
+        )
     }
 }
 
@@ -107,10 +125,10 @@ pub struct UpstreamConfig {
 /// What the router is willing to pay with.
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
-    /// CAIP-2 network id → RPC URL. A network without one is never paid on.
-    pub rpc_urls: BTreeMap<String, String>,
-    /// CAIP-2 network id → token contracts the router pays with.
-    pub assets: BTreeMap<String, Vec<Address>>,
+    /// Network → RPC URL. A network without one is never paid on.
+    pub rpc_urls: BTreeMap<Network, Url>,
+    /// Network → token contracts the router pays with.
+    pub assets: BTreeMap<Network, Vec<Address>>,
     pub rpc_timeout: Duration,
 }
 
@@ -235,13 +253,21 @@ fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, Co
     }
 }
 
-fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
+/// A non-negative integer setting.
+///
+/// # Errors
+/// A value that does not parse, naming the setting.
+pub fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
     raw.trim()
         .parse()
         .map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
 }
 
-fn parse_ms(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
+/// A duration in milliseconds, greater than zero.
+///
+/// # Errors
+/// A value that does not parse or is zero, naming the setting.
+pub fn parse_ms(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
     let ms: u64 = parse_num(env, raw)?;
     if ms == 0 {
         return Err(ConfigError::new(env, "must be greater than 0"));
@@ -279,28 +305,33 @@ fn split_list(raw: &str) -> impl Iterator<Item = &str> {
     raw.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
-fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(String, &'a str), ConfigError> {
+fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str), ConfigError> {
     let (network, value) = item.split_once('=').ok_or_else(|| {
         ConfigError::new(env, format!("{item:?} is not of the form network=value"))
     })?;
-    let network = crate::x402::Network::parse(network.trim())
+    let network = Network::parse(network.trim())
         .map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
-    Ok((network.to_string(), value.trim()))
+    Ok((network, value.trim()))
 }
 
-fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names).
+///
+/// # Errors
+/// A malformed entry or a network listed twice.
+pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Url>, ConfigError> {
     let mut out = BTreeMap::new();
     for item in split_list(raw) {
         let (network, url) = split_pair("X402_RPC_URLS", item)?;
-        let parsed = url::Url::parse(url)
-            .map_err(|_| ConfigError::new("X402_RPC_URLS", format!("{url:?} is not a URL")))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ConfigError::new(
-                "X402_RPC_URLS",
-                format!("{url:?} must be http(s)"),
-            ));
-        }
-        if out.insert(network.clone(), url.to_owned()).is_some() {
+        let parsed = Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "X402_RPC_URLS",
+                    format!("the URL of {network} is not an http(s) URL"),
+                )
+            })?;
+        if out.insert(network, parsed).is_some() {
             return Err(ConfigError::new(
                 "X402_RPC_URLS",
                 format!("{network} is listed twice"),
@@ -310,8 +341,8 @@ fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
     Ok(out)
 }
 
-fn parse_assets(raw: &str) -> Result<BTreeMap<String, Vec<Address>>, ConfigError> {
-    let mut out: BTreeMap<String, Vec<Address>> = BTreeMap::new();
+fn parse_assets(raw: &str) -> Result<BTreeMap<Network, Vec<Address>>, ConfigError> {
+    let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
     for item in split_list(raw) {
         let (network, addr) = split_pair("X402_ASSETS", item)?;
         let asset = Address::from_str(addr).map_err(|_| {

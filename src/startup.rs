@@ -16,7 +16,7 @@ use crate::idempotency::{Cache, FaultHook, Idempotency};
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::upstream::UpstreamClient;
-use crate::x402::{Chain, Network, Supported};
+use crate::x402::{Chain, Supported};
 
 /// Optional fault-injection hooks; production passes `Hooks::default()`.
 #[derive(Default, Clone)]
@@ -106,19 +106,13 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         after_conflict: hooks.after_conflict,
         metrics: Arc::clone(&metrics),
     };
-    let networks: Vec<(Network, url::Url)> = config
-        .payments
-        .rpc_urls
+    let payments = &config.payments;
+    let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
+    let assets = payments
+        .assets
         .iter()
-        .map(|(n, u)| Ok((Network::parse(n)?, url::Url::parse(u)?)))
-        .collect::<anyhow::Result<_>>()?;
-    let chain = Chain::new(networks.clone(), config.payments.rpc_timeout);
-    let mut assets = Vec::new();
-    for (n, list) in &config.payments.assets {
-        let network = Network::parse(n)?;
-        assets.extend(list.iter().map(|a| (network, *a)));
-    }
-    let supported = Supported::new(networks.iter().map(|(n, _)| *n), assets);
+        .flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
+    let supported = Supported::new(payments.rpc_urls.keys().copied(), assets);
     let nonce_secret = Arc::new(crate::payments::nonce_secret(&config.signer));
     Ok(AppState {
         config: Arc::new(config),

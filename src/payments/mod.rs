@@ -492,20 +492,43 @@ pub async fn resume(
             .to_str()
             .map_err(|e| ApiError::Internal(e.into()))?;
         let a = attempt.signed.authorization();
-        let ok = store::resign(
-            &mut conn,
-            intent.id,
-            own.lease,
-            to_i64(a.valid_after),
-            to_i64(a.valid_before),
-            &auth,
-            header,
-            own.agent_id,
-        )
-        .await
-        .map_err(ApiError::database)?;
-        if !ok {
-            return Err(ApiError::Superseded);
+        let resign = store::Resign {
+            id: intent.id,
+            agent_id: own.agent_id,
+            lease: own.lease,
+            amount: &a.value.to_string(),
+            valid_after: to_i64(a.valid_after),
+            valid_before: to_i64(a.valid_before),
+            authorization: &auth,
+            header_value: header,
+        };
+        match store::resign(&mut conn, &resign)
+            .await
+            .map_err(ApiError::database)?
+        {
+            store::Reservation::Reserved => {}
+            store::Reservation::Fenced => return Err(ApiError::Superseded),
+            store::Reservation::OverLimit(why) => {
+                // The expired intent released its budget and the budget is gone now:
+                // nothing can be paid for this key. Nothing was sent in this attempt.
+                state
+                    .metrics
+                    .payments
+                    .with_label_values(&["declined"])
+                    .inc();
+                let body = json!({
+                    "error": format!("upstream requires a payment the router will not make: {why}"),
+                    "accepts": [intent.requirement],
+                    "receipt_id": null,
+                });
+                return Ok(Outcome {
+                    status: Status::Completed,
+                    http_status: 402,
+                    body,
+                    receipt: None,
+                    payment: None,
+                });
+            }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
         Attempt {

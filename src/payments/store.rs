@@ -100,38 +100,62 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     Ok(n == 1)
 }
 
-/// Replaces the signature of an expired, unused intent (same nonce), fenced by lease.
+/// Replaces the signature of an unused intent whose authorization expired (same nonce),
+/// fenced by `lease`. An intent that `reconcile` already marked `expired` had released its
+/// budget reservation, so it must fit the agent's limits again (checked under the agent
+/// lock, like [`reserve`]) and becomes `signed` again.
 ///
 /// # Errors
 /// Database errors.
-#[expect(clippy::too_many_arguments, reason = "one column each")]
-pub async fn resign(
-    conn: &mut AsyncPgConnection,
-    id: Uuid,
-    lease: Uuid,
-    valid_after: i64,
-    valid_before: i64,
-    authorization: &Value,
-    header_value: &str,
-    agent_id: Uuid,
-) -> QueryResult<bool> {
-    let n = diesel::sql_query(
-        "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
-                               attempts = attempts + 1, updated_at = now() \
-          WHERE p.id = $1 AND p.status = 'signed' AND EXISTS ( \
-                SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
-                   AND k.lease = $2 AND k.status = 'in_flight')",
-    )
-    .bind::<SqlUuid, _>(id)
-    .bind::<SqlUuid, _>(lease)
-    .bind::<BigInt, _>(valid_after)
-    .bind::<BigInt, _>(valid_before)
-    .bind::<Jsonb, _>(authorization)
-    .bind::<Text, _>(header_value)
-    .bind::<SqlUuid, _>(agent_id)
-    .execute(conn)
-    .await?;
-    Ok(n == 1)
+pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult<Reservation> {
+    use diesel_async::AsyncConnection;
+    conn.transaction::<_, diesel::result::Error, _>(async |c| {
+        let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
+            return Ok(Reservation::OverLimit("unknown agent".into()));
+        };
+        let current: Option<PaymentRow> = payments::table
+            .find(r.id)
+            .select(PaymentRow::as_select())
+            .for_update()
+            .first(c)
+            .await
+            .optional()?;
+        if current.as_ref().is_some_and(|p| p.status == "expired")
+            && let Some(refusal) = over_limit(&spend, r.amount)
+        {
+            return Ok(Reservation::OverLimit(refusal));
+        }
+        let n = diesel::sql_query(
+            "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
+                                   status = 'signed', attempts = attempts + 1, updated_at = now() \
+              WHERE p.id = $1 AND p.status IN ('signed', 'expired') AND EXISTS ( \
+                    SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
+                       AND k.lease = $2 AND k.status = 'in_flight')",
+        )
+        .bind::<SqlUuid, _>(r.id)
+        .bind::<SqlUuid, _>(r.lease)
+        .bind::<BigInt, _>(r.valid_after)
+        .bind::<BigInt, _>(r.valid_before)
+        .bind::<Jsonb, _>(r.authorization)
+        .bind::<Text, _>(r.header_value)
+        .bind::<SqlUuid, _>(r.agent_id)
+        .execute(c)
+        .await?;
+        Ok(if n == 1 { Reservation::Reserved } else { Reservation::Fenced })
+    })
+    .await
+}
+
+/// A new signature for an existing intent.
+pub struct Resign<'a> {
+    pub id: Uuid,
+    pub agent_id: Uuid,
+    pub lease: Uuid,
+    pub amount: &'a str,
+    pub valid_after: i64,
+    pub valid_before: i64,
+    pub authorization: &'a Value,
+    pub header_value: &'a str,
 }
 
 /// The intent of (agent, key), if one was signed.

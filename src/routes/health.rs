@@ -42,21 +42,11 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 
 /// GET /.well-known/x402-router — the receipt signer, version and payable networks.
 pub async fn well_known(state: web::Data<AppState>) -> HttpResponse {
-    let networks: Vec<_> = state
-        .config
-        .payments
+    let payments = &state.config.payments;
+    let networks: Vec<_> = payments
         .rpc_urls
         .keys()
-        .map(|n| {
-            let assets = state
-                .config
-                .payments
-                .assets
-                .get(n)
-                .cloned()
-                .unwrap_or_default();
-            json!({ "network": n, "assets": assets })
-        })
+        .map(|n| json!({ "network": n.caip2(), "assets": payments.assets.get(n).cloned().unwrap_or_default() }))
         .collect();
     HttpResponse::Ok().json(json!({
         "name": "x402-router",

@@ -699,7 +699,15 @@ async fn takeover_with_the_chain_unreadable_decides_nothing_and_pays_nothing() {
 #[actix_web::test]
 async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly_three_transfers() {
     let chain = Devnet::start().await;
-    let app = Arc::new(paid_app(&chain).await);
+    // Fifty payments of one agent queue on its row lock: give them time for a connection.
+    let app = Arc::new(
+        spawn_app_with(AppOptions {
+            acquire_timeout_ms: 10_000,
+            extra: chain.router_extra(),
+            ..Default::default()
+        })
+        .await,
+    );
     exec(
         &app.db,
         &format!(
@@ -841,4 +849,41 @@ async fn paid_request_cut_off_by_the_deadline_is_errored_unknown_and_never_paid_
         .await,
         1
     );
+}
+
+#[actix_web::test]
+async fn a_key_whose_intent_reconcile_expired_is_re_signed_and_paid_once_on_retry() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, _) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, -120).await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+        .args(["reconcile", "--older-than-secs", "0"])
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .env_remove("IDEMPOTENCY_ABANDON_AFTER_MS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        count(
+            &app.db,
+            "SELECT count(*) AS n FROM payments WHERE status = 'expired'"
+        )
+        .await,
+        1
+    );
+
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(env["payment"]["nonce"], nonce_for(&app, &key).to_string());
+    assert_eq!(balances(&chain).await.0, router0 - price());
 }

@@ -32,6 +32,7 @@ pub struct AppOptions {
     pub upstream_timeout_ms: u64,
     pub max_response_bytes: u64,
     pub request_max_bytes: u64,
+    pub acquire_timeout_ms: u64,
     pub redis_url: String,
     pub database_url: Option<String>,
     pub hooks: Hooks,
@@ -48,6 +49,7 @@ impl Default for AppOptions {
             upstream_timeout_ms: 30_000,
             max_response_bytes: 1_048_576,
             request_max_bytes: 262_144,
+            acquire_timeout_ms: 1000,
             redis_url: redis_url(),
             database_url: None,
             hooks: Hooks::default(),
@@ -86,7 +88,10 @@ pub fn serve_args(opts: &AppOptions, db_url: &str, redis_prefix: &str, bind: &st
             .clone()
             .unwrap_or_else(|| db_url.to_owned()),
     );
-    push("database-acquire-timeout-ms", "1000".into());
+    push(
+        "database-acquire-timeout-ms",
+        opts.acquire_timeout_ms.to_string(),
+    );
     push("redis-url", opts.redis_url.clone());
     push("redis-key-prefix", redis_prefix.to_owned());
     push("bind", bind.to_owned());
