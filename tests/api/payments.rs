@@ -476,7 +476,11 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
         abandon_ms: 2000,
         heartbeat_ms: 500,
         deadline_ms: 30_000,
-        extra: chain.router_extra(),
+        extra: [
+            chain.router_extra(),
+            vec![("operator-token".into(), "crash-test-operator-token".into())],
+        ]
+        .concat(),
         ..Default::default()
     };
     let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
@@ -557,6 +561,23 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     let replay = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(balances(&chain).await.0, router0 - price());
+    // Operators see the payment as paid, not served.
+    let audit: Value = client
+        .get(format!(
+            "{}/audit/payments?status=paid_not_served",
+            b.address
+        ))
+        .bearer_auth("crash-test-operator-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = audit["payments"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{audit}");
+    assert_eq!(listed[0]["idempotency_key"], key);
+    assert_eq!(listed[0]["status"], "settled_response_lost");
 }
 
 /// Leaves the state a router would leave if it crashed after committing a signed intent
