@@ -49,9 +49,12 @@ impl Application {
         };
         let shutdown = state.config.idempotency.deadline + Duration::from_secs(5);
         let app_state = web::Data::new(state.clone());
+        // One agent cache per process, shared by the workers (see auth::cache).
+        let agent_cache = web::Data::new(crate::auth::AgentCache::default());
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(app_state.clone())
+                .app_data(agent_cache.clone())
                 .wrap(from_fn(count_requests))
                 .wrap(TracingLogger::default())
                 .configure(crate::routes::configure)

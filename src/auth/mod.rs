@@ -3,8 +3,12 @@
 //! Keys look like `x4r_<43 base64url chars>` (256 random bits) so secret scanners can
 //! spot leaked ones. Only their sha256 is stored. An agent's identity comes only from
 //! its key: every query in the service filters by the authenticated agent id.
+//!
+//! Enabled agents are cached in-process for [`cache::TTL`] (1 s): a disabled agent is
+//! refused at most that long after `agents disable` (see [`cache`]).
 
 pub mod agents;
+pub mod cache;
 
 use std::future::{Ready, ready};
 
@@ -14,6 +18,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
+
+pub use cache::AgentCache;
 
 use crate::error::ApiError;
 use crate::idempotency::canonical::sha256_hex;
@@ -62,6 +68,7 @@ impl FromRequest for AuthenticatedAgent {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>().cloned();
+        let cache = req.app_data::<web::Data<AgentCache>>().cloned();
         let token = bearer(req).map(str::to_owned);
         Box::pin(async move {
             let state =
@@ -70,14 +77,27 @@ impl FromRequest for AuthenticatedAgent {
             if !token.starts_with(KEY_PREFIX) || token.len() > 200 {
                 return Err(ApiError::Unauthorized);
             }
+            let key_hash = hash_api_key(&token);
+            if let Some(id) = cache.as_ref().and_then(|c| c.get(&key_hash)) {
+                // Postgres stays the judge of availability: the cache answers only while the
+                // pool can hand out a live connection (no query; 503 without Postgres, as
+                // without the cache).
+                drop(state.pool.get().await.map_err(ApiError::database)?);
+                return Ok(AuthenticatedAgent { id });
+            }
             let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-            let found = agents::find_by_key_hash(&mut conn, &hash_api_key(&token))
+            let found = agents::find_by_key_hash(&mut conn, &key_hash)
                 .await
                 .map_err(ApiError::database)?;
             match found {
                 None => Err(ApiError::Unauthorized),
                 Some(a) if a.disabled => Err(ApiError::Forbidden),
-                Some(a) => Ok(AuthenticatedAgent { id: a.id }),
+                Some(a) => {
+                    if let Some(c) = &cache {
+                        c.insert_enabled(key_hash, a.id);
+                    }
+                    Ok(AuthenticatedAgent { id: a.id })
+                }
             }
         })
     }

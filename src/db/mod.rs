@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
-use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::bb8::{Pool, PooledConnection};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, PoolableConnection, RecyclingMethod,
+};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::config::DatabaseConfig;
@@ -21,8 +23,27 @@ pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
 
 /// Builds the pool without connecting: the service starts even while Postgres is down
 /// (requests then get 503 until it is back).
+///
+/// A connection is checked on checkout without a round trip: it is discarded (and replaced)
+/// when its socket was closed (e.g. Postgres restarted) or a transaction was left open.
+/// diesel-async's default check runs `SELECT 1` on every checkout, one extra round trip per
+/// pool use: a third of the Postgres traffic of a replay (BENCHMARKS.md).
 pub fn pool(config: &DatabaseConfig) -> PgPool {
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(config.url.expose());
+    let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
+    manager_config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
+        let broken = conn.is_broken();
+        Box::pin(async move {
+            if broken {
+                Err(diesel::result::Error::BrokenTransactionManager)
+            } else {
+                Ok(())
+            }
+        })
+    }));
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(
+        config.url.expose(),
+        manager_config,
+    );
     Pool::builder()
         .max_size(config.pool_size)
         .min_idle(Some(0))

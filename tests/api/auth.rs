@@ -105,3 +105,42 @@ async fn agents_are_isolated_keys_and_receipts() {
         "another agent's receipt does not exist for them"
     );
 }
+
+#[actix_web::test]
+async fn a_disabled_agent_is_refused_within_the_agent_cache_ttl() {
+    use std::time::{Duration, Instant};
+    use x402_router::auth::cache::TTL;
+
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let body = json!({"url": up.url("/ok/ttl")});
+    // Authenticated once: the router now holds the agent as enabled for at most TTL.
+    assert_eq!(app.route(&new_key(), &body).await.status(), 200);
+    exec(
+        &app.db,
+        &format!(
+            "UPDATE agents SET disabled = true WHERE id = '{}'",
+            app.agent.id
+        ),
+    )
+    .await;
+    let disabled_at = Instant::now();
+    loop {
+        let sent = Instant::now();
+        let resp = app.route(&new_key(), &body).await;
+        if resp.status() == 403 {
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+        assert!(
+            sent < disabled_at + TTL,
+            "served {:?} after the agent was disabled (TTL {TTL:?})",
+            sent - disabled_at
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Once refused, always refused.
+    for _ in 0..3 {
+        assert_eq!(app.route(&new_key(), &body).await.status(), 403);
+    }
+}
