@@ -80,7 +80,9 @@ pub async fn handle(
                 .map_err(ApiError::database)?
         }
     };
-    tracing::info!(agent_id = %agent_id, idem.outcome = path.as_str(), "idempotency decision");
+    // Every request's outcome is counted in /metrics; the line itself is debug-level, so a
+    // replay does not pay for a log write (BENCHMARKS.md). Takeovers and GC races warn.
+    tracing::debug!(agent_id = %agent_id, idem.outcome = path.as_str(), "idempotency decision");
     state.metrics.idempotency_outcome(path);
     let result = match decision {
         Decision::Replay(stored) => Ok(replay(stored)),
@@ -295,7 +297,10 @@ async fn record(
 
     let mut last_err = None;
     for backoff_ms in [0u64, 200, 1000] {
-        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+        // No sleep before the first attempt: even a zero sleep waits for the next timer tick.
+        if backoff_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+        }
         let mut conn = match state.pool.get().await {
             Ok(c) => c,
             Err(e) => {
