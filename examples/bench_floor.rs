@@ -25,9 +25,7 @@ use anyhow::Context as _;
 use diesel::sql_types::{Int4, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::pooled_connection::bb8::Pool;
-use diesel_async::pooled_connection::{
-    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
-};
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -85,10 +83,7 @@ struct Floor {
 }
 
 fn idempotency_key(req: &HttpRequest) -> Option<String> {
-    req.headers()
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> HttpResponse {
@@ -96,9 +91,7 @@ fn unavailable(e: impl std::fmt::Display) -> HttpResponse {
 }
 
 async fn fast() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(r#"{"ok":true,"source":"bench-floor-fast"}"#)
+    HttpResponse::Ok().content_type("application/json").body(r#"{"ok":true,"source":"bench-floor-fast"}"#)
 }
 
 async fn redis_get(floor: web::Data<Floor>, req: HttpRequest) -> HttpResponse {
@@ -108,9 +101,7 @@ async fn redis_get(floor: web::Data<Floor>, req: HttpRequest) -> HttpResponse {
     let rkey = format!("{}idem:{}:{key}", floor.prefix, floor.agent_id);
     let mut conn = floor.redis.clone();
     match conn.get::<_, Option<Vec<u8>>>(&rkey).await {
-        Ok(Some(raw)) => HttpResponse::Ok()
-            .content_type("application/json")
-            .body(raw),
+        Ok(Some(raw)) => HttpResponse::Ok().content_type("application/json").body(raw),
         Ok(None) => HttpResponse::NotFound().finish(),
         Err(e) => unavailable(e),
     }
@@ -252,22 +243,15 @@ async fn main() -> anyhow::Result<()> {
     // is one round trip per query.
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
     manager_config.recycling_method = RecyclingMethod::Fast;
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(
-        &args.database_url,
-        manager_config,
-    );
+    let manager =
+        AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(&args.database_url, manager_config);
     let pool = Pool::builder()
         .max_size(args.pool_size)
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(2))
         .idle_timeout(Some(Duration::from_secs(300)))
         .build_unchecked(manager);
-    let floor = web::Data::new(Floor {
-        redis,
-        pool,
-        prefix: args.redis_prefix,
-        agent_id: args.agent_id,
-    });
+    let floor = web::Data::new(Floor { redis, pool, prefix: args.redis_prefix, agent_id: args.agent_id });
     let server = HttpServer::new(move || {
         App::new()
             .app_data(floor.clone())
@@ -278,11 +262,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .workers(args.workers)
     .bind(args.bind)?;
-    let addr = server
-        .addrs()
-        .into_iter()
-        .next()
-        .context("no listening address")?;
+    let addr = server.addrs().into_iter().next().context("no listening address")?;
     println!("{}", json!({ "listening": addr.to_string() }));
     server.run().await?;
     Ok(())

@@ -65,9 +65,7 @@ struct Client {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// One paid exchange; `Ok` only for a 200 after payment.
@@ -82,13 +80,7 @@ async fn pay_once(c: &Client) -> anyhow::Result<()> {
     let mut nonce = [0u8; 32];
     getrandom::getrandom(&mut nonce)?;
     let signed = x402::sign_authorization(&c.signer, chosen, B256::from(nonce), now_unix())?;
-    let payload = x402::wire::payment_payload(
-        required.version,
-        chosen,
-        required.resource.as_ref(),
-        &signed,
-        None,
-    )?;
+    let payload = x402::wire::payment_payload(required.version, chosen, required.resource.as_ref(), &signed, None)?;
     let (name, value) = x402::wire::encode_payment_header(required.version, &payload)?;
     let paid = c.http.get(&c.url).header(name, value).send().await?;
     let status = paid.status();
@@ -110,9 +102,7 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let key = std::env::var("ROUTER_PRIVATE_KEY").context("ROUTER_PRIVATE_KEY is required")?;
     let client = Arc::new(Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()?,
+        http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
         signer: PrivateKeySigner::from_str(key.trim())?,
         supported: Supported::new([args.network], [(args.network, args.asset)]),
         url: args.url,
@@ -147,11 +137,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     lat.sort_unstable();
-    let mean = if lat.is_empty() {
-        0.0
-    } else {
-        lat.iter().sum::<u64>() as f64 / lat.len() as f64
-    };
+    let mean = if lat.is_empty() { 0.0 } else { lat.iter().sum::<u64>() as f64 / lat.len() as f64 };
     println!(
         "{}",
         json!({

@@ -7,11 +7,7 @@
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "x402-router",
-    version,
-    about = "Pays x402 APIs for AI agents, at most once per Idempotency-Key"
-)]
+#[command(name = "x402-router", version, about = "Pays x402 APIs for AI agents, at most once per Idempotency-Key")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -6,8 +6,7 @@ use uuid::Uuid;
 
 use crate::auth::{agents, generate_api_key, hash_api_key};
 use crate::cli::{
-    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs,
-    ServeArgs,
+    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs, ServeArgs,
 };
 use crate::config::{self, Config, DatabaseConfig};
 use crate::routing::request::parse_decimal_amount;
@@ -21,9 +20,7 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
     crate::telemetry::init(config.json_logs);
     if config.run_migrations {
-        let applied = crate::db::run_migrations(config.database.url.expose())
-            .await
-            .context("running migrations")?;
+        let applied = crate::db::run_migrations(config.database.url.expose()).await.context("running migrations")?;
         if !applied.is_empty() {
             tracing::info!(migrations = ?applied, "applied migrations");
         }
@@ -60,9 +57,7 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
         .context("invalid setting GC_BATCH_SIZE (--gc-batch-size): expected a positive integer")?;
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let deleted = crate::gc::run_once(&mut conn, batch)
-        .await
-        .context("deleting expired rows")?;
+    let deleted = crate::gc::run_once(&mut conn, batch).await.context("deleting expired rows")?;
     println!("{}", json!({ "deleted": deleted }));
     Ok(())
 }
@@ -76,20 +71,10 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     match &args.command {
-        AgentsCommand::Create {
-            name,
-            max_per_call,
-            daily_budget,
-        } => {
+        AgentsCommand::Create { name, max_per_call, daily_budget } => {
             let name = name.trim();
-            anyhow::ensure!(
-                !name.is_empty() && name.len() <= 200,
-                "--name must be 1 to 200 characters"
-            );
-            for (flag, v) in [
-                ("--max-per-call", max_per_call),
-                ("--daily-budget", daily_budget),
-            ] {
+            anyhow::ensure!(!name.is_empty() && name.len() <= 200, "--name must be 1 to 200 characters");
+            for (flag, v) in [("--max-per-call", max_per_call), ("--daily-budget", daily_budget)] {
                 if let Some(v) = v {
                     anyhow::ensure!(
                         parse_decimal_amount(v).is_some(),
@@ -99,28 +84,14 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
             }
             let id = Uuid::new_v4();
             let key = generate_api_key().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            agents::insert(
-                &mut conn,
-                id,
-                name,
-                &hash_api_key(&key),
-                max_per_call.as_deref(),
-                daily_budget.as_deref(),
-            )
-            .await
-            .context("creating the agent")?;
+            agents::insert(&mut conn, id, name, &hash_api_key(&key), max_per_call.as_deref(), daily_budget.as_deref())
+                .await
+                .context("creating the agent")?;
             println!("{}", json!({ "agent_id": id, "api_key": key }));
         }
-        AgentsCommand::Update {
-            id,
-            name,
-            max_per_call,
-            daily_budget,
-        } => {
+        AgentsCommand::Update { id, name, max_per_call, daily_budget } => {
             let id = Uuid::parse_str(id).context("ID must be an agent uuid")?;
-            let limit = |flag: &str,
-                         v: &Option<String>|
-             -> anyhow::Result<Option<Option<String>>> {
+            let limit = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<Option<String>>> {
                 match v.as_deref() {
                     None => Ok(None),
                     Some("none") => Ok(Some(None)),
@@ -133,26 +104,13 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
             let max_per_call = limit("--max-per-call", max_per_call)?;
             let daily_budget = limit("--daily-budget", daily_budget)?;
             if let Some(n) = name {
-                anyhow::ensure!(
-                    !n.trim().is_empty() && n.trim().len() <= 200,
-                    "--name must be 1 to 200 characters"
-                );
+                anyhow::ensure!(!n.trim().is_empty() && n.trim().len() <= 200, "--name must be 1 to 200 characters");
             }
-            let found = agents::update(
-                &mut conn,
-                id,
-                name.as_deref().map(str::trim),
-                max_per_call,
-                daily_budget,
-            )
-            .await
-            .context("updating the agent")?;
+            let found = agents::update(&mut conn, id, name.as_deref().map(str::trim), max_per_call, daily_budget)
+                .await
+                .context("updating the agent")?;
             anyhow::ensure!(found, "no agent {id}");
-            for a in agents::list(&mut conn)
-                .await?
-                .into_iter()
-                .filter(|a| a.id == id)
-            {
+            for a in agents::list(&mut conn).await?.into_iter().filter(|a| a.id == id) {
                 println!("{}", serde_json::to_string(&a)?);
             }
         }
@@ -188,17 +146,12 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
-    let settings = reconcile::Settings {
-        older_than: std::time::Duration::from_secs(older_than),
-        abandon_after,
-    };
+    let settings = reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after };
     crate::telemetry::init(false);
     let chain = crate::x402::Chain::new(networks, timeout);
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let report = reconcile::run(&mut conn, &chain, &settings)
-        .await
-        .context("reconciling payment intents")?;
+    let report = reconcile::run(&mut conn, &chain, &settings).await.context("reconciling payment intents")?;
     println!("{}", serde_json::to_string(&report)?);
     anyhow::ensure!(
         report.errors == 0,

@@ -29,11 +29,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(env: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            env,
-            flag: None,
-            reason: reason.into(),
-        }
+        Self { env, flag: None, reason: reason.into() }
     }
 
     /// The same error for a sub-command whose flag is not named after the variable.
@@ -43,10 +39,7 @@ impl ConfigError {
     }
 
     fn flag(&self) -> String {
-        self.flag.map_or_else(
-            || self.env.to_ascii_lowercase().replace('_', "-"),
-            str::to_owned,
-        )
+        self.flag.map_or_else(|| self.env.to_ascii_lowercase().replace('_', "-"), str::to_owned)
     }
 }
 
@@ -81,10 +74,7 @@ impl DatabaseConfig {
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::new(
-                "DATABASE_URL",
-                "must start with postgres:// or postgresql://",
-            ));
+            return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
         }
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
@@ -93,10 +83,7 @@ impl DatabaseConfig {
         Ok(Self {
             url: Secret::new(url.to_owned()),
             pool_size,
-            acquire_timeout: parse_ms(
-                "DATABASE_ACQUIRE_TIMEOUT_MS",
-                &args.database_acquire_timeout_ms,
-            )?,
+            acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
         })
     }
 }
@@ -164,49 +151,30 @@ impl Config {
         let database = DatabaseConfig::from_args(&args.db)?;
         let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
         if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
-            return Err(ConfigError::new(
-                "REDIS_URL",
-                "must start with redis:// or rediss://",
-            ));
+            return Err(ConfigError::new("REDIS_URL", "must start with redis:// or rediss://"));
         }
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(args)?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
-        let assets_raw = if args.x402_assets.trim().is_empty() {
-            DEFAULT_ASSETS
-        } else {
-            &args.x402_assets
-        };
+        let assets_raw = if args.x402_assets.trim().is_empty() { DEFAULT_ASSETS } else { &args.x402_assets };
         let assets = parse_assets(assets_raw)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) if t.len() < 16 => {
-                return Err(ConfigError::new(
-                    "OPERATOR_TOKEN",
-                    "must be at least 16 characters",
-                ));
+                return Err(ConfigError::new("OPERATOR_TOKEN", "must be at least 16 characters"));
             }
             Some(t) => Some(Secret::new(t.to_owned())),
         };
         let upstream = UpstreamConfig {
             allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
             allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
-            connect_timeout: parse_ms(
-                "UPSTREAM_CONNECT_TIMEOUT_MS",
-                &args.upstream_connect_timeout_ms,
-            )?,
+            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
             timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
-            max_response_bytes: parse_num(
-                "UPSTREAM_MAX_RESPONSE_BYTES",
-                &args.upstream_max_response_bytes,
-            )?,
+            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
         };
         let idempotency = IdempotencyTiming {
-            abandon_after: parse_ms(
-                "IDEMPOTENCY_ABANDON_AFTER_MS",
-                &args.idempotency_abandon_after_ms,
-            )?,
+            abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
             heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
             deadline: parse_ms("ROUTE_DEADLINE_MS", &args.route_deadline_ms)?,
         };
@@ -258,9 +226,7 @@ fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, Co
 /// # Errors
 /// A value that does not parse, naming the setting.
 pub fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
-    raw.trim()
-        .parse()
-        .map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
+    raw.trim().parse().map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
 }
 
 /// A duration in milliseconds, greater than zero.
@@ -279,10 +245,7 @@ fn parse_bool(env: &'static str, raw: &str) -> Result<bool, ConfigError> {
     match raw.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Ok(true),
         "false" | "0" | "no" | "" => Ok(false),
-        _ => Err(ConfigError::new(
-            env,
-            format!("expected true or false, got {raw:?}"),
-        )),
+        _ => Err(ConfigError::new(env, format!("expected true or false, got {raw:?}"))),
     }
 }
 
@@ -291,12 +254,7 @@ fn parse_cidrs(raw: &str) -> Result<Vec<IpNet>, ConfigError> {
         .map(|item| {
             item.parse::<IpNet>()
                 .or_else(|_| item.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| {
-                    ConfigError::new(
-                        "UPSTREAM_ALLOW_CIDRS",
-                        format!("{item:?} is not an IP or CIDR"),
-                    )
-                })
+                .map_err(|_| ConfigError::new("UPSTREAM_ALLOW_CIDRS", format!("{item:?} is not an IP or CIDR")))
         })
         .collect()
 }
@@ -306,11 +264,10 @@ fn split_list(raw: &str) -> impl Iterator<Item = &str> {
 }
 
 fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str), ConfigError> {
-    let (network, value) = item.split_once('=').ok_or_else(|| {
-        ConfigError::new(env, format!("{item:?} is not of the form network=value"))
-    })?;
-    let network = Network::parse(network.trim())
-        .map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
+    let (network, value) = item
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new(env, format!("{item:?} is not of the form network=value")))?;
+    let network = Network::parse(network.trim()).map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
     Ok((network, value.trim()))
 }
 
@@ -325,17 +282,9 @@ pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Url>, ConfigError> 
         let parsed = Url::parse(url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "X402_RPC_URLS",
-                    format!("the URL of {network} is not an http(s) URL"),
-                )
-            })?;
+            .ok_or_else(|| ConfigError::new("X402_RPC_URLS", format!("the URL of {network} is not an http(s) URL")))?;
         if out.insert(network, parsed).is_some() {
-            return Err(ConfigError::new(
-                "X402_RPC_URLS",
-                format!("{network} is listed twice"),
-            ));
+            return Err(ConfigError::new("X402_RPC_URLS", format!("{network} is listed twice")));
         }
     }
     Ok(out)
@@ -345,9 +294,8 @@ fn parse_assets(raw: &str) -> Result<BTreeMap<Network, Vec<Address>>, ConfigErro
     let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
     for item in split_list(raw) {
         let (network, addr) = split_pair("X402_ASSETS", item)?;
-        let asset = Address::from_str(addr).map_err(|_| {
-            ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address"))
-        })?;
+        let asset = Address::from_str(addr)
+            .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
         let list = out.entry(network).or_default();
         if !list.contains(&asset) {
             list.push(asset);
@@ -360,12 +308,8 @@ fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
     let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
         (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::new(
-                    "ROUTER_PRIVATE_KEY_FILE",
-                    format!("cannot read {path:?}: {e}"),
-                )
-            })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
             ("ROUTER_PRIVATE_KEY_FILE", text)
         }
         (Some(_), Some(_)) => {
@@ -375,13 +319,9 @@ fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
             ));
         }
         (None, None) => {
-            return Err(ConfigError::new(
-                "ROUTER_PRIVATE_KEY",
-                "is required (or ROUTER_PRIVATE_KEY_FILE)",
-            ));
+            return Err(ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"));
         }
     };
     let hex = raw.trim();
-    PrivateKeySigner::from_str(hex)
-        .map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
+    PrivateKeySigner::from_str(hex).map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
 }

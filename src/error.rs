@@ -29,9 +29,7 @@ pub enum ApiError {
     KeyReused,
     #[error("Original request still in flight; retry shortly")]
     InFlight,
-    #[error(
-        "this attempt was superseded by a retry of the same Idempotency-Key; retry to read the recorded result"
-    )]
+    #[error("this attempt was superseded by a retry of the same Idempotency-Key; retry to read the recorded result")]
     Superseded,
     #[error("service unavailable: {0}")]
     Unavailable(&'static str),

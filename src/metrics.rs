@@ -1,9 +1,7 @@
 //! Prometheus metrics. One registry per application instance (no globals), rendered
 //! at `GET /metrics` in the text exposition format.
 
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
 use crate::idempotency::Path;
 
@@ -25,29 +23,18 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let http_requests = IntCounterVec::new(
-            Opts::new(
-                "x402_router_http_requests_total",
-                "HTTP requests by route and status",
-            ),
+            Opts::new("x402_router_http_requests_total", "HTTP requests by route and status"),
             &["route", "status"],
         )?;
         let idempotency = IntCounterVec::new(
-            Opts::new(
-                "x402_router_idempotency_outcomes_total",
-                "Idempotency decisions by outcome",
-            ),
+            Opts::new("x402_router_idempotency_outcomes_total", "Idempotency decisions by outcome"),
             &["outcome"],
         )?;
-        let payments = IntCounterVec::new(
-            Opts::new("x402_router_payments_total", "Payments by outcome"),
-            &["outcome"],
-        )?;
-        let buckets = vec![
-            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-        ];
+        let payments =
+            IntCounterVec::new(Opts::new("x402_router_payments_total", "Payments by outcome"), &["outcome"])?;
+        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         let upstream_seconds = HistogramVec::new(
-            HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency")
-                .buckets(buckets.clone()),
+            HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency").buckets(buckets.clone()),
             &["kind"],
         )?;
         let rpc_seconds = HistogramVec::new(
@@ -59,14 +46,7 @@ impl Metrics {
         registry.register(Box::new(payments.clone()))?;
         registry.register(Box::new(upstream_seconds.clone()))?;
         registry.register(Box::new(rpc_seconds.clone()))?;
-        Ok(Self {
-            registry,
-            http_requests,
-            idempotency,
-            payments,
-            upstream_seconds,
-            rpc_seconds,
-        })
+        Ok(Self { registry, http_requests, idempotency, payments, upstream_seconds, rpc_seconds })
     }
 
     pub fn idempotency_outcome(&self, path: Path) {
@@ -76,10 +56,7 @@ impl Metrics {
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        if TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .is_err()
-        {
+        if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()

@@ -63,11 +63,7 @@ impl Application {
         .shutdown_timeout(shutdown.as_secs())
         .listen(listener)?
         .run();
-        Ok(Self {
-            port,
-            server,
-            state,
-        })
+        Ok(Self { port, server, state })
     }
 
     pub fn port(&self) -> u16 {
@@ -95,11 +91,7 @@ impl Application {
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let pool = crate::db::pool(&config.database);
-    let cache = Cache::new(
-        config.redis_url.expose(),
-        config.redis_timeout,
-        config.redis_key_prefix.clone(),
-    );
+    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
@@ -111,10 +103,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     };
     let payments = &config.payments;
     let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
-    let assets = payments
-        .assets
-        .iter()
-        .flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
+    let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
     let supported = Supported::new(payments.rpc_urls.keys().copied(), assets);
     let nonce_secret = Arc::new(crate::payments::nonce_secret(&config.signer));
     Ok(AppState {
@@ -136,30 +125,15 @@ async fn count_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let metrics = req
-        .app_data::<web::Data<AppState>>()
-        .map(|s| Arc::clone(&s.metrics));
-    let request_id = req
-        .extensions()
-        .get::<tracing_actix_web::RequestId>()
-        .map(|id| id.to_string());
+    let metrics = req.app_data::<web::Data<AppState>>().map(|s| Arc::clone(&s.metrics));
+    let request_id = req.extensions().get::<tracing_actix_web::RequestId>().map(|id| id.to_string());
     let mut res = next.call(req).await?;
-    if let Some(id) =
-        request_id.and_then(|id| actix_web::http::header::HeaderValue::from_str(&id).ok())
-    {
-        res.headers_mut().insert(
-            actix_web::http::header::HeaderName::from_static("x-request-id"),
-            id,
-        );
+    if let Some(id) = request_id.and_then(|id| actix_web::http::header::HeaderValue::from_str(&id).ok()) {
+        res.headers_mut().insert(actix_web::http::header::HeaderName::from_static("x-request-id"), id);
     }
     if let Some(m) = metrics {
-        let route = res
-            .request()
-            .match_pattern()
-            .unwrap_or_else(|| "unmatched".to_owned());
-        m.http_requests
-            .with_label_values(&[route.as_str(), res.status().as_str()])
-            .inc();
+        let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+        m.http_requests.with_label_values(&[route.as_str(), res.status().as_str()]).inc();
     }
     Ok(res)
 }

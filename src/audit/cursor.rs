@@ -29,10 +29,7 @@ const MAX_LEN: usize = 256;
 impl Cursor {
     /// The cursor text.
     pub fn encode(&self) -> String {
-        let wire = Wire {
-            t: self.created_at.timestamp_micros(),
-            id: self.id,
-        };
+        let wire = Wire { t: self.created_at.timestamp_micros(), id: self.id };
         // Serializing an i64 and a uuid cannot fail; an empty cursor would only restart.
         URL_SAFE_NO_PAD.encode(serde_json::to_vec(&wire).unwrap_or_default())
     }
@@ -44,10 +41,7 @@ impl Cursor {
         }
         let bytes = URL_SAFE_NO_PAD.decode(text.trim()).ok()?;
         let wire: Wire = serde_json::from_slice(&bytes).ok()?;
-        Some(Self {
-            created_at: DateTime::from_timestamp_micros(wire.t)?,
-            id: wire.id,
-        })
+        Some(Self { created_at: DateTime::from_timestamp_micros(wire.t)?, id: wire.id })
     }
 }
 
@@ -57,10 +51,8 @@ mod tests {
 
     #[test]
     fn a_cursor_round_trips_to_the_microsecond() {
-        let c = Cursor {
-            created_at: DateTime::from_timestamp_micros(1_767_225_600_123_456).unwrap(),
-            id: Uuid::new_v4(),
-        };
+        let c =
+            Cursor { created_at: DateTime::from_timestamp_micros(1_767_225_600_123_456).unwrap(), id: Uuid::new_v4() };
         assert_eq!(Cursor::decode(&c.encode()), Some(c));
         assert!(!c.encode().contains(['+', '/', '=']));
     }

@@ -67,16 +67,8 @@ pub struct ReceiptQuery {
 }
 
 /// Statuses of the `payments` ledger (see migrations/).
-pub const LEDGER_STATUSES: &[&str] = &[
-    "signed",
-    "settled",
-    "unconfirmed",
-    "not_settled",
-    "rejected",
-    "settled_response_lost",
-    "unknown",
-    "expired",
-];
+pub const LEDGER_STATUSES: &[&str] =
+    &["signed", "settled", "unconfirmed", "not_settled", "rejected", "settled_response_lost", "unknown", "expired"];
 
 /// Which payment intents `GET /audit/payments` lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +107,7 @@ impl ReceiptQuery {
     /// # Errors
     /// [`BadQuery`] naming the offending parameter.
     pub fn parse(query: &str) -> Result<Self, BadQuery> {
-        let mut p = Params::parse(
-            query,
-            &[
-                "agent_id", "from", "to", "paid", "network", "cursor", "limit",
-            ],
-        )?;
+        let mut p = Params::parse(query, &["agent_id", "from", "to", "paid", "network", "cursor", "limit"])?;
         let from = p.take("from").map(|v| time("from", &v)).transpose()?;
         let to = p.take("to").map(|v| time("to", &v)).transpose()?;
         if let (Some(f), Some(t)) = (from, to)
@@ -136,17 +123,10 @@ impl ReceiptQuery {
         };
         let network = p
             .take("network")
-            .map(|v| {
-                Network::parse(v.trim())
-                    .map(|n| n.caip2())
-                    .map_err(|e| BadQuery(format!("`network`: {e}")))
-            })
+            .map(|v| Network::parse(v.trim()).map(|n| n.caip2()).map_err(|e| BadQuery(format!("`network`: {e}"))))
             .transpose()?;
         Ok(Self {
-            agent_id: p
-                .take("agent_id")
-                .map(|v| uuid("agent_id", &v))
-                .transpose()?,
+            agent_id: p.take("agent_id").map(|v| uuid("agent_id", &v)).transpose()?,
             from,
             to,
             paid,
@@ -163,10 +143,7 @@ impl PaymentQuery {
     /// # Errors
     /// [`BadQuery`] naming the offending parameter.
     pub fn parse(query: &str) -> Result<Self, BadQuery> {
-        let mut p = Params::parse(
-            query,
-            &["status", "older_than_secs", "agent_id", "cursor", "limit"],
-        )?;
+        let mut p = Params::parse(query, &["status", "older_than_secs", "agent_id", "cursor", "limit"])?;
         let older_than = p.take("older_than_secs");
         let selection = match p.take("status").as_deref() {
             None => PaymentSelection::All,
@@ -174,9 +151,11 @@ impl PaymentQuery {
             Some("stuck") => PaymentSelection::Stuck {
                 older_than_secs: match older_than.as_deref() {
                     None => DEFAULT_STUCK_SECS,
-                    Some(v) => v.parse().ok().filter(|s| *s >= 0).ok_or_else(|| {
-                        BadQuery("`older_than_secs` must be a non-negative integer".into())
-                    })?,
+                    Some(v) => v
+                        .parse()
+                        .ok()
+                        .filter(|s| *s >= 0)
+                        .ok_or_else(|| BadQuery("`older_than_secs` must be a non-negative integer".into()))?,
                 },
             },
             Some(s) if LEDGER_STATUSES.contains(&s) => PaymentSelection::Status(s.to_owned()),
@@ -188,18 +167,9 @@ impl PaymentQuery {
             }
         };
         if older_than.is_some() && !matches!(selection, PaymentSelection::Stuck { .. }) {
-            return Err(BadQuery(
-                "`older_than_secs` only applies to `status=stuck`".into(),
-            ));
+            return Err(BadQuery("`older_than_secs` only applies to `status=stuck`".into()));
         }
-        Ok(Self {
-            selection,
-            agent_id: p
-                .take("agent_id")
-                .map(|v| uuid("agent_id", &v))
-                .transpose()?,
-            page: p.page()?,
-        })
+        Ok(Self { selection, agent_id: p.take("agent_id").map(|v| uuid("agent_id", &v)).transpose()?, page: p.page()? })
     }
 }
 
@@ -211,17 +181,9 @@ impl KeyQuery {
     /// [`BadQuery`] naming the offending parameter.
     pub fn parse(query: &str) -> Result<Self, BadQuery> {
         let mut p = Params::parse(query, &["agent_id", "key"])?;
-        let agent_id = p
-            .take("agent_id")
-            .ok_or_else(|| BadQuery("`agent_id` is required".into()))?;
-        let key = p
-            .take("key")
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| BadQuery("`key` is required".into()))?;
-        Ok(Self {
-            agent_id: uuid("agent_id", &agent_id)?,
-            key,
-        })
+        let agent_id = p.take("agent_id").ok_or_else(|| BadQuery("`agent_id` is required".into()))?;
+        let key = p.take("key").filter(|k| !k.is_empty()).ok_or_else(|| BadQuery("`key` is required".into()))?;
+        Ok(Self { agent_id: uuid("agent_id", &agent_id)?, key })
     }
 }
 
@@ -233,10 +195,7 @@ impl Params {
         let mut map = HashMap::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             if !allowed.contains(&name.as_ref()) {
-                return Err(BadQuery(format!(
-                    "unknown query parameter `{name}` (allowed: {})",
-                    allowed.join(", ")
-                )));
+                return Err(BadQuery(format!("unknown query parameter `{name}` (allowed: {})", allowed.join(", "))));
             }
             if map.insert(name.to_string(), value.into_owned()).is_some() {
                 return Err(BadQuery(format!("`{name}` is given more than once")));
@@ -256,9 +215,7 @@ impl Params {
                 .parse::<i64>()
                 .ok()
                 .filter(|l| (1..=MAX_LIMIT).contains(l))
-                .ok_or_else(|| {
-                    BadQuery(format!("`limit` must be an integer from 1 to {MAX_LIMIT}"))
-                })?,
+                .ok_or_else(|| BadQuery(format!("`limit` must be an integer from 1 to {MAX_LIMIT}")))?,
         };
         let after = self
             .take("cursor")
@@ -275,11 +232,7 @@ fn uuid(name: &str, value: &str) -> Result<Uuid, BadQuery> {
 fn time(name: &str, value: &str) -> Result<DateTime<Utc>, BadQuery> {
     DateTime::parse_from_rfc3339(value.trim())
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| {
-            BadQuery(format!(
-                "`{name}` must be an RFC 3339 time, e.g. 2026-01-31T12:00:00Z"
-            ))
-        })
+        .map_err(|_| BadQuery(format!("`{name}` must be an RFC 3339 time, e.g. 2026-01-31T12:00:00Z")))
 }
 
 #[cfg(test)]
@@ -327,27 +280,16 @@ mod tests {
     fn payment_query_knows_the_derived_selections() {
         assert_eq!(
             PaymentQuery::parse("status=stuck").unwrap().selection,
-            PaymentSelection::Stuck {
-                older_than_secs: DEFAULT_STUCK_SECS
-            }
+            PaymentSelection::Stuck { older_than_secs: DEFAULT_STUCK_SECS }
         );
         assert_eq!(
-            PaymentQuery::parse("status=stuck&older_than_secs=5")
-                .unwrap()
-                .selection,
+            PaymentQuery::parse("status=stuck&older_than_secs=5").unwrap().selection,
             PaymentSelection::Stuck { older_than_secs: 5 }
         );
-        assert_eq!(
-            PaymentQuery::parse("status=paid_not_served")
-                .unwrap()
-                .selection,
-            PaymentSelection::PaidNotServed
-        );
+        assert_eq!(PaymentQuery::parse("status=paid_not_served").unwrap().selection, PaymentSelection::PaidNotServed);
         for s in LEDGER_STATUSES {
             assert_eq!(
-                PaymentQuery::parse(&format!("status={s}"))
-                    .unwrap()
-                    .selection,
+                PaymentQuery::parse(&format!("status={s}")).unwrap().selection,
                 PaymentSelection::Status((*s).to_owned())
             );
         }

@@ -171,9 +171,7 @@ fn millis(d: Duration) -> i64 {
 }
 
 fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The on-chain coordinates of an intent, parsed from its stored text.
@@ -188,11 +186,7 @@ fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Strin
 /// The status the chain's answer moves an intent to; `None`: leave it.
 fn decide(old: &str, used: bool, valid_before: i64, now: i64) -> Option<&'static str> {
     if used {
-        return Some(if old == "unconfirmed" {
-            "settled"
-        } else {
-            "settled_response_lost"
-        });
+        return Some(if old == "unconfirmed" { "settled" } else { "settled_response_lost" });
     }
     (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some("expired")
 }
@@ -202,11 +196,7 @@ fn decide(old: &str, used: bool, valid_before: i64, now: i64) -> Option<&'static
 ///
 /// # Errors
 /// Database errors (the run stops; updates already made stay made).
-pub async fn run(
-    conn: &mut AsyncPgConnection,
-    chain: &Chain,
-    settings: &Settings,
-) -> QueryResult<Report> {
+pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Settings) -> QueryResult<Report> {
     let mut report = Report::default();
     let mut after = None;
     loop {
@@ -214,18 +204,14 @@ pub async fn run(
         let Some(last) = batch.last() else {
             return Ok(report);
         };
-        after = Some(Cursor {
-            created_at: last.created_at,
-            id: last.id,
-        });
+        after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
             report.checked += 1;
             let used = match coordinates(c) {
                 Err(e) => Err(e),
-                Ok((network, asset, payer, nonce)) => chain
-                    .authorization_state(network, asset, payer, nonce)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok((network, asset, payer, nonce)) => {
+                    chain.authorization_state(network, asset, payer, nonce).await.map_err(|e| e.to_string())
+                }
             };
             let used = match used {
                 Ok(used) => used,
@@ -266,24 +252,11 @@ mod tests {
     #[test]
     fn the_chain_decides_as_the_table_says() {
         let now = 1_000_000;
-        assert_eq!(
-            decide("signed", true, now + 100, now),
-            Some("settled_response_lost")
-        );
-        assert_eq!(
-            decide("unknown", true, 0, now),
-            Some("settled_response_lost")
-        );
+        assert_eq!(decide("signed", true, now + 100, now), Some("settled_response_lost"));
+        assert_eq!(decide("unknown", true, 0, now), Some("settled_response_lost"));
         assert_eq!(decide("unconfirmed", true, 0, now), Some("settled"));
         assert_eq!(decide("signed", false, now + 100, now), None);
-        assert_eq!(
-            decide("unconfirmed", false, now - 1, now),
-            None,
-            "within the margin"
-        );
-        assert_eq!(
-            decide("signed", false, now - EXPIRY_MARGIN_SECS - 1, now),
-            Some("expired")
-        );
+        assert_eq!(decide("unconfirmed", false, now - 1, now), None, "within the margin");
+        assert_eq!(decide("signed", false, now - EXPIRY_MARGIN_SECS - 1, now), Some("expired"));
     }
 }

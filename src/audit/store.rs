@@ -7,9 +7,7 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::QueryableByName;
-use diesel::sql_types::{
-    BigInt, Bool, Int2, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
-};
+use diesel::sql_types::{BigInt, Bool, Int2, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel::{OptionalExtension, QueryResult};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
@@ -84,10 +82,7 @@ const RECEIPT_COLUMNS: &str = "id, agent_id, idempotency_key, request_hash, meth
 ///
 /// # Errors
 /// Database errors.
-pub async fn receipts(
-    conn: &mut AsyncPgConnection,
-    q: &ReceiptQuery,
-) -> QueryResult<Paged<Receipt>> {
+pub async fn receipts(conn: &mut AsyncPgConnection, q: &ReceiptQuery) -> QueryResult<Paged<Receipt>> {
     let rows: Vec<ReceiptRow> = diesel::sql_query(format!(
         "SELECT {RECEIPT_COLUMNS} FROM receipts \
           WHERE ($1::uuid IS NULL OR agent_id = $1) \
@@ -109,14 +104,7 @@ pub async fn receipts(
     .bind::<BigInt, _>(q.page.limit + 1)
     .load(conn)
     .await?;
-    Ok(paged(
-        rows.into_iter().map(Receipt::from).collect(),
-        q.page,
-        |r| Cursor {
-            created_at: r.created_at,
-            id: r.id,
-        },
-    ))
+    Ok(paged(rows.into_iter().map(Receipt::from).collect(), q.page, |r| Cursor { created_at: r.created_at, id: r.id }))
 }
 
 /// Any agent's receipt.
@@ -124,13 +112,11 @@ pub async fn receipts(
 /// # Errors
 /// Database errors.
 pub async fn receipt(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option<Receipt>> {
-    let row: Option<ReceiptRow> = diesel::sql_query(format!(
-        "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE id = $1"
-    ))
-    .bind::<SqlUuid, _>(id)
-    .get_result(conn)
-    .await
-    .optional()?;
+    let row: Option<ReceiptRow> = diesel::sql_query(format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE id = $1"))
+        .bind::<SqlUuid, _>(id)
+        .get_result(conn)
+        .await
+        .optional()?;
     Ok(row.map(Receipt::from))
 }
 
@@ -220,17 +206,12 @@ const PAID_NOT_SERVED: &str = "p.status IN ('settled', 'settled_response_lost') 
 ///
 /// # Errors
 /// Database errors.
-pub async fn payments(
-    conn: &mut AsyncPgConnection,
-    q: &PaymentQuery,
-) -> QueryResult<Paged<PaymentView>> {
+pub async fn payments(conn: &mut AsyncPgConnection, q: &PaymentQuery) -> QueryResult<Paged<PaymentView>> {
     let (status, paid_not_served, stuck_secs) = match &q.selection {
         PaymentSelection::All => (None, false, None),
         PaymentSelection::Status(s) => (Some(s.as_str()), false, None),
         PaymentSelection::PaidNotServed => (None, true, None),
-        PaymentSelection::Stuck { older_than_secs } => {
-            (Some("signed"), false, Some(*older_than_secs))
-        }
+        PaymentSelection::Stuck { older_than_secs } => (Some("signed"), false, Some(*older_than_secs)),
     };
     let rows: Vec<PaymentView> = diesel::sql_query(format!(
         "{PAYMENT_FROM} \
@@ -251,10 +232,7 @@ pub async fn payments(
     .bind::<BigInt, _>(q.page.limit + 1)
     .load(conn)
     .await?;
-    Ok(paged(rows, q.page, |p| Cursor {
-        created_at: p.created_at,
-        id: p.id,
-    }))
+    Ok(paged(rows, q.page, |p| Cursor { created_at: p.created_at, id: p.id }))
 }
 
 /// The payment intent of one (agent, key), if one was signed.
@@ -266,14 +244,12 @@ pub async fn payment_for_key(
     agent_id: Uuid,
     key: &str,
 ) -> QueryResult<Option<PaymentView>> {
-    diesel::sql_query(format!(
-        "{PAYMENT_FROM} WHERE p.agent_id = $1 AND p.idempotency_key = $2"
-    ))
-    .bind::<SqlUuid, _>(agent_id)
-    .bind::<Text, _>(key)
-    .get_result(conn)
-    .await
-    .optional()
+    diesel::sql_query(format!("{PAYMENT_FROM} WHERE p.agent_id = $1 AND p.idempotency_key = $2"))
+        .bind::<SqlUuid, _>(agent_id)
+        .bind::<Text, _>(key)
+        .get_result(conn)
+        .await
+        .optional()
 }
 
 /// An idempotency row as operators see it (the cached response body is not repeated here:
@@ -330,10 +306,7 @@ pub struct KeyReport {
 ///
 /// # Errors
 /// Database errors.
-pub async fn idempotency(
-    conn: &mut AsyncPgConnection,
-    q: &KeyQuery,
-) -> QueryResult<Option<KeyReport>> {
+pub async fn idempotency(conn: &mut AsyncPgConnection, q: &KeyQuery) -> QueryResult<Option<KeyReport>> {
     let row: Option<KeyView> = diesel::sql_query(
         "SELECT agent_id, key, status, request_hash, response_status_code, receipt_id, \
                 first_seen_at, created_at, completed_at, expires_at, takeovers, \
@@ -350,9 +323,5 @@ pub async fn idempotency(
         return Ok(None);
     };
     let payment = payment_for_key(conn, q.agent_id, &q.key).await?;
-    Ok(Some(KeyReport {
-        receipt_url: row.receipt_id.map(|id| format!("/audit/receipts/{id}")),
-        row,
-        payment,
-    }))
+    Ok(Some(KeyReport { receipt_url: row.receipt_id.map(|id| format!("/audit/receipts/{id}")), row, payment }))
 }

@@ -16,19 +16,15 @@ use crate::receipts::Receipt;
 /// # Errors
 /// A one-line reason.
 pub fn verify_receipt(text: &str) -> Result<Address, String> {
-    let document: Value =
-        serde_json::from_str(text.trim()).map_err(|e| format!("not a JSON document: {e}"))?;
-    let receipt: Receipt =
-        serde_json::from_value(document.clone()).map_err(|e| format!("not a receipt: {e}"))?;
+    let document: Value = serde_json::from_str(text.trim()).map_err(|e| format!("not a JSON document: {e}"))?;
+    let receipt: Receipt = serde_json::from_value(document.clone()).map_err(|e| format!("not a receipt: {e}"))?;
     let mut unsigned = document;
     if let Value::Object(map) = &mut unsigned {
         map.remove("signature");
     }
     let as_given = serde_jcs::to_vec(&unsigned).map_err(|e| format!("not canonicalizable: {e}"))?;
     if as_given != receipt.signed_bytes() {
-        return Err(
-            "the document holds members or values that the signature does not cover".into(),
-        );
+        return Err("the document holds members or values that the signature does not cover".into());
     }
     receipt.verify().map_err(|e| e.to_string())
 }
@@ -70,11 +66,7 @@ mod tests {
     fn an_extra_member_or_a_changed_byte_is_invalid() {
         let (_, text) = signed();
         let extra = text.replacen('{', "{\"note\": \"unsigned\",", 1);
-        assert!(
-            verify_receipt(&extra)
-                .unwrap_err()
-                .contains("does not cover")
-        );
+        assert!(verify_receipt(&extra).unwrap_err().contains("does not cover"));
         let changed = text.replacen("\"GET\"", "\"PUT\"", 1);
         assert!(verify_receipt(&changed).unwrap_err().contains("signature"));
         assert!(verify_receipt("[]").is_err());

@@ -37,16 +37,8 @@ pub struct AgentInfo {
 ///
 /// # Errors
 /// Database errors.
-pub async fn find_by_key_hash(
-    conn: &mut AsyncPgConnection,
-    key_hash: &str,
-) -> QueryResult<Option<AgentAuth>> {
-    agents::table
-        .filter(agents::api_key_hash.eq(key_hash))
-        .select(AgentAuth::as_select())
-        .first(conn)
-        .await
-        .optional()
+pub async fn find_by_key_hash(conn: &mut AsyncPgConnection, key_hash: &str) -> QueryResult<Option<AgentAuth>> {
+    agents::table.filter(agents::api_key_hash.eq(key_hash)).select(AgentAuth::as_select()).first(conn).await.optional()
 }
 
 /// Inserts an agent. Limits are decimal strings of atomic units.
@@ -122,9 +114,6 @@ pub async fn list(conn: &mut AsyncPgConnection) -> QueryResult<Vec<AgentInfo>> {
 /// # Errors
 /// Database errors.
 pub async fn disable(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<bool> {
-    let n = diesel::update(agents::table.find(id))
-        .set(agents::disabled.eq(true))
-        .execute(conn)
-        .await?;
+    let n = diesel::update(agents::table.find(id)).set(agents::disabled.eq(true)).execute(conn).await?;
     Ok(n == 1)
 }

@@ -42,11 +42,7 @@ impl Default for AgentCache {
 
 impl AgentCache {
     pub fn new(ttl: Duration, max_entries: usize) -> Self {
-        Self {
-            ttl,
-            max_entries: max_entries.max(1),
-            entries: Mutex::new(HashMap::new()),
-        }
+        Self { ttl, max_entries: max_entries.max(1), entries: Mutex::new(HashMap::new()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, (Uuid, Instant)>> {
@@ -100,11 +96,7 @@ mod tests {
         assert_eq!(cache.get("h"), Some(id));
         assert_eq!(cache.get("other"), None);
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(
-            cache.get("h"),
-            None,
-            "expired: Postgres must be asked again"
-        );
+        assert_eq!(cache.get("h"), None, "expired: Postgres must be asked again");
     }
 
     #[test]

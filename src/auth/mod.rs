@@ -50,16 +50,9 @@ pub struct AuthenticatedAgent {
 }
 
 fn bearer(req: &HttpRequest) -> Option<&str> {
-    let value = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
+    let value = req.headers().get(actix_web::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
 impl FromRequest for AuthenticatedAgent {
@@ -71,8 +64,7 @@ impl FromRequest for AuthenticatedAgent {
         let cache = req.app_data::<web::Data<AgentCache>>().cloned();
         let token = bearer(req).map(str::to_owned);
         Box::pin(async move {
-            let state =
-                state.ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+            let state = state.ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
             let token = token.ok_or(ApiError::Unauthorized)?;
             if !token.starts_with(KEY_PREFIX) || token.len() > 200 {
                 return Err(ApiError::Unauthorized);
@@ -86,9 +78,7 @@ impl FromRequest for AuthenticatedAgent {
                 return Ok(AuthenticatedAgent { id });
             }
             let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-            let found = agents::find_by_key_hash(&mut conn, &key_hash)
-                .await
-                .map_err(ApiError::database)?;
+            let found = agents::find_by_key_hash(&mut conn, &key_hash).await.map_err(ApiError::database)?;
             match found {
                 None => Err(ApiError::Unauthorized),
                 Some(a) if a.disabled => Err(ApiError::Forbidden),
@@ -113,9 +103,7 @@ impl FromRequest for Operator {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let Some(state) = req.app_data::<web::Data<AppState>>() else {
-            return ready(Err(ApiError::Internal(anyhow::anyhow!(
-                "app state missing"
-            ))));
+            return ready(Err(ApiError::Internal(anyhow::anyhow!("app state missing"))));
         };
         let Some(expected) = state.config.operator_token.as_ref() else {
             return ready(Err(ApiError::NotFound));

@@ -32,18 +32,10 @@ pub fn pool(config: &DatabaseConfig) -> PgPool {
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
     manager_config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
         let broken = conn.is_broken();
-        Box::pin(async move {
-            if broken {
-                Err(diesel::result::Error::BrokenTransactionManager)
-            } else {
-                Ok(())
-            }
-        })
+        Box::pin(async move { if broken { Err(diesel::result::Error::BrokenTransactionManager) } else { Ok(()) } })
     }));
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(
-        config.url.expose(),
-        manager_config,
-    );
+    let manager =
+        AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(config.url.expose(), manager_config);
     Pool::builder()
         .max_size(config.pool_size)
         .min_idle(Some(0))
@@ -62,11 +54,8 @@ pub fn pool(config: &DatabaseConfig) -> PgPool {
 pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
     let url = url.to_owned();
     let applied = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
-            diesel::Connection::establish(&url)?;
-        let versions = conn
-            .run_pending_migrations(MIGRATIONS)
-            .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let versions = conn.run_pending_migrations(MIGRATIONS).map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
         Ok(versions.into_iter().map(|v| v.to_string()).collect())
     })
     .await??;
@@ -80,11 +69,8 @@ pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
 pub async fn revert_all_migrations(url: &str) -> anyhow::Result<usize> {
     let url = url.to_owned();
     tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
-        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
-            diesel::Connection::establish(&url)?;
-        let versions = conn
-            .revert_all_migrations(MIGRATIONS)
-            .map_err(|e| anyhow::anyhow!("revert failed: {e}"))?;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
+        let versions = conn.revert_all_migrations(MIGRATIONS).map_err(|e| anyhow::anyhow!("revert failed: {e}"))?;
         Ok(versions.len())
     })
     .await?

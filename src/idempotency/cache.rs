@@ -100,12 +100,7 @@ impl Cache {
                 .set_response_timeout(Some(inner.timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
-            match tokio::time::timeout(
-                Duration::from_secs(2),
-                ConnectionManager::new_with_config(client, cfg),
-            )
-            .await
-            {
+            match tokio::time::timeout(Duration::from_secs(2), ConnectionManager::new_with_config(client, cfg)).await {
                 Ok(Ok(m)) => {
                     if let Ok(mut guard) = inner.manager.write() {
                         *guard = Some(m);
@@ -129,18 +124,17 @@ impl Cache {
     pub async fn get(&self, agent_id: Uuid, key: &str) -> Option<Entry> {
         let mut conn = self.connection()?;
         let rkey = self.redis_key(agent_id, key);
-        let raw: Option<String> =
-            match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
-                Ok(Ok(v)) => v,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "redis get failed");
-                    return None;
-                }
-                Err(_) => {
-                    tracing::debug!("redis get timed out");
-                    return None;
-                }
-            };
+        let raw: Option<String> = match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis get failed");
+                return None;
+            }
+            Err(_) => {
+                tracing::debug!("redis get timed out");
+                return None;
+            }
+        };
         let raw = raw?;
         match serde_json::from_str(&raw) {
             Ok(entry) => Some(entry),
@@ -160,12 +154,7 @@ impl Cache {
             return;
         };
         let rkey = self.redis_key(agent_id, key);
-        match tokio::time::timeout(
-            self.inner.timeout,
-            conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS),
-        )
-        .await
-        {
+        match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "redis set failed"),
             Err(_) => tracing::debug!("redis set timed out"),

@@ -21,9 +21,7 @@ use sha2::{Digest, Sha256};
 pub enum JsonError {
     #[error("request body is not valid JSON: {0}")]
     Syntax(String),
-    #[error(
-        "request body has a number that cannot be represented exactly ({0}); send it as a string"
-    )]
+    #[error("request body has a number that cannot be represented exactly ({0}); send it as a string")]
     Precision(String),
 }
 
@@ -33,9 +31,7 @@ pub enum JsonError {
 /// [`JsonError`] with a message suitable for a 400 response.
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = StrictSeed
-        .deserialize(&mut de)
-        .map_err(|e| JsonError::Syntax(e.to_string()))?;
+    let value = StrictSeed.deserialize(&mut de).map_err(|e| JsonError::Syntax(e.to_string()))?;
     de.end().map_err(|e| JsonError::Syntax(e.to_string()))?;
     check_number_literals(bytes)?;
     Ok(value)
@@ -48,10 +44,7 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
 pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, serde_json::Error> {
     let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        params
-            .entry(name.into_owned())
-            .or_default()
-            .push(value.into_owned());
+        params.entry(name.into_owned()).or_default().push(value.into_owned());
     }
     let query: Map<String, Value> = params
         .into_iter()
@@ -100,9 +93,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
         Ok(Value::from(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("number out of range"))
+        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("number out of range"))
     }
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_owned()))
@@ -158,9 +149,7 @@ fn check_number_literals(bytes: &[u8]) -> Result<(), JsonError> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len()
-                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
-                {
+                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
                     i += 1;
                 }
                 let literal = std::str::from_utf8(&bytes[start..i]).unwrap_or_default();
@@ -234,27 +223,14 @@ mod tests {
 
     #[test]
     fn ordinary_numbers_are_accepted() {
-        for ok in [
-            "9007199254740992",
-            "-9007199254740992",
-            "0",
-            "-0",
-            "1.0",
-            "1e21",
-            "0.1",
-            "1E-7",
-            "2.5e3",
-            "100",
-        ] {
+        for ok in ["9007199254740992", "-9007199254740992", "0", "-0", "1.0", "1e21", "0.1", "1E-7", "2.5e3", "100"] {
             assert!(parse_strict(ok.as_bytes()).is_ok(), "{ok}");
         }
     }
 
     #[test]
     fn strings_with_digits_and_escapes_are_not_numbers() {
-        assert!(
-            parse_strict(br#"{"n":"9007199254740993","q":"a\"12345678901234567890123"}"#).is_ok()
-        );
+        assert!(parse_strict(br#"{"n":"9007199254740993","q":"a\"12345678901234567890123"}"#).is_ok());
     }
 
     #[test]
@@ -303,11 +279,10 @@ mod tests {
                 .as_bytes(),
         )
         .unwrap();
-        let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, Value>>(
-            &serde_jcs::to_string(&v).unwrap(),
-        )
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default();
+        let keys: Vec<String> =
+            serde_json::from_str::<serde_json::Map<String, Value>>(&serde_jcs::to_string(&v).unwrap())
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
         let jcs = serde_jcs::to_string(&v).unwrap();
         let order: Vec<usize> = ["\\r", "1", "\u{80}", "ö", "€", "😀", "\u{fb33}"]
             .iter()

@@ -22,15 +22,11 @@ impl IdempotencyKey {
     /// visible ASCII (no spaces, no control characters, no non-ASCII bytes).
     pub fn parse(raw: Option<&[u8]>) -> Result<Self, InvalidKey> {
         let raw = raw.ok_or(InvalidKey)?;
-        if !(Self::MIN_LEN..=Self::MAX_LEN).contains(&raw.len())
-            || !raw.iter().all(|b| (0x21..=0x7e).contains(b))
-        {
+        if !(Self::MIN_LEN..=Self::MAX_LEN).contains(&raw.len()) || !raw.iter().all(|b| (0x21..=0x7e).contains(b)) {
             return Err(InvalidKey);
         }
         // All bytes are ASCII, so this cannot fail; map anyway rather than unwrap.
-        std::str::from_utf8(raw)
-            .map(|s| Self(s.to_owned()))
-            .map_err(|_| InvalidKey)
+        std::str::from_utf8(raw).map(|s| Self(s.to_owned())).map_err(|_| InvalidKey)
     }
 
     pub fn as_str(&self) -> &str {

@@ -124,11 +124,7 @@ impl Idempotency {
         if entry.request_hash != request_hash {
             return Some((Decision::Mismatch, Path::Mismatch));
         }
-        match (
-            entry.status,
-            entry.response_status_code,
-            entry.response_body,
-        ) {
+        match (entry.status, entry.response_status_code, entry.response_body) {
             (Status::InFlight, _, _) => None,
             (status, Some(code), Some(body)) => Some((
                 Decision::Replay(Stored {
@@ -157,8 +153,7 @@ impl Idempotency {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
             if store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
-                self.warm(agent_id, key, request_hash, Status::InFlight, None)
-                    .await;
+                self.warm(agent_id, key, request_hash, Status::InFlight, None).await;
                 let own = Ownership {
                     agent_id,
                     key: key.clone(),
@@ -183,23 +178,14 @@ impl Idempotency {
                 return Ok((Decision::Mismatch, Path::Mismatch));
             }
             return match row.status {
-                Status::InFlight => {
-                    self.maybe_take_over(conn, agent_id, key, request_hash, &row)
-                        .await
-                }
+                Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
                 status => {
-                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body)
-                    else {
+                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
                         return Err(diesel::result::Error::DeserializationError(
                             "terminal idempotency row without a response".into(),
                         ));
                     };
-                    let stored = Stored {
-                        status,
-                        http_status: to_http_status(code),
-                        body,
-                        receipt_id: row.receipt_id,
-                    };
+                    let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
                     self.warm_stored(agent_id, key, request_hash, &stored).await;
                     Ok((Decision::Replay(stored), Path::ReplayPostgres))
                 }
@@ -223,16 +209,7 @@ impl Idempotency {
             return Ok((Decision::InFlight, Path::InFlight));
         }
         let lease = Uuid::new_v4();
-        if !store::take_over(
-            conn,
-            agent_id,
-            key.as_str(),
-            request_hash,
-            lease,
-            self.timing.abandon_after,
-        )
-        .await?
-        {
+        if !store::take_over(conn, agent_id, key.as_str(), request_hash, lease, self.timing.abandon_after).await? {
             // Another retry won the takeover (or the owner finished meanwhile).
             return Ok((Decision::InFlight, Path::InFlight));
         }
@@ -240,26 +217,14 @@ impl Idempotency {
             agent_id = %agent_id, idem.age_ms = row.age_ms,
             "another request with this idempotency key was abandoned and is being retried"
         );
-        let own = Ownership {
-            agent_id,
-            key: key.clone(),
-            request_hash: request_hash.to_owned(),
-            lease,
-            took_over: true,
-        };
+        let own =
+            Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: true };
         Ok((Decision::Execute(own), Path::Takeover))
     }
 
     /// Caches a terminal response after it has been committed to Postgres.
-    pub async fn warm_stored(
-        &self,
-        agent_id: Uuid,
-        key: &IdempotencyKey,
-        request_hash: &str,
-        stored: &Stored,
-    ) {
-        self.warm(agent_id, key, request_hash, stored.status, Some(stored))
-            .await;
+    pub async fn warm_stored(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, stored: &Stored) {
+        self.warm(agent_id, key, request_hash, stored.status, Some(stored)).await;
     }
 
     async fn warm(
@@ -301,9 +266,7 @@ impl Heartbeat {
                 ticker.tick().await;
                 let beat = async {
                     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    store::heartbeat(&mut conn, agent_id, &key, lease)
-                        .await
-                        .map_err(|e| e.to_string())
+                    store::heartbeat(&mut conn, agent_id, &key, lease).await.map_err(|e| e.to_string())
                 };
                 match beat.await {
                     Ok(true) => tracing::trace!("idempotency heartbeat"),

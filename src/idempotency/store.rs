@@ -104,11 +104,7 @@ pub async fn claim(
 ///
 /// # Errors
 /// Database errors, or a status value outside the CHECK constraint.
-pub async fn find(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    key: &str,
-) -> QueryResult<Option<Row>> {
+pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<Row>> {
     let raw: Option<RawRow> = diesel::sql_query(
         "SELECT status, request_hash, response_status_code, response_body, receipt_id, \
                 (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms \
@@ -121,9 +117,7 @@ pub async fn find(
     .optional()?;
     raw.map(|r| {
         let status = Status::parse(&r.status).ok_or_else(|| {
-            diesel::result::Error::DeserializationError(
-                format!("unknown status {:?}", r.status).into(),
-            )
+            diesel::result::Error::DeserializationError(format!("unknown status {:?}", r.status).into())
         })?;
         Ok(Row {
             status,
@@ -171,12 +165,7 @@ pub async fn take_over(
 ///
 /// # Errors
 /// Database errors.
-pub async fn heartbeat(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    key: &str,
-    lease: Uuid,
-) -> QueryResult<bool> {
+pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
     let n = diesel::update(
         idempotency_keys::table
             .filter(idempotency_keys::agent_id.eq(agent_id))
@@ -195,10 +184,7 @@ pub async fn heartbeat(
 ///
 /// # Errors
 /// Database errors.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one column each; a struct would only rename them"
-)]
+#[expect(clippy::too_many_arguments, reason = "one column each; a struct would only rename them")]
 pub async fn finish(
     conn: &mut AsyncPgConnection,
     agent_id: Uuid,

@@ -93,12 +93,7 @@ impl Attempt {
     }
 }
 
-fn describe(
-    version: X402Version,
-    signed: &SignedAuthorization,
-    status: PaymentStatus,
-    tx_hash: Option<&str>,
-) -> Value {
+fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
     let auth = signed.authorization();
     json!({
         "x402_version": version.number(),
@@ -126,9 +121,7 @@ pub fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
@@ -145,31 +138,12 @@ fn stopped_after_402(
     state.metrics.payments.with_label_values(&[metric]).inc();
     let id = Uuid::new_v4();
     let body = envelope::error_envelope(msg, Some(first), payment.as_ref(), Some(id));
-    let receipt = draft(
-        id,
-        own,
-        call,
-        Some(first.status),
-        &first.body,
-        payment,
-        Status::Errored,
-    );
+    let receipt = draft(id, own, call, Some(first.status), &first.body, payment, Status::Errored);
     errored(502, body, Some(receipt), None)
 }
 
-fn errored(
-    http_status: u16,
-    body: Value,
-    receipt: Option<crate::receipts::Draft>,
-    payment: Option<Final>,
-) -> Outcome {
-    Outcome {
-        status: Status::Errored,
-        http_status,
-        body,
-        receipt,
-        payment,
-    }
+fn errored(http_status: u16, body: Value, receipt: Option<crate::receipts::Draft>, payment: Option<Final>) -> Outcome {
+    Outcome { status: Status::Errored, http_status, body, receipt, payment }
 }
 
 /// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
@@ -184,39 +158,21 @@ pub async fn pay(
     first: UpstreamResponse,
     deadline: Instant,
 ) -> Result<Outcome, ApiError> {
-    let required = match x402::wire::parse_payment_required(
-        StatusCode::PAYMENT_REQUIRED,
-        &first.headers,
-        &first.body,
-    ) {
+    let required = match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
         Ok(r) => r,
         Err(e) => {
             let msg = format!("invalid 402 from upstream: {e}");
-            return Ok(stopped_after_402(
-                state,
-                own,
-                call,
-                &first,
-                "invalid_402",
-                &msg,
-                None,
-            ));
+            return Ok(stopped_after_402(state, own, call, &first, "invalid_402", &msg, None));
         }
     };
 
     // The agent's limits narrow the choice up front; `store::reserve` re-checks atomically.
     let spend = {
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-        store::agent_spend(&mut conn, own.agent_id, false)
-            .await
-            .map_err(ApiError::database)?
+        store::agent_spend(&mut conn, own.agent_id, false).await.map_err(ApiError::database)?
     };
-    let cap = spend
-        .as_ref()
-        .and_then(|s| s.max_per_call.as_deref().and_then(parse_decimal_amount));
-    let left = spend
-        .as_ref()
-        .and_then(|s| s.remaining_24h.as_deref().and_then(parse_decimal_amount));
+    let cap = spend.as_ref().and_then(|s| s.max_per_call.as_deref().and_then(parse_decimal_amount));
+    let left = spend.as_ref().and_then(|s| s.remaining_24h.as_deref().and_then(parse_decimal_amount));
     let limit = match (cap, left) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -224,27 +180,12 @@ pub async fn pay(
     let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, limit) {
         Ok(r) => r.clone(),
         Err(rejection) => {
-            state
-                .metrics
-                .payments
-                .with_label_values(&["declined"])
-                .inc();
-            let mut reason =
-                format!("upstream requires a payment the router will not make: {rejection}");
-            if let Some(left) =
-                left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c))
-            {
-                reason.push_str(&format!(
-                    " (the agent's rolling 24 h budget has {left} left)"
-                ));
+            state.metrics.payments.with_label_values(&["declined"]).inc();
+            let mut reason = format!("upstream requires a payment the router will not make: {rejection}");
+            if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
+                reason.push_str(&format!(" (the agent's rolling 24 h budget has {left} left)"));
             }
-            return Ok(declined(
-                own,
-                call,
-                &first,
-                &reason,
-                Value::Array(required.raw_accepts.clone()),
-            ));
+            return Ok(declined(own, call, &first, &reason, Value::Array(required.raw_accepts.clone())));
         }
     };
 
@@ -260,52 +201,26 @@ pub async fn pay(
                 "status": PaymentStatus::SettledResponseLost.as_str(),
             });
             let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
-            return Ok(stopped_after_402(
-                state,
-                own,
-                call,
-                &first,
-                "already_settled",
-                msg,
-                Some(payment),
-            ));
+            return Ok(stopped_after_402(state, own, call, &first, "already_settled", msg, Some(payment)));
         }
         Err(e) => {
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
-            return Ok(stopped_after_402(
-                state,
-                own,
-                call,
-                &first,
-                "rpc_unavailable",
-                &msg,
-                None,
-            ));
+            return Ok(stopped_after_402(state, own, call, &first, "rpc_unavailable", &msg, None));
         }
     }
 
     let extensions = if required.advertises_payment_identifier() {
-        let pid =
-            x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
-        x402::wire::payment_extensions(required.extensions.as_ref(), &pid)
-            .ok()
-            .flatten()
+        let pid = x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+        x402::wire::payment_extensions(required.extensions.as_ref(), &pid).ok().flatten()
     } else {
         None
     };
-    let context = json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
+    let context =
+        json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
     let attempt = match sign(state, required.version, &chosen, &context, nonce) {
         Ok(a) => a,
         Err(msg) => {
-            return Ok(stopped_after_402(
-                state,
-                own,
-                call,
-                &first,
-                "sign_failed",
-                &msg,
-                None,
-            ));
+            return Ok(stopped_after_402(state, own, call, &first, "sign_failed", &msg, None));
         }
     };
 
@@ -327,38 +242,20 @@ pub async fn pay(
         valid_before: to_i64(attempt.signed.authorization().valid_before),
         requirement: &chosen.raw_json(),
         context: &context,
-        authorization: &serde_json::to_value(&attempt.signed)
-            .map_err(|e| ApiError::Internal(e.into()))?,
+        authorization: &serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?,
         header_name: attempt.header.0.as_str(),
-        header_value: attempt
-            .header
-            .1
-            .to_str()
-            .map_err(|e| ApiError::Internal(e.into()))?,
+        header_value: attempt.header.1.to_str().map_err(|e| ApiError::Internal(e.into()))?,
     };
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    match store::reserve(&mut conn, &row)
-        .await
-        .map_err(ApiError::database)?
-    {
+    match store::reserve(&mut conn, &row).await.map_err(ApiError::database)? {
         store::Reservation::Reserved => {}
         store::Reservation::Fenced => return Err(ApiError::Superseded),
         store::Reservation::OverLimit(why) => {
             // A concurrent payment of the same agent took the budget first. This
             // signature is dropped here: it was never stored nor sent.
-            state
-                .metrics
-                .payments
-                .with_label_values(&["declined"])
-                .inc();
+            state.metrics.payments.with_label_values(&["declined"]).inc();
             let reason = format!("upstream requires a payment the router will not make: {why}");
-            return Ok(declined(
-                own,
-                call,
-                &first,
-                &reason,
-                Value::Array(required.raw_accepts.clone()),
-            ));
+            return Ok(declined(own, call, &first, &reason, Value::Array(required.raw_accepts.clone())));
         }
     }
     drop(conn);
@@ -377,9 +274,7 @@ pub async fn pay(
 /// [`ApiError`] when the ledger cannot be read.
 pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    let intent = store::find(&mut conn, own.agent_id, own.key.as_str())
-        .await
-        .map_err(ApiError::database)?;
+    let intent = store::find(&mut conn, own.agent_id, own.key.as_str()).await.map_err(ApiError::database)?;
     let described = intent.and_then(|row| {
         let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization).ok()?;
         let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
@@ -410,87 +305,39 @@ pub async fn resume(
     deadline: Instant,
 ) -> Result<Outcome, ApiError> {
     let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
-        .map_err(|e| {
-        ApiError::Internal(anyhow::anyhow!("stored authorization unreadable: {e}"))
-    })?;
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored authorization unreadable: {e}")))?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
-        .ok_or_else(|| {
-            ApiError::Internal(anyhow::anyhow!(
-                "stored x402 version {}",
-                intent.x402_version
-            ))
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("stored x402 version {}", intent.x402_version)))?;
+    let used =
+        chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await.map_err(|e| {
+            tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
+            ApiError::Unavailable("the payment network cannot be read to check an earlier payment; retry later")
         })?;
-    let used = chain_used(
-        state,
-        signed.network(),
-        signed.asset(),
-        signed.payer(),
-        signed.nonce(),
-    )
-    .await
-    .map_err(|e| {
-        tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
-        ApiError::Unavailable(
-            "the payment network cannot be read to check an earlier payment; retry later",
-        )
-    })?;
     if used {
-        state
-            .metrics
-            .payments
-            .with_label_values(&["settled_response_lost"])
-            .inc();
+        state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
         tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on-chain: settled, response lost");
         let id = Uuid::new_v4();
-        let payment = describe(
-            version,
-            &signed,
-            PaymentStatus::SettledResponseLost,
-            intent.tx_hash.as_deref(),
-        );
+        let payment = describe(version, &signed, PaymentStatus::SettledResponseLost, intent.tx_hash.as_deref());
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
         let body = envelope::error_envelope(msg, None, Some(&payment), Some(id));
         let receipt = draft(id, own, call, None, &[], Some(payment), Status::Errored);
-        let fin = Final {
-            id: intent.id,
-            status: PaymentStatus::SettledResponseLost,
-            tx_hash: intent.tx_hash,
-            error: None,
-        };
+        let fin =
+            Final { id: intent.id, status: PaymentStatus::SettledResponseLost, tx_hash: intent.tx_hash, error: None };
         return Ok(errored(502, body, Some(receipt), Some(fin)));
     }
     let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
-        let name = HeaderName::from_bytes(intent.header_name.as_bytes())
-            .map_err(|e| ApiError::Internal(e.into()))?;
-        let value = HeaderValue::from_str(&intent.header_value)
-            .map_err(|e| ApiError::Internal(e.into()))?;
+        let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| ApiError::Internal(e.into()))?;
+        let value = HeaderValue::from_str(&intent.header_value).map_err(|e| ApiError::Internal(e.into()))?;
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
-        Attempt {
-            id: intent.id,
-            version,
-            signed,
-            header: (name, value),
-        }
+        Attempt { id: intent.id, version, signed, header: (name, value) }
     } else {
-        let requirement = Requirement::from_json(version, 0, &intent.requirement).map_err(|e| {
-            ApiError::Internal(anyhow::anyhow!("stored requirement unreadable: {e}"))
-        })?;
-        let attempt = sign(
-            state,
-            version,
-            &requirement,
-            &intent.context,
-            signed.nonce(),
-        )
-        .map_err(|m| ApiError::Internal(anyhow::anyhow!(m)))?;
+        let requirement = Requirement::from_json(version, 0, &intent.requirement)
+            .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored requirement unreadable: {e}")))?;
+        let attempt = sign(state, version, &requirement, &intent.context, signed.nonce())
+            .map_err(|m| ApiError::Internal(anyhow::anyhow!(m)))?;
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-        let auth =
-            serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?;
-        let header = attempt
-            .header
-            .1
-            .to_str()
-            .map_err(|e| ApiError::Internal(e.into()))?;
+        let auth = serde_json::to_value(&attempt.signed).map_err(|e| ApiError::Internal(e.into()))?;
+        let header = attempt.header.1.to_str().map_err(|e| ApiError::Internal(e.into()))?;
         let a = attempt.signed.authorization();
         let resign = store::Resign {
             id: intent.id,
@@ -502,39 +349,23 @@ pub async fn resume(
             authorization: &auth,
             header_value: header,
         };
-        match store::resign(&mut conn, &resign)
-            .await
-            .map_err(ApiError::database)?
-        {
+        match store::resign(&mut conn, &resign).await.map_err(ApiError::database)? {
             store::Reservation::Reserved => {}
             store::Reservation::Fenced => return Err(ApiError::Superseded),
             store::Reservation::OverLimit(why) => {
                 // The expired intent released its budget and the budget is gone now:
                 // nothing can be paid for this key. Nothing was sent in this attempt.
-                state
-                    .metrics
-                    .payments
-                    .with_label_values(&["declined"])
-                    .inc();
+                state.metrics.payments.with_label_values(&["declined"]).inc();
                 let body = json!({
                     "error": format!("upstream requires a payment the router will not make: {why}"),
                     "accepts": [intent.requirement],
                     "receipt_id": null,
                 });
-                return Ok(Outcome {
-                    status: Status::Completed,
-                    http_status: 402,
-                    body,
-                    receipt: None,
-                    payment: None,
-                });
+                return Ok(Outcome { status: Status::Completed, http_status: 402, body, receipt: None, payment: None });
             }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
-        Attempt {
-            id: intent.id,
-            ..attempt
-        }
+        Attempt { id: intent.id, ..attempt }
     };
     Ok(exchange(state, own, call, &attempt, deadline).await)
 }
@@ -553,16 +384,10 @@ fn sign(
     let extensions = context.get("extensions").filter(|v| !v.is_null());
     let payload = x402::wire::payment_payload(version, requirement, resource, &signed, extensions)
         .map_err(|e| format!("cannot build the payment: {e}"))?;
-    let (name, value) = x402::wire::encode_payment_header(version, &payload)
-        .map_err(|e| format!("cannot encode the payment: {e}"))?;
-    let name = HeaderName::from_bytes(name.as_bytes())
-        .map_err(|e| format!("bad payment header name: {e}"))?;
-    Ok(Attempt {
-        id: Uuid::new_v4(),
-        version,
-        signed,
-        header: (name, value),
-    })
+    let (name, value) =
+        x402::wire::encode_payment_header(version, &payload).map_err(|e| format!("cannot encode the payment: {e}"))?;
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("bad payment header name: {e}"))?;
+    Ok(Attempt { id: Uuid::new_v4(), version, signed, header: (name, value) })
 }
 
 /// Sends the paid request and turns the answer (or its absence) into an outcome,
@@ -577,103 +402,47 @@ async fn exchange(
     let started = Instant::now();
     let sent = state
         .upstream
-        .send(
-            &call.upstream,
-            std::slice::from_ref(&attempt.header),
-            remaining(deadline).min(state.upstream.timeout()),
-        )
+        .send(&call.upstream, std::slice::from_ref(&attempt.header), remaining(deadline).min(state.upstream.timeout()))
         .await;
-    state
-        .metrics
-        .upstream_seconds
-        .with_label_values(&["paid"])
-        .observe(started.elapsed().as_secs_f64());
+    state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
     let signed = &attempt.signed;
     match sent {
         Err(e) => lost_answer(state, own, call, attempt, &e).await,
         Ok(resp) if resp.status == 402 => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
-            let status = match chain_used(
-                state,
-                signed.network(),
-                signed.asset(),
-                signed.payer(),
-                signed.nonce(),
-            )
-            .await
+            let status = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await
             {
                 Ok(true) => PaymentStatus::Settled,
                 Ok(false) => PaymentStatus::Rejected,
                 Err(_) => PaymentStatus::Unknown,
             };
-            state
-                .metrics
-                .payments
-                .with_label_values(&[status.as_str()])
-                .inc();
-            let reason = reasons
-                .error
-                .clone()
-                .or(reasons.invalid_reason.clone())
-                .or(reasons.error_reason.clone());
-            let msg = format!(
-                "upstream rejected the payment: {}",
-                reason.as_deref().unwrap_or("no reason given")
-            );
+            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
+            let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
             let id = Uuid::new_v4();
             let payment = attempt.describe(status, None);
             let mut body = envelope::error_envelope(&msg, Some(&resp), Some(&payment), Some(id));
             // The facilitator's reasons, unchanged, beside our own message.
             if let Value::Object(map) = &mut body {
-                for (k, v) in [
-                    ("invalidReason", &reasons.invalid_reason),
-                    ("errorReason", &reasons.error_reason),
-                ] {
+                for (k, v) in [("invalidReason", &reasons.invalid_reason), ("errorReason", &reasons.error_reason)] {
                     if let Some(v) = v {
                         map.insert(k.to_owned(), Value::String(v.clone()));
                     }
                 }
             }
-            let receipt = draft(
-                id,
-                own,
-                call,
-                Some(resp.status),
-                &resp.body,
-                Some(payment),
-                Status::Errored,
-            );
-            let fin = Final {
-                id: attempt.id,
-                status,
-                tx_hash: None,
-                error: reason,
-            };
+            let receipt = draft(id, own, call, Some(resp.status), &resp.body, Some(payment), Status::Errored);
+            let fin = Final { id: attempt.id, status, tx_hash: None, error: reason };
             errored(502, body, Some(receipt), Some(fin))
         }
         Ok(resp) => {
             let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
             let claimed = claim.as_ref().is_some_and(|c| c.success);
             let (status, tx_hash, note) = confirm(state, signed, claim.as_ref()).await;
-            state
-                .metrics
-                .payments
-                .with_label_values(&[status.as_str()])
-                .inc();
+            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let payment = attempt.describe(status, tx_hash.as_deref());
-            let error = note.or_else(|| {
-                claim
-                    .as_ref()
-                    .filter(|_| !claimed)
-                    .and_then(|c| c.error_reason.clone())
-            });
-            let fin = Final {
-                id: attempt.id,
-                status,
-                tx_hash,
-                error,
-            };
+            let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
+            let fin = Final { id: attempt.id, status, tx_hash, error };
             answered(own, call, &resp, Some(payment), Some(fin))
         }
     }
@@ -693,24 +462,14 @@ async fn lost_answer(
         // Not (yet) used: the upstream still holds a valid authorization until validBefore.
         _ => PaymentStatus::Unknown,
     };
-    state
-        .metrics
-        .payments
-        .with_label_values(&[status.as_str()])
-        .inc();
-    let http_status = if matches!(e, UpstreamError::Timeout) {
-        504
-    } else {
-        502
-    };
+    state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+    let http_status = if matches!(e, UpstreamError::Timeout) { 504 } else { 502 };
     let payment = attempt.describe(status, None);
     let msg = match status {
         PaymentStatus::SettledResponseLost => {
             format!("{e}; the payment settled on-chain but the response was lost")
         }
-        _ => format!(
-            "{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"
-        ),
+        _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
     let id = Uuid::new_v4();
     let body = envelope::error_envelope(&msg, None, Some(&payment), Some(id));
@@ -719,12 +478,7 @@ async fn lost_answer(
         http_status,
         body,
         Some(receipt),
-        Some(Final {
-            id: attempt.id,
-            status,
-            tx_hash: None,
-            error: Some(e.to_string()),
-        }),
+        Some(Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()) }),
     )
 }
 
@@ -754,14 +508,8 @@ async fn confirm(
             if let Some(hash) = claim.and_then(|c| c.tx_hash) {
                 match state.chain.transaction_status(s.network(), hash).await {
                     Ok(Some(true)) => tx = Some(hash.to_string()),
-                    Ok(_) => {
-                        note = Some(format!(
-                            "the claimed transaction {hash} was not found or failed"
-                        ))
-                    }
-                    Err(e) => {
-                        note = Some(format!("the claimed transaction could not be checked: {e}"))
-                    }
+                    Ok(_) => note = Some(format!("the claimed transaction {hash} was not found or failed")),
+                    Err(e) => note = Some(format!("the claimed transaction could not be checked: {e}")),
                 }
             }
             (PaymentStatus::Settled, tx, note)
@@ -769,16 +517,10 @@ async fn confirm(
         Ok(false) if claimed => (
             PaymentStatus::Unconfirmed,
             None,
-            Some(
-                "the upstream claimed settlement, but the authorization is unused on-chain".into(),
-            ),
+            Some("the upstream claimed settlement, but the authorization is unused on-chain".into()),
         ),
         Ok(false) => (PaymentStatus::NotSettled, None, None),
-        Err(e) => (
-            PaymentStatus::Unknown,
-            None,
-            Some(format!("settlement could not be checked: {e}")),
-        ),
+        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
     }
 }
 
@@ -790,15 +532,8 @@ async fn chain_used(
     nonce: B256,
 ) -> Result<bool, x402::ChainError> {
     let started = Instant::now();
-    let r = state
-        .chain
-        .authorization_state(network, asset, payer, nonce)
-        .await;
-    state
-        .metrics
-        .rpc_seconds
-        .with_label_values(&["authorizationState"])
-        .observe(started.elapsed().as_secs_f64());
+    let r = state.chain.authorization_state(network, asset, payer, nonce).await;
+    state.metrics.rpc_seconds.with_label_values(&["authorizationState"]).observe(started.elapsed().as_secs_f64());
     r
 }
 

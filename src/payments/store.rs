@@ -113,13 +113,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
             return Ok(Reservation::OverLimit("unknown agent".into()));
         };
-        let current: Option<PaymentRow> = payments::table
-            .find(r.id)
-            .select(PaymentRow::as_select())
-            .for_update()
-            .first(c)
-            .await
-            .optional()?;
+        let current: Option<PaymentRow> =
+            payments::table.find(r.id).select(PaymentRow::as_select()).for_update().first(c).await.optional()?;
         if current.as_ref().is_some_and(|p| p.status == "expired")
             && let Some(refusal) = over_limit(&spend, r.amount)
         {
@@ -162,11 +157,7 @@ pub struct Resign<'a> {
 ///
 /// # Errors
 /// Database errors.
-pub async fn find(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    key: &str,
-) -> QueryResult<Option<PaymentRow>> {
+pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<PaymentRow>> {
     payments::table
         .filter(payments::agent_id.eq(agent_id))
         .filter(payments::idempotency_key.eq(key))
@@ -231,11 +222,7 @@ pub struct Spend {
 ///
 /// # Errors
 /// Database errors.
-pub async fn agent_spend(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    lock: bool,
-) -> QueryResult<Option<Spend>> {
+pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: bool) -> QueryResult<Option<Spend>> {
     if lock {
         let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
             .bind::<SqlUuid, _>(agent_id)
@@ -258,11 +245,7 @@ pub async fn agent_spend(
                    AND p.status NOT IN {RELEASED}) u \
           WHERE a.id = $1"
     );
-    diesel::sql_query(sql)
-        .bind::<SqlUuid, _>(agent_id)
-        .get_result(conn)
-        .await
-        .optional()
+    diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).get_result(conn).await.optional()
 }
 
 /// Why a reservation was refused.
@@ -290,11 +273,7 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
         if let Some(refusal) = over_limit(&spend, p.amount) {
             return Ok(Reservation::OverLimit(refusal));
         }
-        Ok(if insert_signed(c, p).await? {
-            Reservation::Reserved
-        } else {
-            Reservation::Fenced
-        })
+        Ok(if insert_signed(c, p).await? { Reservation::Reserved } else { Reservation::Fenced })
     })
     .await
 }
@@ -306,16 +285,12 @@ fn over_limit(spend: &Spend, amount: &str) -> Option<String> {
     if let Some(cap) = spend.max_per_call.as_deref().and_then(parse)
         && amount > cap
     {
-        return Some(format!(
-            "the price {amount} exceeds the agent's per-call cap {cap}"
-        ));
+        return Some(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
     }
     if let Some(remaining) = spend.remaining_24h.as_deref().and_then(parse)
         && amount > remaining
     {
-        return Some(format!(
-            "the price {amount} exceeds what remains of the agent's daily budget ({remaining})"
-        ));
+        return Some(format!("the price {amount} exceeds what remains of the agent's daily budget ({remaining})"));
     }
     None
 }

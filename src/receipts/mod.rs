@@ -103,18 +103,12 @@ impl Receipt {
     /// # Errors
     /// [`VerifyError`].
     pub fn verify(&self) -> Result<Address, VerifyError> {
-        let raw = alloy::hex::decode(self.signature.trim_start_matches("0x"))
-            .map_err(|_| VerifyError::Signature)?;
+        let raw = alloy::hex::decode(self.signature.trim_start_matches("0x")).map_err(|_| VerifyError::Signature)?;
         let sig = Signature::from_raw(&raw).map_err(|_| VerifyError::Signature)?;
-        let recovered = sig
-            .recover_address_from_msg(self.signed_bytes())
-            .map_err(|_| VerifyError::Signature)?;
+        let recovered = sig.recover_address_from_msg(self.signed_bytes()).map_err(|_| VerifyError::Signature)?;
         let stated: Option<Address> = self.signer.parse().ok();
         if stated != Some(recovered) {
-            return Err(VerifyError::WrongSigner {
-                recovered,
-                stated: self.signer.clone(),
-            });
+            return Err(VerifyError::WrongSigner { recovered, stated: self.signer.clone() });
         }
         Ok(recovered)
     }
@@ -124,8 +118,7 @@ impl Receipt {
     /// # Errors
     /// [`VerifyError`].
     pub fn verify_json(text: &str) -> Result<Address, VerifyError> {
-        let r: Receipt =
-            serde_json::from_str(text).map_err(|e| VerifyError::Shape(e.to_string()))?;
+        let r: Receipt = serde_json::from_str(text).map_err(|e| VerifyError::Shape(e.to_string()))?;
         r.verify()
     }
 }
@@ -141,9 +134,7 @@ mod micros {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
         let s = String::deserialize(d)?;
-        DateTime::parse_from_rfc3339(&s)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(serde::de::Error::custom)
+        DateTime::parse_from_rfc3339(&s).map(|t| t.with_timezone(&Utc)).map_err(serde::de::Error::custom)
     }
 }
 

@@ -70,22 +70,14 @@ impl From<ReceiptRow> for Receipt {
 /// # Errors
 /// Database errors.
 pub async fn insert(conn: &mut AsyncPgConnection, receipt: &Receipt) -> QueryResult<()> {
-    diesel::insert_into(receipts::table)
-        .values(ReceiptRow::from(receipt))
-        .execute(conn)
-        .await
-        .map(|_| ())
+    diesel::insert_into(receipts::table).values(ReceiptRow::from(receipt)).execute(conn).await.map(|_| ())
 }
 
 /// One of `agent_id`'s receipts. Another agent's receipt is simply not found.
 ///
 /// # Errors
 /// Database errors.
-pub async fn find_for_agent(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    id: Uuid,
-) -> QueryResult<Option<Receipt>> {
+pub async fn find_for_agent(conn: &mut AsyncPgConnection, agent_id: Uuid, id: Uuid) -> QueryResult<Option<Receipt>> {
     receipts::table
         .filter(receipts::id.eq(id))
         .filter(receipts::agent_id.eq(agent_id))
@@ -100,11 +92,7 @@ pub async fn find_for_agent(
 ///
 /// # Errors
 /// Database errors.
-pub async fn count_for_key(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    key: &str,
-) -> QueryResult<i64> {
+pub async fn count_for_key(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<i64> {
     receipts::table
         .filter(receipts::agent_id.eq(agent_id))
         .filter(receipts::idempotency_key.eq(key))

@@ -12,16 +12,10 @@ use crate::state::AppState;
 
 /// GET /audit/receipts — every agent's receipts, filtered, oldest first, keyset-paginated:
 /// `{"receipts": [...], "next_cursor": "…" | null}`.
-pub async fn receipts(
-    state: web::Data<AppState>,
-    _: Operator,
-    req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
+pub async fn receipts(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = ReceiptQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    let page = store::receipts(&mut conn, &q)
-        .await
-        .map_err(ApiError::database)?;
+    let page = store::receipts(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({
         "receipts": page.rows,
         "next_cursor": page.next.map(|c| c.encode()),
@@ -29,11 +23,7 @@ pub async fn receipts(
 }
 
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
-pub async fn receipt(
-    state: web::Data<AppState>,
-    _: Operator,
-    id: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn receipt(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
     store::receipt(&mut conn, id)
@@ -44,11 +34,7 @@ pub async fn receipt(
 }
 
 /// GET /audit/idempotency?agent_id=&key= — one key's idempotency row and its payment intent.
-pub async fn idempotency(
-    state: web::Data<AppState>,
-    _: Operator,
-    req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
+pub async fn idempotency(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = KeyQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
     store::idempotency(&mut conn, &q)
@@ -60,16 +46,10 @@ pub async fn idempotency(
 
 /// GET /audit/payments?status= — the payment ledger (any status, `paid_not_served`,
 /// `stuck`), oldest first, keyset-paginated: `{"payments": [...], "next_cursor": …}`.
-pub async fn payments(
-    state: web::Data<AppState>,
-    _: Operator,
-    req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
+pub async fn payments(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = PaymentQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    let page = store::payments(&mut conn, &q)
-        .await
-        .map_err(ApiError::database)?;
+    let page = store::payments(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({
         "payments": page.rows,
         "next_cursor": page.next.map(|c| c.encode()),
@@ -77,11 +57,7 @@ pub async fn payments(
 }
 
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
-pub async fn spend(
-    state: web::Data<AppState>,
-    _: Operator,
-    id: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn spend(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
     crate::payments::store::agent_spend(&mut conn, id, false)

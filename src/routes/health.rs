@@ -14,10 +14,7 @@ pub async fn healthz() -> HttpResponse {
 /// GET /readyz — Postgres is required (503 without it); Redis is reported only.
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let postgres = match state.pool.get().await {
-        Ok(mut conn) => diesel::sql_query("SELECT 1")
-            .execute(&mut conn)
-            .await
-            .is_ok(),
+        Ok(mut conn) => diesel::sql_query("SELECT 1").execute(&mut conn).await.is_ok(),
         Err(_) => false,
     };
     let redis = state.idempotency.cache.ping().await;
@@ -26,18 +23,12 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         "postgres": if postgres { "ok" } else { "unreachable" },
         "redis": if redis { "ok" } else { "unreachable" },
     });
-    if postgres {
-        HttpResponse::Ok().json(body)
-    } else {
-        HttpResponse::ServiceUnavailable().json(body)
-    }
+    if postgres { HttpResponse::Ok().json(body) } else { HttpResponse::ServiceUnavailable().json(body) }
 }
 
 /// GET /metrics — Prometheus text format.
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(state.metrics.render())
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
 }
 
 /// GET /.well-known/x402-router — the receipt signer, version and payable networks.

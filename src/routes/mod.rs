@@ -23,23 +23,15 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
     // Operators (Authorization: Bearer $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
-    (Method::GET, "/audit/receipts/{id}", |r| {
-        r.to(audit::receipt)
-    }),
-    (Method::GET, "/audit/idempotency", |r| {
-        r.to(audit::idempotency)
-    }),
+    (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),
+    (Method::GET, "/audit/idempotency", |r| r.to(audit::idempotency)),
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
-    (Method::GET, "/audit/agents/{id}/spend", |r| {
-        r.to(audit::spend)
-    }),
+    (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
     (Method::GET, "/metrics", |r| r.to(health::metrics)),
-    (Method::GET, "/.well-known/x402-router", |r| {
-        r.to(health::well_known)
-    }),
+    (Method::GET, "/.well-known/x402-router", |r| r.to(health::well_known)),
     (Method::GET, "/openapi.json", |r| r.to(openapi)),
 ];
 
@@ -56,9 +48,7 @@ pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 
 /// GET /openapi.json — the API description.
 async fn openapi() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(OPENAPI_JSON)
+    HttpResponse::Ok().content_type("application/json").body(OPENAPI_JSON)
 }
 
 async fn not_found() -> HttpResponse {

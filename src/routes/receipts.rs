@@ -16,10 +16,6 @@ pub async fn get_own(
 ) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-    let receipt = store::find_for_agent(&mut conn, agent.id, id)
-        .await
-        .map_err(ApiError::database)?;
-    receipt
-        .map(|r| HttpResponse::Ok().json(r))
-        .ok_or(ApiError::NotFound)
+    let receipt = store::find_for_agent(&mut conn, agent.id, id).await.map_err(ApiError::database)?;
+    receipt.map(|r| HttpResponse::Ok().json(r)).ok_or(ApiError::NotFound)
 }

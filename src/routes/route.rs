@@ -29,8 +29,7 @@ pub async fn route(
 async fn read_limited(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::BadRequest(format!("could not read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
         }

@@ -15,11 +15,7 @@ pub fn headers_json(headers: &HeaderMap) -> Value {
         if !is_kept_response_header(name.as_str()) {
             continue;
         }
-        let values: Vec<&str> = headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
+        let values: Vec<&str> = headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).collect();
         if !values.is_empty() {
             out.insert(name.as_str().to_owned(), Value::String(values.join(", ")));
         }
@@ -75,10 +71,7 @@ pub fn error_envelope(
     if let Value::Object(map) = &mut body {
         map.insert("error".into(), Value::String(error.to_owned()));
         map.insert("payment".into(), payment.cloned().unwrap_or(Value::Null));
-        map.insert(
-            "receipt_id".into(),
-            receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())),
-        );
+        map.insert("receipt_id".into(), receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())));
     }
     body
 }

@@ -18,9 +18,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::error::ApiError;
-use crate::idempotency::{
-    Decision, Heartbeat, IdempotencyKey, Ownership, Status, Stored, canonical,
-};
+use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Status, Stored, canonical};
 use crate::receipts::{self, Receipt};
 use crate::state::AppState;
 use crate::upstream::{UpstreamError, UpstreamResponse};
@@ -58,26 +56,13 @@ pub async fn handle(
     call: RouteCall,
 ) -> Result<RouteResponse, ApiError> {
     let started = Instant::now();
-    let (decision, path) = match state
-        .idempotency
-        .check_cache(agent_id, &key, &call.request_hash)
-        .await
-    {
+    let (decision, path) = match state.idempotency.check_cache(agent_id, &key, &call.request_hash).await {
         Some(hit) => hit,
         None => {
             // Refuse forbidden upstreams before anything is written.
-            state
-                .upstream
-                .guard()
-                .check(&call.upstream.url)
-                .await
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            state.upstream.guard().check(&call.upstream.url).await.map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let mut conn = state.pool.get().await.map_err(ApiError::database)?;
-            state
-                .idempotency
-                .claim(&mut conn, agent_id, &key, &call.request_hash)
-                .await
-                .map_err(ApiError::database)?
+            state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await.map_err(ApiError::database)?
         }
     };
     // Every request's outcome is counted in /metrics; the line itself is debug-level, so a
@@ -90,40 +75,22 @@ pub async fn handle(
         Decision::Mismatch => Err(ApiError::KeyReused),
         Decision::Execute(own) => {
             let task = tokio::spawn(run_owned(state.clone(), own, call));
-            task.await
-                .map_err(|e| ApiError::Internal(anyhow::anyhow!("route task failed: {e}")))?
+            task.await.map_err(|e| ApiError::Internal(anyhow::anyhow!("route task failed: {e}")))?
         }
     };
-    tracing::debug!(
-        duration_ms = started.elapsed().as_millis() as u64,
-        "route handled"
-    );
+    tracing::debug!(duration_ms = started.elapsed().as_millis() as u64, "route handled");
     result
 }
 
 fn replay(stored: Stored) -> RouteResponse {
-    RouteResponse {
-        http_status: stored.http_status,
-        body: stored.body,
-        receipt_id: stored.receipt_id,
-        replay: true,
-    }
+    RouteResponse { http_status: stored.http_status, body: stored.body, receipt_id: stored.receipt_id, replay: true }
 }
 
 /// Executes an owned key under heartbeat and deadline, then records the result.
-async fn run_owned(
-    state: AppState,
-    own: Ownership,
-    call: RouteCall,
-) -> Result<RouteResponse, ApiError> {
+async fn run_owned(state: AppState, own: Ownership, call: RouteCall) -> Result<RouteResponse, ApiError> {
     let _heartbeat = Heartbeat::start(state.pool.clone(), &own, state.idempotency.timing.heartbeat);
     let deadline = Instant::now() + state.idempotency.timing.deadline;
-    let outcome = match tokio::time::timeout_at(
-        deadline.into(),
-        execute(&state, &own, &call, deadline),
-    )
-    .await
-    {
+    let outcome = match tokio::time::timeout_at(deadline.into(), execute(&state, &own, &call, deadline)).await {
         Ok(Ok(outcome)) => outcome,
         // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
         // the key stays in flight and a later retry takes it over and decides.
@@ -138,12 +105,7 @@ async fn run_owned(
 ///
 /// # Errors
 /// An [`ApiError`] means "answer this and record nothing".
-async fn execute(
-    state: &AppState,
-    own: &Ownership,
-    call: &RouteCall,
-    deadline: Instant,
-) -> Result<Outcome, ApiError> {
+async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Result<Outcome, ApiError> {
     if own.took_over {
         let mut conn = state.pool.get().await.map_err(ApiError::database)?;
         let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str())
@@ -155,19 +117,8 @@ async fn execute(
         }
     }
     let started = Instant::now();
-    let sent = state
-        .upstream
-        .send(
-            &call.upstream,
-            &[],
-            remaining(deadline).min(state.upstream.timeout()),
-        )
-        .await;
-    state
-        .metrics
-        .upstream_seconds
-        .with_label_values(&["unpaid"])
-        .observe(started.elapsed().as_secs_f64());
+    let sent = state.upstream.send(&call.upstream, &[], remaining(deadline).min(state.upstream.timeout())).await;
+    state.metrics.upstream_seconds.with_label_values(&["unpaid"]).observe(started.elapsed().as_secs_f64());
     let resp = match sent {
         Ok(resp) => resp,
         Err(e) => return Ok(upstream_failure(&e)),
@@ -209,35 +160,13 @@ pub fn answered(
 ) -> Outcome {
     let receipt_id = Uuid::new_v4();
     let (status, http_status, body) = if resp.status < 500 {
-        (
-            Status::Completed,
-            200,
-            envelope::envelope(resp, payment.as_ref(), receipt_id),
-        )
+        (Status::Completed, 200, envelope::envelope(resp, payment.as_ref(), receipt_id))
     } else {
         let msg = format!("upstream answered {}", resp.status);
-        (
-            Status::Errored,
-            502,
-            envelope::error_envelope(&msg, Some(resp), payment.as_ref(), Some(receipt_id)),
-        )
+        (Status::Errored, 502, envelope::error_envelope(&msg, Some(resp), payment.as_ref(), Some(receipt_id)))
     };
-    let receipt = draft(
-        receipt_id,
-        own,
-        call,
-        Some(resp.status),
-        &resp.body,
-        payment,
-        status,
-    );
-    Outcome {
-        status,
-        http_status,
-        body,
-        receipt: Some(receipt),
-        payment: payment_final,
-    }
+    let receipt = draft(receipt_id, own, call, Some(resp.status), &resp.body, payment, status);
+    Outcome { status, http_status, body, receipt: Some(receipt), payment: payment_final }
 }
 
 /// A receipt draft for a call that reached the upstream.
@@ -275,25 +204,13 @@ enum RecordError {
 
 /// Writes the receipt and the final state in one transaction, fenced by our lease, then
 /// warms the cache. A fenced (stale) owner writes nothing.
-async fn record(
-    state: &AppState,
-    own: &Ownership,
-    outcome: Outcome,
-) -> Result<RouteResponse, ApiError> {
+async fn record(state: &AppState, own: &Ownership, outcome: Outcome) -> Result<RouteResponse, ApiError> {
     let receipt: Option<Receipt> = match outcome.receipt {
-        Some(d) => Some(
-            d.sign(&state.receipt_signer)
-                .map_err(|e| ApiError::Internal(e.into()))?,
-        ),
+        Some(d) => Some(d.sign(&state.receipt_signer).map_err(|e| ApiError::Internal(e.into()))?),
         None => None,
     };
     let receipt_id = receipt.as_ref().map(|r| r.id);
-    let stored = Stored {
-        status: outcome.status,
-        http_status: outcome.http_status,
-        body: outcome.body,
-        receipt_id,
-    };
+    let stored = Stored { status: outcome.status, http_status: outcome.http_status, body: outcome.body, receipt_id };
 
     let mut last_err = None;
     for backoff_ms in [0u64, 200, 1000] {
@@ -335,19 +252,12 @@ async fn record(
                     receipt_id,
                 )
                 .await?;
-                if applied {
-                    Ok(())
-                } else {
-                    Err(RecordError::Fenced)
-                }
+                if applied { Ok(()) } else { Err(RecordError::Fenced) }
             })
             .await;
         match result {
             Ok(()) => {
-                state
-                    .idempotency
-                    .warm_stored(own.agent_id, &own.key, &own.request_hash, &stored)
-                    .await;
+                state.idempotency.warm_stored(own.agent_id, &own.key, &own.request_hash, &stored).await;
                 return Ok(RouteResponse {
                     http_status: stored.http_status,
                     body: stored.body,
@@ -363,33 +273,17 @@ async fn record(
         }
     }
     tracing::error!(agent_id = %own.agent_id, error = ?last_err, "could not record the result of an executed call");
-    Err(ApiError::Unavailable(
-        "database unavailable; the call's result could not be recorded",
-    ))
+    Err(ApiError::Unavailable("database unavailable; the call's result could not be recorded"))
 }
 
 /// The 402 answer when the upstream asks for a payment the router will not make.
-pub fn declined(
-    own: &Ownership,
-    call: &RouteCall,
-    resp: &UpstreamResponse,
-    reason: &str,
-    accepts: Value,
-) -> Outcome {
+pub fn declined(own: &Ownership, call: &RouteCall, resp: &UpstreamResponse, reason: &str, accepts: Value) -> Outcome {
     let receipt_id = Uuid::new_v4();
     Outcome {
         status: Status::Completed,
         http_status: 402,
         body: json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id }),
-        receipt: Some(draft(
-            receipt_id,
-            own,
-            call,
-            Some(resp.status),
-            &resp.body,
-            None,
-            Status::Completed,
-        )),
+        receipt: Some(draft(receipt_id, own, call, Some(resp.status), &resp.body, None, Status::Completed)),
         payment: None,
     }
 }

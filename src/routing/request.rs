@@ -63,9 +63,7 @@ impl RouteCall {
     /// [`BadRequest`] with a message naming the problem.
     pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
         if raw.is_empty() {
-            return Err(BadRequest(
-                "request body is required (JSON object with at least \"url\")".into(),
-            ));
+            return Err(BadRequest("request body is required (JSON object with at least \"url\")".into()));
         }
         let value = canonical::parse_strict(raw)?;
         if !value.is_object() {
@@ -73,8 +71,8 @@ impl RouteCall {
         }
         let request_hash = canonical::request_hash(&value, path, query)
             .map_err(|e| BadRequest(format!("request body cannot be canonicalized: {e}")))?;
-        let req: RawRouteRequest = serde_json::from_value(value)
-            .map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
+        let req: RawRouteRequest =
+            serde_json::from_value(value).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
 
         let url = parse_url(&req.url)?;
         let method = parse_method(req.method.as_ref())?;
@@ -89,16 +87,7 @@ impl RouteCall {
             }
         };
         let max_amount = parse_amount(req.max_amount.as_ref())?;
-        Ok(Self {
-            upstream: UpstreamRequest {
-                method,
-                url,
-                headers,
-                body,
-            },
-            max_amount,
-            request_hash,
-        })
+        Ok(Self { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
     }
 }
 
@@ -107,12 +96,9 @@ fn parse_url(v: &Value) -> Result<Url, BadRequest> {
         return Err(BadRequest("\"url\" must be a string".into()));
     };
     if s.len() > MAX_URL_LEN {
-        return Err(BadRequest(format!(
-            "\"url\" is longer than {MAX_URL_LEN} characters"
-        )));
+        return Err(BadRequest(format!("\"url\" is longer than {MAX_URL_LEN} characters")));
     }
-    let url = Url::parse(s)
-        .map_err(|e| BadRequest(format!("\"url\" is not a valid absolute URL: {e}")))?;
+    let url = Url::parse(s).map_err(|e| BadRequest(format!("\"url\" is not a valid absolute URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(BadRequest("\"url\" must be http or https".into()));
     }
@@ -120,9 +106,7 @@ fn parse_url(v: &Value) -> Result<Url, BadRequest> {
         return Err(BadRequest("\"url\" has no host".into()));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(BadRequest(
-            "\"url\" must not carry credentials; pass an Authorization header instead".into(),
-        ));
+        return Err(BadRequest("\"url\" must not carry credentials; pass an Authorization header instead".into()));
     }
     Ok(url)
 }
@@ -137,9 +121,9 @@ fn parse_method(v: Option<&Value>) -> Result<Method, BadRequest> {
         "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => {
             Method::from_str(&name).map_err(|_| BadRequest(format!("unsupported method {name:?}")))
         }
-        _ => Err(BadRequest(format!(
-            "unsupported method {name:?}; use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS"
-        ))),
+        _ => {
+            Err(BadRequest(format!("unsupported method {name:?}; use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS")))
+        }
     }
 }
 
@@ -149,9 +133,7 @@ fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
         None | Some(Value::Null) => return Ok(out),
         Some(Value::Object(o)) => o,
         Some(_) => {
-            return Err(BadRequest(
-                "\"headers\" must be an object of string values".into(),
-            ));
+            return Err(BadRequest("\"headers\" must be an object of string values".into()));
         }
     };
     if obj.len() > MAX_HEADERS {
@@ -159,14 +141,11 @@ fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
     }
     for (name, value) in obj {
         let Value::String(value) = value else {
-            return Err(BadRequest(format!(
-                "header {name:?} must have a string value"
-            )));
+            return Err(BadRequest(format!("header {name:?} must have a string value")));
         };
-        let hname = HeaderName::from_str(name)
-            .map_err(|_| BadRequest(format!("invalid header name {name:?}")))?;
-        let hvalue = HeaderValue::from_str(value)
-            .map_err(|_| BadRequest(format!("invalid value for header {name:?}")))?;
+        let hname = HeaderName::from_str(name).map_err(|_| BadRequest(format!("invalid header name {name:?}")))?;
+        let hvalue =
+            HeaderValue::from_str(value).map_err(|_| BadRequest(format!("invalid value for header {name:?}")))?;
         if is_dropped_request_header(hname.as_str()) {
             continue;
         }
@@ -179,8 +158,9 @@ fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
 fn parse_amount(v: Option<&Value>) -> Result<U256, BadRequest> {
     match v {
         None | Some(Value::Null) => Ok(U256::ZERO),
-        Some(Value::String(s)) => parse_decimal_amount(s)
-            .ok_or_else(|| BadRequest("\"max_amount\" must be a decimal string of atomic units, e.g. \"50000\"".into())),
+        Some(Value::String(s)) => parse_decimal_amount(s).ok_or_else(|| {
+            BadRequest("\"max_amount\" must be a decimal string of atomic units, e.g. \"50000\"".into())
+        }),
         Some(_) => Err(BadRequest(
             "\"max_amount\" must be a decimal string of atomic units (e.g. \"50000\"), not a number".into(),
         )),
@@ -238,10 +218,7 @@ mod tests {
 
     #[test]
     fn payment_and_hop_headers_are_dropped() {
-        let c = parse(
-            r#"{"url":"http://x.com/","headers":{"Host":"evil","X-PAYMENT":"x","Accept":"a/b"}}"#,
-        )
-        .unwrap();
+        let c = parse(r#"{"url":"http://x.com/","headers":{"Host":"evil","X-PAYMENT":"x","Accept":"a/b"}}"#).unwrap();
         assert!(c.upstream.headers.get("host").is_none());
         assert!(c.upstream.headers.get("x-payment").is_none());
         assert_eq!(c.upstream.headers.get("accept").unwrap(), "a/b");

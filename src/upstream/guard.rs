@@ -20,9 +20,7 @@ pub enum GuardError {
     Scheme,
     #[error("url has no host")]
     NoHost,
-    #[error(
-        "upstream address {0} is not allowed (loopback, private, link-local or otherwise non-public)"
-    )]
+    #[error("upstream address {0} is not allowed (loopback, private, link-local or otherwise non-public)")]
     Forbidden(IpAddr),
     #[error("upstream host {0:?} did not resolve")]
     Unresolved(String),
@@ -37,10 +35,7 @@ pub struct Guard {
 
 impl Guard {
     pub fn new(allow_private: bool, allow_cidrs: Vec<IpNet>) -> Self {
-        Self {
-            allow_private,
-            allow_cidrs,
-        }
+        Self { allow_private, allow_cidrs }
     }
 
     /// Checks scheme and, for IP-literal hosts, the address.
@@ -78,10 +73,8 @@ impl Guard {
     /// # Errors
     /// [`GuardError`] when resolution fails or any address is refused.
     pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, GuardError> {
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|_| GuardError::Unresolved(host.to_owned()))?
-            .collect();
+        let addrs: Vec<SocketAddr> =
+            tokio::net::lookup_host((host, port)).await.map_err(|_| GuardError::Unresolved(host.to_owned()))?.collect();
         if addrs.is_empty() {
             return Err(GuardError::Unresolved(host.to_owned()));
         }
@@ -115,12 +108,7 @@ fn canonical(ip: IpAddr) -> IpAddr {
             }
             let s = v6.segments();
             if s[..6].iter().all(|x| *x == 0) && !(s[6] == 0 && s[7] <= 1) {
-                return IpAddr::V4(Ipv4Addr::new(
-                    (s[6] >> 8) as u8,
-                    s[6] as u8,
-                    (s[7] >> 8) as u8,
-                    s[7] as u8,
-                ));
+                return IpAddr::V4(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
             }
             IpAddr::V6(v6)
         }
@@ -174,9 +162,7 @@ mod tests {
     }
 
     fn url_ok(u: &str) -> bool {
-        Url::parse(u)
-            .map(|u| strict().check_url(&u).is_ok())
-            .unwrap_or(false)
+        Url::parse(u).map(|u| strict().check_url(&u).is_ok()).unwrap_or(false)
     }
 
     #[test]
@@ -211,11 +197,7 @@ mod tests {
 
     #[test]
     fn accepts_public_literals_and_names() {
-        for u in [
-            "https://93.184.215.14/",
-            "http://[2606:4700:4700::1111]/",
-            "https://api.example.com/x",
-        ] {
+        for u in ["https://93.184.215.14/", "http://[2606:4700:4700::1111]/", "https://api.example.com/x"] {
             assert!(url_ok(u), "{u} should pass the literal check");
         }
     }
@@ -231,16 +213,8 @@ mod tests {
     fn operator_allowances_apply() {
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         assert!(Guard::new(true, vec![]).check_ip(ip).is_ok());
-        assert!(
-            Guard::new(false, vec!["10.1.2.0/24".parse().unwrap()])
-                .check_ip(ip)
-                .is_ok()
-        );
-        assert!(
-            Guard::new(false, vec!["10.1.3.0/24".parse().unwrap()])
-                .check_ip(ip)
-                .is_err()
-        );
+        assert!(Guard::new(false, vec!["10.1.2.0/24".parse().unwrap()]).check_ip(ip).is_ok());
+        assert!(Guard::new(false, vec!["10.1.3.0/24".parse().unwrap()]).check_ip(ip).is_err());
     }
 
     #[tokio::test]

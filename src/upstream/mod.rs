@@ -52,16 +52,12 @@ const DROPPED_RESPONSE_HEADERS: &[&str] = &[
 
 /// True when an agent-supplied header is dropped before the upstream call.
 pub fn is_dropped_request_header(name: &str) -> bool {
-    DROPPED_REQUEST_HEADERS
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h))
+    DROPPED_REQUEST_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// True when an upstream response header is kept in the envelope.
 pub fn is_kept_response_header(name: &str) -> bool {
-    !DROPPED_RESPONSE_HEADERS
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h))
+    !DROPPED_RESPONSE_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// A validated upstream request.
@@ -138,11 +134,7 @@ impl UpstreamClient {
                     && prev.host_str() == attempt.url().host_str()
                     && prev.port_or_known_default() == attempt.url().port_or_known_default()
             });
-            if attempt.previous().len() > 5 || !same_origin {
-                attempt.stop()
-            } else {
-                attempt.follow()
-            }
+            if attempt.previous().len() > 5 || !same_origin { attempt.stop() } else { attempt.follow() }
         });
         let client = reqwest::Client::builder()
             .no_proxy()
@@ -150,17 +142,10 @@ impl UpstreamClient {
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .dns_resolver(Arc::new(GuardedResolver {
-                guard: Arc::clone(&guard),
-            }))
+            .dns_resolver(Arc::new(GuardedResolver { guard: Arc::clone(&guard) }))
             .user_agent(concat!("x402-router/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Self {
-            client,
-            guard,
-            max_response_bytes: config.max_response_bytes,
-            timeout: config.timeout,
-        })
+        Ok(Self { client, guard, max_response_bytes: config.max_response_bytes, timeout: config.timeout })
     }
 
     /// The SSRF policy, for the pre-flight check before a request is claimed.
@@ -184,21 +169,14 @@ impl UpstreamClient {
         extra: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        self.guard
-            .check_url(&req.url)
-            .map_err(UpstreamError::Blocked)?;
-        let mut builder = self
-            .client
-            .request(req.method.clone(), req.url.clone())
-            .headers(req.headers.clone())
-            .timeout(timeout);
+        self.guard.check_url(&req.url).map_err(UpstreamError::Blocked)?;
+        let mut builder =
+            self.client.request(req.method.clone(), req.url.clone()).headers(req.headers.clone()).timeout(timeout);
         for (name, value) in extra {
             builder = builder.header(name, value);
         }
         if let Some(body) = &req.body {
-            builder = builder
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone());
+            builder = builder.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
         }
         let exchange = async {
             let resp = builder.send().await.map_err(classify)?;
@@ -213,22 +191,14 @@ impl UpstreamClient {
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| {
-                    if e.is_timeout() {
-                        UpstreamError::Timeout
-                    } else {
-                        UpstreamError::Broken(e.to_string())
-                    }
+                    if e.is_timeout() { UpstreamError::Timeout } else { UpstreamError::Broken(e.to_string()) }
                 })?;
                 if body.len() + chunk.len() > self.max_response_bytes {
                     return Err(UpstreamError::TooLarge(self.max_response_bytes));
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(UpstreamResponse {
-                status,
-                headers,
-                body,
-            })
+            Ok(UpstreamResponse { status, headers, body })
         };
         // reqwest's own timeout covers the whole exchange; this outer one is a backstop.
         tokio::time::timeout(timeout + Duration::from_millis(250), exchange)

@@ -91,10 +91,7 @@ impl std::fmt::Debug for Chain {
         // Deliberately without URLs: they may embed API keys.
         let mut networks: Vec<_> = self.inner.endpoints.keys().collect();
         networks.sort();
-        f.debug_struct("Chain")
-            .field("networks", &networks)
-            .field("timeout", &self.inner.timeout)
-            .finish()
+        f.debug_struct("Chain").field("networks", &networks).field("timeout", &self.inner.timeout).finish()
     }
 }
 
@@ -107,16 +104,11 @@ impl Chain {
             .map(|(network, url)| {
                 let as_str = url.as_str().to_owned();
                 let trimmed = as_str.trim_end_matches('/').to_owned();
-                let endpoint = Endpoint {
-                    provider: RootProvider::new_http(url),
-                    redact: [as_str, trimmed],
-                };
+                let endpoint = Endpoint { provider: RootProvider::new_http(url), redact: [as_str, trimmed] };
                 (network, endpoint)
             })
             .collect();
-        Self {
-            inner: Arc::new(Inner { endpoints, timeout }),
-        }
+        Self { inner: Arc::new(Inner { endpoints, timeout }) }
     }
 
     /// The networks that have an RPC URL (the only ones the router may pay on), sorted.
@@ -149,10 +141,7 @@ impl Chain {
         let call = token.authorizationState(authorizer, nonce);
         match self.bounded(network, call.call()).await? {
             Ok(used) => Ok(used),
-            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract {
-                network,
-                address: asset,
-            }),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
             Err(e) => Err(endpoint.rpc_error(network, &e)),
         }
     }
@@ -162,11 +151,7 @@ impl Chain {
     ///
     /// # Errors
     /// [`ChainError::UnknownNetwork`], [`ChainError::Timeout`], [`ChainError::Rpc`].
-    pub async fn transaction_status(
-        &self,
-        network: Network,
-        tx_hash: B256,
-    ) -> Result<Option<bool>, ChainError> {
+    pub async fn transaction_status(&self, network: Network, tx_hash: B256) -> Result<Option<bool>, ChainError> {
         let endpoint = self.endpoint(network)?;
         let receipt = self
             .bounded(network, endpoint.provider.get_transaction_receipt(tx_hash))
@@ -185,29 +170,16 @@ impl Chain {
             .bounded(network, endpoint.provider.get_chain_id())
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
-        if actual == network.chain_id() {
-            Ok(())
-        } else {
-            Err(ChainError::ChainIdMismatch { network, actual })
-        }
+        if actual == network.chain_id() { Ok(()) } else { Err(ChainError::ChainIdMismatch { network, actual }) }
     }
 
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {
-        self.inner
-            .endpoints
-            .get(&network)
-            .ok_or(ChainError::UnknownNetwork(network))
+        self.inner.endpoints.get(&network).ok_or(ChainError::UnknownNetwork(network))
     }
 
-    async fn bounded<F: IntoFuture>(
-        &self,
-        network: Network,
-        call: F,
-    ) -> Result<F::Output, ChainError> {
+    async fn bounded<F: IntoFuture>(&self, network: Network, call: F) -> Result<F::Output, ChainError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| ChainError::Timeout { network, timeout })
+        tokio::time::timeout(timeout, call).await.map_err(|_| ChainError::Timeout { network, timeout })
     }
 }
 
@@ -234,10 +206,7 @@ mod tests {
     #[tokio::test]
     async fn network_without_rpc_url_is_an_error() {
         let chain = chain("http://127.0.0.1:9", Duration::from_secs(1));
-        let err = chain
-            .authorization_state(Network::BASE, Address::ZERO, Address::ZERO, B256::ZERO)
-            .await
-            .unwrap_err();
+        let err = chain.authorization_state(Network::BASE, Address::ZERO, Address::ZERO, B256::ZERO).await.unwrap_err();
         assert!(matches!(err, ChainError::UnknownNetwork(n) if n == Network::BASE));
         assert!(matches!(
             chain.transaction_status(Network::BASE, B256::ZERO).await,
@@ -251,18 +220,10 @@ mod tests {
         // Port 9 (discard) on loopback: connection refused, or a timeout; both are errors.
         let chain = chain("http://127.0.0.1:9/secret-api-key", Duration::from_secs(5));
         let err = chain
-            .authorization_state(
-                Network::BASE_SEPOLIA,
-                Address::ZERO,
-                Address::ZERO,
-                B256::ZERO,
-            )
+            .authorization_state(Network::BASE_SEPOLIA, Address::ZERO, Address::ZERO, B256::ZERO)
             .await
             .unwrap_err();
-        assert!(matches!(
-            err,
-            ChainError::Rpc { .. } | ChainError::Timeout { .. }
-        ));
+        assert!(matches!(err, ChainError::Rpc { .. } | ChainError::Timeout { .. }));
         assert!(!err.to_string().contains("secret-api-key"), "{err}");
         assert!(!format!("{chain:?}").contains("secret-api-key"));
     }
@@ -279,10 +240,7 @@ mod tests {
             }
         });
         let chain = chain(&format!("http://{addr}"), Duration::from_millis(200));
-        let err = chain
-            .transaction_status(Network::BASE_SEPOLIA, B256::ZERO)
-            .await
-            .unwrap_err();
+        let err = chain.transaction_status(Network::BASE_SEPOLIA, B256::ZERO).await.unwrap_err();
         assert!(matches!(err, ChainError::Timeout { .. }), "{err}");
         hold.abort();
     }

@@ -30,7 +30,4 @@ pub use network::{Network, NetworkError};
 pub use nonce::{deterministic_nonce, payment_identifier_id};
 pub use select::{RejectReason, Rejection, Supported, select};
 pub use sign::{Authorization, SignError, SignedAuthorization, sign_authorization};
-pub use wire::{
-    EntryError, PaymentRequired, RefusalReasons, Requirement, SettlementResponse, WireError,
-    X402Version,
-};
+pub use wire::{EntryError, PaymentRequired, RefusalReasons, Requirement, SettlementResponse, WireError, X402Version};

@@ -106,11 +106,7 @@ impl Network {
     /// # Errors
     /// See [`NetworkError`]; the input is quoted in the error (truncated if long).
     pub fn parse(s: &str) -> Result<Self, NetworkError> {
-        if s.contains(':') {
-            Self::parse_caip2(s)
-        } else {
-            Self::from_v1_name(s)
-        }
+        if s.contains(':') { Self::parse_caip2(s) } else { Self::from_v1_name(s) }
     }
 
     /// Parses a CAIP-2 id. Only the `eip155` namespace yields a [`Network`].
@@ -132,15 +128,12 @@ impl Network {
                 Err(NetworkError::Malformed(shorten(s)))
             };
         }
-        let canonical = !reference.is_empty()
-            && reference.bytes().all(|b| b.is_ascii_digit())
-            && !reference.starts_with('0');
+        let canonical =
+            !reference.is_empty() && reference.bytes().all(|b| b.is_ascii_digit()) && !reference.starts_with('0');
         if !canonical {
             return Err(NetworkError::InvalidChainId(shorten(s)));
         }
-        let chain_id: u64 = reference
-            .parse()
-            .map_err(|_| NetworkError::InvalidChainId(shorten(s)))?;
+        let chain_id: u64 = reference.parse().map_err(|_| NetworkError::InvalidChainId(shorten(s)))?;
         Self::from_chain_id(chain_id)
     }
 
@@ -151,20 +144,13 @@ impl Network {
     /// (this includes `solana` and `solana-devnet`, which v1 also knows);
     /// [`NetworkError::Malformed`] for something that is no name at all (empty, spaces, …).
     pub fn from_v1_name(name: &str) -> Result<Self, NetworkError> {
-        if let Some(&(_, chain_id)) = V1_NAMES
-            .iter()
-            .chain(V1_ALIASES)
-            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+        if let Some(&(_, chain_id)) =
+            V1_NAMES.iter().chain(V1_ALIASES).find(|(known, _)| known.eq_ignore_ascii_case(name))
         {
             return Ok(Self { chain_id });
         }
-        let plausible = (1..=64).contains(&name.len())
-            && name.bytes().all(|b| b == b'-' || b.is_ascii_alphanumeric());
-        Err(if plausible {
-            NetworkError::Unknown(name.to_owned())
-        } else {
-            NetworkError::Malformed(shorten(name))
-        })
+        let plausible = (1..=64).contains(&name.len()) && name.bytes().all(|b| b == b'-' || b.is_ascii_alphanumeric());
+        Err(if plausible { NetworkError::Unknown(name.to_owned()) } else { NetworkError::Malformed(shorten(name)) })
     }
 
     /// The EVM chain id (the EIP-712 domain's `chainId`).
@@ -182,10 +168,7 @@ impl Network {
     /// Use it only when no original name is at hand: a v1 payment must echo the exact string
     /// the upstream sent ([`crate::x402::wire::Requirement::network_raw`]).
     pub fn v1_name(&self) -> Option<&'static str> {
-        V1_NAMES
-            .iter()
-            .find(|&&(_, chain_id)| chain_id == self.chain_id)
-            .map(|&(name, _)| name)
+        V1_NAMES.iter().find(|&&(_, chain_id)| chain_id == self.chain_id).map(|&(name, _)| name)
     }
 }
 
@@ -218,16 +201,12 @@ impl<'de> Deserialize<'de> for Network {
 
 /// CAIP-2 namespace: `[-a-z0-9]{3,8}`.
 fn is_caip2_namespace(s: &str) -> bool {
-    (3..=8).contains(&s.len())
-        && s.bytes()
-            .all(|b| b == b'-' || b.is_ascii_lowercase() || b.is_ascii_digit())
+    (3..=8).contains(&s.len()) && s.bytes().all(|b| b == b'-' || b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// CAIP-2 reference: `[-_a-zA-Z0-9]{1,32}`.
 fn is_caip2_reference(s: &str) -> bool {
-    (1..=32).contains(&s.len())
-        && s.bytes()
-            .all(|b| b == b'-' || b == b'_' || b.is_ascii_alphanumeric())
+    (1..=32).contains(&s.len()) && s.bytes().all(|b| b == b'-' || b == b'_' || b.is_ascii_alphanumeric())
 }
 
 /// Keeps error messages bounded when an upstream sends a huge network string.
@@ -279,19 +258,13 @@ mod tests {
             assert_eq!(n.caip2(), format!("eip155:{chain_id}"));
         }
         assert_eq!(Network::BASE_SEPOLIA.v1_name(), Some("base-sepolia"));
-        assert_eq!(
-            Network::parse("mainnet").unwrap().v1_name(),
-            Some("ethereum")
-        );
+        assert_eq!(Network::parse("mainnet").unwrap().v1_name(), Some("ethereum"));
         assert_eq!(Network::parse("optimism").unwrap().v1_name(), None);
     }
 
     #[test]
     fn v1_names_are_case_insensitive() {
-        assert_eq!(
-            Network::parse("Base-Sepolia").unwrap(),
-            Network::BASE_SEPOLIA
-        );
+        assert_eq!(Network::parse("Base-Sepolia").unwrap(), Network::BASE_SEPOLIA);
     }
 
     #[test]
@@ -299,11 +272,7 @@ mod tests {
         let err = Network::parse("solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp").unwrap_err();
         assert!(matches!(err, NetworkError::NotEvm(_)));
         assert!(err.is_unsupported_family());
-        assert!(
-            Network::parse("solana-devnet")
-                .unwrap_err()
-                .is_unsupported_family()
-        );
+        assert!(Network::parse("solana-devnet").unwrap_err().is_unsupported_family());
     }
 
     #[test]
@@ -323,22 +292,10 @@ mod tests {
         ] {
             assert!(Network::parse(bad).is_err(), "{bad:?} should not parse");
         }
-        assert!(
-            !Network::parse("eip155:x")
-                .unwrap_err()
-                .is_unsupported_family()
-        );
+        assert!(!Network::parse("eip155:x").unwrap_err().is_unsupported_family());
         assert!(!Network::parse("").unwrap_err().is_unsupported_family());
-        assert!(
-            !Network::parse("base sepolia")
-                .unwrap_err()
-                .is_unsupported_family()
-        );
-        assert!(
-            !Network::parse("foo:bar baz")
-                .unwrap_err()
-                .is_unsupported_family()
-        );
+        assert!(!Network::parse("base sepolia").unwrap_err().is_unsupported_family());
+        assert!(!Network::parse("foo:bar baz").unwrap_err().is_unsupported_family());
     }
 
     #[test]

@@ -37,10 +37,7 @@ pub const PAYMENT_ID_PREFIX: &str = "pay_";
 /// `HMAC-SHA256(secret, uuid ‖ 0x00 ‖ key)` (layout in the module docs).
 pub fn deterministic_nonce(secret: &[u8], agent_id: Uuid, idempotency_key: &str) -> B256 {
     let uuid = hyphenated(agent_id);
-    B256::from(hmac_sha256(
-        secret,
-        &[uuid.as_bytes(), &[0x00], idempotency_key.as_bytes()],
-    ))
+    B256::from(hmac_sha256(secret, &[uuid.as_bytes(), &[0x00], idempotency_key.as_bytes()]))
 }
 
 /// The `payment-identifier` extension id sent to upstreams for this agent's idempotency key:
@@ -51,16 +48,8 @@ pub fn deterministic_nonce(secret: &[u8], agent_id: Uuid, idempotency_key: &str)
 /// agent's key nor the nonce.
 pub fn payment_identifier_id(secret: &[u8], agent_id: Uuid, idempotency_key: &str) -> String {
     let uuid = hyphenated(agent_id);
-    let mac = hmac_sha256(
-        secret,
-        &[
-            PAYMENT_IDENTIFIER_LABEL,
-            &[0x00],
-            uuid.as_bytes(),
-            &[0x00],
-            idempotency_key.as_bytes(),
-        ],
-    );
+    let mac =
+        hmac_sha256(secret, &[PAYMENT_IDENTIFIER_LABEL, &[0x00], uuid.as_bytes(), &[0x00], idempotency_key.as_bytes()]);
     format!("{PAYMENT_ID_PREFIX}{}", hex::encode(mac))
 }
 
@@ -96,18 +85,9 @@ mod tests {
         let a = deterministic_nonce(SECRET, agent(), "key-0000000000000001");
         let b = deterministic_nonce(SECRET, agent(), "key-0000000000000001");
         assert_eq!(a, b);
-        assert_ne!(
-            a,
-            deterministic_nonce(SECRET, agent(), "key-0000000000000002")
-        );
-        assert_ne!(
-            a,
-            deterministic_nonce(SECRET, Uuid::nil(), "key-0000000000000001")
-        );
-        assert_ne!(
-            a,
-            deterministic_nonce(b"other-secret", agent(), "key-0000000000000001")
-        );
+        assert_ne!(a, deterministic_nonce(SECRET, agent(), "key-0000000000000002"));
+        assert_ne!(a, deterministic_nonce(SECRET, Uuid::nil(), "key-0000000000000001"));
+        assert_ne!(a, deterministic_nonce(b"other-secret", agent(), "key-0000000000000001"));
     }
 
     #[test]
@@ -115,10 +95,7 @@ mod tests {
         // Computed independently with Python's hmac module:
         // hmac.new(b"secret", b"00000000-0000-0000-0000-000000000000\x00k", sha256)
         let nonce = deterministic_nonce(b"secret", Uuid::nil(), "k");
-        assert_eq!(
-            nonce.to_string(),
-            "0xc5c5eb13687951cefd2652c9e22c9830f7ab41027d31d6e87e05343f1f64d90d"
-        );
+        assert_eq!(nonce.to_string(), "0xc5c5eb13687951cefd2652c9e22c9830f7ab41027d31d6e87e05343f1f64d90d");
         // hmac.new(b"secret", b"payment-identifier\x00" + uuid + b"\x00k", sha256)
         assert_eq!(
             payment_identifier_id(b"secret", Uuid::nil(), "k"),
@@ -129,20 +106,14 @@ mod tests {
     #[test]
     fn payment_identifier_id_is_stable_valid_and_distinct_from_nonce() {
         let id = payment_identifier_id(SECRET, agent(), "key-0000000000000001");
-        assert_eq!(
-            id,
-            payment_identifier_id(SECRET, agent(), "key-0000000000000001")
-        );
+        assert_eq!(id, payment_identifier_id(SECRET, agent(), "key-0000000000000001"));
         assert_eq!(id.len(), 68);
         assert!(id.starts_with("pay_"));
         assert!(id.bytes().all(|b| b == b'_' || b.is_ascii_alphanumeric()));
         assert!(!id.contains("key-0000000000000001"));
         let nonce = deterministic_nonce(SECRET, agent(), "key-0000000000000001");
         assert!(!id.contains(&hex::encode(nonce)));
-        assert_ne!(
-            id,
-            payment_identifier_id(SECRET, agent(), "key-0000000000000002")
-        );
+        assert_ne!(id, payment_identifier_id(SECRET, agent(), "key-0000000000000002"));
     }
 
     #[test]

@@ -36,10 +36,7 @@ impl Supported {
         networks: impl IntoIterator<Item = Network>,
         assets: impl IntoIterator<Item = (Network, Address)>,
     ) -> Self {
-        Self {
-            networks: networks.into_iter().collect(),
-            assets: assets.into_iter().collect(),
-        }
+        Self { networks: networks.into_iter().collect(), assets: assets.into_iter().collect() }
     }
 
     /// True when the router can pay on, and verify settlement on, `network`.
@@ -99,10 +96,7 @@ impl RejectReason {
     /// True when the option is acceptable except for its price: the agent could pay it by
     /// raising `max_amount` or its limits.
     pub fn is_over_budget(&self) -> bool {
-        matches!(
-            self,
-            Self::OverMaxAmount { .. } | Self::OverAgentLimit { .. }
-        )
+        matches!(self, Self::OverMaxAmount { .. } | Self::OverAgentLimit { .. })
     }
 }
 
@@ -116,9 +110,7 @@ impl fmt::Display for RejectReason {
             Self::UnsupportedAsset { network, asset } => {
                 write!(f, "asset {asset} is not configured for {network}")
             }
-            Self::MissingEip712Domain => {
-                f.write_str("extra.name/extra.version (token EIP-712 domain) missing")
-            }
+            Self::MissingEip712Domain => f.write_str("extra.name/extra.version (token EIP-712 domain) missing"),
             Self::ZeroPayTo => f.write_str("payTo is the zero address"),
             Self::ZeroAmount => f.write_str("amount is zero"),
             Self::ZeroTimeout => f.write_str("maxTimeoutSeconds is zero"),
@@ -126,10 +118,7 @@ impl fmt::Display for RejectReason {
                 write!(f, "amount {amount} exceeds max_amount {max_amount}")
             }
             Self::OverAgentLimit { amount, limit } => {
-                write!(
-                    f,
-                    "amount {amount} exceeds the agent's spending limit {limit}"
-                )
+                write!(f, "amount {amount} exceeds the agent's spending limit {limit}")
             }
             Self::Unsupported(e) => f.write_str(e),
             Self::Unreadable(e) => write!(f, "malformed: {e}"),
@@ -164,8 +153,9 @@ impl Rejection {
         self.options
             .iter()
             .filter_map(|o| match o.reason {
-                RejectReason::OverMaxAmount { amount, .. }
-                | RejectReason::OverAgentLimit { amount, .. } => Some(amount),
+                RejectReason::OverMaxAmount { amount, .. } | RejectReason::OverAgentLimit { amount, .. } => {
+                    Some(amount)
+                }
                 _ => None,
             })
             .min()
@@ -204,10 +194,7 @@ pub fn check(
     } else if !supported.has_network(network) {
         RejectReason::UnsupportedNetwork(requirement.network_raw().to_owned())
     } else if !supported.allows_asset(network, requirement.asset()) {
-        RejectReason::UnsupportedAsset {
-            network,
-            asset: requirement.asset(),
-        }
+        RejectReason::UnsupportedAsset { network, asset: requirement.asset() }
     } else if !has_domain {
         RejectReason::MissingEip712Domain
     } else if requirement.pay_to() == Address::ZERO {
@@ -243,14 +230,10 @@ pub fn select<'a>(
     let mut options = Vec::new();
     for requirement in accepts {
         match check(requirement, supported, max_amount, agent_limit) {
-            Some(reason) => options.push(OptionRejection {
-                index: requirement.index(),
-                reason,
-            }),
+            Some(reason) => options.push(OptionRejection { index: requirement.index(), reason }),
             None => {
-                let cheaper = best.is_none_or(|b| {
-                    (requirement.amount(), requirement.index()) < (b.amount(), b.index())
-                });
+                let cheaper =
+                    best.is_none_or(|b| (requirement.amount(), requirement.index()) < (b.amount(), b.index()));
                 if cheaper {
                     best = Some(requirement);
                 }
@@ -273,16 +256,14 @@ impl PaymentRequired {
         agent_limit: Option<U256>,
     ) -> Result<&Requirement, Rejection> {
         select(&self.accepts, supported, max_amount, agent_limit).map_err(|mut rejection| {
-            rejection
-                .options
-                .extend(self.skipped.iter().map(|s| OptionRejection {
-                    index: s.index,
-                    reason: if s.error.is_unsupported() {
-                        RejectReason::Unsupported(s.error.to_string())
-                    } else {
-                        RejectReason::Unreadable(s.error.to_string())
-                    },
-                }));
+            rejection.options.extend(self.skipped.iter().map(|s| OptionRejection {
+                index: s.index,
+                reason: if s.error.is_unsupported() {
+                    RejectReason::Unsupported(s.error.to_string())
+                } else {
+                    RejectReason::Unreadable(s.error.to_string())
+                },
+            }));
             rejection.options.sort_by_key(|o| o.index);
             rejection
         })
@@ -304,10 +285,7 @@ mod tests {
     fn supported() -> Supported {
         Supported::new(
             [Network::BASE_SEPOLIA, Network::BASE],
-            [
-                (Network::BASE_SEPOLIA, USDC_SEPOLIA),
-                (Network::BASE, USDC_BASE),
-            ],
+            [(Network::BASE_SEPOLIA, USDC_SEPOLIA), (Network::BASE, USDC_BASE)],
         )
     }
 
@@ -318,11 +296,7 @@ mod tests {
     }
 
     fn parse(entries: Vec<Value>) -> Vec<Requirement> {
-        entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| Requirement::from_json(X402Version::V2, i, e).unwrap())
-            .collect()
+        entries.iter().enumerate().map(|(i, e)| Requirement::from_json(X402Version::V2, i, e).unwrap()).collect()
     }
 
     fn amount(n: u64) -> U256 {
@@ -348,12 +322,7 @@ mod tests {
             entry("eip155:8453", USDC_BASE, "100"),
             entry("eip155:84532", USDC_SEPOLIA, "100"),
         ]);
-        assert_eq!(
-            select(&accepts, &supported(), amount(100), None)
-                .unwrap()
-                .index(),
-            1
-        );
+        assert_eq!(select(&accepts, &supported(), amount(100), None).unwrap().index(), 1);
     }
 
     #[test]
@@ -362,12 +331,7 @@ mod tests {
             entry("eip155:84532", USDC_BASE, "1"), // asset of another network
             entry("eip155:84532", USDC_SEPOLIA, "900"),
         ]);
-        assert_eq!(
-            select(&accepts, &supported(), amount(1000), None)
-                .unwrap()
-                .index(),
-            1
-        );
+        assert_eq!(select(&accepts, &supported(), amount(1000), None).unwrap().index(), 1);
     }
 
     #[test]
@@ -403,41 +367,22 @@ mod tests {
             vec![
                 RejectReason::UnsupportedScheme("upto".into()),
                 RejectReason::UnsupportedNetwork("eip155:137".into()),
-                RejectReason::UnsupportedAsset {
-                    network: Network::BASE_SEPOLIA,
-                    asset: USDC_BASE
-                },
+                RejectReason::UnsupportedAsset { network: Network::BASE_SEPOLIA, asset: USDC_BASE },
                 RejectReason::MissingEip712Domain,
                 RejectReason::MissingEip712Domain,
                 RejectReason::MissingEip712Domain,
                 RejectReason::ZeroPayTo,
                 RejectReason::ZeroAmount,
                 RejectReason::ZeroTimeout,
-                RejectReason::OverMaxAmount {
-                    amount: amount(5000),
-                    max_amount: amount(1000)
-                },
+                RejectReason::OverMaxAmount { amount: amount(5000), max_amount: amount(1000) },
             ]
         );
-        assert_eq!(
-            rejection
-                .options
-                .iter()
-                .map(|o| o.index)
-                .collect::<Vec<_>>(),
-            (0..10).collect::<Vec<_>>()
-        );
+        assert_eq!(rejection.options.iter().map(|o| o.index).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
         assert!(rejection.is_over_budget());
         assert_eq!(rejection.cheapest_over_budget(), Some(amount(5000)));
         let message = rejection.to_string();
-        assert!(
-            message.starts_with("no acceptable payment option: option #0: scheme \"upto\""),
-            "{message}"
-        );
-        assert!(
-            message.contains("option #9: amount 5000 exceeds max_amount 1000"),
-            "{message}"
-        );
+        assert!(message.starts_with("no acceptable payment option: option #0: scheme \"upto\""), "{message}");
+        assert!(message.contains("option #9: amount 5000 exceeds max_amount 1000"), "{message}");
     }
 
     #[test]
@@ -448,30 +393,19 @@ mod tests {
         let over_max = select(&accepts, &supported(), amount(49_999), None).unwrap_err();
         assert_eq!(
             over_max.options[0].reason,
-            RejectReason::OverMaxAmount {
-                amount: amount(50_000),
-                max_amount: amount(49_999)
-            }
+            RejectReason::OverMaxAmount { amount: amount(50_000), max_amount: amount(49_999) }
         );
-        let over_limit =
-            select(&accepts, &supported(), amount(100_000), Some(amount(10))).unwrap_err();
+        let over_limit = select(&accepts, &supported(), amount(100_000), Some(amount(10))).unwrap_err();
         assert_eq!(
             over_limit.options[0].reason,
-            RejectReason::OverAgentLimit {
-                amount: amount(50_000),
-                limit: amount(10)
-            }
+            RejectReason::OverAgentLimit { amount: amount(50_000), limit: amount(10) }
         );
         assert!(over_limit.to_string().contains("spending limit 10"));
     }
 
     #[test]
     fn huge_amounts_compare_without_overflow() {
-        let accepts = parse(vec![entry(
-            "eip155:84532",
-            USDC_SEPOLIA,
-            &U256::MAX.to_string(),
-        )]);
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, &U256::MAX.to_string())]);
         assert!(select(&accepts, &supported(), U256::MAX - U256::from(1u8), None).is_err());
         assert!(select(&accepts, &supported(), U256::MAX, None).is_ok());
     }
@@ -482,10 +416,7 @@ mod tests {
         assert!(!only_assets.allows_asset(Network::BASE_SEPOLIA, USDC_SEPOLIA));
         let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "1")]);
         let rejection = select(&accepts, &only_assets, amount(10), None).unwrap_err();
-        assert_eq!(
-            rejection.options[0].reason,
-            RejectReason::UnsupportedNetwork("eip155:84532".into())
-        );
+        assert_eq!(rejection.options[0].reason, RejectReason::UnsupportedNetwork("eip155:84532".into()));
     }
 
     #[test]
@@ -495,10 +426,7 @@ mod tests {
         let none = select(&[], &supported(), amount(10), None).unwrap_err();
         assert!(none.options.is_empty());
         assert!(!none.is_over_budget());
-        assert_eq!(
-            none.to_string(),
-            "no acceptable payment option: the upstream offered none"
-        );
+        assert_eq!(none.to_string(), "no acceptable payment option: the upstream offered none");
     }
 
     #[test]
@@ -526,30 +454,13 @@ mod tests {
             entry("eip155:84532", USDC_SEPOLIA, "99999"),
         ]});
         let mut headers = reqwest::header::HeaderMap::new();
-        let encoded = base64::Engine::encode(
-            &base64::engine::general_purpose::STANDARD,
-            message.to_string(),
-        );
+        let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, message.to_string());
         headers.insert("payment-required", encoded.parse().unwrap());
-        let pr =
-            parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, b"").unwrap();
+        let pr = parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, b"").unwrap();
         let rejection = pr.select(&supported(), amount(10), None).unwrap_err();
-        assert_eq!(
-            rejection
-                .options
-                .iter()
-                .map(|o| o.index)
-                .collect::<Vec<_>>(),
-            vec![0, 1, 2]
-        );
-        assert!(matches!(
-            rejection.options[0].reason,
-            RejectReason::Unreadable(_)
-        ));
-        assert!(matches!(
-            rejection.options[1].reason,
-            RejectReason::Unsupported(_)
-        ));
+        assert_eq!(rejection.options.iter().map(|o| o.index).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert!(matches!(rejection.options[0].reason, RejectReason::Unreadable(_)));
+        assert!(matches!(rejection.options[1].reason, RejectReason::Unsupported(_)));
         assert!(rejection.options[2].reason.is_over_budget());
         let text = rejection.to_string();
         assert!(text.contains("option #1: network \"solana:"), "{text}");

@@ -157,12 +157,7 @@ impl SignedAuthorization {
 
     /// The EIP-712 hash that was signed.
     pub fn signing_hash(&self) -> B256 {
-        let domain = eip712_domain(
-            &self.domain_name,
-            &self.domain_version,
-            self.network,
-            self.asset,
-        );
+        let domain = eip712_domain(&self.domain_name, &self.domain_version, self.network, self.asset);
         self.authorization.to_message().eip712_signing_hash(&domain)
     }
 
@@ -171,9 +166,7 @@ impl SignedAuthorization {
     /// # Errors
     /// [`SignError::Recover`] for a signature that recovers to no key.
     pub fn recover_signer(&self) -> Result<Address, SignError> {
-        Ok(self
-            .signature
-            .recover_address_from_prehash(&self.signing_hash())?)
+        Ok(self.signature.recover_address_from_prehash(&self.signing_hash())?)
     }
 
     /// True when the authorization can still be submitted at `now_unix` with at least
@@ -193,10 +186,7 @@ impl fmt::Debug for SignedAuthorization {
             .field("domain_name", &self.domain_name)
             .field("domain_version", &self.domain_version)
             .field("authorization", &self.authorization)
-            .field(
-                "signature",
-                &format_args!("{}…", sig.get(..10).unwrap_or("")),
-            )
+            .field("signature", &format_args!("{}…", sig.get(..10).unwrap_or("")))
             .finish()
     }
 }
@@ -217,14 +207,11 @@ pub fn sign_authorization(
     nonce: B256,
     now_unix: u64,
 ) -> Result<SignedAuthorization, SignError> {
-    let (Some(name), Some(version)) = (requirement.extra_name(), requirement.extra_version())
-    else {
+    let (Some(name), Some(version)) = (requirement.extra_name(), requirement.extra_version()) else {
         return Err(SignError::MissingDomain);
     };
     let timeout = requirement.max_timeout_seconds();
-    let valid_before = now_unix
-        .checked_add(timeout)
-        .ok_or(SignError::ValidityOverflow(timeout))?;
+    let valid_before = now_unix.checked_add(timeout).ok_or(SignError::ValidityOverflow(timeout))?;
     let authorization = Authorization {
         from: signer.address(),
         to: requirement.pay_to(),
@@ -233,14 +220,7 @@ pub fn sign_authorization(
         valid_before,
         nonce,
     };
-    sign_with(
-        signer,
-        requirement.network(),
-        requirement.asset(),
-        name,
-        version,
-        authorization,
-    )
+    sign_with(signer, requirement.network(), requirement.asset(), name, version, authorization)
 }
 
 fn sign_with(
@@ -300,8 +280,7 @@ mod decimal_u256 {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<U256, D::Error> {
         let s = String::deserialize(d)?;
-        parse_decimal_u256(&s)
-            .ok_or_else(|| serde::de::Error::custom("expected a decimal integer string"))
+        parse_decimal_u256(&s).ok_or_else(|| serde::de::Error::custom("expected a decimal integer string"))
     }
 }
 
@@ -391,10 +370,7 @@ mod tests {
             authorization,
         )
         .unwrap();
-        assert_eq!(
-            signed.signing_hash(),
-            b256!("224f428a0d381393f04ca412e738a9a224e57b98ed5b2d8887c6cddd72bd9d48")
-        );
+        assert_eq!(signed.signing_hash(), b256!("224f428a0d381393f04ca412e738a9a224e57b98ed5b2d8887c6cddd72bd9d48"));
         assert_eq!(
             signed.signature_hex(),
             "0x752634d618f93d012d494600b28f84ee21f617f446c96bc37dcda6e38722adac\
@@ -447,10 +423,7 @@ mod tests {
             "signature": "0x80a92f40ba2f5947809f0089442cbf019a8de4443b19d781768796dec961af1d368224993a06c1cae48a831aa1cb16fff11cb4556723c088ae765f80f1f379c11c"
         }))
         .unwrap();
-        assert_eq!(
-            record.recover_signer().unwrap(),
-            address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8")
-        );
+        assert_eq!(record.recover_signer().unwrap(), address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8"));
     }
 
     fn requirement(extra: Value, timeout: u64) -> Requirement {
@@ -492,23 +465,16 @@ mod tests {
     fn refuses_without_domain_or_with_overflowing_window() {
         let signer = signer(ANVIL1);
         let no_version = requirement(json!({"name": "USD Coin"}), 300);
-        assert!(matches!(
-            sign_authorization(&signer, &no_version, B256::ZERO, 1),
-            Err(SignError::MissingDomain)
-        ));
+        assert!(matches!(sign_authorization(&signer, &no_version, B256::ZERO, 1), Err(SignError::MissingDomain)));
         let huge = requirement(json!({"name": "USD Coin", "version": "2"}), u64::MAX);
-        assert!(matches!(
-            sign_authorization(&signer, &huge, B256::ZERO, 10),
-            Err(SignError::ValidityOverflow(_))
-        ));
+        assert!(matches!(sign_authorization(&signer, &huge, B256::ZERO, 10), Err(SignError::ValidityOverflow(_))));
     }
 
     #[test]
     fn record_round_trips_through_json_with_decimal_strings() {
         let signer = signer(ANVIL1);
         let req = requirement(json!({"name": "USD Coin", "version": "2"}), 300);
-        let signed =
-            sign_authorization(&signer, &req, B256::repeat_byte(9), 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer, &req, B256::repeat_byte(9), 1_800_000_000).unwrap();
         let stored = serde_json::to_value(&signed).unwrap();
         assert_eq!(stored["authorization"]["value"], "10000");
         assert_eq!(stored["authorization"]["validAfter"], "1799999400");
@@ -534,10 +500,7 @@ mod tests {
         ] {
             let mut v = good.clone();
             v["authorization"][path] = bad;
-            assert!(
-                serde_json::from_value::<SignedAuthorization>(v).is_err(),
-                "{path}"
-            );
+            assert!(serde_json::from_value::<SignedAuthorization>(v).is_err(), "{path}");
         }
         let mut v = good.clone();
         v["signature"] = json!("0x1234");

@@ -289,11 +289,7 @@ impl Requirement {
     ///
     /// # Errors
     /// [`EntryError`]; see [`EntryError::is_unsupported`] for the two classes.
-    pub fn from_json(
-        version: X402Version,
-        index: usize,
-        entry: &Value,
-    ) -> Result<Self, EntryError> {
+    pub fn from_json(version: X402Version, index: usize, entry: &Value) -> Result<Self, EntryError> {
         let obj = entry.as_object().ok_or(EntryError::NotObject)?;
         let scheme = str_field(obj, "scheme")?;
         Self::from_object(version, index, obj, scheme).map_err(|e| {
@@ -314,16 +310,10 @@ impl Requirement {
         let network_raw = str_field(obj, "network")?;
         let network = Network::parse(network_raw)?;
         let amount_field = version.amount_field();
-        let amount = parse_decimal_u256(str_field(obj, amount_field)?)
-            .ok_or(EntryError::BadAmount(amount_field))?;
-        let asset =
-            parse_address(str_field(obj, "asset")?).ok_or(EntryError::BadAddress("asset"))?;
-        let pay_to =
-            parse_address(str_field(obj, "payTo")?).ok_or(EntryError::BadAddress("payTo"))?;
-        let max_timeout_seconds = obj
-            .get("maxTimeoutSeconds")
-            .and_then(Value::as_u64)
-            .ok_or(EntryError::BadTimeout)?;
+        let amount = parse_decimal_u256(str_field(obj, amount_field)?).ok_or(EntryError::BadAmount(amount_field))?;
+        let asset = parse_address(str_field(obj, "asset")?).ok_or(EntryError::BadAddress("asset"))?;
+        let pay_to = parse_address(str_field(obj, "payTo")?).ok_or(EntryError::BadAddress("payTo"))?;
+        let max_timeout_seconds = obj.get("maxTimeoutSeconds").and_then(Value::as_u64).ok_or(EntryError::BadTimeout)?;
         let extra = match obj.get("extra") {
             None | Some(Value::Null) => None,
             Some(Value::Object(map)) => Some(map.clone()),
@@ -434,11 +424,7 @@ impl PaymentRequired {
     }
 
     fn payment_identifier_declaration(&self) -> Option<&Map<String, Value>> {
-        let decl = self
-            .extensions
-            .as_ref()?
-            .get(PAYMENT_IDENTIFIER)?
-            .as_object()?;
+        let decl = self.extensions.as_ref()?.get(PAYMENT_IDENTIFIER)?.as_object()?;
         match decl.get("info") {
             None | Some(Value::Object(_)) => Some(decl),
             Some(_) => None,
@@ -467,10 +453,7 @@ pub fn parse_payment_required(
         return parse_message(&message, Some(X402Version::V2));
     }
     if body.len() > MAX_BODY_BYTES {
-        return Err(WireError::BodyTooLarge {
-            len: body.len(),
-            limit: MAX_BODY_BYTES,
-        });
+        return Err(WireError::BodyTooLarge { len: body.len(), limit: MAX_BODY_BYTES });
     }
     let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     let Ok(message) = serde_json::from_slice::<Value>(body) else {
@@ -482,13 +465,8 @@ pub fn parse_payment_required(
     parse_message(&message, None)
 }
 
-fn parse_message(
-    message: &Value,
-    expect: Option<X402Version>,
-) -> Result<PaymentRequired, WireError> {
-    let obj = message
-        .as_object()
-        .ok_or(WireError::Malformed("message is not a JSON object"))?;
+fn parse_message(message: &Value, expect: Option<X402Version>) -> Result<PaymentRequired, WireError> {
+    let obj = message.as_object().ok_or(WireError::Malformed("message is not a JSON object"))?;
     let version = match obj.get("x402Version") {
         Some(v) => v
             .as_u64()
@@ -497,10 +475,7 @@ fn parse_message(
         None => return Err(WireError::UnsupportedVersion("missing".to_owned())),
     };
     if expect.is_some_and(|e| e != version) {
-        return Err(WireError::UnsupportedVersion(format!(
-            "{} in the PAYMENT-REQUIRED header",
-            version.number()
-        )));
+        return Err(WireError::UnsupportedVersion(format!("{} in the PAYMENT-REQUIRED header", version.number())));
     }
     let entries = obj
         .get("accepts")
@@ -523,11 +498,7 @@ fn parse_message(
         }
     }
     if accepts.is_empty() && skipped.iter().all(|s| !s.error.is_unsupported()) {
-        let reasons = skipped
-            .iter()
-            .map(|s| format!("#{}: {}", s.index, s.error))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let reasons = skipped.iter().map(|s| format!("#{}: {}", s.index, s.error)).collect::<Vec<_>>().join("; ");
         return Err(WireError::NoValidRequirement(reasons));
     }
 
@@ -614,17 +585,11 @@ fn check_matches(requirement: &Requirement, signed: &SignedAuthorization) -> Res
 /// # Errors
 /// [`WireError::Encode`] if the payload is over [`MAX_HEADER_BYTES`] once encoded or cannot
 /// be serialized.
-pub fn encode_payment_header(
-    version: X402Version,
-    payload: &Value,
-) -> Result<(&'static str, HeaderValue), WireError> {
+pub fn encode_payment_header(version: X402Version, payload: &Value) -> Result<(&'static str, HeaderValue), WireError> {
     let bytes = serde_json::to_vec(payload).map_err(|e| WireError::Encode(e.to_string()))?;
     let encoded = STANDARD.encode(bytes);
     if encoded.len() > MAX_HEADER_BYTES {
-        return Err(WireError::Encode(format!(
-            "header would be {} bytes, limit {MAX_HEADER_BYTES}",
-            encoded.len()
-        )));
+        return Err(WireError::Encode(format!("header would be {} bytes, limit {MAX_HEADER_BYTES}", encoded.len())));
     }
     let value = HeaderValue::from_str(&encoded).map_err(|e| WireError::Encode(e.to_string()))?;
     Ok((version.payment_header(), value))
@@ -652,23 +617,17 @@ pub fn decode_payment_header(value: &HeaderValue) -> Result<Value, WireError> {
 /// [`WireError::InvalidPaymentId`] when `id` breaks the extension's 16–128 `[A-Za-z0-9_-]` rule
 /// and the upstream declared `payment-identifier`.
 pub fn payment_extensions(declared: Option<&Value>, id: &str) -> Result<Option<Value>, WireError> {
-    let Some(declared) = declared
-        .and_then(Value::as_object)
-        .filter(|m| !m.is_empty())
-    else {
+    let Some(declared) = declared.and_then(Value::as_object).filter(|m| !m.is_empty()) else {
         return Ok(None);
     };
     let mut echoed = declared.clone();
     if let Some(Value::Object(decl)) = echoed.get_mut(PAYMENT_IDENTIFIER) {
-        let info = decl
-            .entry("info")
-            .or_insert_with(|| Value::Object(Map::new()));
+        let info = decl.entry("info").or_insert_with(|| Value::Object(Map::new()));
         if let Value::Object(info) = info {
             if !is_valid_payment_id(id) {
                 return Err(WireError::InvalidPaymentId);
             }
-            info.entry("id")
-                .or_insert_with(|| Value::String(id.to_owned()));
+            info.entry("id").or_insert_with(|| Value::String(id.to_owned()));
         }
     }
     Ok(Some(Value::Object(echoed)))
@@ -676,9 +635,7 @@ pub fn payment_extensions(declared: Option<&Value>, id: &str) -> Result<Option<V
 
 fn is_valid_payment_id(id: &str) -> bool {
     (PAYMENT_ID_MIN_LEN..=PAYMENT_ID_MAX_LEN).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// What an upstream said about settling a payment (`PAYMENT-RESPONSE` / `X-PAYMENT-RESPONSE`).
@@ -721,24 +678,16 @@ pub fn parse_settlement(headers: &HeaderMap) -> Result<Option<SettlementResponse
             None => return Ok(None),
         },
     };
-    let obj = message.as_object().ok_or(WireError::Malformed(
-        "settlement response is not a JSON object",
-    ))?;
-    let transaction = obj
-        .get("transaction")
-        .and_then(Value::as_str)
-        .filter(|t| !t.is_empty())
-        .map(|t| truncate(t, MAX_REASON_BYTES));
+    let obj = message.as_object().ok_or(WireError::Malformed("settlement response is not a JSON object"))?;
+    let transaction =
+        obj.get("transaction").and_then(Value::as_str).filter(|t| !t.is_empty()).map(|t| truncate(t, MAX_REASON_BYTES));
     let tx_hash = transaction.as_deref().and_then(parse_b256);
     Ok(Some(SettlementResponse {
         success: obj.get("success").and_then(Value::as_bool).unwrap_or(false),
         tx_hash,
         transaction,
         network: reason_field(obj, "network"),
-        payer: obj
-            .get("payer")
-            .and_then(Value::as_str)
-            .and_then(parse_address),
+        payer: obj.get("payer").and_then(Value::as_str).and_then(parse_address),
         error_reason: reason_field(obj, "errorReason"),
     }))
 }
@@ -785,11 +734,7 @@ impl RefusalReasons {
 /// unreadable sources are ignored.
 pub fn refusal_reasons(headers: &HeaderMap, body: &[u8]) -> RefusalReasons {
     let mut reasons = RefusalReasons::default();
-    for header in [
-        PAYMENT_REQUIRED_HEADER,
-        PAYMENT_RESPONSE_HEADER,
-        X_PAYMENT_RESPONSE_HEADER,
-    ] {
+    for header in [PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, X_PAYMENT_RESPONSE_HEADER] {
         if let Ok(Some(Value::Object(obj))) = header_json(headers, header) {
             reasons.fill_from(&obj);
         }
@@ -818,40 +763,21 @@ fn header_json(headers: &HeaderMap, name: &'static str) -> Result<Option<Value>,
 fn decode_json_header(name: &'static str, value: &HeaderValue) -> Result<Value, WireError> {
     let raw = value.as_bytes();
     if raw.len() > MAX_HEADER_BYTES {
-        return Err(WireError::HeaderTooLarge {
-            header: name,
-            len: raw.len(),
-            limit: MAX_HEADER_BYTES,
-        });
+        return Err(WireError::HeaderTooLarge { header: name, len: raw.len(), limit: MAX_HEADER_BYTES });
     }
-    let compact: Vec<u8> = raw
-        .iter()
-        .copied()
-        .filter(|b| !b.is_ascii_whitespace())
-        .collect();
-    let engine = if compact.iter().any(|&b| b == b'-' || b == b'_') {
-        &URL_SAFE_LENIENT
-    } else {
-        &STANDARD_LENIENT
-    };
-    let json = engine
-        .decode(&compact)
-        .map_err(|_| WireError::BadBase64(name))?;
+    let compact: Vec<u8> = raw.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+    let engine = if compact.iter().any(|&b| b == b'-' || b == b'_') { &URL_SAFE_LENIENT } else { &STANDARD_LENIENT };
+    let json = engine.decode(&compact).map_err(|_| WireError::BadBase64(name))?;
     serde_json::from_slice(&json).map_err(|source| WireError::BadJson { what: name, source })
 }
 
 fn str_field<'a>(obj: &'a Map<String, Value>, field: &'static str) -> Result<&'a str, EntryError> {
-    obj.get(field)
-        .and_then(Value::as_str)
-        .ok_or(EntryError::MissingField(field))
+    obj.get(field).and_then(Value::as_str).ok_or(EntryError::MissingField(field))
 }
 
 /// A string field of an upstream message, bounded; `None` if absent, empty or not a string.
 fn reason_field(obj: &Map<String, Value>, field: &str) -> Option<String> {
-    obj.get(field)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(|s| truncate(s, MAX_REASON_BYTES))
+    obj.get(field).and_then(Value::as_str).filter(|s| !s.is_empty()).map(|s| truncate(s, MAX_REASON_BYTES))
 }
 
 /// Parses a canonical decimal integer (`0` or `[1-9][0-9]*`, at most 2^256−1).
@@ -874,11 +800,7 @@ pub(crate) fn parse_address(s: &str) -> Option<Address> {
     }
     let has_upper = hex.bytes().any(|b| b.is_ascii_uppercase());
     let has_lower = hex.bytes().any(|b| b.is_ascii_lowercase());
-    if has_upper && has_lower {
-        Address::parse_checksummed(s, None).ok()
-    } else {
-        s.parse().ok()
-    }
+    if has_upper && has_lower { Address::parse_checksummed(s, None).ok() } else { s.parse().ok() }
 }
 
 /// Parses `0x` + 64 hex digits.
@@ -946,26 +868,15 @@ mod tests {
     }
 
     fn v2_402(message: &str) -> Result<PaymentRequired, WireError> {
-        parse_payment_required(
-            StatusCode::PAYMENT_REQUIRED,
-            &headers(&[("PAYMENT-REQUIRED", &b64(message))]),
-            b"{}",
-        )
+        parse_payment_required(StatusCode::PAYMENT_REQUIRED, &headers(&[("PAYMENT-REQUIRED", &b64(message))]), b"{}")
     }
 
     fn v1_402(body: &str) -> Result<PaymentRequired, WireError> {
-        parse_payment_required(
-            StatusCode::PAYMENT_REQUIRED,
-            &HeaderMap::new(),
-            body.as_bytes(),
-        )
+        parse_payment_required(StatusCode::PAYMENT_REQUIRED, &HeaderMap::new(), body.as_bytes())
     }
 
     fn v2_with_entries(entries: Value) -> Result<PaymentRequired, WireError> {
-        v2_402(
-            &json!({"x402Version": 2, "resource": {"url": "http://x/"}, "accepts": entries})
-                .to_string(),
-        )
+        v2_402(&json!({"x402Version": 2, "resource": {"url": "http://x/"}, "accepts": entries}).to_string())
     }
 
     fn v2_entry(amount: &str) -> Value {
@@ -984,10 +895,7 @@ mod tests {
         let pr = v2_402(V2_REQUIRED).unwrap();
         assert_eq!(pr.version, X402Version::V2);
         assert_eq!(pr.error.as_deref(), Some("Payment required"));
-        assert_eq!(
-            pr.resource.as_ref().unwrap()["url"],
-            "http://127.0.0.1:4021/v2/weather"
-        );
+        assert_eq!(pr.resource.as_ref().unwrap()["url"], "http://127.0.0.1:4021/v2/weather");
         assert!(pr.skipped.is_empty());
         assert_eq!(pr.accepts.len(), 1);
         let r = &pr.accepts[0];
@@ -996,23 +904,14 @@ mod tests {
         assert_eq!(r.network(), Network::BASE_SEPOLIA);
         assert_eq!(r.network_raw(), "eip155:84532");
         assert_eq!(r.amount(), U256::from(10_000u64));
-        assert_eq!(
-            r.asset(),
-            address!("0x5FbDB2315678afecb367f032d93F642f64180aa3")
-        );
-        assert_eq!(
-            r.pay_to(),
-            address!("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC")
-        );
+        assert_eq!(r.asset(), address!("0x5FbDB2315678afecb367f032d93F642f64180aa3"));
+        assert_eq!(r.pay_to(), address!("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"));
         assert_eq!(r.max_timeout_seconds(), 300);
         assert_eq!(r.extra_name(), Some("USD Coin"));
         assert_eq!(r.extra_version(), Some("2"));
         let original: Value = serde_json::from_str(V2_REQUIRED).unwrap();
         assert_eq!(r.raw_json(), original["accepts"][0]);
-        assert_eq!(
-            pr.raw_accepts,
-            original["accepts"].as_array().unwrap().clone()
-        );
+        assert_eq!(pr.raw_accepts, original["accepts"].as_array().unwrap().clone());
     }
 
     #[test]
@@ -1042,12 +941,9 @@ mod tests {
         }
         let url_safe = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(V2_REQUIRED);
         for value in [unpadded, spaced, format!("  {encoded}  "), url_safe] {
-            let pr = parse_payment_required(
-                StatusCode::PAYMENT_REQUIRED,
-                &headers(&[("payment-required", &value)]),
-                b"",
-            )
-            .unwrap();
+            let pr =
+                parse_payment_required(StatusCode::PAYMENT_REQUIRED, &headers(&[("payment-required", &value)]), b"")
+                    .unwrap();
             assert_eq!(pr.accepts.len(), 1);
         }
     }
@@ -1061,10 +957,7 @@ mod tests {
     #[test]
     fn a_402_without_x402_content_is_an_error() {
         for body in ["", "<html>pay up</html>", "{}", "[]", r#"{"error":"no"}"#] {
-            assert!(
-                matches!(v1_402(body), Err(WireError::NoRequirements)),
-                "{body:?}"
-            );
+            assert!(matches!(v1_402(body), Err(WireError::NoRequirements)), "{body:?}");
         }
     }
 
@@ -1073,32 +966,16 @@ mod tests {
         let too_big = "A".repeat(MAX_HEADER_BYTES + 1);
         type Expect = fn(&WireError) -> bool;
         let cases: Vec<(String, Expect)> = vec![
-            ("!!!not base64!!!".to_owned(), |e| {
-                matches!(e, WireError::BadBase64(_))
-            }),
+            ("!!!not base64!!!".to_owned(), |e| matches!(e, WireError::BadBase64(_))),
             (b64("not json"), |e| matches!(e, WireError::BadJson { .. })),
             (b64("[1,2]"), |e| matches!(e, WireError::Malformed(_))),
-            (b64(r#"{"x402Version":2}"#), |e| {
-                matches!(e, WireError::Malformed(_))
-            }),
-            (b64(r#"{"x402Version":2,"accepts":{}}"#), |e| {
-                matches!(e, WireError::Malformed(_))
-            }),
-            (b64(r#"{"x402Version":2,"accepts":[]}"#), |e| {
-                matches!(e, WireError::EmptyAccepts)
-            }),
-            (b64(r#"{"x402Version":3,"accepts":[]}"#), |e| {
-                matches!(e, WireError::UnsupportedVersion(_))
-            }),
-            (b64(r#"{"x402Version":"2","accepts":[]}"#), |e| {
-                matches!(e, WireError::UnsupportedVersion(_))
-            }),
-            (b64(r#"{"accepts":[]}"#), |e| {
-                matches!(e, WireError::UnsupportedVersion(_))
-            }),
-            (b64(V1_BODY), |e| {
-                matches!(e, WireError::UnsupportedVersion(_))
-            }),
+            (b64(r#"{"x402Version":2}"#), |e| matches!(e, WireError::Malformed(_))),
+            (b64(r#"{"x402Version":2,"accepts":{}}"#), |e| matches!(e, WireError::Malformed(_))),
+            (b64(r#"{"x402Version":2,"accepts":[]}"#), |e| matches!(e, WireError::EmptyAccepts)),
+            (b64(r#"{"x402Version":3,"accepts":[]}"#), |e| matches!(e, WireError::UnsupportedVersion(_))),
+            (b64(r#"{"x402Version":"2","accepts":[]}"#), |e| matches!(e, WireError::UnsupportedVersion(_))),
+            (b64(r#"{"accepts":[]}"#), |e| matches!(e, WireError::UnsupportedVersion(_))),
+            (b64(V1_BODY), |e| matches!(e, WireError::UnsupportedVersion(_))),
             (too_big, |e| matches!(e, WireError::HeaderTooLarge { .. })),
         ];
         for (value, expected) in cases {
@@ -1115,10 +992,7 @@ mod tests {
     #[test]
     fn non_ascii_and_duplicate_headers_are_errors() {
         let mut map = HeaderMap::new();
-        map.insert(
-            "payment-required",
-            HeaderValue::from_bytes(b"eyJ\xff\xfe").unwrap(),
-        );
+        map.insert("payment-required", HeaderValue::from_bytes(b"eyJ\xff\xfe").unwrap());
         assert!(matches!(
             parse_payment_required(StatusCode::PAYMENT_REQUIRED, &map, b""),
             Err(WireError::BadBase64(_))
@@ -1135,26 +1009,16 @@ mod tests {
     fn deeply_nested_json_does_not_overflow_the_stack() {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(v2_402(&deep).is_err());
-        let body = format!(
-            r#"{{"x402Version":1,"accepts":{}{}}}"#,
-            "[".repeat(50_000),
-            "]".repeat(50_000)
-        );
+        let body = format!(r#"{{"x402Version":1,"accepts":{}{}}}"#, "[".repeat(50_000), "]".repeat(50_000));
         assert!(v1_402(&body).is_err());
     }
 
     #[test]
     fn oversized_bodies_and_lists_are_refused() {
-        let big = format!(
-            r#"{{"x402Version":1,"pad":"{}","accepts":[]}}"#,
-            "x".repeat(MAX_BODY_BYTES)
-        );
+        let big = format!(r#"{{"x402Version":1,"pad":"{}","accepts":[]}}"#, "x".repeat(MAX_BODY_BYTES));
         assert!(matches!(v1_402(&big), Err(WireError::BodyTooLarge { .. })));
         let many = Value::Array(vec![v2_entry("1"); MAX_ACCEPTS + 1]);
-        assert!(matches!(
-            v2_with_entries(many),
-            Err(WireError::TooManyRequirements(65))
-        ));
+        assert!(matches!(v2_with_entries(many), Err(WireError::TooManyRequirements(65))));
         let max = Value::Array(vec![v2_entry("1"); MAX_ACCEPTS]);
         assert_eq!(v2_with_entries(max).unwrap().accepts.len(), MAX_ACCEPTS);
     }
@@ -1162,35 +1026,12 @@ mod tests {
     #[test]
     fn amounts_must_be_canonical_decimal_u256() {
         let max = U256::MAX.to_string();
-        assert_eq!(
-            v2_with_entries(json!([v2_entry(&max)])).unwrap().accepts[0].amount(),
-            U256::MAX
-        );
-        assert!(
-            v2_with_entries(json!([v2_entry("0")])).unwrap().accepts[0]
-                .amount()
-                .is_zero()
-        );
+        assert_eq!(v2_with_entries(json!([v2_entry(&max)])).unwrap().accepts[0].amount(), U256::MAX);
+        assert!(v2_with_entries(json!([v2_entry("0")])).unwrap().accepts[0].amount().is_zero());
         let over = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
-        for bad in [
-            "-1",
-            "+1",
-            "1.5",
-            "1e6",
-            " 1",
-            "1 ",
-            "01",
-            "0x10",
-            "",
-            "١٢",
-            over,
-            &"9".repeat(79),
-        ] {
+        for bad in ["-1", "+1", "1.5", "1e6", " 1", "1 ", "01", "0x10", "", "١٢", over, &"9".repeat(79)] {
             let err = v2_with_entries(json!([v2_entry(bad)])).unwrap_err();
-            assert!(
-                matches!(&err, WireError::NoValidRequirement(m) if m.contains("amount")),
-                "{bad:?}: {err}"
-            );
+            assert!(matches!(&err, WireError::NoValidRequirement(m) if m.contains("amount")), "{bad:?}: {err}");
         }
         let mut numeric = v2_entry("1");
         numeric["amount"] = json!(10000);
@@ -1229,10 +1070,7 @@ mod tests {
         ];
         for entry in bad {
             let err = v2_with_entries(json!([entry.clone()])).unwrap_err();
-            assert!(
-                matches!(err, WireError::NoValidRequirement(_)),
-                "{entry}: {err}"
-            );
+            assert!(matches!(err, WireError::NoValidRequirement(_)), "{entry}: {err}");
         }
         // All-lowercase and all-uppercase addresses carry no checksum and are fine.
         let lower = mutate("asset", json!("0x5fbdb2315678afecb367f032d93f642f64180aa3"));
@@ -1262,18 +1100,12 @@ mod tests {
 
         let odd_scheme = json!({"scheme": "streaming", "network": "eip155:84532", "rate": "1/s"});
         let pr = v2_with_entries(json!([odd_scheme])).unwrap();
-        assert_eq!(
-            pr.skipped[0].error,
-            EntryError::UnsupportedScheme("streaming".into())
-        );
+        assert_eq!(pr.skipped[0].error, EntryError::UnsupportedScheme("streaming".into()));
 
         // A well-formed non-exact EVM entry parses; selection refuses it later.
         let mut upto = v2_entry("5");
         upto["scheme"] = json!("upto");
-        assert_eq!(
-            v2_with_entries(json!([upto])).unwrap().accepts[0].scheme(),
-            "upto"
-        );
+        assert_eq!(v2_with_entries(json!([upto])).unwrap().accepts[0].scheme(), "upto");
 
         // A v1 name outside the EVM table (solana-devnet) is unsupported, not malformed.
         let v1 = json!({"x402Version": 1, "accepts": [{"scheme": "exact", "network": "solana-devnet",
@@ -1294,8 +1126,7 @@ mod tests {
         let req = &pr.accepts[0];
         let nonce = B256::repeat_byte(0x11);
         let signed = sign_authorization(&signer(), req, nonce, 1_796_203_347).unwrap();
-        let payload =
-            payment_payload(pr.version, req, pr.resource.as_ref(), &signed, None).unwrap();
+        let payload = payment_payload(pr.version, req, pr.resource.as_ref(), &signed, None).unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "payment-signature");
         // Standard padded base64 of JSON.
@@ -1330,8 +1161,7 @@ mod tests {
         let pr = v1_402(&body).unwrap();
         let req = &pr.accepts[0];
         let signed = sign_authorization(&signer(), req, B256::ZERO, 1_796_202_752 + 600).unwrap();
-        let payload =
-            payment_payload(pr.version, req, None, &signed, Some(&json!({"x": {}}))).unwrap();
+        let payload = payment_payload(pr.version, req, None, &signed, Some(&json!({"x": {}}))).unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "x-payment");
         let sent = decode_payment_header(&value).unwrap();
@@ -1340,10 +1170,7 @@ mod tests {
         assert_eq!(sent["network"], "Base-Sepolia");
         assert_eq!(sent["payload"]["authorization"]["value"], "10000");
         assert_eq!(sent["payload"]["authorization"]["validAfter"], "1796202752");
-        assert_eq!(
-            sent["payload"]["authorization"]["validBefore"],
-            "1796203412"
-        );
+        assert_eq!(sent["payload"]["authorization"]["validBefore"], "1796203412");
         let mut keys: Vec<_> = sent.as_object().unwrap().keys().cloned().collect();
         keys.sort();
         assert_eq!(keys, ["network", "payload", "scheme", "x402Version"]);
@@ -1352,8 +1179,7 @@ mod tests {
     #[test]
     fn refuses_to_send_an_authorization_for_another_option() {
         let pr = v2_with_entries(json!([v2_entry("10"), v2_entry("20")])).unwrap();
-        let signed =
-            sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
         let err = payment_payload(pr.version, &pr.accepts[1], None, &signed, None).unwrap_err();
         assert!(matches!(err, WireError::AuthorizationMismatch("amount")));
     }
@@ -1374,64 +1200,35 @@ mod tests {
         assert!(pr.requires_payment_identifier());
 
         let id = "pay_0123456789abcdef0123456789abcdef";
-        let ext = payment_extensions(pr.extensions.as_ref(), id)
-            .unwrap()
-            .unwrap();
+        let ext = payment_extensions(pr.extensions.as_ref(), id).unwrap().unwrap();
         assert_eq!(ext["payment-identifier"]["info"]["id"], id);
         assert_eq!(ext["payment-identifier"]["info"]["required"], true);
-        assert_eq!(
-            ext["payment-identifier"]["schema"],
-            declared["payment-identifier"]["schema"]
-        );
+        assert_eq!(ext["payment-identifier"]["schema"], declared["payment-identifier"]["schema"]);
         assert_eq!(ext["bazaar"], declared["bazaar"]);
 
-        let signed =
-            sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
-        let payload =
-            payment_payload(pr.version, &pr.accepts[0], None, &signed, Some(&ext)).unwrap();
-        assert_eq!(
-            payload["extensions"]["payment-identifier"]["info"]["id"],
-            id
-        );
+        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
+        let payload = payment_payload(pr.version, &pr.accepts[0], None, &signed, Some(&ext)).unwrap();
+        assert_eq!(payload["extensions"]["payment-identifier"]["info"]["id"], id);
 
-        assert!(matches!(
-            payment_extensions(pr.extensions.as_ref(), "short"),
-            Err(WireError::InvalidPaymentId)
-        ));
+        assert!(matches!(payment_extensions(pr.extensions.as_ref(), "short"), Err(WireError::InvalidPaymentId)));
         assert!(payment_extensions(pr.extensions.as_ref(), &"a".repeat(129)).is_err());
         assert!(payment_extensions(pr.extensions.as_ref(), "pay_0123456789abcdef!").is_err());
     }
 
     #[test]
     fn payment_identifier_absent_or_prefilled() {
-        assert_eq!(
-            payment_extensions(None, "pay_0123456789abcdef").unwrap(),
-            None
-        );
-        assert_eq!(
-            payment_extensions(Some(&json!({})), "pay_0123456789abcdef").unwrap(),
-            None
-        );
+        assert_eq!(payment_extensions(None, "pay_0123456789abcdef").unwrap(), None);
+        assert_eq!(payment_extensions(Some(&json!({})), "pay_0123456789abcdef").unwrap(), None);
         // Not declared: other extensions are echoed untouched, no id is invented, any id is fine.
         let other = json!({"bazaar": {"info": {}, "schema": {}}});
         assert_eq!(payment_extensions(Some(&other), "x").unwrap(), Some(other));
         // Declared without `info`: it is created. With an `id` already there: kept.
         let bare = json!({"payment-identifier": {"schema": {}}});
-        let ext = payment_extensions(Some(&bare), "pay_0123456789abcdef")
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            ext["payment-identifier"]["info"]["id"],
-            "pay_0123456789abcdef"
-        );
+        let ext = payment_extensions(Some(&bare), "pay_0123456789abcdef").unwrap().unwrap();
+        assert_eq!(ext["payment-identifier"]["info"]["id"], "pay_0123456789abcdef");
         let prefilled = json!({"payment-identifier": {"info": {"id": "server-chosen-id-123"}}});
-        let ext = payment_extensions(Some(&prefilled), "pay_0123456789abcdef")
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            ext["payment-identifier"]["info"]["id"],
-            "server-chosen-id-123"
-        );
+        let ext = payment_extensions(Some(&prefilled), "pay_0123456789abcdef").unwrap().unwrap();
+        assert_eq!(ext["payment-identifier"]["info"]["id"], "server-chosen-id-123");
 
         let pr = v2_402(V2_REQUIRED).unwrap();
         assert!(!pr.advertises_payment_identifier());
@@ -1440,9 +1237,7 @@ mod tests {
 
     #[test]
     fn parses_the_captured_settlement_headers() {
-        let v2 = parse_settlement(&headers(&[("PAYMENT-RESPONSE", V2_SETTLEMENT)]))
-            .unwrap()
-            .unwrap();
+        let v2 = parse_settlement(&headers(&[("PAYMENT-RESPONSE", V2_SETTLEMENT)])).unwrap().unwrap();
         assert!(v2.success);
         assert_eq!(
             v2.tx_hash.unwrap().to_string(),
@@ -1450,15 +1245,10 @@ mod tests {
         );
         assert_eq!(v2.network.as_deref(), Some("eip155:84532"));
         assert_eq!(v2.parsed_network(), Some(Network::BASE_SEPOLIA));
-        assert_eq!(
-            v2.payer,
-            Some(address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8"))
-        );
+        assert_eq!(v2.payer, Some(address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8")));
         assert_eq!(v2.error_reason, None);
 
-        let v1 = parse_settlement(&headers(&[("X-PAYMENT-RESPONSE", V1_SETTLEMENT)]))
-            .unwrap()
-            .unwrap();
+        let v1 = parse_settlement(&headers(&[("X-PAYMENT-RESPONSE", V1_SETTLEMENT)])).unwrap().unwrap();
         assert!(v1.success);
         assert_eq!(v1.network.as_deref(), Some("base-sepolia"));
         assert_eq!(v1.parsed_network(), Some(Network::BASE_SEPOLIA));
@@ -1471,66 +1261,42 @@ mod tests {
         let failed = b64(
             r#"{"success":false,"errorReason":"invalid_exact_evm_nonce_already_used","transaction":"","network":"eip155:84532"}"#,
         );
-        let s = parse_settlement(&headers(&[("payment-response", &failed)]))
-            .unwrap()
-            .unwrap();
+        let s = parse_settlement(&headers(&[("payment-response", &failed)])).unwrap().unwrap();
         assert!(!s.success);
         assert_eq!(s.transaction, None);
         assert_eq!(s.tx_hash, None);
-        assert_eq!(
-            s.error_reason.as_deref(),
-            Some("invalid_exact_evm_nonce_already_used")
-        );
+        assert_eq!(s.error_reason.as_deref(), Some("invalid_exact_evm_nonce_already_used"));
 
         let sparse = b64(r#"{"transaction":"5xSolanaSignature","payer":"not-an-address"}"#);
-        let s = parse_settlement(&headers(&[("payment-response", &sparse)]))
-            .unwrap()
-            .unwrap();
+        let s = parse_settlement(&headers(&[("payment-response", &sparse)])).unwrap().unwrap();
         assert!(!s.success, "missing success is not a success");
         assert_eq!(s.transaction.as_deref(), Some("5xSolanaSignature"));
         assert_eq!(s.tx_hash, None);
         assert_eq!(s.payer, None);
 
         for bad in ["%%%", &b64("nope"), &b64("[true]")] {
-            assert!(
-                parse_settlement(&headers(&[("payment-response", bad)])).is_err(),
-                "{bad}"
-            );
+            assert!(parse_settlement(&headers(&[("payment-response", bad)])).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn refusal_reasons_are_passed_through() {
         // v2: the new PAYMENT-REQUIRED carries the facilitator's reason.
-        let refused =
-            V2_REQUIRED.replace("Payment required", "invalid_exact_evm_nonce_already_used");
+        let refused = V2_REQUIRED.replace("Payment required", "invalid_exact_evm_nonce_already_used");
         let r = refusal_reasons(&headers(&[("payment-required", &b64(&refused))]), b"{}");
-        assert_eq!(
-            r.error.as_deref(),
-            Some("invalid_exact_evm_nonce_already_used")
-        );
+        assert_eq!(r.error.as_deref(), Some("invalid_exact_evm_nonce_already_used"));
 
         // v1: the body.
         let body = r#"{"x402Version":1,"error":"invalid_exact_evm_nonce_already_used","accepts":[],"payer":"0x70997970C51812dc3A010C7d01b50e0d17dc79C8"}"#;
         let r = refusal_reasons(&HeaderMap::new(), body.as_bytes());
-        assert_eq!(
-            r.error.as_deref(),
-            Some("invalid_exact_evm_nonce_already_used")
-        );
+        assert_eq!(r.error.as_deref(), Some("invalid_exact_evm_nonce_already_used"));
 
         // Forwarded facilitator fields, and the settlement header's errorReason.
         let body = r#"{"invalidReason":"invalid_exact_evm_signature"}"#;
-        let settle =
-            b64(r#"{"success":false,"errorReason":"invalid_exact_evm_insufficient_balance"}"#);
+        let settle = b64(r#"{"success":false,"errorReason":"invalid_exact_evm_insufficient_balance"}"#);
         let r = refusal_reasons(&headers(&[("payment-response", &settle)]), body.as_bytes());
-        assert_eq!(
-            r.invalid_reason.as_deref(),
-            Some("invalid_exact_evm_signature")
-        );
-        assert_eq!(
-            r.error_reason.as_deref(),
-            Some("invalid_exact_evm_insufficient_balance")
-        );
+        assert_eq!(r.invalid_reason.as_deref(), Some("invalid_exact_evm_signature"));
+        assert_eq!(r.error_reason.as_deref(), Some("invalid_exact_evm_insufficient_balance"));
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({"invalidReason": "invalid_exact_evm_signature",

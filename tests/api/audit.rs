@@ -17,10 +17,7 @@ const OPERATOR_TOKEN: &str = "operator-token-for-tests-0123456789";
 
 fn with_operator(mut extra: Vec<(String, String)>) -> AppOptions {
     extra.push(("operator-token".into(), OPERATOR_TOKEN.into()));
-    AppOptions {
-        extra,
-        ..Default::default()
-    }
+    AppOptions { extra, ..Default::default() }
 }
 
 async fn operator_app() -> TestApp {
@@ -29,13 +26,7 @@ async fn operator_app() -> TestApp {
 
 /// GET `path` (with its query) as the operator: status and JSON body.
 async fn audit(app: &TestApp, path: &str) -> (u16, Value) {
-    let resp = app
-        .client
-        .get(format!("{}{path}", app.address))
-        .bearer_auth(OPERATOR_TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let resp = app.client.get(format!("{}{path}", app.address)).bearer_auth(OPERATOR_TOKEN).send().await.unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap())
 }
@@ -54,23 +45,15 @@ async fn audit_text(app: &TestApp, path: &str) -> String {
 }
 
 fn ids(list: &Value) -> Vec<String> {
-    list.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap().to_owned())
-        .collect()
+    list.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
 }
 
 /// A receipt row with the given `created_at` (an SQL expression) and payment network (or
 /// no payment). Its signature is not valid: these rows exercise queries, not signatures.
 async fn insert_receipt(db: &TestDb, agent: Uuid, created_at: &str, network: Option<&str>) -> Uuid {
     let id = Uuid::new_v4();
-    let payment = network.map_or("NULL".to_owned(), |n| {
-        format!(
-            "'{}'",
-            json!({"network": n, "amount": "1", "status": "settled"})
-        )
-    });
+    let payment = network
+        .map_or("NULL".to_owned(), |n| format!("'{}'", json!({"network": n, "amount": "1", "status": "settled"})));
     exec(
         db,
         &format!(
@@ -133,29 +116,15 @@ async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, valid_bef
     insert_in_flight(&app.db, app.agent.id, key, &body, 300).await;
     let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
     let headers = first.headers().clone();
-    let required = wire::parse_payment_required(
-        reqwest::StatusCode::PAYMENT_REQUIRED,
-        &headers,
-        &first.bytes().await.unwrap(),
-    )
-    .unwrap();
+    let required =
+        wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, &first.bytes().await.unwrap())
+            .unwrap();
     let req: &Requirement = &required.accepts[0];
     let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
-    let signed =
-        sign_authorization(&signer, req, nonce_for(app.agent.id, key), signing_time).unwrap();
-    let payload = wire::payment_payload(
-        X402Version::V2,
-        req,
-        required.resource.as_ref(),
-        &signed,
-        None,
-    )
-    .unwrap();
+    let signed = sign_authorization(&signer, req, nonce_for(app.agent.id, key), signing_time).unwrap();
+    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
     let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
     let auth = signed.authorization();
     exec(
@@ -227,27 +196,11 @@ async fn audit_endpoints_refuse_absent_wrong_and_agent_credentials() {
         let none = app.client.get(&url).send().await.unwrap();
         assert_eq!(none.status(), 401, "{path}");
         assert!(none.json::<Value>().await.unwrap()["error"].is_string());
-        for wrong in [
-            "operator-token-for-tests-012345678",
-            "operator-token-for-tests-01234567890",
-            "x",
-        ] {
-            let r = app
-                .client
-                .get(&url)
-                .bearer_auth(wrong)
-                .send()
-                .await
-                .unwrap();
+        for wrong in ["operator-token-for-tests-012345678", "operator-token-for-tests-01234567890", "x"] {
+            let r = app.client.get(&url).bearer_auth(wrong).send().await.unwrap();
             assert_eq!(r.status(), 401, "{path} with {wrong}");
         }
-        let agent = app
-            .client
-            .get(&url)
-            .bearer_auth(&app.agent.key)
-            .send()
-            .await
-            .unwrap();
+        let agent = app.client.get(&url).bearer_auth(&app.agent.key).send().await.unwrap();
         assert_eq!(agent.status(), 403, "{path} with an agent key");
         assert!(agent.json::<Value>().await.unwrap()["error"].is_string());
         let (status, _) = audit(&app, path).await;
@@ -260,13 +213,7 @@ async fn without_an_operator_token_the_audit_api_does_not_exist() {
     let app = spawn_app().await;
     for path in AUDIT_PATHS {
         for token in [OPERATOR_TOKEN, app.agent.key.as_str()] {
-            let r = app
-                .client
-                .get(format!("{}{path}", app.address))
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap();
+            let r = app.client.get(format!("{}{path}", app.address)).bearer_auth(token).send().await.unwrap();
             assert_eq!(r.status(), 404, "{path}");
             assert_eq!(r.json::<Value>().await.unwrap()["error"], "not found");
         }
@@ -298,10 +245,7 @@ async fn malformed_audit_queries_are_400_json_and_unknown_ids_404() {
         format!("/audit/receipts/{}", Uuid::new_v4()),
         format!("/audit/agents/{}/spend", Uuid::new_v4()),
         "/audit/agents/nope/spend".to_owned(),
-        format!(
-            "/audit/idempotency?agent_id={}&key=never-used-key-0123",
-            app.agent.id
-        ),
+        format!("/audit/idempotency?agent_id={}&key=never-used-key-0123", app.agent.id),
     ] {
         let (status, body) = audit(&app, &path).await;
         assert_eq!(status, 404, "{path}");
@@ -316,42 +260,21 @@ async fn receipts_are_filtered_by_agent_time_payment_and_network() {
     let me = app.agent.id;
     let old_unpaid = insert_receipt(&app.db, me, "'2026-01-01T00:00:00Z'", None).await;
     let mid_base = insert_receipt(&app.db, me, "'2026-01-02T00:00:00Z'", Some("eip155:8453")).await;
-    let mid_sepolia = insert_receipt(
-        &app.db,
-        other.id,
-        "'2026-01-03T00:00:00Z'",
-        Some("eip155:84532"),
-    )
-    .await;
+    let mid_sepolia = insert_receipt(&app.db, other.id, "'2026-01-03T00:00:00Z'", Some("eip155:84532")).await;
     let new_unpaid = insert_receipt(&app.db, other.id, "'2026-01-04T00:00:00Z'", None).await;
     let s = |ids: &[Uuid]| ids.iter().map(Uuid::to_string).collect::<Vec<_>>();
 
     let cases: Vec<(String, Vec<String>)> = vec![
-        (
-            String::new(),
-            s(&[old_unpaid, mid_base, mid_sepolia, new_unpaid]),
-        ),
+        (String::new(), s(&[old_unpaid, mid_base, mid_sepolia, new_unpaid])),
         (format!("agent_id={me}"), s(&[old_unpaid, mid_base])),
-        (
-            format!("agent_id={}", other.id),
-            s(&[mid_sepolia, new_unpaid]),
-        ),
+        (format!("agent_id={}", other.id), s(&[mid_sepolia, new_unpaid])),
         ("paid=true".into(), s(&[mid_base, mid_sepolia])),
         ("paid=false".into(), s(&[old_unpaid, new_unpaid])),
         ("network=base-sepolia".into(), s(&[mid_sepolia])),
         ("network=eip155:8453".into(), s(&[mid_base])),
-        (
-            "from=2026-01-02T00:00:00Z&to=2026-01-04T00:00:00Z".into(),
-            s(&[mid_base, mid_sepolia]),
-        ),
-        (
-            "from=2026-01-02T01:00:00%2B01:00&paid=false".into(),
-            s(&[new_unpaid]),
-        ),
-        (
-            format!("agent_id={me}&paid=true&network=base"),
-            s(&[mid_base]),
-        ),
+        ("from=2026-01-02T00:00:00Z&to=2026-01-04T00:00:00Z".into(), s(&[mid_base, mid_sepolia])),
+        ("from=2026-01-02T01:00:00%2B01:00&paid=false".into(), s(&[new_unpaid])),
+        (format!("agent_id={me}&paid=true&network=base"), s(&[mid_base])),
     ];
     for (query, expected) in cases {
         let (status, body) = audit(&app, &format!("/audit/receipts?{query}")).await;
@@ -386,11 +309,7 @@ async fn receipt_pages_return_every_row_exactly_once_while_rows_are_inserted() {
         tokio::spawn(async move {
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
-                let at = if n % 2 == 0 {
-                    "now()"
-                } else {
-                    "now() - interval '1 hour'"
-                };
+                let at = if n % 2 == 0 { "now()" } else { "now() - interval '1 hour'" };
                 insert_receipt(&db, agent, at, None).await;
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(3)).await;
@@ -438,19 +357,9 @@ async fn receipt_pages_return_every_row_exactly_once_while_rows_are_inserted() {
     }
     // Rows inserted ahead of the cursor were served (all but the one inserted after the
     // last page); rows inserted behind it never were.
-    let missed = ahead
-        .iter()
-        .filter(|id| !counts.contains_key(id.to_string().as_str()))
-        .count();
-    assert!(
-        missed <= 1,
-        "{missed} rows inserted ahead of the cursor were missed"
-    );
-    assert!(
-        behind
-            .iter()
-            .all(|id| !counts.contains_key(id.to_string().as_str()))
-    );
+    let missed = ahead.iter().filter(|id| !counts.contains_key(id.to_string().as_str())).count();
+    assert!(missed <= 1, "{missed} rows inserted ahead of the cursor were missed");
+    assert!(behind.iter().all(|id| !counts.contains_key(id.to_string().as_str())));
 }
 
 #[actix_web::test]
@@ -462,25 +371,14 @@ async fn payment_pages_cover_the_ledger_once_and_filter_by_status_and_agent() {
     for (i, status) in x402_router::audit::LEDGER_STATUSES.iter().enumerate() {
         // Two rows per timestamp: ties are broken by id.
         let at = format!("'{base}'::timestamptz + interval '{i} seconds'");
-        all.push(
-            insert_payment(&app.db, app.agent.id, status, &at)
-                .await
-                .to_string(),
-        );
-        all.push(
-            insert_payment(&app.db, other.id, status, &at)
-                .await
-                .to_string(),
-        );
+        all.push(insert_payment(&app.db, app.agent.id, status, &at).await.to_string());
+        all.push(insert_payment(&app.db, other.id, status, &at).await.to_string());
     }
     let mut seen = Vec::new();
     let mut cursor = String::new();
     loop {
         let text = audit_text(&app, &format!("/audit/payments?limit=3{cursor}")).await;
-        assert!(
-            !text.contains("SECRET"),
-            "a bearer instrument leaked: {text}"
-        );
+        assert!(!text.contains("SECRET"), "a bearer instrument leaked: {text}");
         let body: Value = serde_json::from_str(&text).unwrap();
         seen.extend(ids(&body["payments"]));
         match body["next_cursor"].as_str() {
@@ -504,11 +402,7 @@ async fn payment_pages_cover_the_ledger_once_and_filter_by_status_and_agent() {
         assert!(rows.iter().all(|p| p["status"] == *status));
         assert_eq!(rows[0]["amount"], "10000");
     }
-    let (_, mine) = audit(
-        &app,
-        &format!("/audit/payments?status=signed&agent_id={}", other.id),
-    )
-    .await;
+    let (_, mine) = audit(&app, &format!("/audit/payments?status=signed&agent_id={}", other.id)).await;
     assert_eq!(mine["payments"].as_array().unwrap().len(), 1);
     assert_eq!(mine["payments"][0]["agent_id"], other.id.to_string());
     // The signed rows are 100 minutes old: stuck by default, not when 2 hours are allowed.
@@ -572,19 +466,9 @@ async fn a_settlement_whose_answer_was_lost_is_paid_not_served() {
     let app = spawn_app_with(with_operator(chain.router_extra())).await;
     let served = new_key();
     let lost = new_key();
-    let ok = app
-        .route(
-            &served,
-            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
-        )
-        .await;
+    let ok = app.route(&served, &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
     assert_eq!(ok.status(), 200);
-    let dropped = app
-        .route(
-            &lost,
-            &json!({"url": chain.url("/v2/settle-then-drop"), "max_amount": "10000"}),
-        )
-        .await;
+    let dropped = app.route(&lost, &json!({"url": chain.url("/v2/settle-then-drop"), "max_amount": "10000"})).await;
     assert_eq!(dropped.status(), 502);
 
     let text = audit_text(&app, "/audit/payments?status=paid_not_served").await;
@@ -610,17 +494,10 @@ async fn a_settlement_whose_answer_was_lost_is_paid_not_served() {
     ] {
         let text = audit_text(&app, &path).await;
         for secret in header.iter().chain(&signatures) {
-            assert!(
-                !text.contains(secret.as_str()),
-                "{path} leaks a bearer instrument"
-            );
+            assert!(!text.contains(secret.as_str()), "{path} leaks a bearer instrument");
         }
     }
-    let (_, key) = audit(
-        &app,
-        &format!("/audit/idempotency?agent_id={}&key={lost}", app.agent.id),
-    )
-    .await;
+    let (_, key) = audit(&app, &format!("/audit/idempotency?agent_id={}&key={lost}", app.agent.id)).await;
     assert_eq!(key["status"], "errored");
     assert_eq!(key["response_status_code"], 502);
     assert_eq!(key["payment"]["status"], "settled_response_lost");
@@ -639,16 +516,9 @@ async fn a_settlement_whose_answer_was_lost_is_paid_not_served() {
 
 /// Every value of `column` (an SQL expression) in `payments`.
 async fn text_of(db: &TestDb, column: &str) -> Vec<String> {
-    let all = text(
-        db,
-        &format!("SELECT string_agg({column}, ' ') AS t FROM payments"),
-    )
-    .await;
+    let all = text(db, &format!("SELECT string_agg({column}, ' ') AS t FROM payments")).await;
     let out: Vec<String> = all.split_whitespace().map(str::to_owned).collect();
-    assert!(
-        out.len() >= 2 && out.iter().all(|s| s.len() > 20),
-        "{out:?}"
-    );
+    assert!(out.len() >= 2 && out.iter().all(|s| s.len() > 20), "{out:?}");
     out
 }
 
@@ -656,14 +526,7 @@ async fn text_of(db: &TestDb, column: &str) -> Vec<String> {
 async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_live_owners() {
     let chain = Devnet::start().await;
     let app = spawn_app_with(with_operator(chain.router_extra())).await;
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET daily_budget = 100000 WHERE id = '{}'",
-            app.agent.id
-        ),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 100000 WHERE id = '{}'", app.agent.id)).await;
     let (used, expired, live) = (new_key(), new_key(), new_key());
     crash_after_signing(&app, &chain, &used, 200).await;
     crash_after_signing(&app, &chain, &expired, -300).await;
@@ -674,35 +537,17 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     )
     .await;
     // `live` has an owner whose heartbeat is fresh: nobody but that owner may decide.
-    exec(
-        &app.db,
-        &format!("UPDATE idempotency_keys SET created_at = now() WHERE key = '{live}'"),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE idempotency_keys SET created_at = now() WHERE key = '{live}'")).await;
     // `used`: the signed payment reached the upstream, which settled it on-chain; the
     // router never heard back.
-    let header_name = text(
-        &app.db,
-        &format!("SELECT header_name AS t FROM payments WHERE idempotency_key = '{used}'"),
-    )
-    .await;
-    let header_value = text(
-        &app.db,
-        &format!("SELECT header_value AS t FROM payments WHERE idempotency_key = '{used}'"),
-    )
-    .await;
-    let paid = reqwest::Client::new()
-        .get(chain.url("/v2/weather"))
-        .header(header_name, header_value)
-        .send()
-        .await
-        .unwrap();
+    let header_name =
+        text(&app.db, &format!("SELECT header_name AS t FROM payments WHERE idempotency_key = '{used}'")).await;
+    let header_value =
+        text(&app.db, &format!("SELECT header_value AS t FROM payments WHERE idempotency_key = '{used}'")).await;
+    let paid =
+        reqwest::Client::new().get(chain.url("/v2/weather")).header(header_name, header_value).send().await.unwrap();
     assert_eq!(paid.status(), 200);
-    assert!(
-        chain
-            .authorization_used(ROUTER_ADDRESS, nonce_for(app.agent.id, &used))
-            .await
-    );
+    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(app.agent.id, &used)).await);
 
     let (_, stuck) = audit(&app, "/audit/payments?status=stuck").await;
     assert_eq!(stuck["payments"].as_array().unwrap().len(), 3);
@@ -716,14 +561,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     assert!(!ok);
     assert_eq!(report["checked"], 2, "{report}");
     assert_eq!(report["errors"], 2, "{report}");
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'signed'"
-        )
-        .await,
-        3
-    );
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 3);
 
     let (ok, report) = reconcile(&app.db, &chain.rpc_url);
     assert!(ok, "{report}");
@@ -731,11 +569,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
         report,
         json!({"checked": 2, "settled": 0, "settled_response_lost": 1, "expired": 1, "pending": 0, "errors": 0})
     );
-    for (key, status) in [
-        (&used, "settled_response_lost"),
-        (&expired, "expired"),
-        (&live, "signed"),
-    ] {
+    for (key, status) in [(&used, "settled_response_lost"), (&expired, "expired"), (&live, "signed")] {
         let sql = format!("SELECT status AS t FROM payments WHERE idempotency_key = '{key}'");
         assert_eq!(text(&app.db, &sql).await, status);
     }
@@ -760,9 +594,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
 async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte() {
     let app = operator_app().await;
     let up = TestUpstream::start().await;
-    let resp = app
-        .route(&new_key(), &json!({"url": up.url("/ok/verify")}))
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": up.url("/ok/verify")})).await;
     let receipt_id = resp.headers()["x-receipt-id"].to_str().unwrap().to_owned();
     let served = audit_text(&app, &format!("/audit/receipts/{receipt_id}")).await;
     let dir = std::env::temp_dir().join(format!("x4r-verify-{}", Uuid::new_v4().simple()));
@@ -770,20 +602,13 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
     let verify = |text: &str| {
         let file = dir.join("receipt.json");
         std::fs::write(&file, text).unwrap();
-        let out = router_cli()
-            .args(["receipts", "verify"])
-            .arg(&file)
-            .output()
-            .unwrap();
+        let out = router_cli().args(["receipts", "verify"]).arg(&file).output().unwrap();
         (out.status.code(), String::from_utf8(out.stdout).unwrap())
     };
 
     let (code, stdout) = verify(&served);
     assert_eq!(code, Some(0), "{stdout}");
-    assert_eq!(
-        stdout.trim(),
-        format!("valid: signed by {}", ROUTER_ADDRESS.to_checksum(None))
-    );
+    assert_eq!(stdout.trim(), format!("valid: signed by {}", ROUTER_ADDRESS.to_checksum(None)));
 
     // One byte of the request hash changed.
     let at = served.find("\"request_hash\":\"").unwrap() + "\"request_hash\":\"".len();
@@ -803,16 +628,8 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), served.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
-    assert!(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .starts_with("valid: signed by 0x")
-    );
-    let missing = router_cli()
-        .args(["receipts", "verify"])
-        .arg(dir.join("absent.json"))
-        .output()
-        .unwrap();
+    assert!(String::from_utf8(out.stdout).unwrap().starts_with("valid: signed by 0x"));
+    let missing = router_cli().args(["receipts", "verify"]).arg(dir.join("absent.json")).output().unwrap();
     assert_eq!(missing.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -825,23 +642,16 @@ async fn the_openapi_document_describes_exactly_the_served_route_table() {
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            if ["get", "post", "put", "patch", "delete", "head", "options"]
-                .contains(&method.as_str())
-            {
+            if ["get", "post", "put", "patch", "delete", "head", "options"].contains(&method.as_str()) {
                 documented.insert((method.to_uppercase(), path.clone()));
             }
         }
     }
-    let served: BTreeSet<(String, String)> = x402_router::routes::ROUTES
-        .iter()
-        .map(|(m, p, _)| (m.as_str().to_owned(), (*p).to_owned()))
-        .collect();
+    let served: BTreeSet<(String, String)> =
+        x402_router::routes::ROUTES.iter().map(|(m, p, _)| (m.as_str().to_owned(), (*p).to_owned())).collect();
     assert_eq!(documented, served);
     for scheme in ["agentKey", "operatorToken"] {
-        assert_eq!(
-            doc["components"]["securitySchemes"][scheme]["scheme"],
-            "bearer"
-        );
+        assert_eq!(doc["components"]["securitySchemes"][scheme]["scheme"], "bearer");
     }
 
     // Served as is, and every documented endpoint exists on a real server: without
@@ -851,25 +661,10 @@ async fn the_openapi_document_describes_exactly_the_served_route_table() {
     assert_eq!(status, 200);
     assert_eq!(served_doc, doc);
     for (method, path) in &documented {
-        let url = format!(
-            "{}{}",
-            app.address,
-            path.replace("{id}", &Uuid::new_v4().to_string())
-        );
-        let resp = app
-            .client
-            .request(
-                reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
-                &url,
-            )
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            ![404, 405].contains(&resp.status().as_u16()),
-            "{method} {path}: {}",
-            resp.status()
-        );
+        let url = format!("{}{}", app.address, path.replace("{id}", &Uuid::new_v4().to_string()));
+        let resp =
+            app.client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), &url).send().await.unwrap();
+        assert!(![404, 405].contains(&resp.status().as_u16()), "{method} {path}: {}", resp.status());
     }
 }
 
@@ -883,13 +678,7 @@ fn reconcile_and_receipts_verify_have_help_and_name_a_missing_setting() {
     for (env, named) in [
         (&[][..], "DATABASE_URL"),
         (&[("DATABASE_URL", "postgres://x/y")][..], "X402_RPC_URLS"),
-        (
-            &[
-                ("DATABASE_URL", "postgres://x/y"),
-                ("X402_RPC_URLS", "eip155:84532=ftp://x"),
-            ][..],
-            "X402_RPC_URLS",
-        ),
+        (&[("DATABASE_URL", "postgres://x/y"), ("X402_RPC_URLS", "eip155:84532=ftp://x")][..], "X402_RPC_URLS"),
         (
             &[
                 ("DATABASE_URL", "postgres://x/y"),

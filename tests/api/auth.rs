@@ -11,19 +11,9 @@ async fn missing_or_unknown_keys_are_401_and_disabled_agents_403() {
     let body = json!({"url": up.url("/ok")});
     let url = format!("{}/route", app.address);
 
-    let none = app
-        .client
-        .post(&url)
-        .header("Idempotency-Key", new_key())
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let none = app.client.post(&url).header("Idempotency-Key", new_key()).json(&body).send().await.unwrap();
     assert_eq!(none.status(), 401);
-    assert_eq!(
-        none.json::<Value>().await.unwrap()["error"],
-        "missing or unknown API key"
-    );
+    assert_eq!(none.json::<Value>().await.unwrap()["error"], "missing or unknown API key");
     for bad in ["x4r_not-a-real-key", "Bearer", "sk_live_whatever"] {
         let r = app
             .client
@@ -36,20 +26,10 @@ async fn missing_or_unknown_keys_are_401_and_disabled_agents_403() {
             .unwrap();
         assert_eq!(r.status(), 401, "{bad}");
     }
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET disabled = true WHERE id = '{}'",
-            app.agent.id
-        ),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE agents SET disabled = true WHERE id = '{}'", app.agent.id)).await;
     let disabled = app.route(&new_key(), &body).await;
     assert_eq!(disabled.status(), 403);
-    assert_eq!(
-        disabled.json::<Value>().await.unwrap()["error"],
-        "agent is disabled"
-    );
+    assert_eq!(disabled.json::<Value>().await.unwrap()["error"], "agent is disabled");
     assert_eq!(up.hits.total(), 0);
     assert_eq!(app.idempotency_rows().await, 0);
 }
@@ -71,12 +51,7 @@ async fn agents_are_isolated_keys_and_receipts() {
     assert_ne!(mine["receipt_id"], theirs["receipt_id"]);
     assert_eq!(up.hits.get("/ok/iso"), 2);
     // A different body under the same key is not a conflict across agents.
-    assert_eq!(
-        app.route_as(&other, &new_key(), &json!({"url": up.url("/ok/x")}))
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(app.route_as(&other, &new_key(), &json!({"url": up.url("/ok/x")})).await.status(), 200);
 
     let my_receipt = mine["receipt_id"].as_str().unwrap();
     let own = app
@@ -92,18 +67,9 @@ async fn agents_are_isolated_keys_and_receipts() {
     assert_eq!(receipt["idempotency_key"], key);
     assert!(x402_router::receipts::Receipt::verify_json(&receipt.to_string()).is_ok());
 
-    let foreign = app
-        .client
-        .get(format!("{}/receipts/{my_receipt}", app.address))
-        .bearer_auth(&other.key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        foreign.status(),
-        404,
-        "another agent's receipt does not exist for them"
-    );
+    let foreign =
+        app.client.get(format!("{}/receipts/{my_receipt}", app.address)).bearer_auth(&other.key).send().await.unwrap();
+    assert_eq!(foreign.status(), 404, "another agent's receipt does not exist for them");
 }
 
 #[actix_web::test]
@@ -116,14 +82,7 @@ async fn a_disabled_agent_is_refused_within_the_agent_cache_ttl() {
     let body = json!({"url": up.url("/ok/ttl")});
     // Authenticated once: the router now holds the agent as enabled for at most TTL.
     assert_eq!(app.route(&new_key(), &body).await.status(), 200);
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET disabled = true WHERE id = '{}'",
-            app.agent.id
-        ),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE agents SET disabled = true WHERE id = '{}'", app.agent.id)).await;
     let disabled_at = Instant::now();
     loop {
         let sent = Instant::now();
@@ -132,11 +91,7 @@ async fn a_disabled_agent_is_refused_within_the_agent_cache_ttl() {
             break;
         }
         assert_eq!(resp.status(), 200);
-        assert!(
-            sent < disabled_at + TTL,
-            "served {:?} after the agent was disabled (TTL {TTL:?})",
-            sent - disabled_at
-        );
+        assert!(sent < disabled_at + TTL, "served {:?} after the agent was disabled (TTL {TTL:?})", sent - disabled_at);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Once refused, always refused.

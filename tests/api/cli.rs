@@ -26,22 +26,11 @@ fn router() -> Command {
 async fn agents_create_list_disable_round_trip() {
     let db = TestDb::new().await;
     let out = router()
-        .args([
-            "agents",
-            "create",
-            "--name",
-            "bot",
-            "--max-per-call",
-            "50000",
-        ])
+        .args(["agents", "create", "--name", "bot", "--max-per-call", "50000"])
         .env("DATABASE_URL", &db.url)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 1, "exactly one JSON line");
     let created: Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -50,44 +39,19 @@ async fn agents_create_list_disable_round_trip() {
     let id = created["agent_id"].as_str().unwrap();
     let stored = count(
         &db,
-        &format!(
-            "SELECT count(*) AS n FROM agents WHERE api_key_hash = '{}'",
-            x402_router::auth::hash_api_key(key)
-        ),
+        &format!("SELECT count(*) AS n FROM agents WHERE api_key_hash = '{}'", x402_router::auth::hash_api_key(key)),
     )
     .await;
     assert_eq!(stored, 1, "only the hash is stored");
-    assert_eq!(
-        count(
-            &db,
-            &format!("SELECT count(*) AS n FROM agents WHERE api_key_hash = '{key}'")
-        )
-        .await,
-        0
-    );
+    assert_eq!(count(&db, &format!("SELECT count(*) AS n FROM agents WHERE api_key_hash = '{key}'")).await, 0);
 
-    let out = router()
-        .args(["agents", "list"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = router().args(["agents", "list"]).env("DATABASE_URL", &db.url).output().unwrap();
     let listed = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        listed.contains(id)
-            && listed.contains("\"max_per_call\":\"50000\"")
-            && !listed.contains(key)
-    );
+    assert!(listed.contains(id) && listed.contains("\"max_per_call\":\"50000\"") && !listed.contains(key));
 
-    let out = router()
-        .args(["agents", "disable", id])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = router().args(["agents", "disable", id]).env("DATABASE_URL", &db.url).output().unwrap();
     assert!(out.status.success());
-    assert_eq!(
-        count(&db, "SELECT count(*) AS n FROM agents WHERE disabled").await,
-        1
-    );
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM agents WHERE disabled").await, 1);
 
     let out = router()
         .args(["agents", "create", "--name", "bad", "--daily-budget", "-1"])
@@ -103,19 +67,9 @@ fn a_missing_or_bad_setting_stops_start_up_with_one_line_naming_it() {
         (&[], "DATABASE_URL"),
         (&[("DATABASE_URL", "mysql://x")], "DATABASE_URL"),
         (&[("DATABASE_URL", "postgres://x/y")], "REDIS_URL"),
+        (&[("DATABASE_URL", "postgres://x/y"), ("REDIS_URL", "redis://x")], "ROUTER_PRIVATE_KEY"),
         (
-            &[
-                ("DATABASE_URL", "postgres://x/y"),
-                ("REDIS_URL", "redis://x"),
-            ],
-            "ROUTER_PRIVATE_KEY",
-        ),
-        (
-            &[
-                ("DATABASE_URL", "postgres://x/y"),
-                ("REDIS_URL", "redis://x"),
-                ("ROUTER_PRIVATE_KEY", "0x1234"),
-            ],
+            &[("DATABASE_URL", "postgres://x/y"), ("REDIS_URL", "redis://x"), ("ROUTER_PRIVATE_KEY", "0x1234")],
             "ROUTER_PRIVATE_KEY",
         ),
         (
@@ -175,22 +129,13 @@ fn a_missing_or_bad_setting_stops_start_up_with_one_line_naming_it() {
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(named), "{named} not named in {stderr:?}");
-        assert!(
-            !stderr.contains(ROUTER_KEY.trim_start_matches("0x")),
-            "the key must never be printed"
-        );
+        assert!(!stderr.contains(ROUTER_KEY.trim_start_matches("0x")), "the key must never be printed");
     }
 }
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in [
-        &["serve"][..],
-        &["migrate"],
-        &["gc"],
-        &["agents"],
-        &["agents", "create"],
-    ] {
+    for sub in [&["serve"][..], &["migrate"], &["gc"], &["agents"], &["agents", "create"]] {
         let out = router().args(sub).arg("--help").output().unwrap();
         assert!(out.status.success(), "{sub:?}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
@@ -200,16 +145,9 @@ fn every_subcommand_has_help() {
 #[actix_web::test]
 async fn migrations_go_up_down_and_up_again() {
     let db = TestDb::new().await;
-    let reverted = x402_router::db::revert_all_migrations(&db.url)
-        .await
-        .unwrap();
+    let reverted = x402_router::db::revert_all_migrations(&db.url).await.unwrap();
     assert!(reverted >= 1);
     let applied = x402_router::db::run_migrations(&db.url).await.unwrap();
     assert_eq!(applied.len(), reverted);
-    assert!(
-        x402_router::db::run_migrations(&db.url)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(x402_router::db::run_migrations(&db.url).await.unwrap().is_empty());
 }

@@ -13,19 +13,11 @@ fn tally(statuses: &[(u16, bool)]) -> (usize, usize, usize, usize) {
     let fresh = statuses.iter().filter(|(s, r)| *s == 200 && !r).count();
     let replays = statuses.iter().filter(|(s, r)| *s == 200 && *r).count();
     let conflicts = statuses.iter().filter(|(s, _)| *s == 409).count();
-    (
-        fresh,
-        replays,
-        conflicts,
-        statuses.len() - fresh - replays - conflicts,
-    )
+    (fresh, replays, conflicts, statuses.len() - fresh - replays - conflicts)
 }
 
 async fn status_and_replay(resp: reqwest::Response) -> (u16, bool) {
-    (
-        resp.status().as_u16(),
-        resp.headers().get("x-idempotent-replay").is_some(),
-    )
+    (resp.status().as_u16(), resp.headers().get("x-idempotent-replay").is_some())
 }
 
 #[actix_web::test]
@@ -65,20 +57,12 @@ async fn three_router_processes_sharing_one_ledger_execute_a_key_once() {
         let key = new_key();
         let path = format!("/slow/procs-{round}");
         let body = json!({"url": up.url(&format!("{path}?ms=200"))});
-        let results =
-            join_all((0..60).map(|i| {
-                let (client, addr, agent, key, body) = (
-                    client.clone(),
-                    routers[i % 3].address.clone(),
-                    agent.clone(),
-                    key.clone(),
-                    body.clone(),
-                );
-                async move {
-                    status_and_replay(route_at(&client, &addr, &agent, &key, &body).await).await
-                }
-            }))
-            .await;
+        let results = join_all((0..60).map(|i| {
+            let (client, addr, agent, key, body) =
+                (client.clone(), routers[i % 3].address.clone(), agent.clone(), key.clone(), body.clone());
+            async move { status_and_replay(route_at(&client, &addr, &agent, &key, &body).await).await }
+        }))
+        .await;
         let (fresh, _, _, other) = tally(&results);
         assert_eq!((fresh, other), (1, 0), "round {round}: {results:?}");
         assert_eq!(up.hits.get(&path), 1, "round {round}");
@@ -90,13 +74,8 @@ async fn three_router_processes_sharing_one_ledger_execute_a_key_once() {
 async fn slow_but_alive_request_is_not_taken_over_thanks_to_its_heartbeat() {
     // Abandonment after 1 s of silence; the owner beats every 200 ms and runs 2.5 s.
     let app = Arc::new(
-        spawn_app_with(AppOptions {
-            abandon_ms: 1000,
-            heartbeat_ms: 200,
-            deadline_ms: 10_000,
-            ..Default::default()
-        })
-        .await,
+        spawn_app_with(AppOptions { abandon_ms: 1000, heartbeat_ms: 200, deadline_ms: 10_000, ..Default::default() })
+            .await,
     );
     let up = TestUpstream::start().await;
     let key = new_key();
@@ -112,14 +91,7 @@ async fn slow_but_alive_request_is_not_taken_over_thanks_to_its_heartbeat() {
     }
     assert_eq!(first.await.unwrap().status(), 200);
     assert_eq!(up.hits.get("/slow/alive"), 1);
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT takeovers::bigint AS n FROM idempotency_keys"
-        )
-        .await,
-        0
-    );
+    assert_eq!(count(&app.db, "SELECT takeovers::bigint AS n FROM idempotency_keys").await, 0);
 }
 
 #[actix_web::test]
@@ -130,12 +102,7 @@ async fn stale_owner_is_fenced_and_cannot_overwrite_the_new_owner_or_write_a_rec
     let db = TestDb::new().await;
     let agent = create_agent(&db, "fence").await;
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-    let opts = AppOptions {
-        abandon_ms: 1000,
-        heartbeat_ms: 200,
-        deadline_ms: 20_000,
-        ..Default::default()
-    };
+    let opts = AppOptions { abandon_ms: 1000, heartbeat_ms: 200, deadline_ms: 20_000, ..Default::default() };
     let a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
     let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
     let up = TestUpstream::start().await;
@@ -144,13 +111,8 @@ async fn stale_owner_is_fenced_and_cannot_overwrite_the_new_owner_or_write_a_rec
     let body = json!({"url": up.url("/slow/fence?ms=1500")});
 
     let a_call = {
-        let (client, addr, agent, key, body) = (
-            client.clone(),
-            a.address.clone(),
-            agent.clone(),
-            key.clone(),
-            body.clone(),
-        );
+        let (client, addr, agent, key, body) =
+            (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
         tokio::spawn(async move { route_at(&client, &addr, &agent, &key, &body).await })
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -165,11 +127,7 @@ async fn stale_owner_is_fenced_and_cannot_overwrite_the_new_owner_or_write_a_rec
 
     a.signal("CONT");
     let a_resp = a_call.await.unwrap();
-    assert_eq!(
-        a_resp.status(),
-        409,
-        "the stale owner learns it was superseded"
-    );
+    assert_eq!(a_resp.status(), 409, "the stale owner learns it was superseded");
     let a_body: Value = a_resp.json().await.unwrap();
     assert!(a_body["error"].as_str().unwrap().contains("superseded"));
 
@@ -187,12 +145,7 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     let db = TestDb::new().await;
     let agent = create_agent(&db, "kill").await;
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-    let opts = AppOptions {
-        abandon_ms: 2000,
-        heartbeat_ms: 500,
-        deadline_ms: 20_000,
-        ..Default::default()
-    };
+    let opts = AppOptions { abandon_ms: 2000, heartbeat_ms: 500, deadline_ms: 20_000, ..Default::default() };
     let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
     let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
     let up = TestUpstream::start().await;
@@ -201,13 +154,8 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     let body = json!({"url": up.url("/slow/kill?ms=3000")});
 
     let a_call = {
-        let (client, addr, agent, key, body) = (
-            client.clone(),
-            a.address.clone(),
-            agent.clone(),
-            key.clone(),
-            body.clone(),
-        );
+        let (client, addr, agent, key, body) =
+            (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
         tokio::spawn(async move {
             client
                 .post(format!("{addr}/route"))
@@ -220,10 +168,7 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.kill9().await;
-    assert!(
-        a_call.await.unwrap().is_err(),
-        "the killed router never answered"
-    );
+    assert!(a_call.await.unwrap().is_err(), "the killed router never answered");
     let killed_at = Instant::now();
 
     let early = route_at(&client, &b.address, &agent, &key, &body).await;
@@ -233,11 +178,7 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     tokio::time::sleep(Duration::from_millis(2300).saturating_sub(killed_at.elapsed())).await;
     let late = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(late.status(), 200, "retry after abandonment executes");
-    assert_eq!(
-        up.hits.get("/slow/kill"),
-        2,
-        "once by the killed router, once by the takeover"
-    );
+    assert_eq!(up.hits.get("/slow/kill"), 2, "once by the killed router, once by the takeover");
     assert_eq!(count(&db, "SELECT count(*) AS n FROM receipts").await, 1);
     let replay = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
@@ -259,12 +200,5 @@ async fn concurrent_retries_of_an_abandoned_key_elect_exactly_one_new_owner() {
     let (fresh, _, _, other) = tally(&results);
     assert_eq!((fresh, other), (1, 0), "{results:?}");
     assert_eq!(up.hits.get("/slow/elect"), 1);
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT takeovers::bigint AS n FROM idempotency_keys"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&app.db, "SELECT takeovers::bigint AS n FROM idempotency_keys").await, 1);
 }

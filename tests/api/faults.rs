@@ -9,11 +9,7 @@ use crate::helpers::*;
 #[actix_web::test]
 async fn with_redis_stopped_every_answer_is_still_correct_and_prompt() {
     let mut redis = PrivateRedis::start().await;
-    let app = spawn_app_with(AppOptions {
-        redis_url: redis.url.clone(),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { redis_url: redis.url.clone(), ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let done_key = new_key();
     let body = json!({"url": up.url("/ok/redis-down")});
@@ -27,25 +23,13 @@ async fn with_redis_stopped_every_answer_is_still_correct_and_prompt() {
     assert_eq!(replay.status(), 200);
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     // Mismatch still detected.
-    assert_eq!(
-        app.route(&done_key, &json!({"url": up.url("/ok/other")}))
-            .await
-            .status(),
-        409
-    );
+    assert_eq!(app.route(&done_key, &json!({"url": up.url("/ok/other")})).await.status(), 409);
     // Fresh keys execute once each.
     for i in 0..5 {
         let key = new_key();
         let b = json!({"url": up.url(&format!("/ok/fresh-{i}"))});
         assert_eq!(app.route(&key, &b).await.status(), 200);
-        assert_eq!(
-            app.route(&key, &b)
-                .await
-                .headers()
-                .get("x-idempotent-replay")
-                .unwrap(),
-            "true"
-        );
+        assert_eq!(app.route(&key, &b).await.headers().get("x-idempotent-replay").unwrap(), "true");
     }
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -57,38 +41,21 @@ async fn with_redis_stopped_every_answer_is_still_correct_and_prompt() {
     for i in 0..5 {
         assert_eq!(up.hits.get(&format!("/ok/fresh-{i}")), 1);
     }
-    let ready: Value = app
-        .client
-        .get(format!("{}/readyz", app.address))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: Value = app.client.get(format!("{}/readyz", app.address)).send().await.unwrap().json().await.unwrap();
     assert_eq!(ready["redis"], "unreachable");
     assert_eq!(ready["postgres"], "ok");
 }
 
 #[actix_web::test]
 async fn redis_that_was_never_reachable_does_not_fail_requests() {
-    let app = spawn_app_with(AppOptions {
-        redis_url: format!("redis://127.0.0.1:{}", free_port()),
-        ..Default::default()
-    })
-    .await;
+    let app =
+        spawn_app_with(AppOptions { redis_url: format!("redis://127.0.0.1:{}", free_port()), ..Default::default() })
+            .await;
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/no-redis")});
     assert_eq!(app.route(&key, &body).await.status(), 200);
-    assert_eq!(
-        app.route(&key, &body)
-            .await
-            .headers()
-            .get("x-idempotent-replay")
-            .unwrap(),
-        "true"
-    );
+    assert_eq!(app.route(&key, &body).await.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(up.hits.get("/ok/no-redis"), 1);
 }
 
@@ -100,14 +67,9 @@ async fn with_postgres_down_requests_get_503_and_nothing_is_executed() {
         let tail = db.url.rsplit_once('/').unwrap().1;
         format!("postgres://postgres@127.0.0.1:{}/{tail}", proxy.port)
     };
-    let app = spawn_app_on(
-        std::sync::Arc::new(db),
-        AppOptions {
-            database_url: Some(proxied_url),
-            ..Default::default()
-        },
-    )
-    .await;
+    let app =
+        spawn_app_on(std::sync::Arc::new(db), AppOptions { database_url: Some(proxied_url), ..Default::default() })
+            .await;
     let up = TestUpstream::start().await;
     let done_key = new_key();
     let body = json!({"url": up.url("/ok/pg")});
@@ -121,23 +83,11 @@ async fn with_postgres_down_requests_get_503_and_nothing_is_executed() {
         let resp = app.route(&key, &b).await;
         assert_eq!(resp.status(), 503, "{path}");
         let err: Value = resp.json().await.unwrap();
-        assert!(
-            err["error"].as_str().unwrap().contains("unavailable"),
-            "{err}"
-        );
+        assert!(err["error"].as_str().unwrap().contains("unavailable"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
     }
-    assert_eq!(
-        up.hits.get("/ok/pg-fresh"),
-        0,
-        "nothing executed without Postgres"
-    );
+    assert_eq!(up.hits.get("/ok/pg-fresh"), 0, "nothing executed without Postgres");
     assert_eq!(up.hits.get("/ok/pg"), 1);
-    let ready = app
-        .client
-        .get(format!("{}/readyz", app.address))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.client.get(format!("{}/readyz", app.address)).send().await.unwrap();
     assert_eq!(ready.status(), 503);
 }

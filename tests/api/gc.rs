@@ -9,12 +9,7 @@ async fn gc_removes_only_expired_rows_in_batches_and_keeps_receipts() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
     for i in 0..3 {
-        assert_eq!(
-            app.route(&new_key(), &json!({"url": up.url(&format!("/ok/gc{i}"))}))
-                .await
-                .status(),
-            200
-        );
+        assert_eq!(app.route(&new_key(), &json!({"url": up.url(&format!("/ok/gc{i}"))})).await.status(), 200);
     }
     // 7 expired rows (completed and in-flight alike), 3 live ones from the calls above.
     for i in 0..7 {
@@ -56,22 +51,11 @@ async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
         .args(["gc", "--database-url", &db.url, "--gc-batch-size", "10"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        r#"{"deleted":1}"#
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"deleted":1}"#);
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
-        .args([
-            "gc",
-            "--database-url",
-            &format!("postgres://postgres@127.0.0.1:{}/none", free_port()),
-        ])
+        .args(["gc", "--database-url", &format!("postgres://postgres@127.0.0.1:{}/none", free_port())])
         .env("DATABASE_ACQUIRE_TIMEOUT_MS", "500")
         .output()
         .unwrap();

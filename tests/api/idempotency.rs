@@ -16,13 +16,7 @@ async fn happy_path_executes_once_and_writes_one_receipt() {
 
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);
-    let receipt_header = resp
-        .headers()
-        .get("x-receipt-id")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let receipt_header = resp.headers().get("x-receipt-id").unwrap().to_str().unwrap().to_owned();
     assert!(resp.headers().get("x-idempotent-replay").is_none());
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["status"], 200);
@@ -47,14 +41,7 @@ async fn replay_of_completed_key_returns_cached_response_without_reexecuting() {
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers().get("x-idempotent-replay").unwrap(), "true");
-    assert_eq!(
-        resp.headers()
-            .get("x-receipt-id")
-            .unwrap()
-            .to_str()
-            .unwrap(),
-        first["receipt_id"].as_str().unwrap()
-    );
+    assert_eq!(resp.headers().get("x-receipt-id").unwrap().to_str().unwrap(), first["receipt_id"].as_str().unwrap());
     let second: Value = resp.json().await.unwrap();
     assert_eq!(first, second);
     assert_eq!(up.hits.get("/ok/replay"), 1);
@@ -81,11 +68,7 @@ async fn errored_call_is_replayed_as_stored_and_never_reexecuted() {
         assert_eq!(again.json::<Value>().await.unwrap(), first);
     }
     assert_eq!(up.hits.get("/status/503"), 1);
-    let status = count(
-        &app.db,
-        "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'errored'",
-    )
-    .await;
+    let status = count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'errored'").await;
     assert_eq!(status, 1);
 }
 
@@ -97,10 +80,7 @@ async fn unreachable_upstream_is_errored_and_replayed() {
     let first = app.route(&key, &body).await;
     assert_eq!(first.status(), 502);
     let first: Value = first.json().await.unwrap();
-    assert!(
-        first["error"].as_str().unwrap().contains("unreachable"),
-        "{first}"
-    );
+    assert!(first["error"].as_str().unwrap().contains("unreachable"), "{first}");
     let again = app.route(&key, &body).await;
     assert_eq!(again.status(), 502);
     assert_eq!(again.headers().get("x-idempotent-replay").unwrap(), "true");
@@ -111,17 +91,9 @@ async fn same_key_with_different_body_is_a_conflict() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
     let key = new_key();
-    assert_eq!(
-        app.route(&key, &json!({"url": up.url("/ok/a")}))
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(app.route(&key, &json!({"url": up.url("/ok/a")})).await.status(), 200);
 
-    for other in [
-        json!({"url": up.url("/ok/b")}),
-        json!({"url": up.url("/ok/a"), "max_amount": "1"}),
-    ] {
+    for other in [json!({"url": up.url("/ok/b")}), json!({"url": up.url("/ok/a"), "max_amount": "1"})] {
         let resp = app.route(&key, &other).await;
         assert_eq!(resp.status(), 409);
         let body: Value = resp.json().await.unwrap();
@@ -156,10 +128,7 @@ async fn two_simultaneous_requests_execute_once_and_the_other_gets_409_retry_aft
     let loser = if a.status() == 409 { a } else { b };
     assert_eq!(loser.headers().get("retry-after").unwrap(), "5");
     let body: Value = loser.json().await.unwrap();
-    assert_eq!(
-        body["error"],
-        "Original request still in flight; retry shortly"
-    );
+    assert_eq!(body["error"], "Original request still in flight; retry shortly");
     assert_eq!(up.hits.get("/slow/two"), 1);
 }
 
@@ -175,11 +144,7 @@ async fn abandoned_in_flight_row_is_taken_over_and_executed() {
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("x-idempotent-replay").is_none());
     assert_eq!(up.hits.get("/ok/abandoned"), 1);
-    let takeovers = count(
-        &app.db,
-        "SELECT takeovers::bigint AS n FROM idempotency_keys",
-    )
-    .await;
+    let takeovers = count(&app.db, "SELECT takeovers::bigint AS n FROM idempotency_keys").await;
     assert_eq!(takeovers, 1);
     // And now it is completed: a retry replays.
     let again = app.route(&key, &body).await;
@@ -204,15 +169,10 @@ async fn young_in_flight_row_is_not_taken_over() {
 async fn missing_idempotency_key_is_400() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
-    let resp = app
-        .route_raw(None, json!({"url": up.url("/ok")}).to_string().into_bytes())
-        .await;
+    let resp = app.route_raw(None, json!({"url": up.url("/ok")}).to_string().into_bytes()).await;
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await.unwrap();
-    assert_eq!(
-        body["error"],
-        "Idempotency-Key header required (16–128 chars)"
-    );
+    assert_eq!(body["error"], "Idempotency-Key header required (16–128 chars)");
     assert_eq!(up.hits.total(), 0);
     assert_eq!(app.idempotency_rows().await, 0);
 }
@@ -222,25 +182,16 @@ async fn out_of_range_idempotency_keys_are_400() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
     let body = json!({"url": up.url("/ok")}).to_string().into_bytes();
-    for key in [
-        String::new(),
-        "a".repeat(15),
-        "a".repeat(129),
-        "has space inside!!".into(),
-        "tab\tinside-000000".into(),
-    ] {
+    for key in
+        [String::new(), "a".repeat(15), "a".repeat(129), "has space inside!!".into(), "tab\tinside-000000".into()]
+    {
         let resp = app.route_raw(Some(&key), body.clone()).await;
         assert_eq!(resp.status(), 400, "key {key:?}");
         let b: Value = resp.json().await.unwrap();
         assert_eq!(b["error"], "Idempotency-Key header required (16–128 chars)");
     }
     for key in ["a".repeat(16), "~".repeat(128)] {
-        assert_eq!(
-            app.route_raw(Some(&key), body.clone()).await.status(),
-            200,
-            "key of {} chars",
-            key.len()
-        );
+        assert_eq!(app.route_raw(Some(&key), body.clone()).await.status(), 200, "key of {} chars", key.len());
     }
     assert_eq!(up.hits.total(), 2);
 }
@@ -248,11 +199,7 @@ async fn out_of_range_idempotency_keys_are_400() {
 #[actix_web::test]
 async fn redis_flushed_mid_flight_falls_back_to_postgres_and_stays_correct() {
     let redis = PrivateRedis::start().await;
-    let app = spawn_app_with(AppOptions {
-        redis_url: redis.url.clone(),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { redis_url: redis.url.clone(), ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/slow/flush?ms=1000")});
@@ -263,10 +210,7 @@ async fn redis_flushed_mid_flight_falls_back_to_postgres_and_stays_correct() {
         tokio::spawn(async move { app.route(&key, &body).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !redis.keys().await.is_empty(),
-        "the in-flight entry was cached"
-    );
+    assert!(!redis.keys().await.is_empty(), "the in-flight entry was cached");
     redis.flushall().await;
     // While in flight, with Redis empty: Postgres still says in flight.
     let during = app.route(&key, &body).await;
@@ -304,16 +248,9 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
             }
         })
     });
-    let app = spawn_app_on(
-        Arc::clone(&db),
-        AppOptions {
-            hooks: Hooks {
-                after_conflict: Some(hook),
-            },
-            ..Default::default()
-        },
-    )
-    .await;
+    let app =
+        spawn_app_on(Arc::clone(&db), AppOptions { hooks: Hooks { after_conflict: Some(hook) }, ..Default::default() })
+            .await;
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/gc-race")});
@@ -341,19 +278,9 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
 async fn upstream_body_kinds_are_enveloped() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
-    let text: Value = app
-        .route(&new_key(), &json!({"url": up.url("/text")}))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let text: Value = app.route(&new_key(), &json!({"url": up.url("/text")})).await.json().await.unwrap();
     assert_eq!(text["body"], json!({"text": "plain text"}));
-    let bin: Value = app
-        .route(&new_key(), &json!({"url": up.url("/binary")}))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let bin: Value = app.route(&new_key(), &json!({"url": up.url("/binary")})).await.json().await.unwrap();
     assert_eq!(bin["body"], json!({"base64": "AJ+Slg=="}));
     let echo: Value = app
         .route(&new_key(), &json!({"url": up.url("/echo?q=1"), "method": "POST", "headers": {"x-custom": "yes", "host": "evil.example"}, "body": {"n": 1}}))
@@ -370,33 +297,17 @@ async fn upstream_body_kinds_are_enveloped() {
 
 #[actix_web::test]
 async fn oversized_upstream_response_is_errored_502() {
-    let app = spawn_app_with(AppOptions {
-        max_response_bytes: 10_000,
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { max_response_bytes: 10_000, ..Default::default() }).await;
     let up = TestUpstream::start().await;
-    let resp = app
-        .route(&new_key(), &json!({"url": up.url("/big?bytes=20000")}))
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": up.url("/big?bytes=20000")})).await;
     assert_eq!(resp.status(), 502);
     let body: Value = resp.json().await.unwrap();
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("exceeds 10000 bytes"),
-        "{body}"
-    );
+    assert!(body["error"].as_str().unwrap().contains("exceeds 10000 bytes"), "{body}");
 }
 
 #[actix_web::test]
 async fn upstream_timeout_is_504_and_errored() {
-    let app = spawn_app_with(AppOptions {
-        upstream_timeout_ms: 300,
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { upstream_timeout_ms: 300, ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/slow/timeout?ms=2000")});
@@ -417,10 +328,6 @@ async fn upstream_402_without_payment_support_is_answered_402_and_completed() {
     let body: Value = resp.json().await.unwrap();
     assert!(body["error"].is_string());
     assert!(body["accepts"].is_array());
-    let n = count(
-        &app.db,
-        "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'",
-    )
-    .await;
+    let n = count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'").await;
     assert_eq!(n, 1);
 }

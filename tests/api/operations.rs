@@ -18,16 +18,8 @@ fn metric(text: &str, name_and_labels: &str) -> u64 {
 async fn metrics_counters_move_as_requests_are_made() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
-    let scrape = || async {
-        app.client
-            .get(format!("{}/metrics", app.address))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape =
+        || async { app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap() };
     let before = scrape().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/metrics")});
@@ -36,26 +28,11 @@ async fn metrics_counters_move_as_requests_are_made() {
     app.route(&key, &json!({"url": up.url("/ok/other")})).await;
     let after = scrape().await;
     let delta = |m: &str| metric(&after, m) - metric(&before, m);
-    assert_eq!(
-        delta(r#"x402_router_idempotency_outcomes_total{outcome="fresh"}"#),
-        1
-    );
-    assert_eq!(
-        delta(r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#),
-        1
-    );
-    assert_eq!(
-        delta(r#"x402_router_idempotency_outcomes_total{outcome="mismatch-409"}"#),
-        1
-    );
-    assert_eq!(
-        delta(r#"x402_router_http_requests_total{route="/route",status="200"}"#),
-        2
-    );
-    assert_eq!(
-        delta(r#"x402_router_http_requests_total{route="/route",status="409"}"#),
-        1
-    );
+    assert_eq!(delta(r#"x402_router_idempotency_outcomes_total{outcome="fresh"}"#), 1);
+    assert_eq!(delta(r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#), 1);
+    assert_eq!(delta(r#"x402_router_idempotency_outcomes_total{outcome="mismatch-409"}"#), 1);
+    assert_eq!(delta(r#"x402_router_http_requests_total{route="/route",status="200"}"#), 2);
+    assert_eq!(delta(r#"x402_router_http_requests_total{route="/route",status="409"}"#), 1);
     assert!(after.contains("x402_router_upstream_seconds_bucket"));
 }
 
@@ -69,12 +46,7 @@ async fn sigterm_during_a_request_lets_it_complete() {
     let client = reqwest::Client::new();
     let key = new_key();
     let call = {
-        let (client, addr, agent, key) = (
-            client.clone(),
-            router.address.clone(),
-            agent.clone(),
-            key.clone(),
-        );
+        let (client, addr, agent, key) = (client.clone(), router.address.clone(), agent.clone(), key.clone());
         let body = json!({"url": up.url("/slow/term?ms=1500")});
         tokio::spawn(async move { route_at(&client, &addr, &agent, &key, &body).await })
     };
@@ -82,45 +54,20 @@ async fn sigterm_during_a_request_lets_it_complete() {
     router.signal("TERM");
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(
-        count(
-            &db,
-            "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'").await, 1);
     // New connections are refused once it has stopped.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        client
-            .get(format!("{}/healthz", router.address))
-            .send()
-            .await
-            .is_err()
-    );
+    assert!(client.get(format!("{}/healthz", router.address)).send().await.is_err());
 }
 
 #[actix_web::test]
 async fn health_and_well_known_describe_the_router() {
     let app = spawn_app().await;
-    let health = app
-        .client
-        .get(format!("{}/healthz", app.address))
-        .send()
-        .await
-        .unwrap();
+    let health = app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
     assert_eq!(health.status(), 200);
     assert!(health.headers().get("x-request-id").is_some());
-    let wk: serde_json::Value = app
-        .client
-        .get(format!("{}/.well-known/x402-router", app.address))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let wk: serde_json::Value =
+        app.client.get(format!("{}/.well-known/x402-router", app.address)).send().await.unwrap().json().await.unwrap();
     assert_eq!(wk["receipt_signer"], ROUTER_ADDRESS.to_checksum(None));
     assert_eq!(wk["x402_versions"], json!([1, 2]));
 }

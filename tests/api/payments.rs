@@ -11,11 +11,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 async fn paid_app(chain: &Devnet) -> TestApp {
-    spawn_app_with(AppOptions {
-        extra: chain.router_extra(),
-        ..Default::default()
-    })
-    .await
+    spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await
 }
 
 fn nonce_for(app: &TestApp, key: &str) -> B256 {
@@ -29,10 +25,7 @@ fn price() -> U256 {
 }
 
 async fn balances(chain: &Devnet) -> (U256, U256) {
-    (
-        chain.balance(ROUTER_ADDRESS).await,
-        chain.balance(PAY_TO).await,
-    )
+    (chain.balance(ROUTER_ADDRESS).await, chain.balance(PAY_TO).await)
 }
 
 async fn payments_rows(app: &TestApp) -> i64 {
@@ -62,28 +55,18 @@ async fn paid_v2_call_moves_exactly_the_price_once_and_replay_moves_nothing() {
     let nonce = nonce_for(&app, &key);
     assert_eq!(p["nonce"], nonce.to_string());
     assert!(chain.authorization_used(ROUTER_ADDRESS, nonce).await);
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
 
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(replay.json::<Value>().await.unwrap(), env);
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
 
     // The receipt records the settled payment and verifies.
     let receipt: Value = app
         .client
-        .get(format!(
-            "{}/receipts/{}",
-            app.address,
-            env["receipt_id"].as_str().unwrap()
-        ))
+        .get(format!("{}/receipts/{}", app.address, env["receipt_id"].as_str().unwrap()))
         .bearer_auth(&app.agent.key)
         .send()
         .await
@@ -93,11 +76,7 @@ async fn paid_v2_call_moves_exactly_the_price_once_and_replay_moves_nothing() {
         .unwrap();
     assert_eq!(receipt["payment"]["status"], "settled");
     assert!(x402_router::receipts::Receipt::verify_json(&receipt.to_string()).is_ok());
-    let settled = count(
-        &app.db,
-        "SELECT count(*) AS n FROM payments WHERE status = 'settled'",
-    )
-    .await;
+    let settled = count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await;
     assert_eq!(settled, 1);
 }
 
@@ -113,16 +92,9 @@ async fn paid_v1_call_moves_exactly_the_price_once() {
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["x402_version"], 1);
     assert_eq!(env["payment"]["status"], "settled");
-    assert!(
-        chain
-            .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
-            .await
-    );
+    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await);
     assert_eq!(app.route(&key, &body).await.status(), 200);
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
 }
 
 #[actix_web::test]
@@ -148,15 +120,9 @@ async fn twenty_concurrent_same_key_paid_requests_make_one_transfer() {
         async move { app.route(&key, &body).await.status().as_u16() }
     }))
     .await;
-    assert!(
-        results.iter().all(|s| *s == 200 || *s == 409),
-        "{results:?}"
-    );
+    assert!(results.iter().all(|s| *s == 200 || *s == 409), "{results:?}");
     assert!(results.contains(&200));
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
     assert_eq!(payments_rows(&app).await, 1);
 }
@@ -174,10 +140,7 @@ async fn price_over_max_amount_is_402_and_nothing_is_signed() {
         let resp = app.route(&new_key(), &body).await;
         assert_eq!(resp.status(), 402);
         let err: Value = resp.json().await.unwrap();
-        assert!(
-            err["error"].as_str().unwrap().contains("will not make"),
-            "{err}"
-        );
+        assert!(err["error"].as_str().unwrap().contains("will not make"), "{err}");
         assert_eq!(err["accepts"][0]["amount"], PRICE.to_string());
     }
     assert_eq!(payments_rows(&app).await, 0);
@@ -189,20 +152,8 @@ async fn price_over_max_amount_is_402_and_nothing_is_signed() {
 async fn agent_per_call_cap_is_enforced() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET max_per_call = 5000 WHERE id = '{}'",
-            app.agent.id
-        ),
-    )
-    .await;
-    let resp = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"}),
-        )
-        .await;
+    exec(&app.db, &format!("UPDATE agents SET max_per_call = 5000 WHERE id = '{}'", app.agent.id)).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
     assert_eq!(resp.status(), 402);
     assert_eq!(payments_rows(&app).await, 0);
 }
@@ -214,14 +165,8 @@ async fn unsupported_network_or_asset_is_402_and_nothing_is_signed() {
     // The token is not among the configured assets.
     let other_asset = spawn_app_with(AppOptions {
         extra: vec![
-            (
-                "x402-rpc-urls".into(),
-                format!("eip155:84532={}", chain.rpc_url),
-            ),
-            (
-                "x402-assets".into(),
-                "eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e".into(),
-            ),
+            ("x402-rpc-urls".into(), format!("eip155:84532={}", chain.rpc_url)),
+            ("x402-assets".into(), "eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e".into()),
         ],
         ..Default::default()
     })
@@ -229,25 +174,14 @@ async fn unsupported_network_or_asset_is_402_and_nothing_is_signed() {
     // The network has no RPC URL configured.
     let other_network = spawn_app_with(AppOptions {
         extra: vec![
-            (
-                "x402-rpc-urls".into(),
-                format!("eip155:8453={}", chain.rpc_url),
-            ),
-            (
-                "x402-assets".into(),
-                format!("eip155:84532={}", chain.token),
-            ),
+            ("x402-rpc-urls".into(), format!("eip155:8453={}", chain.rpc_url)),
+            ("x402-assets".into(), format!("eip155:84532={}", chain.token)),
         ],
         ..Default::default()
     })
     .await;
     for app in [&other_asset, &other_network] {
-        let resp = app
-            .route(
-                &new_key(),
-                &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"}),
-            )
-            .await;
+        let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
         assert_eq!(resp.status(), 402);
         assert_eq!(payments_rows(app).await, 0);
     }
@@ -260,12 +194,7 @@ async fn cheapest_payable_option_is_chosen_among_several() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
     let (router0, _) = balances(&chain).await;
-    let resp = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/multi"), "max_amount": "1000000"}),
-        )
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/multi"), "max_amount": "1000000"})).await;
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["asset"], chain.token.to_checksum(None));
@@ -281,27 +210,13 @@ async fn upstream_500_before_settlement_is_errored_and_moves_nothing() {
     let key = new_key();
     for path in ["/v2/error500", "/v1/error500"] {
         let key = format!("{key}{}", path.len() + path.as_bytes()[2] as usize);
-        let resp = app
-            .route(
-                &key,
-                &json!({"url": chain.url(path), "max_amount": "10000"}),
-            )
-            .await;
+        let resp = app.route(&key, &json!({"url": chain.url(path), "max_amount": "10000"})).await;
         assert_eq!(resp.status(), 502, "{path}");
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["status"], 500);
         assert_eq!(body["payment"]["status"], "not_settled", "{body}");
-        assert!(
-            !chain
-                .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
-                .await
-        );
-        let again = app
-            .route(
-                &key,
-                &json!({"url": chain.url(path), "max_amount": "10000"}),
-            )
-            .await;
+        assert!(!chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await);
+        let again = app.route(&key, &json!({"url": chain.url(path), "max_amount": "10000"})).await;
         assert_eq!(again.headers().get("x-idempotent-replay").unwrap(), "true");
     }
     assert_eq!(balances(&chain).await, before);
@@ -323,10 +238,7 @@ async fn upstream_that_settles_then_fails_is_errored_with_the_payment_shown_and_
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.status(), 502);
     assert_eq!(replay.json::<Value>().await.unwrap(), err);
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
 }
 
 #[actix_web::test]
@@ -349,19 +261,11 @@ async fn rejected_payment_passes_the_reason_through() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
     let before = balances(&chain).await;
-    let resp = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/reject"), "max_amount": "10000"}),
-        )
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/reject"), "max_amount": "10000"})).await;
     assert_eq!(resp.status(), 502);
     let err: Value = resp.json().await.unwrap();
     assert!(err["error"].as_str().unwrap().contains("rejected"), "{err}");
-    assert!(
-        err.get("invalidReason").is_some() || err["error"].as_str().unwrap().contains("invalid_"),
-        "{err}"
-    );
+    assert!(err.get("invalidReason").is_some() || err["error"].as_str().unwrap().contains("invalid_"), "{err}");
     assert_eq!(err["payment"]["status"], "rejected");
     assert_eq!(balances(&chain).await, before);
 }
@@ -371,30 +275,15 @@ async fn lying_upstream_is_not_recorded_as_settled() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
     let before = balances(&chain).await;
-    let resp = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/lie"), "max_amount": "10000"}),
-        )
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/lie"), "max_amount": "10000"})).await;
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "unconfirmed");
     assert_eq!(env["payment"]["tx_hash"], Value::Null);
-    let receipt_status = count(
-        &app.db,
-        "SELECT count(*) AS n FROM receipts WHERE payment->>'status' = 'unconfirmed'",
-    )
-    .await;
+    let receipt_status =
+        count(&app.db, "SELECT count(*) AS n FROM receipts WHERE payment->>'status' = 'unconfirmed'").await;
     assert_eq!(receipt_status, 1);
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'settled'"
-        )
-        .await,
-        0
-    );
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await, 0);
     assert_eq!(balances(&chain).await, before);
 }
 
@@ -404,35 +293,18 @@ async fn with_the_rpc_down_nothing_is_paid() {
     // The router's RPC points at a dead port; the upstream keeps its own chain access.
     let app = spawn_app_with(AppOptions {
         extra: vec![
-            (
-                "x402-rpc-urls".into(),
-                format!("eip155:84532=http://127.0.0.1:{}", free_port()),
-            ),
-            (
-                "x402-assets".into(),
-                format!("eip155:84532={}", chain.token),
-            ),
+            ("x402-rpc-urls".into(), format!("eip155:84532=http://127.0.0.1:{}", free_port())),
+            ("x402-assets".into(), format!("eip155:84532={}", chain.token)),
             ("x402-rpc-timeout-ms".into(), "1000".into()),
         ],
         ..Default::default()
     })
     .await;
     let before = balances(&chain).await;
-    let resp = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
-        )
-        .await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
     assert_eq!(resp.status(), 502);
     let err: Value = resp.json().await.unwrap();
-    assert!(
-        err["error"]
-            .as_str()
-            .unwrap()
-            .contains("nothing was signed or paid"),
-        "{err}"
-    );
+    assert!(err["error"].as_str().unwrap().contains("nothing was signed or paid"), "{err}");
     assert_eq!(payments_rows(&app).await, 0);
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
     assert_eq!(balances(&chain).await, before);
@@ -444,25 +316,14 @@ async fn payment_identifier_is_derived_never_the_raw_key() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
     let key = new_key();
-    let resp = app
-        .route(
-            &key,
-            &json!({"url": chain.url("/v2/pid"), "max_amount": "10000"}),
-        )
-        .await;
+    let resp = app.route(&key, &json!({"url": chain.url("/v2/pid"), "max_amount": "10000"})).await;
     assert_eq!(resp.status(), 200);
     let stats = chain.stats().await;
-    let pid = stats["/v2/pid"]["last_payment_identifier"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let pid = stats["/v2/pid"]["last_payment_identifier"].as_str().unwrap().to_owned();
     assert!(!pid.contains(&key));
     let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let expected = x402_router::x402::payment_identifier_id(
-        &x402_router::payments::nonce_secret(&signer),
-        app.agent.id,
-        &key,
-    );
+    let expected =
+        x402_router::x402::payment_identifier_id(&x402_router::payments::nonce_secret(&signer), app.agent.id, &key);
     assert_eq!(pid, expected);
 }
 
@@ -476,11 +337,7 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
         abandon_ms: 2000,
         heartbeat_ms: 500,
         deadline_ms: 30_000,
-        extra: [
-            chain.router_extra(),
-            vec![("operator-token".into(), "crash-test-operator-token".into())],
-        ]
-        .concat(),
+        extra: [chain.router_extra(), vec![("operator-token".into(), "crash-test-operator-token".into())]].concat(),
         ..Default::default()
     };
     let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
@@ -491,13 +348,8 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     // The upstream settles at once, then waits 5 s before answering.
     let body = json!({"url": chain.url("/v2/slow-settle?seconds=5"), "max_amount": "10000"});
     let call = {
-        let (client, addr, agent, key, body) = (
-            client.clone(),
-            a.address.clone(),
-            agent.clone(),
-            key.clone(),
-            body.clone(),
-        );
+        let (client, addr, agent, key, body) =
+            (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
         tokio::spawn(async move {
             client
                 .post(format!("{addr}/route"))
@@ -515,28 +367,12 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        balances(&chain).await.0,
-        router0 - price(),
-        "the upstream settled"
-    );
+    assert_eq!(balances(&chain).await.0, router0 - price(), "the upstream settled");
     a.kill9().await;
     assert!(call.await.unwrap().is_err());
-    assert_eq!(
-        count(
-            &db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'signed'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
 
-    assert_eq!(
-        route_at(&client, &b.address, &agent, &key, &body)
-            .await
-            .status(),
-        409
-    );
+    assert_eq!(route_at(&client, &b.address, &agent, &key, &body).await.status(), 409);
     tokio::time::sleep(Duration::from_millis(2300)).await;
     let resp = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(resp.status(), 502);
@@ -544,29 +380,16 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     assert_eq!(err["payment"]["status"], "settled_response_lost", "{err}");
     assert!(err["error"].as_str().unwrap().contains("response was lost"));
     // No second transfer, and the receipt says what happened.
-    assert_eq!(
-        balances(&chain).await,
-        (router0 - price(), pay_to0 + price())
-    );
+    assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
     assert_eq!(chain.stats().await["/v2/slow-settle"]["paid"], 1);
     assert_eq!(count(&db, "SELECT count(*) AS n FROM receipts WHERE payment->>'status' = 'settled_response_lost' AND upstream_status IS NULL").await, 1);
-    assert_eq!(
-        count(
-            &db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost'").await, 1);
     let replay = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(balances(&chain).await.0, router0 - price());
     // Operators see the payment as paid, not served.
     let audit: Value = client
-        .get(format!(
-            "{}/audit/payments?status=paid_not_served",
-            b.address
-        ))
+        .get(format!("{}/audit/payments?status=paid_not_served", b.address))
         .bearer_auth("crash-test-operator-token")
         .send()
         .await
@@ -582,40 +405,21 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
 
 /// Leaves the state a router would leave if it crashed after committing a signed intent
 /// and before sending it: an old in-flight row plus a `signed` payment.
-async fn crash_after_signing(
-    app: &TestApp,
-    chain: &Devnet,
-    key: &str,
-    body: &Value,
-    valid_before_offset: i64,
-) {
+async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body: &Value, valid_before_offset: i64) {
     use x402_router::x402::{Requirement, X402Version, sign_authorization, wire};
     insert_in_flight(&app.db, app.agent.id, key, body, 300).await;
     // The requirement the upstream advertises, as the crashed router saw it.
     let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
     let headers = first.headers().clone();
-    let required = wire::parse_payment_required(
-        reqwest::StatusCode::PAYMENT_REQUIRED,
-        &headers,
-        &first.bytes().await.unwrap(),
-    )
-    .unwrap();
+    let required =
+        wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, &first.bytes().await.unwrap())
+            .unwrap();
     let req: &Requirement = &required.accepts[0];
     let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
     let signed = sign_authorization(&signer, req, nonce_for(app, key), signing_time).unwrap();
-    let payload = wire::payment_payload(
-        X402Version::V2,
-        req,
-        required.resource.as_ref(),
-        &signed,
-        None,
-    )
-    .unwrap();
+    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
     let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
     let auth = signed.authorization();
     exec(
@@ -656,11 +460,7 @@ async fn takeover_of_an_unsent_valid_payment_resends_it_and_pays_once() {
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled");
-    assert_eq!(
-        count(&app.db, "SELECT attempts::bigint AS n FROM payments").await,
-        1,
-        "resent, not re-signed"
-    );
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 1, "resent, not re-signed");
     assert_eq!(balances(&chain).await.0, router0 - price());
     // Only the paid request reached the upstream: no new unpaid probe.
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 1);
@@ -680,11 +480,7 @@ async fn takeover_of_an_expired_unused_payment_re_signs_with_the_same_nonce() {
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled");
     assert_eq!(env["payment"]["nonce"], nonce_for(&app, &key).to_string());
-    assert_eq!(
-        count(&app.db, "SELECT attempts::bigint AS n FROM payments").await,
-        2,
-        "re-signed once"
-    );
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed once");
     assert_eq!(balances(&chain).await.0, router0 - price());
 }
 
@@ -698,22 +494,8 @@ async fn takeover_with_the_chain_unreadable_decides_nothing_and_pays_nothing() {
     chain.stop_chain().await;
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 503);
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'signed'"
-        )
-        .await,
-        1
-    );
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight'").await, 1);
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
 }
 
@@ -722,22 +504,10 @@ async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly
     let chain = Devnet::start().await;
     // Fifty payments of one agent queue on its row lock: give them time for a connection.
     let app = Arc::new(
-        spawn_app_with(AppOptions {
-            acquire_timeout_ms: 10_000,
-            extra: chain.router_extra(),
-            ..Default::default()
-        })
-        .await,
+        spawn_app_with(AppOptions { acquire_timeout_ms: 10_000, extra: chain.router_extra(), ..Default::default() })
+            .await,
     );
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET daily_budget = {} WHERE id = '{}'",
-            3 * PRICE,
-            app.agent.id
-        ),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = {} WHERE id = '{}'", 3 * PRICE, app.agent.id)).await;
     let (router0, pay_to0) = balances(&chain).await;
     let results = join_all((0..50).map(|_| {
         let app = Arc::clone(&app);
@@ -750,38 +520,17 @@ async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly
         }
     }))
     .await;
-    let paid = results
-        .iter()
-        .filter(|(s, b)| *s == 200 && b["payment"]["status"] == "settled")
-        .count();
+    let paid = results.iter().filter(|(s, b)| *s == 200 && b["payment"]["status"] == "settled").count();
     let refused: Vec<_> = results.iter().filter(|(s, _)| *s == 402).collect();
-    assert_eq!(
-        paid,
-        3,
-        "{:?}",
-        results.iter().map(|(s, _)| s).collect::<Vec<_>>()
-    );
+    assert_eq!(paid, 3, "{:?}", results.iter().map(|(s, _)| s).collect::<Vec<_>>());
     assert_eq!(refused.len(), 47);
-    assert!(
-        refused
-            .iter()
-            .all(|(_, b)| b["error"].as_str().unwrap().contains("budget")),
-        "{:?}",
-        refused.first()
-    );
-    assert_eq!(
-        balances(&chain).await,
-        (
-            router0 - price() * U256::from(3),
-            pay_to0 + price() * U256::from(3)
-        )
-    );
+    assert!(refused.iter().all(|(_, b)| b["error"].as_str().unwrap().contains("budget")), "{:?}", refused.first());
+    assert_eq!(balances(&chain).await, (router0 - price() * U256::from(3), pay_to0 + price() * U256::from(3)));
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 3);
-    let spend =
-        x402_router::payments::store::agent_spend(&mut app.db.conn().await, app.agent.id, false)
-            .await
-            .unwrap()
-            .unwrap();
+    let spend = x402_router::payments::store::agent_spend(&mut app.db.conn().await, app.agent.id, false)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(spend.settled_24h, (3 * PRICE).to_string());
     assert_eq!(spend.remaining_24h.as_deref(), Some("0"));
 }
@@ -790,38 +539,16 @@ async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly
 async fn payments_that_moved_no_money_release_their_budget() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
-    exec(
-        &app.db,
-        &format!(
-            "UPDATE agents SET daily_budget = {PRICE} WHERE id = '{}'",
-            app.agent.id
-        ),
-    )
-    .await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = {PRICE} WHERE id = '{}'", app.agent.id)).await;
     // Verified but not settled: the reservation is released.
     assert_eq!(
-        app.route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/error500"), "max_amount": "10000"})
-        )
-        .await
-        .status(),
+        app.route(&new_key(), &json!({"url": chain.url("/v2/error500"), "max_amount": "10000"})).await.status(),
         502
     );
-    let ok = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
-        )
-        .await;
+    let ok = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
     assert_eq!(ok.status(), 200);
     // Now the budget is spent.
-    let over = app
-        .route(
-            &new_key(),
-            &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}),
-        )
-        .await;
+    let over = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
     assert_eq!(over.status(), 402);
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
 }
@@ -829,12 +556,7 @@ async fn payments_that_moved_no_money_release_their_budget() {
 #[actix_web::test]
 async fn paid_request_cut_off_by_the_deadline_is_errored_unknown_and_never_paid_again() {
     let chain = Devnet::start().await;
-    let app = spawn_app_with(AppOptions {
-        deadline_ms: 1500,
-        extra: chain.router_extra(),
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { deadline_ms: 1500, extra: chain.router_extra(), ..Default::default() }).await;
     let (router0, _) = balances(&chain).await;
     let key = new_key();
     // The upstream verifies, waits 3 s, then settles: it holds a valid authorization.
@@ -845,31 +567,17 @@ async fn paid_request_cut_off_by_the_deadline_is_errored_unknown_and_never_paid_
     assert_eq!(err["payment"]["status"], "unknown", "{err}");
     // The upstream settles later; the router never pays this key again.
     for _ in 0..100 {
-        if chain
-            .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
-            .await
-        {
+        if chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        chain
-            .authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key))
-            .await
-    );
+    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key)).await);
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.status(), 504);
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(balances(&chain).await.0, router0 - price());
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'unknown'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'unknown'").await, 1);
 }
 
 #[actix_web::test]
@@ -887,19 +595,8 @@ async fn a_key_whose_intent_reconcile_expired_is_re_signed_and_paid_once_on_retr
         .env_remove("IDEMPOTENCY_ABANDON_AFTER_MS")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        count(
-            &app.db,
-            "SELECT count(*) AS n FROM payments WHERE status = 'expired'"
-        )
-        .await,
-        1
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'expired'").await, 1);
 
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);

@@ -6,20 +6,8 @@ use crate::helpers::*;
 
 async fn assert_refused(app: &TestApp, up: &TestUpstream, body: Vec<u8>, expected: u16) -> Value {
     let resp = app.route_raw(Some(&new_key()), body.clone()).await;
-    assert_eq!(
-        resp.status(),
-        expected,
-        "body {:?}",
-        String::from_utf8_lossy(&body[..body.len().min(200)])
-    );
-    assert!(
-        resp.headers()
-            .get("content-type")
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .contains("application/json")
-    );
+    assert_eq!(resp.status(), expected, "body {:?}", String::from_utf8_lossy(&body[..body.len().min(200)]));
+    assert!(resp.headers().get("content-type").unwrap().to_str().unwrap().contains("application/json"));
     let err: Value = resp.json().await.unwrap();
     assert!(err["error"].is_string(), "{err}");
     assert_eq!(app.idempotency_rows().await, 0, "no claim may be written");
@@ -62,11 +50,7 @@ async fn malformed_bodies_are_refused_before_any_claim() {
 
 #[actix_web::test]
 async fn huge_body_is_413_json() {
-    let app = spawn_app_with(AppOptions {
-        request_max_bytes: 4096,
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { request_max_bytes: 4096, ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let body = json!({"url": up.url("/ok"), "method": "POST", "body": {"pad": "x".repeat(10_000)}});
     let err = assert_refused(&app, &up, body.to_string().into_bytes(), 413).await;
@@ -75,11 +59,7 @@ async fn huge_body_is_413_json() {
 
 #[actix_web::test]
 async fn ssrf_targets_are_refused_in_every_spelling() {
-    let app = spawn_app_with(AppOptions {
-        allow_private: false,
-        ..Default::default()
-    })
-    .await;
+    let app = spawn_app_with(AppOptions { allow_private: false, ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let p = up.port;
     let targets = [
@@ -101,32 +81,18 @@ async fn ssrf_targets_are_refused_in_every_spelling() {
         "http://[fd00::1]/".into(),
     ];
     for url in targets {
-        let err =
-            assert_refused(&app, &up, json!({"url": url}).to_string().into_bytes(), 400).await;
-        assert!(
-            err["error"].as_str().unwrap().contains("not allowed"),
-            "{url}: {err}"
-        );
+        let err = assert_refused(&app, &up, json!({"url": url}).to_string().into_bytes(), 400).await;
+        assert!(err["error"].as_str().unwrap().contains("not allowed"), "{url}: {err}");
     }
 }
 
 #[actix_web::test]
 async fn unknown_paths_and_methods_get_json_errors() {
     let app = spawn_app().await;
-    let resp = app
-        .client
-        .get(format!("{}/nope", app.address))
-        .send()
-        .await
-        .unwrap();
+    let resp = app.client.get(format!("{}/nope", app.address)).send().await.unwrap();
     assert_eq!(resp.status(), 404);
     assert_eq!(resp.json::<Value>().await.unwrap()["error"], "not found");
-    let resp = app
-        .client
-        .get(format!("{}/route", app.address))
-        .send()
-        .await
-        .unwrap();
+    let resp = app.client.get(format!("{}/route", app.address)).send().await.unwrap();
     assert!(resp.status().is_client_error());
     assert!(resp.json::<Value>().await.unwrap()["error"].is_string());
 }

@@ -74,15 +74,8 @@ pub struct Chain {
 impl Chain {
     pub fn connect(rpc_url: Url, signer: PrivateKeySigner, rpc_timeout: Duration) -> Self {
         let sender = signer.address();
-        let provider = ProviderBuilder::new()
-            .wallet(EthereumWallet::from(signer))
-            .connect_http(rpc_url)
-            .erased();
-        Self {
-            provider,
-            sender,
-            rpc_timeout,
-        }
+        let provider = ProviderBuilder::new().wallet(EthereumWallet::from(signer)).connect_http(rpc_url).erased();
+        Self { provider, sender, rpc_timeout }
     }
 
     /// The address transactions are sent from.
@@ -102,61 +95,39 @@ impl Chain {
     }
 
     pub async fn chain_id(&self) -> Result<u64, ChainError> {
-        self.bounded("eth_chainId", self.provider.get_chain_id())
-            .await
+        self.bounded("eth_chainId", self.provider.get_chain_id()).await
     }
 
     pub async fn code_at(&self, address: Address) -> Result<Bytes, ChainError> {
-        self.bounded("eth_getCode", self.provider.get_code_at(address))
-            .await
+        self.bounded("eth_getCode", self.provider.get_code_at(address)).await
     }
 
     /// `eth_call` of `call` on `to`, from the sender, decoded.
     pub async fn call<C: SolCall>(&self, to: Address, call: &C) -> Result<C::Return, ChainError> {
-        let tx = TransactionRequest::default()
-            .with_from(self.sender)
-            .with_to(to)
-            .with_input(call.abi_encode());
+        let tx = TransactionRequest::default().with_from(self.sender).with_to(to).with_input(call.abi_encode());
         let out = self.bounded("eth_call", self.provider.call(tx)).await?;
-        C::abi_decode_returns(&out).map_err(|source| ChainError::Decode {
-            method: C::SIGNATURE,
-            source,
-        })
+        C::abi_decode_returns(&out).map_err(|source| ChainError::Decode { method: C::SIGNATURE, source })
     }
 
     /// Sends `tx` from the sender with the next pending nonce and returns its hash without
     /// waiting. Callers that send concurrently must serialise calls to this (see
     /// `payment::Settler`): the nonce is read, not reserved.
     pub async fn send(&self, tx: TransactionRequest) -> Result<B256, ChainError> {
-        let nonce = self
-            .bounded(
-                "eth_getTransactionCount",
-                self.provider.get_transaction_count(self.sender).pending(),
-            )
-            .await?;
+        let nonce =
+            self.bounded("eth_getTransactionCount", self.provider.get_transaction_count(self.sender).pending()).await?;
         let tx = tx.with_from(self.sender).with_nonce(nonce);
-        let pending = self
-            .bounded("eth_sendRawTransaction", self.provider.send_transaction(tx))
-            .await?;
+        let pending = self.bounded("eth_sendRawTransaction", self.provider.send_transaction(tx)).await?;
         Ok(*pending.tx_hash())
     }
 
     /// Polls for the receipt of `hash` (anvil mines at once, so the first poll usually hits;
     /// alloy's own watcher polls every 250 ms on local chains, which is too slow for tests).
-    pub async fn wait_for_receipt(
-        &self,
-        hash: B256,
-        limit: Duration,
-    ) -> Result<TransactionReceipt, ChainError> {
+    pub async fn wait_for_receipt(&self, hash: B256, limit: Duration) -> Result<TransactionReceipt, ChainError> {
         let deadline = tokio::time::Instant::now() + limit;
         let mut pause = Duration::from_millis(5);
         loop {
-            let receipt = self
-                .bounded(
-                    "eth_getTransactionReceipt",
-                    self.provider.get_transaction_receipt(hash),
-                )
-                .await?;
+            let receipt =
+                self.bounded("eth_getTransactionReceipt", self.provider.get_transaction_receipt(hash)).await?;
             if let Some(receipt) = receipt {
                 return Ok(receipt);
             }
@@ -176,22 +147,13 @@ impl Chain {
     ) -> Result<TransactionReceipt, ChainError> {
         let hash = self.send(tx).await?;
         let receipt = self.wait_for_receipt(hash, limit).await?;
-        if receipt.status() {
-            Ok(receipt)
-        } else {
-            Err(ChainError::Reverted(hash))
-        }
+        if receipt.status() { Ok(receipt) } else { Err(ChainError::Reverted(hash)) }
     }
 
     /// anvil's `anvil_setCode`: puts `code` at `address` without running a constructor.
     pub async fn set_code(&self, address: Address, code: Bytes) -> Result<(), ChainError> {
-        let _: serde_json::Value = self
-            .bounded(
-                "anvil_setCode",
-                self.provider
-                    .raw_request("anvil_setCode".into(), (address, code)),
-            )
-            .await?;
+        let _: serde_json::Value =
+            self.bounded("anvil_setCode", self.provider.raw_request("anvil_setCode".into(), (address, code))).await?;
         Ok(())
     }
 }

@@ -110,13 +110,9 @@ impl FromStr for Amount {
 
     fn from_str(raw: &str) -> Result<Self, Self::Err> {
         if raw.is_empty() || raw.len() > 78 || !raw.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{raw:?} is not a decimal amount of atomic units (digits only)"
-            ));
+            return Err(format!("{raw:?} is not a decimal amount of atomic units (digits only)"));
         }
-        U256::from_str_radix(raw, 10)
-            .map(Amount)
-            .map_err(|_| format!("{raw:?} does not fit in uint256"))
+        U256::from_str_radix(raw, 10).map(Amount).map_err(|_| format!("{raw:?} does not fit in uint256"))
     }
 }
 
@@ -133,9 +129,7 @@ pub struct Mint {
 }
 
 fn parse_mint(raw: &str) -> Result<Mint, String> {
-    let (addr, amount) = raw
-        .split_once('=')
-        .ok_or_else(|| format!("{raw:?} is not ADDR=AMOUNT"))?;
+    let (addr, amount) = raw.split_once('=').ok_or_else(|| format!("{raw:?} is not ADDR=AMOUNT"))?;
     let to = Address::from_str(addr.trim()).map_err(|_| format!("{addr:?} is not an address"))?;
     let amount = amount.trim().parse()?;
     Ok(Mint { to, amount })
@@ -172,8 +166,7 @@ mod tests {
 
     #[test]
     fn key_debug_shows_the_address_not_the_secret() {
-        let key = parse_key("0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80")
-            .unwrap();
+        let key = parse_key("0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80").unwrap();
         let shown = format!("{key:?}");
         assert!(shown.contains("0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"));
         assert!(!shown.contains("ac0974"));

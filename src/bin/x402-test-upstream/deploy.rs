@@ -25,24 +25,15 @@ const MINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     let chain = Chain::connect(args.rpc_url.clone(), args.deployer_key.0, RPC_TIMEOUT);
-    let chain_id = chain
-        .chain_id()
-        .await
-        .with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
+    let chain_id = chain.chain_id().await.with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
 
     let creation = fixtures::test_token_creation_code()?;
     let receipt = chain
-        .send_and_confirm(
-            TransactionRequest::default().with_deploy_code(creation),
-            MINE_TIMEOUT,
-        )
+        .send_and_confirm(TransactionRequest::default().with_deploy_code(creation), MINE_TIMEOUT)
         .await
         .context("deploying TestToken")?;
     let Some(token) = receipt.contract_address else {
-        bail!(
-            "the deployment receipt {} has no contract address",
-            receipt.transaction_hash
-        );
+        bail!("the deployment receipt {} has no contract address", receipt.transaction_hash);
     };
     tracing::info!(%token, chain_id, deployer = %chain.sender(), "TestToken deployed");
 
@@ -53,26 +44,15 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     tracing::info!(address = %fixtures::MULTICALL3, "Multicall3 installed");
 
     for mint in &args.mints {
-        let call = ITestToken::mintCall {
-            to: mint.to,
-            value: mint.amount.0,
-        };
+        let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
         chain
-            .send_and_confirm(
-                TransactionRequest::default()
-                    .with_to(token)
-                    .with_input(call.abi_encode()),
-                MINE_TIMEOUT,
-            )
+            .send_and_confirm(TransactionRequest::default().with_to(token).with_input(call.abi_encode()), MINE_TIMEOUT)
             .await
             .with_context(|| format!("minting {} to {}", mint.amount, mint.to))?;
         tracing::info!(to = %mint.to, amount = %mint.amount, "minted");
     }
 
-    let line = serde_json::to_string(&Deployed {
-        token: token.to_checksum(None),
-        chain_id,
-    })?;
+    let line = serde_json::to_string(&Deployed { token: token.to_checksum(None), chain_id })?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;
     out.flush()?;

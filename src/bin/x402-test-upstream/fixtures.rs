@@ -7,14 +7,8 @@ use serde::Deserialize;
 /// Where Multicall3 lives on every chain that has it; the official x402 facilitator calls it there.
 pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976CA11");
 
-const TEST_TOKEN_JSON: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/TestToken.json"
-));
-const MULTICALL_JSON: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/Multicall.json"
-));
+const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/TestToken.json"));
+const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Multicall.json"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {
@@ -25,10 +19,7 @@ pub enum FixtureError {
         source: serde_json::Error,
     },
     #[error("fixture {name} has empty {field}")]
-    Empty {
-        name: &'static str,
-        field: &'static str,
-    },
+    Empty { name: &'static str, field: &'static str },
 }
 
 #[derive(Deserialize)]
@@ -39,19 +30,12 @@ struct Artifact {
 }
 
 fn artifact(name: &'static str, json: &str) -> Result<Artifact, FixtureError> {
-    let artifact: Artifact =
-        serde_json::from_str(json).map_err(|source| FixtureError::Json { name, source })?;
+    let artifact: Artifact = serde_json::from_str(json).map_err(|source| FixtureError::Json { name, source })?;
     if artifact.bytecode.is_empty() {
-        return Err(FixtureError::Empty {
-            name,
-            field: "bytecode",
-        });
+        return Err(FixtureError::Empty { name, field: "bytecode" });
     }
     if artifact.deployed_bytecode.is_empty() {
-        return Err(FixtureError::Empty {
-            name,
-            field: "deployedBytecode",
-        });
+        return Err(FixtureError::Empty { name, field: "deployedBytecode" });
     }
     Ok(artifact)
 }

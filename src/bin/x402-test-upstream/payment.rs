@@ -55,9 +55,7 @@ pub enum Refusal {
     Signature,
     #[error("authorization.to {got} is not payTo {want}")]
     RecipientMismatch { got: Address, want: Address },
-    #[error(
-        "validBefore {valid_before} is earlier than now + {MIN_REMAINING_VALIDITY_SECS} s ({now})"
-    )]
+    #[error("validBefore {valid_before} is earlier than now + {MIN_REMAINING_VALIDITY_SECS} s ({now})")]
     ValidBefore { valid_before: U256, now: u64 },
     #[error("validAfter {valid_after} is later than now ({now})")]
     ValidAfter { valid_after: U256, now: u64 },
@@ -135,25 +133,19 @@ impl SignedAuthorization {
     pub fn parse(payload: &ExactEvmPayload) -> Result<Self, Refusal> {
         let a = &payload.authorization;
         let address = |field: &str, raw: &str| {
-            Address::from_str(raw).map_err(|_| {
-                Refusal::InvalidPayload(format!("authorization.{field} is not an address"))
-            })
+            Address::from_str(raw)
+                .map_err(|_| Refusal::InvalidPayload(format!("authorization.{field} is not an address")))
         };
         let uint = |field: &str, raw: &str| {
             if raw.is_empty() || raw.len() > 78 || !raw.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(Refusal::InvalidPayload(format!(
-                    "authorization.{field} is not a decimal string"
-                )));
+                return Err(Refusal::InvalidPayload(format!("authorization.{field} is not a decimal string")));
             }
-            U256::from_str_radix(raw, 10).map_err(|_| {
-                Refusal::InvalidPayload(format!("authorization.{field} overflows uint256"))
-            })
+            U256::from_str_radix(raw, 10)
+                .map_err(|_| Refusal::InvalidPayload(format!("authorization.{field} overflows uint256")))
         };
         let nonce = parse_hex_exact::<32>(&a.nonce)
             .map(B256::from)
-            .ok_or_else(|| {
-                Refusal::InvalidPayload("authorization.nonce is not 32 bytes of 0x-hex".into())
-            })?;
+            .ok_or_else(|| Refusal::InvalidPayload("authorization.nonce is not 32 bytes of 0x-hex".into()))?;
         let raw_sig = parse_hex_exact::<65>(&payload.signature).ok_or(Refusal::Signature)?;
         // v as 27/28 (or the bare recovery id 0/1), exactly what TestToken and USDC accept.
         if !matches!(raw_sig[64], 0 | 1 | 27 | 28) {
@@ -191,51 +183,28 @@ impl SignedAuthorization {
         if self.signature.normalize_s().is_some() {
             return Err(Refusal::Signature);
         }
-        let signer = self
-            .signature
-            .recover_address_from_prehash(&self.signing_hash(domain))
-            .map_err(|_| Refusal::Signature)?;
-        if signer == self.from {
-            Ok(())
-        } else {
-            Err(Refusal::Signature)
-        }
+        let signer =
+            self.signature.recover_address_from_prehash(&self.signing_hash(domain)).map_err(|_| Refusal::Signature)?;
+        if signer == self.from { Ok(()) } else { Err(Refusal::Signature) }
     }
 
     /// Checks that need no chain: signature, recipient, validity window, exact value.
     ///
     /// # Errors
     /// The first check that fails, in the official facilitator's order.
-    pub fn check_offline(
-        &self,
-        offer: &Offer,
-        domain: &Eip712Domain,
-        now: u64,
-    ) -> Result<(), Refusal> {
+    pub fn check_offline(&self, offer: &Offer, domain: &Eip712Domain, now: u64) -> Result<(), Refusal> {
         self.check_signature(domain)?;
         if self.to != offer.pay_to {
-            return Err(Refusal::RecipientMismatch {
-                got: self.to,
-                want: offer.pay_to,
-            });
+            return Err(Refusal::RecipientMismatch { got: self.to, want: offer.pay_to });
         }
         if self.valid_before < U256::from(now) + U256::from(MIN_REMAINING_VALIDITY_SECS) {
-            return Err(Refusal::ValidBefore {
-                valid_before: self.valid_before,
-                now,
-            });
+            return Err(Refusal::ValidBefore { valid_before: self.valid_before, now });
         }
         if self.valid_after > U256::from(now) {
-            return Err(Refusal::ValidAfter {
-                valid_after: self.valid_after,
-                now,
-            });
+            return Err(Refusal::ValidAfter { valid_after: self.valid_after, now });
         }
         if self.value != offer.amount {
-            return Err(Refusal::ValueMismatch {
-                got: self.value,
-                want: offer.amount,
-            });
+            return Err(Refusal::ValueMismatch { got: self.value, want: offer.amount });
         }
         Ok(())
     }
@@ -266,10 +235,7 @@ fn parse_hex_exact<const N: usize>(raw: &str) -> Option<[u8; N]> {
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
 }
 
 /// The server's facilitator: verifies against the chain and settles from its own key.
@@ -295,14 +261,7 @@ impl Facilitator {
         settle_timeout: Duration,
         send_lock: Arc<Mutex<()>>,
     ) -> Self {
-        Self {
-            chain,
-            token,
-            network,
-            domain,
-            settle_timeout,
-            send_lock,
-        }
+        Self { chain, token, network, domain, settle_timeout, send_lock }
     }
 
     /// Whether this server can settle `offer` at all (network, asset, scheme).
@@ -329,24 +288,15 @@ impl Facilitator {
     pub async fn verify(&self, offer: &Offer, auth: &SignedAuthorization) -> Result<(), Refusal> {
         self.check_offer(offer)?;
         auth.check_offline(offer, &self.domain, unix_now())?;
-        let used = ITestToken::authorizationStateCall {
-            authorizer: auth.from,
-            nonce: auth.nonce,
-        };
+        let used = ITestToken::authorizationStateCall { authorizer: auth.from, nonce: auth.nonce };
         let balance = ITestToken::balanceOfCall { account: auth.from };
-        let (used, balance) = tokio::join!(
-            self.chain.call(self.token, &used),
-            self.chain.call(self.token, &balance)
-        );
+        let (used, balance) = tokio::join!(self.chain.call(self.token, &used), self.chain.call(self.token, &balance));
         if used.map_err(|e| Refusal::VerifyRpc(error_chain(&e)))? {
             return Err(Refusal::NonceAlreadyUsed);
         }
         let balance = balance.map_err(|e| Refusal::VerifyRpc(error_chain(&e)))?;
         if balance < auth.value {
-            return Err(Refusal::InsufficientBalance {
-                balance,
-                value: auth.value,
-            });
+            return Err(Refusal::InsufficientBalance { balance, value: auth.value });
         }
         Ok(())
     }
@@ -365,36 +315,20 @@ impl Facilitator {
             if let Err(err) = self.chain.call(self.token, &call).await {
                 return Err(self.explain_failed_simulation(auth, &err).await);
             }
-            let tx = TransactionRequest::default()
-                .with_to(self.token)
-                .with_input(call.abi_encode());
-            self.chain
-                .send(tx)
-                .await
-                .map_err(|e| Refusal::SettleRpc(error_chain(&e)))?
+            let tx = TransactionRequest::default().with_to(self.token).with_input(call.abi_encode());
+            self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))?
         };
         let receipt = self
             .chain
             .wait_for_receipt(hash, self.settle_timeout)
             .await
             .map_err(|e| Refusal::SettleRpc(error_chain(&e)))?;
-        if receipt.status() {
-            Ok(hash)
-        } else {
-            Err(Refusal::TransactionFailed(hash))
-        }
+        if receipt.status() { Ok(hash) } else { Err(Refusal::TransactionFailed(hash)) }
     }
 
     /// Names why a simulation reverted, like the official facilitator does with Multicall3.
-    async fn explain_failed_simulation(
-        &self,
-        auth: &SignedAuthorization,
-        err: &ChainError,
-    ) -> Refusal {
-        let used = ITestToken::authorizationStateCall {
-            authorizer: auth.from,
-            nonce: auth.nonce,
-        };
+    async fn explain_failed_simulation(&self, auth: &SignedAuthorization, err: &ChainError) -> Refusal {
+        let used = ITestToken::authorizationStateCall { authorizer: auth.from, nonce: auth.nonce };
         if let Ok(true) = self.chain.call(self.token, &used).await {
             return Refusal::NonceAlreadyUsed;
         }
@@ -402,10 +336,7 @@ impl Facilitator {
         if let Ok(balance) = self.chain.call(self.token, &balance).await
             && balance < auth.value
         {
-            return Refusal::InsufficientBalance {
-                balance,
-                value: auth.value,
-            };
+            return Refusal::InsufficientBalance { balance, value: auth.value };
         }
         Refusal::SimulationFailed(error_chain(err))
     }
@@ -467,9 +398,7 @@ mod tests {
             validBefore: U256::from(valid_before),
             nonce: B256::repeat_byte(0x42),
         };
-        let sig = signer
-            .sign_hash_sync(&message.eip712_signing_hash(&domain()))
-            .unwrap();
+        let sig = signer.sign_hash_sync(&message.eip712_signing_hash(&domain())).unwrap();
         ExactEvmPayload {
             signature: format!("0x{}", alloy::hex::encode(sig.as_bytes())),
             authorization: Authorization {
@@ -511,24 +440,16 @@ mod tests {
         let now = 1_800_000_000;
         let auth = SignedAuthorization::parse(&signed_payload("9999", now + 300)).unwrap();
         let err = auth.check_offline(&offer(), &domain(), now).unwrap_err();
-        assert_eq!(
-            err.reason(),
-            "invalid_exact_evm_payload_authorization_value_mismatch"
-        );
+        assert_eq!(err.reason(), "invalid_exact_evm_payload_authorization_value_mismatch");
 
         let auth = SignedAuthorization::parse(&signed_payload("10000", now + 5)).unwrap();
         let err = auth.check_offline(&offer(), &domain(), now).unwrap_err();
-        assert_eq!(
-            err.reason(),
-            "invalid_exact_evm_payload_authorization_valid_before"
-        );
+        assert_eq!(err.reason(), "invalid_exact_evm_payload_authorization_valid_before");
 
         let mut other_domain = domain();
         other_domain.chain_id = Some(U256::from(8453u64));
         let auth = SignedAuthorization::parse(&signed_payload("10000", now + 300)).unwrap();
-        let err = auth
-            .check_offline(&offer(), &other_domain, now)
-            .unwrap_err();
+        let err = auth.check_offline(&offer(), &other_domain, now).unwrap_err();
         assert_eq!(err.reason(), "invalid_exact_evm_signature");
     }
 
@@ -538,26 +459,15 @@ mod tests {
         let mut payload = signed_payload("10000", now + 300);
         payload.authorization.value = "10001".into();
         let auth = SignedAuthorization::parse(&payload).unwrap();
-        assert_eq!(
-            auth.check_offline(&offer(), &domain(), now)
-                .unwrap_err()
-                .reason(),
-            "invalid_exact_evm_signature"
-        );
+        assert_eq!(auth.check_offline(&offer(), &domain(), now).unwrap_err().reason(), "invalid_exact_evm_signature");
 
         let mut short = signed_payload("10000", now + 300);
         short.signature.truncate(10);
-        assert!(matches!(
-            SignedAuthorization::parse(&short),
-            Err(Refusal::Signature)
-        ));
+        assert!(matches!(SignedAuthorization::parse(&short), Err(Refusal::Signature)));
 
         let mut bad_number = signed_payload("10000", now + 300);
         bad_number.authorization.valid_before = "1e9".into();
-        assert!(matches!(
-            SignedAuthorization::parse(&bad_number),
-            Err(Refusal::InvalidPayload(_))
-        ));
+        assert!(matches!(SignedAuthorization::parse(&bad_number), Err(Refusal::InvalidPayload(_))));
     }
 
     #[test]
@@ -565,24 +475,11 @@ mod tests {
         let now = 1_800_000_000;
         let payload = signed_payload("10000", now + 300);
         let auth = SignedAuthorization::parse(&payload).unwrap();
-        let order = U256::from_str_radix(
-            "fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141",
-            16,
-        )
-        .unwrap();
-        let flipped = Signature::new(
-            auth.signature.r(),
-            order - auth.signature.s(),
-            !auth.signature.v(),
-        );
-        let malleable = SignedAuthorization {
-            signature: flipped,
-            ..auth
-        };
-        assert!(matches!(
-            malleable.check_signature(&domain()),
-            Err(Refusal::Signature)
-        ));
+        let order =
+            U256::from_str_radix("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141", 16).unwrap();
+        let flipped = Signature::new(auth.signature.r(), order - auth.signature.s(), !auth.signature.v());
+        let malleable = SignedAuthorization { signature: flipped, ..auth };
+        assert!(matches!(malleable.check_signature(&domain()), Err(Refusal::Signature)));
     }
 
     #[test]

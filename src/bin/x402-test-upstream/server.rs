@@ -204,9 +204,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let network_v1 = match args.network_v1.clone() {
         Some(name) => name,
         None => v1_network_name(chain_id)
-            .with_context(|| {
-                format!("no known x402 v1 name for chain {chain_id}; pass --network-v1")
-            })?
+            .with_context(|| format!("no known x402 v1 name for chain {chain_id}; pass --network-v1"))?
             .to_owned(),
     };
     let rpc_timeout = Duration::from_secs(args.rpc_timeout_seconds.max(1));
@@ -216,21 +214,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Fail fast on a wrong chain or a token that is not there, with the domain read from the
     // token itself (EIP-5267), so signatures are checked against what the contract will check.
     let chain = Chain::connect(args.rpc_url.clone(), signer.clone(), rpc_timeout);
-    let rpc_chain_id = chain
-        .chain_id()
-        .await
-        .with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
+    let rpc_chain_id = chain.chain_id().await.with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
     ensure!(
         rpc_chain_id == chain_id,
         "--network {} says chain {chain_id}, but {} is chain {rpc_chain_id}",
         args.network,
         args.rpc_url
     );
-    ensure!(
-        !chain.code_at(args.token).await?.is_empty(),
-        "no contract at --token {} on chain {chain_id}",
-        args.token
-    );
+    ensure!(!chain.code_at(args.token).await?.is_empty(), "no contract at --token {} on chain {chain_id}", args.token);
     let domain = chain
         .call(args.token, &ITestToken::eip712DomainCall {})
         .await
@@ -282,11 +273,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             settle_timeout,
             send_lock.clone(),
         );
-        let state = AppState {
-            settings: settings.clone(),
-            facilitator,
-            stats: stats.clone(),
-        };
+        let state = AppState { settings: settings.clone(), facilitator, stats: stats.clone() };
         let mut app = App::new()
             .app_data(web::Data::new(state))
             .route("/free", web::get().to(free))
@@ -369,14 +356,7 @@ fn v1_network_name(chain_id: u64) -> Option<&'static str> {
 impl AppState {
     fn offer(&self, amount: U256, extra: Value) -> Offer {
         let s = &self.settings;
-        Offer {
-            scheme: "exact".into(),
-            network: s.network.clone(),
-            amount,
-            asset: s.token,
-            pay_to: s.pay_to,
-            extra,
-        }
+        Offer { scheme: "exact".into(), network: s.network.clone(), amount, asset: s.token, pay_to: s.pay_to, extra }
     }
 
     fn token_extra(&self) -> Value {
@@ -401,18 +381,12 @@ impl AppState {
                 let fraction = |d: u64| (s.price / U256::from(d)).max(U256::from(1u64));
                 vec![
                     self.offer(s.price.saturating_mul(U256::from(3u64)), self.token_extra()),
-                    Offer {
-                        network: "eip155:1".into(),
-                        ..self.offer(fraction(2), self.token_extra())
-                    },
+                    Offer { network: "eip155:1".into(), ..self.offer(fraction(2), self.token_extra()) },
                     Offer {
                         asset: FOREIGN_ASSET,
                         ..self.offer(fraction(4), json!({ "name": "Other Coin", "version": "1" }))
                     },
-                    Offer {
-                        scheme: "upto".into(),
-                        ..self.offer(fraction(10), self.token_extra())
-                    },
+                    Offer { scheme: "upto".into(), ..self.offer(fraction(10), self.token_extra()) },
                     self.offer(s.price, self.token_extra()),
                 ]
             }
@@ -460,11 +434,7 @@ impl AppState {
 
 /// What the paid part of a request came to, before it is put in a wire format.
 enum Outcome {
-    Answer {
-        status: StatusCode,
-        body: Value,
-        settlement: Option<Settled>,
-    },
+    Answer { status: StatusCode, body: Value, settlement: Option<Settled> },
     Refused(Refusal),
     Drop,
 }
@@ -532,15 +502,12 @@ async fn paid_v2(
             mime_type: "application/json".into(),
         },
         accepts: offers.iter().map(|o| state.requirement_v2(o)).collect(),
-        extensions: (spec.behaviour == Behaviour::PaymentIdentifier)
-            .then(wire::payment_identifier_declaration),
+        extensions: (spec.behaviour == Behaviour::PaymentIdentifier).then(wire::payment_identifier_declaration),
     };
 
     // Like the official v2 server: no header, or one that does not decode, is no payment.
-    let payload = req
-        .headers()
-        .get(wire::PAYMENT_SIGNATURE)
-        .and_then(|h| wire::decode_header::<PaymentPayloadV2>(h.as_bytes()));
+    let payload =
+        req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<PaymentPayloadV2>(h.as_bytes()));
     let Some(payload) = payload else {
         return payment_required_v2(&required("Payment required"), json!({}));
     };
@@ -554,10 +521,7 @@ async fn paid_v2(
     let payer = Address::from_str(&payload.payload.authorization.from).ok();
 
     if spec.behaviour == Behaviour::Reject {
-        let refusal = Refusal::Forced {
-            reason: query.reason(),
-            message: "this route refuses every payment".into(),
-        };
+        let refusal = Refusal::Forced { reason: query.reason(), message: "this route refuses every payment".into() };
         let body = serde_json::to_value(wire::VerifyRefusal {
             is_valid: false,
             invalid_reason: refusal.reason().to_owned(),
@@ -572,9 +536,8 @@ async fn paid_v2(
     let prepared = if payload.x402_version != 2 {
         Err(Refusal::InvalidVersion(payload.x402_version))
     } else {
-        match_offer_v2(&offers, &payload.accepted).and_then(|offer| {
-            SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth))
-        })
+        match_offer_v2(&offers, &payload.accepted)
+            .and_then(|offer| SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth)))
     };
     let outcome = match prepared {
         Ok((offer, auth)) => execute(spec, state, &offer, auth, body, seconds).await,
@@ -587,11 +550,7 @@ async fn paid_v2(
             payment_required_v2(&required(refusal.reason()), json!({}))
         }
         Outcome::Drop => dropped_connection(),
-        Outcome::Answer {
-            status,
-            body,
-            settlement,
-        } => {
+        Outcome::Answer { status, body, settlement } => {
             let mut response = HttpResponse::build(status);
             if let Some(settled) = settlement {
                 let header = wire::encode_header(&wire::SettlementV2 {
@@ -625,10 +584,7 @@ async fn paid_v1(
     let required = |error: &str, payer: Option<Address>| wire::PaymentRequiredV1 {
         x402_version: 1,
         error: error.to_owned(),
-        accepts: offers
-            .iter()
-            .map(|o| state.requirement_v1(o, spec, url))
-            .collect(),
+        accepts: offers.iter().map(|o| state.requirement_v1(o, spec, url)).collect(),
         payer: payer.map(|p| p.to_checksum(None)),
     };
 
@@ -653,9 +609,7 @@ async fn paid_v1(
                     && payload.network == state.settings.network_v1
             })
             .ok_or(Refusal::NoMatchingRequirement)
-            .and_then(|offer| {
-                SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth))
-            })
+            .and_then(|offer| SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth)))
     };
     let outcome = match prepared {
         Ok((offer, auth)) => execute(spec, state, &offer, auth, body, seconds).await,
@@ -668,11 +622,7 @@ async fn paid_v1(
             payment_required_v1(&required(refusal.reason(), payer))
         }
         Outcome::Drop => dropped_connection(),
-        Outcome::Answer {
-            status,
-            body,
-            settlement,
-        } => {
+        Outcome::Answer { status, body, settlement } => {
             let mut response = HttpResponse::build(status);
             if let Some(settled) = settlement {
                 let header = wire::encode_header(&wire::SettlementV1 {
@@ -694,10 +644,7 @@ async fn paid_v1(
 }
 
 /// The offered entry a v2 client says it accepted (addresses compared as addresses).
-fn match_offer_v2<'a>(
-    offers: &'a [Offer],
-    accepted: &wire::AcceptedV2,
-) -> Result<&'a Offer, Refusal> {
+fn match_offer_v2<'a>(offers: &'a [Offer], accepted: &wire::AcceptedV2) -> Result<&'a Offer, Refusal> {
     let asset = Address::from_str(&accepted.asset).ok();
     let pay_to = Address::from_str(&accepted.pay_to).ok();
     offers
@@ -776,21 +723,12 @@ async fn execute(
         },
         Behaviour::Lie => {
             // Looks like a transaction hash; no transaction has it.
-            let made_up = keccak256(
-                [
-                    b"x402-test-upstream: never settled ".as_slice(),
-                    auth.nonce.as_slice(),
-                ]
-                .concat(),
-            );
+            let made_up = keccak256([b"x402-test-upstream: never settled ".as_slice(), auth.nonce.as_slice()].concat());
             tracing::warn!(route = spec.path, payer = %auth.from, tx = %made_up, "claiming a settlement that did not happen");
             Outcome::Answer {
                 status: StatusCode::OK,
                 body: weather(spec),
-                settlement: Some(Settled {
-                    transaction: made_up,
-                    payer,
-                }),
+                settlement: Some(Settled { transaction: made_up, payer }),
             }
         }
         Behaviour::Reject => Outcome::Refused(Refusal::Forced {
@@ -810,11 +748,7 @@ async fn settle_then(
 ) -> Outcome {
     let payer = auth.from;
     match settle(state, spec, auth, Duration::ZERO).await {
-        Ok(transaction) => Outcome::Answer {
-            status,
-            body,
-            settlement: Some(Settled { transaction, payer }),
-        },
+        Ok(transaction) => Outcome::Answer { status, body, settlement: Some(Settled { transaction, payer }) },
         Err(refusal) => Outcome::Refused(refusal),
     }
 }
@@ -851,9 +785,7 @@ async fn settle(
     });
     match task.await {
         Ok(result) => result,
-        Err(join) => Err(Refusal::SettleRpc(format!(
-            "the settlement task failed: {join}"
-        ))),
+        Err(join) => Err(Refusal::SettleRpc(format!("the settlement task failed: {join}"))),
     }
 }
 
@@ -882,9 +814,7 @@ fn payment_required_v2(required: &wire::PaymentRequiredV2, body: Value) -> HttpR
 }
 
 fn payment_required_v1(required: &wire::PaymentRequiredV1) -> HttpResponse {
-    HttpResponse::PaymentRequired()
-        .insert_header((CACHE_CONTROL, "no-store"))
-        .json(required)
+    HttpResponse::PaymentRequired().insert_header((CACHE_CONTROL, "no-store")).json(required)
 }
 
 fn internal_error(err: &dyn std::error::Error) -> HttpResponse {
@@ -895,10 +825,7 @@ fn internal_error(err: &dyn std::error::Error) -> HttpResponse {
 /// `scheme://host/path?query` of this request, as the client addressed it.
 fn resource_url(req: &HttpRequest) -> String {
     let info = req.connection_info();
-    let path = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.path().to_owned(), |pq| pq.as_str().to_owned());
+    let path = req.uri().path_and_query().map_or_else(|| req.path().to_owned(), |pq| pq.as_str().to_owned());
     format!("{}://{}{}", info.scheme(), info.host(), path)
 }
 
@@ -910,10 +837,7 @@ struct Query {
 
 impl Query {
     fn parse(raw: &str) -> Self {
-        let mut query = Self {
-            seconds: None,
-            reason: None,
-        };
+        let mut query = Self { seconds: None, reason: None };
         for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*key {
                 "seconds" => query.seconds = Some(value.into_owned()),
@@ -930,9 +854,7 @@ impl Query {
             None => Ok(DEFAULT_SECONDS),
             Some(raw) => match u64::from_str(raw) {
                 Ok(n) if n <= MAX_SECONDS => Ok(n),
-                _ => Err(format!(
-                    "seconds must be a whole number from 0 to {MAX_SECONDS}"
-                )),
+                _ => Err(format!("seconds must be a whole number from 0 to {MAX_SECONDS}")),
             },
         }
     }
@@ -944,8 +866,7 @@ impl Query {
             .filter(|r| {
                 !r.is_empty()
                     && r.len() <= 100
-                    && r.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                    && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
             })
             .unwrap_or("invalid_exact_evm_signature")
             .to_owned()
@@ -969,10 +890,7 @@ impl MessageBody for AbortBody {
         BodySize::Stream
     }
 
-    fn poll_next(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+    fn poll_next(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Self::Error>>> {
         Poll::Ready(Some(Err(std::io::Error::new(
             std::io::ErrorKind::ConnectionAborted,
             "settle-then-drop: closing the connection without a response",
@@ -1005,14 +923,8 @@ mod tests {
     #[test]
     fn reject_reason_is_sanitised() {
         assert_eq!(Query::parse("").reason(), "invalid_exact_evm_signature");
-        assert_eq!(
-            Query::parse("reason=insufficient_funds").reason(),
-            "insufficient_funds"
-        );
-        assert_eq!(
-            Query::parse("reason=%0d%0aX:1").reason(),
-            "invalid_exact_evm_signature"
-        );
+        assert_eq!(Query::parse("reason=insufficient_funds").reason(), "insufficient_funds");
+        assert_eq!(Query::parse("reason=%0d%0aX:1").reason(), "invalid_exact_evm_signature");
     }
 
     #[test]

@@ -51,9 +51,7 @@ impl Stats {
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, RouteStats>> {
         // A panic elsewhere while holding the lock leaves only counters behind: keep serving them.
-        self.routes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn update(&self, path: &str, change: impl FnOnce(&mut RouteStats)) {
@@ -63,9 +61,6 @@ impl Stats {
     pub fn snapshot(&self) -> Snapshot {
         let routes = self.lock().clone();
         let settlements = routes.values().map(|r| r.paid).sum();
-        Snapshot {
-            routes,
-            settlements,
-        }
+        Snapshot { routes, settlements }
     }
 }

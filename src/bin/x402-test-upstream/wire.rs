@@ -80,13 +80,7 @@ pub struct PaymentPayloadV2 {
 impl PaymentPayloadV2 {
     /// `extensions["payment-identifier"].info.id`, when the client sent one.
     pub fn payment_identifier(&self) -> Option<String> {
-        self.extensions
-            .as_ref()?
-            .get(PAYMENT_IDENTIFIER)?
-            .get("info")?
-            .get("id")?
-            .as_str()
-            .map(str::to_owned)
+        self.extensions.as_ref()?.get(PAYMENT_IDENTIFIER)?.get("info")?.get("id")?.as_str().map(str::to_owned)
     }
 }
 
@@ -238,10 +232,7 @@ mod tests {
         let padded = encode_header(&serde_json::json!({"a": 1})).unwrap();
         assert!(padded.ends_with('='), "{padded}");
         let unpadded = padded.trim_end_matches('=');
-        assert_eq!(
-            decode_header::<Value>(unpadded.as_bytes()),
-            Some(serde_json::json!({"a": 1}))
-        );
+        assert_eq!(decode_header::<Value>(unpadded.as_bytes()), Some(serde_json::json!({"a": 1})));
     }
 
     #[test]
@@ -264,9 +255,6 @@ mod tests {
             "extensions": {"payment-identifier": {"info": {"required": false, "id": "pay_0123456789abcdef"}}}
         });
         let payload: PaymentPayloadV2 = serde_json::from_value(json).unwrap();
-        assert_eq!(
-            payload.payment_identifier().as_deref(),
-            Some("pay_0123456789abcdef")
-        );
+        assert_eq!(payload.payment_identifier().as_deref(), Some("pay_0123456789abcdef"));
     }
 }

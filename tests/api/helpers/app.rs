@@ -82,16 +82,8 @@ pub fn serve_args(opts: &AppOptions, db_url: &str, redis_prefix: &str, bind: &st
         args.push(format!("--{flag}"));
         args.push(v);
     };
-    push(
-        "database-url",
-        opts.database_url
-            .clone()
-            .unwrap_or_else(|| db_url.to_owned()),
-    );
-    push(
-        "database-acquire-timeout-ms",
-        opts.acquire_timeout_ms.to_string(),
-    );
+    push("database-url", opts.database_url.clone().unwrap_or_else(|| db_url.to_owned()));
+    push("database-acquire-timeout-ms", opts.acquire_timeout_ms.to_string());
     push("redis-url", opts.redis_url.clone());
     push("redis-key-prefix", redis_prefix.to_owned());
     push("bind", bind.to_owned());
@@ -101,10 +93,7 @@ pub fn serve_args(opts: &AppOptions, db_url: &str, redis_prefix: &str, bind: &st
     push("idempotency-heartbeat-ms", opts.heartbeat_ms.to_string());
     push("route-deadline-ms", opts.deadline_ms.to_string());
     push("upstream-timeout-ms", opts.upstream_timeout_ms.to_string());
-    push(
-        "upstream-max-response-bytes",
-        opts.max_response_bytes.to_string(),
-    );
+    push("upstream-max-response-bytes", opts.max_response_bytes.to_string());
     push("request-max-bytes", opts.request_max_bytes.to_string());
     push("workers", "2".into());
     push("no-migrate", "true".into());
@@ -116,9 +105,7 @@ pub fn serve_args(opts: &AppOptions, db_url: &str, redis_prefix: &str, bind: &st
 
 pub fn config_from(args: &[String]) -> Config {
     let cli = Cli::try_parse_from(args).expect("valid test arguments");
-    let Command::Serve(serve) = cli.command else {
-        panic!("not serve")
-    };
+    let Command::Serve(serve) = cli.command else { panic!("not serve") };
     Config::from_args(&serve).expect("valid test config")
 }
 
@@ -133,9 +120,7 @@ pub async fn create_agent(db: &TestDb, name: &str) -> Agent {
     let mut conn = db.conn().await;
     let id = Uuid::new_v4();
     let key = generate_api_key().unwrap();
-    agents::insert(&mut conn, id, name, &hash_api_key(&key), None, None)
-        .await
-        .unwrap();
+    agents::insert(&mut conn, id, name, &hash_api_key(&key), None, None).await.unwrap();
     Agent { id, key }
 }
 
@@ -160,19 +145,8 @@ pub async fn spawn_app_on(db: Arc<TestDb>, options: AppOptions) -> TestApp {
     let server = app.into_server();
     let handle = server.handle();
     tokio::spawn(server);
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    TestApp {
-        address,
-        db,
-        agent,
-        redis_prefix,
-        client,
-        options,
-        handle,
-    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    TestApp { address, db, agent, redis_prefix, client, options, handle }
 }
 
 impl Drop for TestApp {
@@ -199,11 +173,7 @@ impl TestApp {
 
     /// POST /route with a raw body and optional headers.
     pub async fn route_raw(&self, key: Option<&str>, body: Vec<u8>) -> Response {
-        let mut req = self
-            .client
-            .post(format!("{}/route", self.address))
-            .bearer_auth(&self.agent.key)
-            .body(body);
+        let mut req = self.client.post(format!("{}/route", self.address)).bearer_auth(&self.agent.key).body(body);
         if let Some(k) = key {
             req = req.header("Idempotency-Key", k);
         }
@@ -220,13 +190,7 @@ impl TestApp {
     }
 }
 
-pub async fn route_at(
-    client: &reqwest::Client,
-    address: &str,
-    agent: &Agent,
-    key: &str,
-    body: &Value,
-) -> Response {
+pub async fn route_at(client: &reqwest::Client, address: &str, agent: &Agent, key: &str, body: &Value) -> Response {
     client
         .post(format!("{address}/route"))
         .bearer_auth(&agent.key)
@@ -260,11 +224,7 @@ pub async fn exec(db: &TestDb, sql: &str) -> usize {
 
 /// A free loopback port (bound then released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A router as a real child process (killed when dropped).
@@ -279,11 +239,7 @@ impl RouterProcess {
         let bind = format!("127.0.0.1:{port}");
         let args = serve_args(opts, db_url, redis_prefix, &bind);
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_x402-router"));
-        cmd.args(&args[1..])
-            .env_remove("DATABASE_URL")
-            .env_remove("REDIS_URL")
-            .kill_on_drop(true)
-            .stdin(Stdio::null());
+        cmd.args(&args[1..]).env_remove("DATABASE_URL").env_remove("REDIS_URL").kill_on_drop(true).stdin(Stdio::null());
         if std::env::var_os("TEST_LOG").is_none() {
             cmd.stdout(Stdio::null()).stderr(Stdio::null());
         }
@@ -291,12 +247,7 @@ impl RouterProcess {
         let address = format!("http://{bind}");
         let client = reqwest::Client::new();
         for _ in 0..200 {
-            if client
-                .get(format!("{address}/healthz"))
-                .send()
-                .await
-                .is_ok()
-            {
+            if client.get(format!("{address}/healthz")).send().await.is_ok() {
                 return Self { address, child };
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -315,20 +266,15 @@ impl RouterProcess {
 
     /// Sends a signal (e.g. "STOP", "CONT", "TERM") to the process.
     pub fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
+        let status =
+            std::process::Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap();
         assert!(status.success(), "kill -{sig} failed");
     }
 }
 
 /// The request fingerprint the router computes for this `/route` body.
 pub fn request_hash(body: &Value) -> String {
-    x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "")
-        .unwrap()
-        .request_hash
+    x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "").unwrap().request_hash
 }
 
 /// Leaves the row a router leaves when it claimed `key` for `body` `age_secs` ago and then

@@ -23,8 +23,7 @@ sol! {
 }
 
 /// anvil #0: deployer and facilitator (pays gas).
-pub const FACILITATOR_KEY: &str =
-    "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+pub const FACILITATOR_KEY: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
 /// anvil #1: the router's wallet in tests (see `ROUTER_KEY`).
 pub const ROUTER_ADDRESS: Address = address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8");
 /// anvil #2: the upstream's payTo.
@@ -34,10 +33,7 @@ pub const PRICE: u64 = 10_000;
 
 fn anvil_bin() -> String {
     std::env::var("ANVIL_BIN").unwrap_or_else(|_| {
-        format!(
-            "{}/tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil",
-            env!("CARGO_MANIFEST_DIR")
-        )
+        format!("{}/tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil", env!("CARGO_MANIFEST_DIR"))
     })
 }
 
@@ -56,30 +52,17 @@ impl Devnet {
     pub async fn start() -> Self {
         let port = free_port();
         let mut anvil = Command::new(anvil_bin())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--host",
-                "127.0.0.1",
-                "--chain-id",
-                "84532",
-                "--silent",
-            ])
+            .args(["--port", &port.to_string(), "--host", "127.0.0.1", "--chain-id", "84532", "--silent"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
         let rpc_url = format!("http://127.0.0.1:{port}");
-        let provider = ProviderBuilder::new()
-            .disable_recommended_fillers()
-            .connect_http(rpc_url.parse().unwrap());
+        let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
         let mut up = false;
         for _ in 0..200 {
-            if alloy::providers::Provider::get_chain_id(&provider)
-                .await
-                .is_ok()
-            {
+            if alloy::providers::Provider::get_chain_id(&provider).await.is_ok() {
                 up = true;
                 break;
             }
@@ -91,37 +74,18 @@ impl Devnet {
         }
 
         let deploy = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
-            .args([
-                "deploy",
-                "--rpc-url",
-                &rpc_url,
-                "--deployer-key",
-                FACILITATOR_KEY,
-            ])
+            .args(["deploy", "--rpc-url", &rpc_url, "--deployer-key", FACILITATOR_KEY])
             .arg("--mint")
             .arg(format!("{ROUTER_ADDRESS}=1000000000"))
             .output()
             .await
             .unwrap();
-        assert!(
-            deploy.status.success(),
-            "deploy failed: {}",
-            String::from_utf8_lossy(&deploy.stderr)
-        );
-        let line: Value =
-            serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
+        assert!(deploy.status.success(), "deploy failed: {}", String::from_utf8_lossy(&deploy.stderr));
+        let line: Value = serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
 
         let mut server = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
-            .args([
-                "serve",
-                "--bind",
-                "127.0.0.1:0",
-                "--rpc-url",
-                &rpc_url,
-                "--token",
-                &token.to_string(),
-            ])
+            .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
             .args([
                 "--pay-to",
                 &PAY_TO.to_string(),
@@ -131,42 +95,24 @@ impl Devnet {
                 &PRICE.to_string(),
             ])
             .stdout(Stdio::piped())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
             .kill_on_drop(true)
             .spawn()
             .unwrap();
         let stdout = server.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
         let listening: Value = serde_json::from_str(&first).unwrap();
         let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
         // Keep draining stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self {
-            rpc_url,
-            token,
-            upstream,
-            anvil: Some(anvil),
-            server: Some(server),
-            provider,
-        }
+        Self { rpc_url, token, upstream, anvil: Some(anvil), server: Some(server), provider }
     }
 
     /// Router options that pay on this chain with this token.
     pub fn router_extra(&self) -> Vec<(String, String)> {
         vec![
-            (
-                "x402-rpc-urls".into(),
-                format!("eip155:84532={}", self.rpc_url),
-            ),
+            ("x402-rpc-urls".into(), format!("eip155:84532={}", self.rpc_url)),
             ("x402-assets".into(), format!("eip155:84532={}", self.token)),
         ]
     }
@@ -176,29 +122,16 @@ impl Devnet {
     }
 
     pub async fn balance(&self, who: Address) -> U256 {
-        ITestToken::new(self.token, &self.provider)
-            .balanceOf(who)
-            .call()
-            .await
-            .unwrap()
+        ITestToken::new(self.token, &self.provider).balanceOf(who).call().await.unwrap()
     }
 
     pub async fn authorization_used(&self, payer: Address, nonce: B256) -> bool {
-        ITestToken::new(self.token, &self.provider)
-            .authorizationState(payer, nonce)
-            .call()
-            .await
-            .unwrap()
+        ITestToken::new(self.token, &self.provider).authorizationState(payer, nonce).call().await.unwrap()
     }
 
     /// The upstream's counters per route path (`GET /_stats`, `routes`).
     pub async fn stats(&self) -> Value {
-        let all: Value = reqwest::get(format!("{}/_stats", self.upstream))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let all: Value = reqwest::get(format!("{}/_stats", self.upstream)).await.unwrap().json().await.unwrap();
         all["routes"].clone()
     }
 

@@ -23,16 +23,7 @@ impl PrivateRedis {
         let port = free_port();
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
         let child = std::process::Command::new(bin)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -43,11 +34,7 @@ impl PrivateRedis {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Self {
-            url: format!("redis://127.0.0.1:{port}"),
-            port,
-            child: Some(child),
-        }
+        Self { url: format!("redis://127.0.0.1:{port}"), port, child: Some(child) }
     }
 
     /// Stops the server (SIGKILL) and waits for it to be gone.
@@ -67,11 +54,7 @@ impl PrivateRedis {
     pub async fn keys(&self) -> Vec<String> {
         let client = redis::Client::open(self.url.as_str()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .unwrap()
+        redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap()
     }
 }
 
@@ -105,11 +88,7 @@ impl TcpProxy {
                 conns2.lock().unwrap().push(h);
             }
         });
-        Self {
-            port,
-            accept,
-            conns,
-        }
+        Self { port, accept, conns }
     }
 
     /// Postgres "goes down": no new connections, existing ones are reset.

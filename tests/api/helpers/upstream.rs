@@ -37,16 +37,12 @@ impl TestUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let data = web::Data::new(hits.clone());
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .default_service(web::to(serve))
-        })
-        .workers(2)
-        .shutdown_timeout(0)
-        .listen(listener)
-        .unwrap()
-        .run();
+        let server = HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(serve)))
+            .workers(2)
+            .shutdown_timeout(0)
+            .listen(listener)
+            .unwrap()
+            .run();
         let handle = server.handle();
         tokio::spawn(server);
         Self { port, hits, handle }
@@ -78,12 +74,7 @@ fn query_u64(req: &HttpRequest, name: &str) -> Option<u64> {
 async fn serve(req: HttpRequest, hits: web::Data<Hits>, body: web::Bytes) -> HttpResponse {
     let path = req.path().to_owned();
     hits.hit(&path);
-    let first = path
-        .trim_start_matches('/')
-        .split('/')
-        .next()
-        .unwrap_or("")
-        .to_owned();
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("").to_owned();
     match first.as_str() {
         "echo" => {
             let headers: HashMap<String, String> = req
