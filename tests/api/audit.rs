@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use alloy::primitives::B256;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -100,54 +99,6 @@ async fn text(db: &TestDb, sql: &str) -> String {
     let mut conn = db.conn().await;
     let row: Text = diesel::sql_query(sql).get_result(&mut conn).await.unwrap();
     row.t
-}
-
-fn nonce_for(agent: Uuid, key: &str) -> B256 {
-    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let secret = x402_router::payments::nonce_secret(&signer);
-    x402_router::x402::deterministic_nonce(&secret, agent, key)
-}
-
-/// The state a router leaves when it crashes after committing a signed intent and before
-/// sending it: an abandoned in-flight row plus a `signed` payment (as in payments.rs).
-async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, valid_before_offset: i64) {
-    use x402_router::x402::{Requirement, X402Version, sign_authorization, wire};
-    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
-    insert_in_flight(&app.db, app.agent.id, key, &body, 300).await;
-    let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
-    let headers = first.headers().clone();
-    let required =
-        wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, &first.bytes().await.unwrap())
-            .unwrap();
-    let req: &Requirement = &required.accepts[0];
-    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
-    let signed = sign_authorization(&signer, req, nonce_for(app.agent.id, key), signing_time).unwrap();
-    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
-    let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
-    let auth = signed.authorization();
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, pay_to, payer, nonce, \
-             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status) VALUES \
-             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed')",
-            app.agent.id,
-            chain.token,
-            PAY_TO,
-            ROUTER_ADDRESS,
-            auth.nonce,
-            auth.valid_after,
-            auth.valid_before,
-            req.raw_json(),
-            json!({"version": 2, "resource": required.resource, "extensions": null}),
-            serde_json::to_value(&signed).unwrap(),
-            name,
-            value.to_str().unwrap(),
-        ),
-    )
-    .await;
 }
 
 /// The router binary with none of the settings a developer's shell might carry.
@@ -528,9 +479,12 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     let app = spawn_app_with(with_operator(chain.router_extra())).await;
     exec(&app.db, &format!("UPDATE agents SET daily_budget = 100000 WHERE id = '{}'", app.agent.id)).await;
     let (used, expired, live) = (new_key(), new_key(), new_key());
-    crash_after_signing(&app, &chain, &used, 200).await;
-    crash_after_signing(&app, &chain, &expired, -300).await;
-    crash_after_signing(&app, &chain, &live, -300).await;
+    crash_after_signing(&app, &chain, &used, &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}), 200)
+        .await;
+    crash_after_signing(&app, &chain, &expired, &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}), -300)
+        .await;
+    crash_after_signing(&app, &chain, &live, &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}), -300)
+        .await;
     exec(
         &app.db,
         "UPDATE payments SET created_at = now() - interval '5 minutes', updated_at = now() - interval '5 minutes'",
@@ -547,7 +501,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     let paid =
         reqwest::Client::new().get(chain.url("/v2/weather")).header(header_name, header_value).send().await.unwrap();
     assert_eq!(paid.status(), 200);
-    assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(app.agent.id, &used)).await);
+    assert!(chain.authorization_used(ROUTER_ADDRESS, router_nonce(app.agent.id, &used)).await);
 
     let (_, stuck) = audit(&app, "/audit/payments?status=stuck").await;
     assert_eq!(stuck["payments"].as_array().unwrap().len(), 3);

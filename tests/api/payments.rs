@@ -15,9 +15,7 @@ async fn paid_app(chain: &Devnet) -> TestApp {
 }
 
 fn nonce_for(app: &TestApp, key: &str) -> B256 {
-    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let secret = x402_router::payments::nonce_secret(&signer);
-    x402_router::x402::deterministic_nonce(&secret, app.agent.id, key)
+    router_nonce(app.agent.id, key)
 }
 
 fn price() -> U256 {
@@ -401,48 +399,6 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     assert_eq!(listed.len(), 1, "{audit}");
     assert_eq!(listed[0]["idempotency_key"], key);
     assert_eq!(listed[0]["status"], "settled_response_lost");
-}
-
-/// Leaves the state a router would leave if it crashed after committing a signed intent
-/// and before sending it: an old in-flight row plus a `signed` payment.
-async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body: &Value, valid_before_offset: i64) {
-    use x402_router::x402::{Requirement, X402Version, sign_authorization, wire};
-    insert_in_flight(&app.db, app.agent.id, key, body, 300).await;
-    // The requirement the upstream advertises, as the crashed router saw it.
-    let first = reqwest::get(chain.url("/v2/weather")).await.unwrap();
-    let headers = first.headers().clone();
-    let required =
-        wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &headers, &first.bytes().await.unwrap())
-            .unwrap();
-    let req: &Requirement = &required.accepts[0];
-    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
-    let signed = sign_authorization(&signer, req, nonce_for(app, key), signing_time).unwrap();
-    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
-    let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
-    let auth = signed.authorization();
-    exec(
-        &app.db,
-        &format!(
-            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, pay_to, payer, nonce, \
-             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status) VALUES \
-             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed')",
-            app.agent.id,
-            chain.token,
-            PAY_TO,
-            ROUTER_ADDRESS,
-            auth.nonce,
-            auth.valid_after,
-            auth.valid_before,
-            req.raw_json(),
-            json!({"version": 2, "resource": required.resource, "extensions": null}),
-            serde_json::to_value(&signed).unwrap(),
-            name,
-            value.to_str().unwrap(),
-        ),
-    )
-    .await;
 }
 
 #[actix_web::test]
