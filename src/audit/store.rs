@@ -15,8 +15,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Cursor, KeyQuery, Page, PaymentQuery, PaymentSelection, ReceiptQuery};
-use crate::db::schema::receipts;
 use crate::receipts::Receipt;
+use crate::receipts::store::ReceiptRow;
 
 /// One page of rows and the cursor of the next page (`None`: this was the last).
 #[derive(Debug, Clone)]
@@ -35,44 +35,6 @@ fn paged<T>(mut rows: Vec<T>, page: Page, key: impl Fn(&T) -> Cursor) -> Paged<T
         None
     };
     Paged { rows, next }
-}
-
-#[derive(QueryableByName)]
-#[diesel(table_name = receipts)]
-struct ReceiptRow {
-    id: Uuid,
-    agent_id: Uuid,
-    idempotency_key: String,
-    request_hash: String,
-    method: String,
-    url: String,
-    upstream_status: Option<i32>,
-    upstream_body_sha256: String,
-    payment: Option<Value>,
-    outcome: String,
-    created_at: DateTime<Utc>,
-    signer: String,
-    signature: String,
-}
-
-impl From<ReceiptRow> for Receipt {
-    fn from(r: ReceiptRow) -> Self {
-        Self {
-            id: r.id,
-            agent_id: r.agent_id,
-            idempotency_key: r.idempotency_key,
-            request_hash: r.request_hash,
-            method: r.method,
-            url: r.url,
-            upstream_status: r.upstream_status,
-            upstream_body_sha256: r.upstream_body_sha256,
-            payment: r.payment,
-            outcome: r.outcome,
-            created_at: r.created_at,
-            signer: r.signer,
-            signature: r.signature,
-        }
-    }
 }
 
 const RECEIPT_COLUMNS: &str = "id, agent_id, idempotency_key, request_hash, method, url, upstream_status, \

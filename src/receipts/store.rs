@@ -7,9 +7,10 @@ use uuid::Uuid;
 use super::Receipt;
 use crate::db::schema::receipts;
 
-#[derive(Queryable, Selectable, Insertable)]
+/// A `receipts` row; also read by the audit queries (`QueryableByName`).
+#[derive(Queryable, QueryableByName, Selectable, Insertable)]
 #[diesel(table_name = receipts)]
-struct ReceiptRow {
+pub(crate) struct ReceiptRow {
     id: Uuid,
     agent_id: Uuid,
     idempotency_key: String,
