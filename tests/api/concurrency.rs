@@ -153,19 +153,7 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     let key = new_key();
     let body = json!({"url": up.url("/slow/kill?ms=3000")});
 
-    let a_call = {
-        let (client, addr, agent, key, body) =
-            (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
-        tokio::spawn(async move {
-            client
-                .post(format!("{addr}/route"))
-                .bearer_auth(&agent.key)
-                .header("Idempotency-Key", key)
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let a_call = spawn_route(&client, &a.address, &agent, &key, &body);
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.kill9().await;
     assert!(a_call.await.unwrap().is_err(), "the killed router never answered");

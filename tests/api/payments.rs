@@ -345,19 +345,7 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     let key = new_key();
     // The upstream settles at once, then waits 5 s before answering.
     let body = json!({"url": chain.url("/v2/slow-settle?seconds=5"), "max_amount": "10000"});
-    let call = {
-        let (client, addr, agent, key, body) =
-            (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
-        tokio::spawn(async move {
-            client
-                .post(format!("{addr}/route"))
-                .bearer_auth(&agent.key)
-                .header("Idempotency-Key", key)
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let call = spawn_route(&client, &a.address, &agent, &key, &body);
     // Wait until the transfer is on-chain, then kill the router before it hears back.
     for _ in 0..100 {
         if balances(&chain).await.0 < router0 {

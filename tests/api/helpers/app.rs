@@ -290,3 +290,17 @@ pub async fn insert_in_flight(db: &TestDb, agent_id: Uuid, key: &str, body: &Val
     )
     .await;
 }
+
+/// Starts POST /route in the background; the result is the raw transport outcome, so a
+/// test can see a router that was killed before answering.
+pub fn spawn_route(
+    client: &reqwest::Client,
+    address: &str,
+    agent: &Agent,
+    key: &str,
+    body: &Value,
+) -> tokio::task::JoinHandle<reqwest::Result<Response>> {
+    let request =
+        client.post(format!("{address}/route")).bearer_auth(&agent.key).header("Idempotency-Key", key).json(body);
+    tokio::spawn(request.send())
+}
