@@ -15,6 +15,9 @@
 //!   `INSERT … ON CONFLICT DO NOTHING`, then one transaction (BEGIN, receipt `INSERT`, fenced
 //!   `UPDATE`, COMMIT): five statements, two commits.
 //!
+//! Every statement is kept prepared on its connection ([`x402_router::db::prepared`]), as
+//! the router's hot-path statements are: one round trip each.
+//!
 //! Not part of the service: a measuring instrument only (loopback, development settings).
 
 use std::net::SocketAddr;
@@ -31,6 +34,7 @@ use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde_json::{Value, json};
 use uuid::Uuid;
+use x402_router::db::PrepareExt;
 
 struct Args {
     bind: SocketAddr,
@@ -135,6 +139,7 @@ async fn pg_select(floor: web::Data<Floor>, req: HttpRequest) -> HttpResponse {
     )
     .bind::<SqlUuid, _>(floor.agent_id)
     .bind::<Text, _>(&key)
+    .prepared()
     .get_result(&mut conn)
     .await
     .optional();
@@ -173,6 +178,7 @@ async fn sql_fresh_inner(floor: &Floor, key: &str) -> anyhow::Result<bool> {
     .bind::<Text, _>(key)
     .bind::<Text, _>(&request_hash)
     .bind::<SqlUuid, _>(lease)
+    .prepared()
     .get_result(&mut conn)
     .await
     .optional()?;
@@ -198,6 +204,7 @@ async fn sql_fresh_inner(floor: &Floor, key: &str) -> anyhow::Result<bool> {
         .bind::<Text, _>(&key)
         .bind::<Text, _>(&request_hash)
         .bind::<Text, _>(format!("0x{}", "ab".repeat(65)))
+        .prepared()
         .execute(c)
         .await?;
         diesel::sql_query(
@@ -210,6 +217,7 @@ async fn sql_fresh_inner(floor: &Floor, key: &str) -> anyhow::Result<bool> {
         .bind::<SqlUuid, _>(lease)
         .bind::<Jsonb, _>(&body)
         .bind::<SqlUuid, _>(receipt_id)
+        .prepared()
         .execute(c)
         .await?;
         Ok(())

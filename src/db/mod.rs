@@ -1,7 +1,10 @@
 //! Postgres plumbing: the bb8 pool of diesel-async connections, the embedded migrations
 //! and the schema. No business logic lives here.
 
+pub mod prepared;
 pub mod schema;
+
+pub use prepared::PrepareExt;
 
 use std::time::Duration;
 

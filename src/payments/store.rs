@@ -9,6 +9,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::db::PrepareExt;
 use crate::db::schema::payments;
 
 /// A payment intent as stored.
@@ -95,6 +96,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Jsonb, _>(p.authorization)
     .bind::<Text, _>(p.header_name)
     .bind::<Text, _>(p.header_value)
+    .prepared()
     .execute(conn)
     .await?;
     Ok(n == 1)
@@ -134,6 +136,7 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         .bind::<Jsonb, _>(r.authorization)
         .bind::<Text, _>(r.header_value)
         .bind::<SqlUuid, _>(r.agent_id)
+        .prepared()
         .execute(c)
         .await?;
         Ok(if n == 1 { Reservation::Reserved } else { Reservation::Fenced })
@@ -185,6 +188,7 @@ pub async fn finalize(
             payments::error.eq(error),
             payments::updated_at.eq(diesel::dsl::now),
         ))
+        .prepared()
         .execute(conn)
         .await
         .map(|_| ())
@@ -226,6 +230,7 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
     if lock {
         let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
             .bind::<SqlUuid, _>(agent_id)
+            .prepared()
             .execute(conn)
             .await?;
         if locked == 0 {
@@ -245,7 +250,7 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
                    AND p.status NOT IN {RELEASED}) u \
           WHERE a.id = $1"
     );
-    diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).get_result(conn).await.optional()
+    diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
 }
 
 /// Why a reservation was refused.

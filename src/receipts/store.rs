@@ -5,6 +5,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::Receipt;
+use crate::db::PrepareExt;
 use crate::db::schema::receipts;
 
 /// A `receipts` row; also read by the audit queries (`QueryableByName`).
@@ -71,7 +72,7 @@ impl From<ReceiptRow> for Receipt {
 /// # Errors
 /// Database errors.
 pub async fn insert(conn: &mut AsyncPgConnection, receipt: &Receipt) -> QueryResult<()> {
-    diesel::insert_into(receipts::table).values(ReceiptRow::from(receipt)).execute(conn).await.map(|_| ())
+    diesel::insert_into(receipts::table).values(ReceiptRow::from(receipt)).prepared().execute(conn).await.map(|_| ())
 }
 
 /// One of `agent_id`'s receipts. Another agent's receipt is simply not found.
