@@ -98,8 +98,9 @@ impl Path {
     }
 }
 
-/// A hook run between a lost claim and the follow-up lookup. Only tests set it, to
-/// reproduce the GC race deterministically; production leaves it `None`.
+/// A hook run between a claim that conflicted with a row it could not see
+/// ([`store::Claim::Unseen`]) and the follow-up lookup. Only tests set it, to reproduce the
+/// GC race deterministically; production leaves it `None`.
 pub type FaultHook = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// The idempotency engine: timing, the Redis hint, and optional fault hooks.
@@ -152,48 +153,71 @@ impl Idempotency {
     ) -> diesel::QueryResult<(Decision, Path)> {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
-            if store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
-                self.warm(agent_id, key, request_hash, Status::InFlight, None).await;
-                let own = Ownership {
-                    agent_id,
-                    key: key.clone(),
-                    request_hash: request_hash.to_owned(),
-                    lease,
-                    took_over: false,
-                };
-                return Ok((Decision::Execute(own), Path::Fresh));
-            }
-            if let Some(hook) = &self.after_conflict {
-                hook().await;
-            }
-            let Some(row) = store::find(conn, agent_id, key.as_str()).await? else {
-                tracing::warn!(
-                    agent_id = %agent_id, idem.attempt = attempt,
-                    "idempotency row vanished between the conflicting insert and the lookup (GC race); retrying"
-                );
-                self.metrics.idempotency_outcome(Path::GcRace);
-                continue;
-            };
-            if row.request_hash != request_hash {
-                return Ok((Decision::Mismatch, Path::Mismatch));
-            }
-            return match row.status {
-                Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
-                status => {
-                    let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
-                        return Err(diesel::result::Error::DeserializationError(
-                            "terminal idempotency row without a response".into(),
-                        ));
+            let row = match store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
+                store::Claim::Claimed => {
+                    // The in-flight entry only lets Redis refuse a reused key early; the call
+                    // does not wait for it (a Redis round trip off every fresh call's path).
+                    let (idem, owned_key, hash) = (self.clone(), key.clone(), request_hash.to_owned());
+                    tokio::spawn(async move { idem.warm(agent_id, &owned_key, &hash, Status::InFlight, None).await });
+                    let own = Ownership {
+                        agent_id,
+                        key: key.clone(),
+                        request_hash: request_hash.to_owned(),
+                        lease,
+                        took_over: false,
                     };
-                    let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
-                    self.warm_stored(agent_id, key, request_hash, &stored).await;
-                    Ok((Decision::Replay(stored), Path::ReplayPostgres))
+                    return Ok((Decision::Execute(own), Path::Fresh));
+                }
+                store::Claim::Existing(row) => row,
+                store::Claim::Unseen => {
+                    // A concurrent claim committed the row after our statement's snapshot:
+                    // read it with a new statement. It may also be gone by now (GC race).
+                    if let Some(hook) = &self.after_conflict {
+                        hook().await;
+                    }
+                    let Some(row) = store::find(conn, agent_id, key.as_str()).await? else {
+                        tracing::warn!(
+                            agent_id = %agent_id, idem.attempt = attempt,
+                            "idempotency row vanished between the conflicting insert and the lookup (GC race); retrying"
+                        );
+                        self.metrics.idempotency_outcome(Path::GcRace);
+                        continue;
+                    };
+                    row
                 }
             };
+            return self.decide(conn, agent_id, key, request_hash, row).await;
         }
         Err(diesel::result::Error::DeserializationError(
             "idempotency row kept vanishing between claim and lookup".into(),
         ))
+    }
+
+    /// The decision for a key whose row exists.
+    async fn decide(
+        &self,
+        conn: &mut AsyncPgConnection,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+        row: store::Row,
+    ) -> diesel::QueryResult<(Decision, Path)> {
+        if row.request_hash != request_hash {
+            return Ok((Decision::Mismatch, Path::Mismatch));
+        }
+        match row.status {
+            Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
+            status => {
+                let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
+                    return Err(diesel::result::Error::DeserializationError(
+                        "terminal idempotency row without a response".into(),
+                    ));
+                };
+                let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
+                self.warm_stored(agent_id, key, request_hash, &stored).await;
+                Ok((Decision::Replay(stored), Path::ReplayPostgres))
+            }
+        }
     }
 
     async fn maybe_take_over(

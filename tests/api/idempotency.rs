@@ -231,8 +231,12 @@ async fn redis_flushed_mid_flight_falls_back_to_postgres_and_stays_correct() {
 
 #[actix_web::test]
 async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
-    // The GC race (seed Race 5): a completed, expired row exists; the janitor deletes it
-    // right after our INSERT conflicted and before our SELECT.
+    // The GC race (seed Race 5). The claim inserts and reads in one statement, so the
+    // window is a row that another writer commits while our insert waits on it: our
+    // statement's snapshot does not show it, a second statement reads it, and here the
+    // janitor deletes it (it is expired) just before that read. The router must retry the
+    // claim and execute, once.
+    use diesel_async::SimpleAsyncConnection;
     let db = Arc::new(TestDb::new().await);
     let db_for_hook = Arc::clone(&db);
     let fired = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -255,23 +259,55 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
     let key = new_key();
     let body = json!({"url": up.url("/ok/gc-race")});
     let hash = request_hash(&body);
-    exec(
-        &db,
-        &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, response_body, expires_at) \
+
+    // Another writer holds the (already expired) row in an open transaction.
+    let mut writer = db.conn().await;
+    writer
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, response_body, expires_at) \
              VALUES ('{}', '{key}', '{hash}', 'completed', gen_random_uuid(), 200, '{{\"old\": true}}', now() - interval '1 minute')",
             app.agent.id
-        ),
-    )
-    .await;
+        ))
+        .await
+        .unwrap();
+    let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
+    wait_for_lock_waiter(&db).await;
+    writer.batch_execute("COMMIT").await.unwrap();
 
-    let resp = app.route(&key, &body).await;
+    let resp = call.await.unwrap().unwrap();
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("x-idempotent-replay").is_none());
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["body"]["path"], "/ok/gc-race");
     assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(up.hits.get("/ok/gc-race"), 1);
+}
+
+#[actix_web::test]
+async fn claim_that_waited_on_a_concurrent_claim_reads_its_row() {
+    // Without the janitor: the row committed while our claim waited is read by the second
+    // statement and decides (here: in flight, so 409), nothing is executed twice.
+    use diesel_async::SimpleAsyncConnection;
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let key = new_key();
+    let body = json!({"url": up.url("/ok/unseen")});
+    let hash = request_hash(&body);
+    let mut writer = app.db.conn().await;
+    writer
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease) \
+             VALUES ('{}', '{key}', '{hash}', 'in_flight', gen_random_uuid())",
+            app.agent.id
+        ))
+        .await
+        .unwrap();
+    let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
+    wait_for_lock_waiter(&app.db).await;
+    writer.batch_execute("COMMIT").await.unwrap();
+    let resp = call.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 409);
+    assert_eq!(up.hits.get("/ok/unseen"), 0);
 }
 
 #[actix_web::test]

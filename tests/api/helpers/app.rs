@@ -215,6 +215,17 @@ pub async fn count(db: &TestDb, sql: &str) -> i64 {
     c.n
 }
 
+/// Waits (at most 10 s) until a statement on the test database waits for a lock.
+pub async fn wait_for_lock_waiter(db: &TestDb) {
+    let waiting = "SELECT count(*) AS n FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count(db, waiting).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "no statement ever waited for a lock");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Runs one SQL statement on the test database.
 pub async fn exec(db: &TestDb, sql: &str) -> usize {
     use diesel_async::RunQueryDsl;
