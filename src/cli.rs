@@ -121,8 +121,11 @@ pub struct GcArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
     /// Rows deleted per statement.
-    #[arg(long, env = "GC_BATCH_SIZE", default_value = "5000")]
+    #[arg(long, env = "GC_BATCH_SIZE", default_value = "1000")]
     pub gc_batch_size: String,
+    /// Average deletion rate limit, rows per second (0: no limit).
+    #[arg(long, env = "GC_MAX_ROWS_PER_SECOND", default_value = "10000")]
+    pub gc_max_rows_per_second: String,
 }
 
 #[derive(Debug, Args)]

@@ -55,9 +55,13 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|b| *b > 0)
         .context("invalid setting GC_BATCH_SIZE (--gc-batch-size): expected a positive integer")?;
+    let rate: u64 = args.gc_max_rows_per_second.trim().parse().ok().context(
+        "invalid setting GC_MAX_ROWS_PER_SECOND (--gc-max-rows-per-second): expected a non-negative integer",
+    )?;
     let pool = crate::db::pool(&db);
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let deleted = crate::gc::run_once(&mut conn, batch).await.context("deleting expired rows")?;
+    let deleted =
+        crate::gc::run(&mut conn, batch, std::num::NonZeroU64::new(rate)).await.context("deleting expired rows")?;
     println!("{}", json!({ "deleted": deleted }));
     Ok(())
 }

@@ -1,18 +1,30 @@
 //! Garbage collection of expired idempotency rows. The CLI (`x402-router gc`), the
-//! scheduled GitHub Action and the tests all call [`run_once`].
+//! scheduled GitHub Action and the tests all call [`run`].
 //!
 //! Deletes in bounded batches (never one giant DELETE holding locks on millions of
-//! rows). Receipts are kept forever; `idempotency_keys.receipt_id` is the only link.
+//! rows), optionally paced to a rows-per-second budget: every batch is a commit and
+//! WAL on the disk that the routers commit to, so an unpaced run of a million rows raises
+//! their latency for its whole duration (BENCHMARKS.md). Receipts are kept forever;
+//! `idempotency_keys.receipt_id` is the only link.
+
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
 
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-/// Deletes every row whose `expires_at` has passed, `batch` rows per statement.
-/// Returns how many were deleted.
+/// Deletes every row whose `expires_at` has passed, `batch` rows per statement, and at
+/// most `max_rows_per_second` on average (`None`: as fast as Postgres goes). Returns how
+/// many were deleted.
 ///
 /// # Errors
 /// Database errors (rows deleted by earlier batches stay deleted).
-pub async fn run_once(conn: &mut AsyncPgConnection, batch: i64) -> diesel::QueryResult<u64> {
+pub async fn run(
+    conn: &mut AsyncPgConnection,
+    batch: i64,
+    max_rows_per_second: Option<NonZeroU64>,
+) -> diesel::QueryResult<u64> {
+    let started = Instant::now();
     let mut total = 0u64;
     loop {
         let n = diesel::sql_query(
@@ -28,5 +40,19 @@ pub async fn run_once(conn: &mut AsyncPgConnection, batch: i64) -> diesel::Query
         if (n as i64) < batch {
             return Ok(total);
         }
+        if let Some(rate) = max_rows_per_second {
+            let due = Duration::from_millis(total.saturating_mul(1000) / rate.get());
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
     }
+}
+
+/// [`run`] without pacing.
+///
+/// # Errors
+/// Database errors.
+pub async fn run_once(conn: &mut AsyncPgConnection, batch: i64) -> diesel::QueryResult<u64> {
+    run(conn, batch, None).await
 }

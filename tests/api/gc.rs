@@ -61,3 +61,35 @@ async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[actix_web::test]
+async fn paced_gc_keeps_to_its_rows_per_second_budget() {
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "gc-paced").await;
+    exec(
+        &db,
+        &format!(
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, expires_at) \
+             SELECT '{}', 'expired-key-paced-' || lpad(i::text, 4, '0'), 'h', 'in_flight', gen_random_uuid(), \
+                    now() - interval '1 hour' FROM generate_series(1, 7) AS i",
+            agent.id
+        ),
+    )
+    .await;
+    let mut conn = db.conn().await;
+    // 7 rows, 2 per batch, 10 rows/s: the batches after 2, 4 and 6 rows are due at
+    // 200, 400 and 600 ms.
+    let started = std::time::Instant::now();
+    let deleted = x402_router::gc::run(&mut conn, 2, std::num::NonZeroU64::new(10)).await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(deleted, 7);
+    assert!(elapsed >= std::time::Duration::from_millis(600), "paced GC took only {elapsed:?}");
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys").await, 0);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+        .args(["gc", "--database-url", &db.url, "--gc-max-rows-per-second", "fast"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GC_MAX_ROWS_PER_SECOND"));
+}
