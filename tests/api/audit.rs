@@ -2,7 +2,6 @@
 //! document held to the route table.
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -101,25 +100,9 @@ async fn text(db: &TestDb, sql: &str) -> String {
     row.t
 }
 
-/// The router binary with none of the settings a developer's shell might carry.
-fn router_cli() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_x402-router"));
-    for var in [
-        "DATABASE_URL",
-        "X402_RPC_URLS",
-        "X402_RPC_TIMEOUT_MS",
-        "RECONCILE_OLDER_THAN_SECS",
-        "IDEMPOTENCY_ABANDON_AFTER_MS",
-        "RUST_LOG",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
-
 /// Runs `x402-router reconcile` on `db` against `rpc_url`: exit success and the JSON line.
 fn reconcile(db: &TestDb, rpc_url: &str) -> (bool, Value) {
-    let out = router_cli()
+    let out = router_command()
         .arg("reconcile")
         .env("DATABASE_URL", &db.url)
         .env("X402_RPC_URLS", format!("eip155:84532={rpc_url}"))
@@ -556,7 +539,7 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
     let verify = |text: &str| {
         let file = dir.join("receipt.json");
         std::fs::write(&file, text).unwrap();
-        let out = router_cli().args(["receipts", "verify"]).arg(&file).output().unwrap();
+        let out = router_command().args(["receipts", "verify"]).arg(&file).output().unwrap();
         (out.status.code(), String::from_utf8(out.stdout).unwrap())
     };
 
@@ -573,7 +556,7 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
     assert!(stdout.starts_with("invalid: "), "{stdout}");
 
     // From stdin too, and an unreadable file is not a verdict.
-    let mut child = router_cli()
+    let mut child = router_command()
         .args(["receipts", "verify", "-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -583,7 +566,7 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8(out.stdout).unwrap().starts_with("valid: signed by 0x"));
-    let missing = router_cli().args(["receipts", "verify"]).arg(dir.join("absent.json")).output().unwrap();
+    let missing = router_command().args(["receipts", "verify"]).arg(dir.join("absent.json")).output().unwrap();
     assert_eq!(missing.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -625,7 +608,7 @@ async fn the_openapi_document_describes_exactly_the_served_route_table() {
 #[test]
 fn reconcile_and_receipts_verify_have_help_and_name_a_missing_setting() {
     for sub in [&["reconcile"][..], &["receipts"], &["receipts", "verify"]] {
-        let out = router_cli().args(sub).arg("--help").output().unwrap();
+        let out = router_command().args(sub).arg("--help").output().unwrap();
         assert!(out.status.success(), "{sub:?}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
     }
@@ -642,7 +625,7 @@ fn reconcile_and_receipts_verify_have_help_and_name_a_missing_setting() {
             "RECONCILE_OLDER_THAN_SECS",
         ),
     ] {
-        let mut cmd = router_cli();
+        let mut cmd = router_command();
         cmd.arg("reconcile");
         for (k, v) in env {
             cmd.env(k, v);

@@ -1,31 +1,13 @@
 //! The command line: agents, configuration errors, migrations.
 
-use std::process::Command;
-
 use serde_json::Value;
 
 use crate::helpers::*;
 
-fn router() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_x402-router"));
-    for var in [
-        "DATABASE_URL",
-        "REDIS_URL",
-        "ROUTER_PRIVATE_KEY",
-        "ROUTER_PRIVATE_KEY_FILE",
-        "X402_RPC_URLS",
-        "X402_ASSETS",
-        "OPERATOR_TOKEN",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
-
 #[actix_web::test]
 async fn agents_create_list_disable_round_trip() {
     let db = TestDb::new().await;
-    let out = router()
+    let out = router_command()
         .args(["agents", "create", "--name", "bot", "--max-per-call", "50000"])
         .env("DATABASE_URL", &db.url)
         .output()
@@ -45,15 +27,15 @@ async fn agents_create_list_disable_round_trip() {
     assert_eq!(stored, 1, "only the hash is stored");
     assert_eq!(count(&db, &format!("SELECT count(*) AS n FROM agents WHERE api_key_hash = '{key}'")).await, 0);
 
-    let out = router().args(["agents", "list"]).env("DATABASE_URL", &db.url).output().unwrap();
+    let out = router_command().args(["agents", "list"]).env("DATABASE_URL", &db.url).output().unwrap();
     let listed = String::from_utf8(out.stdout).unwrap();
     assert!(listed.contains(id) && listed.contains("\"max_per_call\":\"50000\"") && !listed.contains(key));
 
-    let out = router().args(["agents", "disable", id]).env("DATABASE_URL", &db.url).output().unwrap();
+    let out = router_command().args(["agents", "disable", id]).env("DATABASE_URL", &db.url).output().unwrap();
     assert!(out.status.success());
     assert_eq!(count(&db, "SELECT count(*) AS n FROM agents WHERE disabled").await, 1);
 
-    let out = router()
+    let out = router_command()
         .args(["agents", "create", "--name", "bad", "--daily-budget", "-1"])
         .env("DATABASE_URL", &db.url)
         .output()
@@ -119,7 +101,7 @@ fn a_missing_or_bad_setting_stops_start_up_with_one_line_naming_it() {
         ),
     ];
     for (env, named) in cases {
-        let mut cmd = router();
+        let mut cmd = router_command();
         cmd.arg("serve");
         for (k, v) in *env {
             cmd.env(k, v);
@@ -136,7 +118,7 @@ fn a_missing_or_bad_setting_stops_start_up_with_one_line_naming_it() {
 #[test]
 fn every_subcommand_has_help() {
     for sub in [&["serve"][..], &["migrate"], &["gc"], &["agents"], &["agents", "create"]] {
-        let out = router().args(sub).arg("--help").output().unwrap();
+        let out = router_command().args(sub).arg("--help").output().unwrap();
         assert!(out.status.success(), "{sub:?}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
     }

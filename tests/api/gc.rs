@@ -27,11 +27,11 @@ async fn gc_removes_only_expired_rows_in_batches_and_keeps_receipts() {
         .await;
     }
     let mut conn = app.db.conn().await;
-    let deleted = x402_router::gc::run_once(&mut conn, 2).await.unwrap();
+    let deleted = x402_router::gc::run(&mut conn, 2, None).await.unwrap();
     assert_eq!(deleted, 7);
     assert_eq!(app.idempotency_rows().await, 3);
     assert_eq!(app.receipt_rows().await, 3);
-    assert_eq!(x402_router::gc::run_once(&mut conn, 2).await.unwrap(), 0);
+    assert_eq!(x402_router::gc::run(&mut conn, 2, None).await.unwrap(), 0);
 }
 
 #[actix_web::test]
@@ -47,14 +47,11 @@ async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
         ),
     )
     .await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
-        .args(["gc", "--database-url", &db.url, "--gc-batch-size", "10"])
-        .output()
-        .unwrap();
+    let out = router_command().args(["gc", "--database-url", &db.url, "--gc-batch-size", "10"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"deleted":1}"#);
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+    let out = router_command()
         .args(["gc", "--database-url", &format!("postgres://postgres@127.0.0.1:{}/none", free_port())])
         .env("DATABASE_ACQUIRE_TIMEOUT_MS", "500")
         .output()
@@ -86,10 +83,8 @@ async fn paced_gc_keeps_to_its_rows_per_second_budget() {
     assert!(elapsed >= std::time::Duration::from_millis(600), "paced GC took only {elapsed:?}");
     assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys").await, 0);
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
-        .args(["gc", "--database-url", &db.url, "--gc-max-rows-per-second", "fast"])
-        .output()
-        .unwrap();
+    let out =
+        router_command().args(["gc", "--database-url", &db.url, "--gc-max-rows-per-second", "fast"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("GC_MAX_ROWS_PER_SECOND"));
 }

@@ -532,11 +532,10 @@ async fn a_key_whose_intent_reconcile_expired_is_re_signed_and_paid_once_on_retr
     let key = new_key();
     let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
     crash_after_signing(&app, &chain, &key, &body, -120).await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"))
+    let out = router_command()
         .args(["reconcile", "--older-than-secs", "0"])
         .env("DATABASE_URL", &app.db.url)
         .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
-        .env_remove("IDEMPOTENCY_ABANDON_AFTER_MS")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -215,6 +215,28 @@ pub async fn count(db: &TestDb, sql: &str) -> i64 {
     c.n
 }
 
+/// The router binary as a command, with none of the settings a developer's shell might
+/// carry: every test passes what it needs itself.
+pub fn router_command() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_x402-router"));
+    for var in [
+        "DATABASE_URL",
+        "REDIS_URL",
+        "ROUTER_PRIVATE_KEY",
+        "ROUTER_PRIVATE_KEY_FILE",
+        "X402_RPC_URLS",
+        "X402_RPC_TIMEOUT_MS",
+        "X402_ASSETS",
+        "OPERATOR_TOKEN",
+        "RECONCILE_OLDER_THAN_SECS",
+        "IDEMPOTENCY_ABANDON_AFTER_MS",
+        "RUST_LOG",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
 /// Waits (at most 10 s) until a statement on the test database waits for a lock.
 pub async fn wait_for_lock_waiter(db: &TestDb) {
     let waiting = "SELECT count(*) AS n FROM pg_stat_activity \
