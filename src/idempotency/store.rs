@@ -57,20 +57,49 @@ pub struct Row {
     pub age_ms: i64,
 }
 
+/// The columns of a [`Row`], as [`claim`] and [`find`] select them.
+macro_rules! row_columns {
+    () => {
+        "status, request_hash, response_status_code, response_body, receipt_id, \
+         (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms"
+    };
+}
+
+/// [`row_columns`] as read. Nullable throughout: the claim reads them through a `LEFT JOIN`,
+/// which gives NULLs when there is no row.
 #[derive(QueryableByName)]
 struct RawRow {
-    #[diesel(sql_type = Text)]
-    status: String,
-    #[diesel(sql_type = Text)]
-    request_hash: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    request_hash: Option<String>,
     #[diesel(sql_type = Nullable<diesel::sql_types::Int4>)]
     response_status_code: Option<i32>,
     #[diesel(sql_type = Nullable<diesel::sql_types::Jsonb>)]
     response_body: Option<Value>,
     #[diesel(sql_type = Nullable<SqlUuid>)]
     receipt_id: Option<Uuid>,
-    #[diesel(sql_type = BigInt)]
-    age_ms: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    age_ms: Option<i64>,
+}
+
+impl RawRow {
+    /// The row, or `None` when there was none (its NOT NULL columns read as NULL).
+    fn into_row(self) -> QueryResult<Option<Row>> {
+        let (Some(status), Some(request_hash), Some(age_ms)) = (self.status, self.request_hash, self.age_ms) else {
+            return Ok(None);
+        };
+        let status = Status::parse(&status)
+            .ok_or_else(|| diesel::result::Error::DeserializationError(format!("unknown status {status:?}").into()))?;
+        Ok(Some(Row {
+            status,
+            request_hash,
+            response_status_code: self.response_status_code,
+            response_body: self.response_body,
+            receipt_id: self.receipt_id,
+            age_ms,
+        }))
+    }
 }
 
 /// What one claim attempt found.
@@ -90,18 +119,8 @@ pub enum Claim {
 struct ClaimRow {
     #[diesel(sql_type = diesel::sql_types::Bool)]
     claimed: bool,
-    #[diesel(sql_type = Nullable<Text>)]
-    status: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    request_hash: Option<String>,
-    #[diesel(sql_type = Nullable<diesel::sql_types::Int4>)]
-    response_status_code: Option<i32>,
-    #[diesel(sql_type = Nullable<diesel::sql_types::Jsonb>)]
-    response_body: Option<Value>,
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    receipt_id: Option<Uuid>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    age_ms: Option<i64>,
+    #[diesel(embed)]
+    row: RawRow,
 }
 
 /// Reads the row of the key or, if there is none, claims the key, in one statement (one
@@ -121,18 +140,17 @@ pub async fn claim(
     request_hash: &str,
     lease: Uuid,
 ) -> QueryResult<Claim> {
-    let row: ClaimRow = diesel::sql_query(
-        "WITH k AS ( \
-             SELECT status, request_hash, response_status_code, response_body, receipt_id, \
-                    (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms \
-               FROM idempotency_keys WHERE agent_id = $1 AND key = $2), \
+    let row: ClaimRow = diesel::sql_query(concat!(
+        "WITH k AS (SELECT ",
+        row_columns!(),
+        " FROM idempotency_keys WHERE agent_id = $1 AND key = $2), \
          ins AS ( \
              INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease) \
              SELECT $1, $2, $3, 'in_flight', $4 WHERE NOT EXISTS (SELECT 1 FROM k) \
              ON CONFLICT (agent_id, key) DO NOTHING \
              RETURNING 1) \
          SELECT EXISTS (SELECT 1 FROM ins) AS claimed, k.* FROM (SELECT) AS one LEFT JOIN k ON true",
-    )
+    ))
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
     .bind::<Text, _>(request_hash)
@@ -143,21 +161,7 @@ pub async fn claim(
     if row.claimed {
         return Ok(Claim::Claimed);
     }
-    let (Some(status), Some(request_hash), Some(age_ms)) = (row.status, row.request_hash, row.age_ms) else {
-        return Ok(Claim::Unseen);
-    };
-    Ok(Claim::Existing(Row {
-        status: parse_status(&status)?,
-        request_hash,
-        response_status_code: row.response_status_code,
-        response_body: row.response_body,
-        receipt_id: row.receipt_id,
-        age_ms,
-    }))
-}
-
-fn parse_status(s: &str) -> QueryResult<Status> {
-    Status::parse(s).ok_or_else(|| diesel::result::Error::DeserializationError(format!("unknown status {s:?}").into()))
+    Ok(row.row.into_row()?.map_or(Claim::Unseen, Claim::Existing))
 }
 
 /// Reads the row for (agent, key), if any.
@@ -165,28 +169,18 @@ fn parse_status(s: &str) -> QueryResult<Status> {
 /// # Errors
 /// Database errors, or a status value outside the CHECK constraint.
 pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<Row>> {
-    let raw: Option<RawRow> = diesel::sql_query(
-        "SELECT status, request_hash, response_status_code, response_body, receipt_id, \
-                (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms \
-         FROM idempotency_keys WHERE agent_id = $1 AND key = $2",
-    )
+    let raw: Option<RawRow> = diesel::sql_query(concat!(
+        "SELECT ",
+        row_columns!(),
+        " FROM idempotency_keys WHERE agent_id = $1 AND key = $2"
+    ))
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
     .prepared()
     .get_result(conn)
     .await
     .optional()?;
-    raw.map(|r| {
-        Ok(Row {
-            status: parse_status(&r.status)?,
-            request_hash: r.request_hash,
-            response_status_code: r.response_status_code,
-            response_body: r.response_body,
-            receipt_id: r.receipt_id,
-            age_ms: r.age_ms,
-        })
-    })
-    .transpose()
+    Ok(raw.map(RawRow::into_row).transpose()?.flatten())
 }
 
 /// Takes over an abandoned in-flight row (DESIGN Fix 1). One guarded statement: of
