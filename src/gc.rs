@@ -48,11 +48,3 @@ pub async fn run(
         }
     }
 }
-
-/// [`run`] without pacing.
-///
-/// # Errors
-/// Database errors.
-pub async fn run_once(conn: &mut AsyncPgConnection, batch: i64) -> diesel::QueryResult<u64> {
-    run(conn, batch, None).await
-}
