@@ -9,7 +9,7 @@ use crate::cli::{
     AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs, ServeArgs,
 };
 use crate::config::{self, Config, DatabaseConfig};
-use crate::routing::request::parse_decimal_amount;
+use crate::money::Amount;
 use crate::startup::{Application, Hooks};
 
 /// `serve`: migrate (unless disabled) and run the HTTP service.
@@ -81,8 +81,8 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
             for (flag, v) in [("--max-per-call", max_per_call), ("--daily-budget", daily_budget)] {
                 if let Some(v) = v {
                     anyhow::ensure!(
-                        parse_decimal_amount(v).is_some(),
-                        "{flag} must be a decimal integer of atomic units"
+                        Amount::parse(v).is_ok(),
+                        "{flag} must be a decimal integer of atomic units (no sign, no leading zeros)"
                     );
                 }
             }
@@ -99,7 +99,7 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
                 match v.as_deref() {
                     None => Ok(None),
                     Some("none") => Ok(Some(None)),
-                    Some(a) if parse_decimal_amount(a).is_some() => Ok(Some(Some(a.to_owned()))),
+                    Some(a) if Amount::parse(a).is_ok() => Ok(Some(Some(a.to_owned()))),
                     Some(_) => {
                         anyhow::bail!("{flag} must be a decimal integer of atomic units, or `none`")
                     }

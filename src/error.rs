@@ -1,5 +1,7 @@
 //! The one place that maps errors to HTTP. Every error body is `{"error": "…"}`.
-//! 5xx bodies are opaque; their cause is logged once, here.
+//! 5xx bodies are opaque; their cause is logged once, here. Domain errors (the relay's
+//! [`relay::Error`]) are converted here and nowhere else: unreachable dependencies ⇒ 503,
+//! failed queries and broken invariants ⇒ 500.
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderValue, RETRY_AFTER};
@@ -8,7 +10,7 @@ use serde_json::json;
 
 use crate::audit::BadQuery;
 use crate::idempotency::key::InvalidKey;
-use crate::routing::request::BadRequest;
+use crate::relay::{self, request::BadRequest};
 
 /// Errors of the HTTP API.
 #[derive(Debug, thiserror::Error)]
@@ -38,10 +40,34 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// Postgres could not be reached: 503, and nothing was executed.
-    pub fn database(e: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %e, "postgres unavailable");
+    /// A database error outside the relay (audit, receipts, auth): transient ⇒ 503,
+    /// anything else ⇒ 500.
+    pub fn database(e: diesel::result::Error) -> Self {
+        if crate::db::is_transient(&e) {
+            tracing::warn!(error = %e, "postgres unavailable");
+            Self::Unavailable("database unavailable")
+        } else {
+            Self::Internal(anyhow::Error::new(e).context("database query failed"))
+        }
+    }
+
+    /// No pooled connection: 503, and nothing was executed.
+    pub fn pool(e: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %e, "postgres unavailable (no connection)");
         Self::Unavailable("database unavailable")
+    }
+}
+
+impl From<relay::Error> for ApiError {
+    fn from(e: relay::Error) -> Self {
+        match e {
+            relay::Error::ForbiddenUpstream(m) => Self::BadRequest(m),
+            relay::Error::InFlight => Self::InFlight,
+            relay::Error::KeyReused => Self::KeyReused,
+            relay::Error::Superseded => Self::Superseded,
+            relay::Error::Unavailable(what) => Self::Unavailable(what),
+            relay::Error::Internal(e) => Self::Internal(e),
+        }
     }
 }
 

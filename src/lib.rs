@@ -1,12 +1,14 @@
 //! x402-router: AI agents call `POST /route`; the router calls the upstream, pays x402
 //! payment requests at most once per (agent, Idempotency-Key), and records a signed receipt.
 //!
-//! Map (start at `routes/mod.rs`, the route table):
-//! * `routes/`       HTTP adaptation only.
-//! * `routing/`      the `/route` use case: idempotency around the upstream call, recording.
+//! Map (start at `routes/mod.rs`, the route table; docs/ARCHITECTURE.md has the data flow):
+//! * `routes/`       HTTP adaptation only (the route table), and `error` maps errors to HTTP.
+//! * `relay/`        the `/route` use case: idempotency around the upstream call, the payment
+//!                   flow (`relay/pay.rs`), the outcome and its recording.
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
-//! * `payments/`     the x402 flow: selection, signing, the payment ledger, settlement checks.
+//! * `payments/`     the payment intent ledger: statuses, spend, storage.
 //! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 signing, chain reads.
+//! * `money`, `clock` amounts in atomic units (one parser), the wall clock.
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
@@ -18,6 +20,7 @@
 pub mod audit;
 pub mod auth;
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod db;
@@ -25,10 +28,11 @@ pub mod error;
 pub mod gc;
 pub mod idempotency;
 pub mod metrics;
+pub mod money;
 pub mod payments;
 pub mod receipts;
 pub mod routes;
-pub mod routing;
+pub mod relay;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -3,8 +3,6 @@
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
-use crate::idempotency::Path;
-
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -49,8 +47,9 @@ impl Metrics {
         Ok(Self { registry, http_requests, idempotency, payments, upstream_seconds, rpc_seconds })
     }
 
-    pub fn idempotency_outcome(&self, path: Path) {
-        self.idempotency.with_label_values(&[path.as_str()]).inc();
+    /// Counts one idempotency decision (`outcome` is the decision path's label).
+    pub fn idempotency_outcome(&self, outcome: &str) {
+        self.idempotency.with_label_values(&[outcome]).inc();
     }
 
     /// The text exposition of every metric.

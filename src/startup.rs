@@ -105,7 +105,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
     let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
     let supported = Supported::new(payments.rpc_urls.keys().copied(), assets);
-    let nonce_secret = Arc::new(crate::payments::nonce_secret(&config.signer));
+    let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
     Ok(AppState {
         config: Arc::new(config),
         pool,

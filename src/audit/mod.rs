@@ -30,6 +30,7 @@ use uuid::Uuid;
 pub use cursor::Cursor;
 pub use verify::verify_receipt;
 
+use crate::payments::PaymentStatus;
 use crate::x402::Network;
 
 /// Rows per page when `limit` is absent.
@@ -66,17 +67,13 @@ pub struct ReceiptQuery {
     pub page: Page,
 }
 
-/// Statuses of the `payments` ledger (see migrations/).
-pub const LEDGER_STATUSES: &[&str] =
-    &["signed", "settled", "unconfirmed", "not_settled", "rejected", "settled_response_lost", "unknown", "expired"];
-
 /// Which payment intents `GET /audit/payments` lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PaymentSelection {
     /// Every intent.
     All,
-    /// Intents in one ledger status (one of [`LEDGER_STATUSES`]).
-    Status(String),
+    /// Intents in one ledger status.
+    Status(PaymentStatus),
     /// Money moved (`settled` or `settled_response_lost`) but the call was not served: no
     /// `completed` receipt and no `completed` idempotency row for its key.
     PaidNotServed,
@@ -158,13 +155,16 @@ impl PaymentQuery {
                         .ok_or_else(|| BadQuery("`older_than_secs` must be a non-negative integer".into()))?,
                 },
             },
-            Some(s) if LEDGER_STATUSES.contains(&s) => PaymentSelection::Status(s.to_owned()),
-            Some(_) => {
-                return Err(BadQuery(format!(
-                    "`status` must be one of {}, paid_not_served, stuck",
-                    LEDGER_STATUSES.join(", ")
-                )));
-            }
+            Some(s) => match PaymentStatus::parse(s) {
+                Some(st) => PaymentSelection::Status(st),
+                None => {
+                    let names: Vec<&str> = PaymentStatus::ALL.iter().map(|s| s.as_str()).collect();
+                    return Err(BadQuery(format!(
+                        "`status` must be one of {}, paid_not_served, stuck",
+                        names.join(", ")
+                    )));
+                }
+            },
         };
         if older_than.is_some() && !matches!(selection, PaymentSelection::Stuck { .. }) {
             return Err(BadQuery("`older_than_secs` only applies to `status=stuck`".into()));
@@ -287,10 +287,10 @@ mod tests {
             PaymentSelection::Stuck { older_than_secs: 5 }
         );
         assert_eq!(PaymentQuery::parse("status=paid_not_served").unwrap().selection, PaymentSelection::PaidNotServed);
-        for s in LEDGER_STATUSES {
+        for s in PaymentStatus::ALL {
             assert_eq!(
                 PaymentQuery::parse(&format!("status={s}")).unwrap().selection,
-                PaymentSelection::Status((*s).to_owned())
+                PaymentSelection::Status(s)
             );
         }
         assert!(PaymentQuery::parse("status=paid").is_err());

@@ -27,7 +27,7 @@
 //!   e.g. a re-signing), not from its creation.
 
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use alloy::primitives::{Address, B256};
 use chrono::{DateTime, Utc};
@@ -39,10 +39,13 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::Cursor;
+use crate::payments::{self, PaymentStatus, PaymentStatus::*};
 use crate::x402::{Chain, Network};
 
 /// Intents read per batch.
 const BATCH: i64 = 200;
+/// The statuses whose fate the chain can still change.
+const RECONCILED: [PaymentStatus; 3] = [Signed, Unknown, Unconfirmed];
 
 /// An unused authorization is called expired only this long after its `validBefore`, so
 /// that a clock of this host running ahead of the chain's cannot expire one that a block
@@ -95,7 +98,7 @@ struct Candidate {
     #[diesel(sql_type = BigInt)]
     valid_before: i64,
     #[diesel(sql_type = Text)]
-    status: String,
+    status: PaymentStatus,
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
 }
@@ -116,12 +119,13 @@ async fn candidates(
         "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, \
                 p.valid_before, p.status, p.created_at \
            FROM payments p \
-          WHERE p.status IN ('signed', 'unknown', 'unconfirmed') \
+          WHERE p.status IN {} \
             AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
             AND {} \
             AND ($3::timestamptz IS NULL OR (p.created_at, p.id) > ($3, $4::uuid)) \
           ORDER BY p.created_at, p.id \
           LIMIT $5",
+        payments::sql_list(RECONCILED),
         NO_LIVE_OWNER.replace("$ABANDON", "$2")
     ))
     .bind::<BigInt, _>(millis(settings.older_than))
@@ -143,7 +147,7 @@ async fn candidates(
 async fn transition(
     conn: &mut AsyncPgConnection,
     c: &Candidate,
-    new: &str,
+    new: PaymentStatus,
     abandon_after: Duration,
 ) -> QueryResult<bool> {
     let n = diesel::sql_query(
@@ -158,7 +162,7 @@ async fn transition(
     .bind::<SqlUuid, _>(c.id)
     .bind::<SqlUuid, _>(c.agent_id)
     .bind::<Text, _>(&c.idempotency_key)
-    .bind::<Text, _>(&c.status)
+    .bind::<Text, _>(c.status)
     .bind::<Text, _>(new)
     .bind::<BigInt, _>(millis(abandon_after))
     .execute(conn)
@@ -171,7 +175,7 @@ fn millis(d: Duration) -> i64 {
 }
 
 fn now_unix() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    i64::try_from(crate::clock::now_unix()).unwrap_or(i64::MAX)
 }
 
 /// The on-chain coordinates of an intent, parsed from its stored text.
@@ -184,11 +188,11 @@ fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Strin
 }
 
 /// The status the chain's answer moves an intent to; `None`: leave it.
-fn decide(old: &str, used: bool, valid_before: i64, now: i64) -> Option<&'static str> {
+fn decide(old: PaymentStatus, used: bool, valid_before: i64, now: i64) -> Option<PaymentStatus> {
     if used {
-        return Some(if old == "unconfirmed" { "settled" } else { "settled_response_lost" });
+        return Some(if old == Unconfirmed { Settled } else { SettledResponseLost });
     }
-    (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some("expired")
+    (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some(Expired)
 }
 
 /// Checks every eligible intent once. Per-intent failures (an unreadable chain) are counted
@@ -222,7 +226,7 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
                     continue;
                 }
             };
-            let Some(new) = decide(&c.status, used, c.valid_before, now_unix()) else {
+            let Some(new) = decide(c.status, used, c.valid_before, now_unix()) else {
                 report.pending += 1;
                 continue;
             };
@@ -232,10 +236,10 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
                 continue;
             }
             tracing::info!(payment.id = %c.id, agent_id = %c.agent_id, payment.status.old = %c.status,
-                payment.status.new = new, "payment intent reconciled");
+                payment.status.new = %new, "payment intent reconciled");
             match new {
-                "settled" => report.settled += 1,
-                "settled_response_lost" => report.settled_response_lost += 1,
+                Settled => report.settled += 1,
+                SettledResponseLost => report.settled_response_lost += 1,
                 _ => report.expired += 1,
             }
         }
@@ -252,11 +256,11 @@ mod tests {
     #[test]
     fn the_chain_decides_as_the_table_says() {
         let now = 1_000_000;
-        assert_eq!(decide("signed", true, now + 100, now), Some("settled_response_lost"));
-        assert_eq!(decide("unknown", true, 0, now), Some("settled_response_lost"));
-        assert_eq!(decide("unconfirmed", true, 0, now), Some("settled"));
-        assert_eq!(decide("signed", false, now + 100, now), None);
-        assert_eq!(decide("unconfirmed", false, now - 1, now), None, "within the margin");
-        assert_eq!(decide("signed", false, now - EXPIRY_MARGIN_SECS - 1, now), Some("expired"));
+        assert_eq!(decide(Signed, true, now + 100, now), Some(SettledResponseLost));
+        assert_eq!(decide(Unknown, true, 0, now), Some(SettledResponseLost));
+        assert_eq!(decide(Unconfirmed, true, 0, now), Some(Settled));
+        assert_eq!(decide(Signed, false, now + 100, now), None);
+        assert_eq!(decide(Unconfirmed, false, now - 1, now), None, "within the margin");
+        assert_eq!(decide(Signed, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
     }
 }

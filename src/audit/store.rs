@@ -15,6 +15,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Cursor, KeyQuery, Page, PaymentQuery, PaymentSelection, ReceiptQuery};
+use crate::payments::PaymentStatus;
 use crate::receipts::Receipt;
 use crate::receipts::store::ReceiptRow;
 
@@ -159,6 +160,7 @@ const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_v
 /// "Money moved, call not served": settled (or settled with the answer lost), and neither a
 /// completed receipt nor a completed idempotency row exists for the key. Receipts are kept
 /// forever, so a served call stays served after GC removed its idempotency row.
+// `p.status IN (…)` lists the statuses where `PaymentStatus::is_spent` (a unit test holds them equal).
 const PAID_NOT_SERVED: &str = "p.status IN ('settled', 'settled_response_lost') \
         AND NOT EXISTS (SELECT 1 FROM receipts c WHERE c.agent_id = p.agent_id \
                            AND c.idempotency_key = p.idempotency_key AND c.outcome = 'completed') \
@@ -173,7 +175,9 @@ pub async fn payments(conn: &mut AsyncPgConnection, q: &PaymentQuery) -> QueryRe
         PaymentSelection::All => (None, false, None),
         PaymentSelection::Status(s) => (Some(s.as_str()), false, None),
         PaymentSelection::PaidNotServed => (None, true, None),
-        PaymentSelection::Stuck { older_than_secs } => (Some("signed"), false, Some(*older_than_secs)),
+        PaymentSelection::Stuck { older_than_secs } => {
+            (Some(PaymentStatus::Signed.as_str()), false, Some(*older_than_secs))
+        }
     };
     let rows: Vec<PaymentView> = diesel::sql_query(format!(
         "{PAYMENT_FROM} \
@@ -286,4 +290,15 @@ pub async fn idempotency(conn: &mut AsyncPgConnection, q: &KeyQuery) -> QueryRes
     };
     let payment = payment_for_key(conn, q.agent_id, &q.key).await?;
     Ok(Some(KeyReport { receipt_url: row.receipt_id.map(|id| format!("/audit/receipts/{id}")), row, payment }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paid_not_served_lists_exactly_the_spent_statuses() {
+        let spent = crate::payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+        assert!(PAID_NOT_SERVED.starts_with(&format!("p.status IN {spent} ")), "{PAID_NOT_SERVED}");
+    }
 }

@@ -74,10 +74,10 @@ impl FromRequest for AuthenticatedAgent {
                 // Postgres stays the judge of availability: the cache answers only while the
                 // pool can hand out a live connection (no query; 503 without Postgres, as
                 // without the cache).
-                drop(state.pool.get().await.map_err(ApiError::database)?);
+                drop(state.pool.get().await.map_err(ApiError::pool)?);
                 return Ok(AuthenticatedAgent { id });
             }
-            let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+            let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
             let found = agents::find_by_key_hash(&mut conn, &key_hash).await.map_err(ApiError::database)?;
             match found {
                 None => Err(ApiError::Unauthorized),

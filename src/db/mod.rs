@@ -78,3 +78,32 @@ pub async fn revert_all_migrations(url: &str) -> anyhow::Result<usize> {
     })
     .await?
 }
+
+/// Whether a query error is the database being unreachable or briefly unable to serve
+/// (connection lost, failover to a read-only node, shutdown, lock or statement timeout,
+/// serialization conflict): the same request may succeed later. Anything else (a
+/// constraint, a type mismatch, a broken invariant) would fail again.
+pub fn is_transient(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind as K, Error as E};
+    match e {
+        E::DatabaseError(K::ClosedConnection | K::UnableToSendCommand | K::SerializationFailure, _)
+        | E::DatabaseError(K::ReadOnlyTransaction, _)
+        | E::BrokenTransactionManager => true,
+        // diesel-async reports SQLSTATEs it has no kind for as `Unknown`; the message tells.
+        E::DatabaseError(K::Unknown, info) => {
+            let m = info.message();
+            [
+                "terminating connection",
+                "the database system is",
+                "canceling statement due to",
+                "could not obtain lock",
+                "lock timeout",
+                "deadlock detected",
+                "too many connections",
+            ]
+            .iter()
+            .any(|s| m.contains(s))
+        }
+        _ => false,
+    }
+}

@@ -180,7 +180,7 @@ impl Idempotency {
                             agent_id = %agent_id, idem.attempt = attempt,
                             "idempotency row vanished between the conflicting insert and the lookup (GC race); retrying"
                         );
-                        self.metrics.idempotency_outcome(Path::GcRace);
+                        self.metrics.idempotency_outcome(Path::GcRace.as_str());
                         continue;
                     };
                     row

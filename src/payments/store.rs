@@ -9,8 +9,10 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::PaymentStatus;
 use crate::db::PrepareExt;
 use crate::db::schema::payments;
+use crate::money::Amount;
 
 /// A payment intent as stored.
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -33,7 +35,7 @@ pub struct PaymentRow {
     pub signed_authorization: Value,
     pub header_name: String,
     pub header_value: String,
-    pub status: String,
+    pub status: PaymentStatus,
     pub tx_hash: Option<String>,
     pub error: Option<String>,
     pub attempts: i32,
@@ -49,7 +51,7 @@ pub struct NewPayment<'a> {
     pub scheme: &'a str,
     pub network: &'a str,
     pub asset: &'a str,
-    pub amount: &'a str,
+    pub amount: Amount,
     pub pay_to: &'a str,
     pub payer: &'a str,
     pub nonce: &'a str,
@@ -72,7 +74,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
         "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, header_value, status) \
-         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, 'signed' \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
                          WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight') \
          ON CONFLICT DO NOTHING",
@@ -85,7 +87,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.scheme)
     .bind::<Text, _>(p.network)
     .bind::<Text, _>(p.asset)
-    .bind::<Text, _>(p.amount)
+    .bind::<Text, _>(p.amount.to_string())
     .bind::<Text, _>(p.pay_to)
     .bind::<Text, _>(p.payer)
     .bind::<Text, _>(p.nonce)
@@ -96,6 +98,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Jsonb, _>(p.authorization)
     .bind::<Text, _>(p.header_name)
     .bind::<Text, _>(p.header_value)
+    .bind::<Text, _>(PaymentStatus::Signed)
     .prepared()
     .execute(conn)
     .await?;
@@ -117,15 +120,15 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         };
         let current: Option<PaymentRow> =
             payments::table.find(r.id).select(PaymentRow::as_select()).for_update().first(c).await.optional()?;
-        if current.as_ref().is_some_and(|p| p.status == "expired")
+        if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired)
             && let Some(refusal) = over_limit(&spend, r.amount)
         {
             return Ok(Reservation::OverLimit(refusal));
         }
         let n = diesel::sql_query(
             "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
-                                   status = 'signed', attempts = attempts + 1, updated_at = now() \
-              WHERE p.id = $1 AND p.status IN ('signed', 'expired') AND EXISTS ( \
+                                   status = $8, attempts = attempts + 1, updated_at = now() \
+              WHERE p.id = $1 AND p.status IN ($8, $9) AND EXISTS ( \
                     SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
                        AND k.lease = $2 AND k.status = 'in_flight')",
         )
@@ -136,6 +139,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         .bind::<Jsonb, _>(r.authorization)
         .bind::<Text, _>(r.header_value)
         .bind::<SqlUuid, _>(r.agent_id)
+        .bind::<Text, _>(PaymentStatus::Signed)
+        .bind::<Text, _>(PaymentStatus::Expired)
         .prepared()
         .execute(c)
         .await?;
@@ -149,7 +154,7 @@ pub struct Resign<'a> {
     pub id: Uuid,
     pub agent_id: Uuid,
     pub lease: Uuid,
-    pub amount: &'a str,
+    pub amount: Amount,
     pub valid_after: i64,
     pub valid_before: i64,
     pub authorization: &'a Value,
@@ -177,7 +182,7 @@ pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> Qu
 pub async fn finalize(
     conn: &mut AsyncPgConnection,
     id: Uuid,
-    status: &str,
+    status: PaymentStatus,
     tx_hash: Option<&str>,
     error: Option<&str>,
 ) -> QueryResult<()> {
@@ -194,8 +199,6 @@ pub async fn finalize(
         .map(|_| ())
 }
 
-/// Payment statuses that can no longer move money: they release their reservation.
-const RELEASED: &str = "('not_settled', 'rejected', 'expired')";
 
 /// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
 #[derive(Debug, Clone, serde::Serialize, QueryableByName)]
@@ -237,17 +240,21 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
             return Ok(None);
         }
     }
+    use PaymentStatus::{Settled, SettledResponseLost};
+    let released = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    debug_assert_eq!(spent, super::sql_list([Settled, SettledResponseLost]));
     let sql = format!(
         "SELECT a.id AS agent_id, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
                 u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
                 CASE WHEN a.daily_budget IS NULL THEN NULL \
                      ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h \
            FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN ('settled', 'settled_response_lost')), 0) AS settled, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN ('settled', 'settled_response_lost')), 0) AS reserved \
+                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent}), 0) AS settled, \
+                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
                   FROM payments p \
                  WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
-                   AND p.status NOT IN {RELEASED}) u \
+                   AND p.status NOT IN {released}) u \
           WHERE a.id = $1"
     );
     diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
@@ -283,16 +290,35 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
     .await
 }
 
-fn over_limit(spend: &Spend, amount: &str) -> Option<String> {
-    use alloy::primitives::U256;
-    let parse = |s: &str| U256::from_str_radix(s, 10).ok();
-    let amount = parse(amount)?;
-    if let Some(cap) = spend.max_per_call.as_deref().and_then(parse)
+impl Spend {
+    /// The per-call cap, if any.
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
+    pub fn cap(&self) -> Result<Option<Amount>, crate::money::BadAmount> {
+        self.max_per_call.as_deref().map(Amount::parse).transpose()
+    }
+
+    /// What the rolling budget still allows, if there is a budget.
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
+    pub fn remaining(&self) -> Result<Option<Amount>, crate::money::BadAmount> {
+        self.remaining_24h.as_deref().map(Amount::parse).transpose()
+    }
+}
+
+/// Why `amount` may not be reserved for `spend`, if it may not. Unreadable limits refuse.
+fn over_limit(spend: &Spend, amount: Amount) -> Option<String> {
+    let (Ok(cap), Ok(remaining)) = (spend.cap(), spend.remaining()) else {
+        return Some("the agent's limits cannot be read; refusing to pay".into());
+    };
+    if let Some(cap) = cap
         && amount > cap
     {
         return Some(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
     }
-    if let Some(remaining) = spend.remaining_24h.as_deref().and_then(parse)
+    if let Some(remaining) = remaining
         && amount > remaining
     {
         return Some(format!("the price {amount} exceeds what remains of the agent's daily budget ({remaining})"));

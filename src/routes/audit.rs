@@ -14,7 +14,7 @@ use crate::state::AppState;
 /// `{"receipts": [...], "next_cursor": "…" | null}`.
 pub async fn receipts(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = ReceiptQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::receipts(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({
         "receipts": page.rows,
@@ -25,7 +25,7 @@ pub async fn receipts(state: web::Data<AppState>, _: Operator, req: HttpRequest)
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
 pub async fn receipt(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     store::receipt(&mut conn, id)
         .await
         .map_err(ApiError::database)?
@@ -36,7 +36,7 @@ pub async fn receipt(state: web::Data<AppState>, _: Operator, id: web::Path<Stri
 /// GET /audit/idempotency?agent_id=&key= — one key's idempotency row and its payment intent.
 pub async fn idempotency(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = KeyQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     store::idempotency(&mut conn, &q)
         .await
         .map_err(ApiError::database)?
@@ -48,7 +48,7 @@ pub async fn idempotency(state: web::Data<AppState>, _: Operator, req: HttpReque
 /// `stuck`), oldest first, keyset-paginated: `{"payments": [...], "next_cursor": …}`.
 pub async fn payments(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = PaymentQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::payments(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({
         "payments": page.rows,
@@ -59,7 +59,7 @@ pub async fn payments(state: web::Data<AppState>, _: Operator, req: HttpRequest)
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
 pub async fn spend(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     crate::payments::store::agent_spend(&mut conn, id, false)
         .await
         .map_err(ApiError::database)?

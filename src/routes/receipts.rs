@@ -15,7 +15,7 @@ pub async fn get_own(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let receipt = store::find_for_agent(&mut conn, agent.id, id).await.map_err(ApiError::database)?;
     receipt.map(|r| HttpResponse::Ok().json(r)).ok_or(ApiError::NotFound)
 }

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use crate::auth::AuthenticatedAgent;
 use crate::error::ApiError;
 use crate::idempotency::IdempotencyKey;
-use crate::routing::{self, RouteResponse, request::RouteCall};
+use crate::relay::{self, RouteResponse, request::RouteCall};
 use crate::state::AppState;
 
 /// POST /route — route one call to an upstream, paying if needed, at most once per
@@ -21,7 +21,7 @@ pub async fn route(
     let key = IdempotencyKey::parse(req.headers().get("idempotency-key").map(|v| v.as_bytes()))?;
     let raw = read_limited(payload, state.config.request_max_bytes).await?;
     let call = RouteCall::parse(&raw, req.path(), req.query_string())?;
-    let answer = routing::handle(&state, agent.id, key, call).await?;
+    let answer = relay::handle(&state, agent.id, key, call).await?;
     Ok(respond(answer))
 }
 

@@ -23,6 +23,7 @@ pub mod network;
 pub mod nonce;
 pub mod select;
 pub mod sign;
+pub mod payload;
 pub mod wire;
 
 pub use chain::{Chain, ChainError};

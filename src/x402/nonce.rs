@@ -33,6 +33,17 @@ const PAYMENT_IDENTIFIER_LABEL: &[u8] = b"payment-identifier";
 /// Deliberately not the API-key prefix: these ids are not secrets.
 pub const PAYMENT_ID_PREFIX: &str = "pay_";
 
+/// The HMAC key of the deterministic nonces: sha256 over a label and the wallet key.
+/// Derived rather than configured, so it can never drift from the wallet whose nonces
+/// it spaces out (a new wallet is a new nonce space anyway).
+pub fn nonce_secret(signer: &alloy::signers::local::PrivateKeySigner) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"x402-router/nonce-secret/v1\0");
+    h.update(signer.credential().to_bytes());
+    h.finalize().into()
+}
+
 /// The EIP-3009 nonce for this agent's idempotency key:
 /// `HMAC-SHA256(secret, uuid ‖ 0x00 ‖ key)` (layout in the module docs).
 pub fn deterministic_nonce(secret: &[u8], agent_id: Uuid, idempotency_key: &str) -> B256 {

@@ -13,7 +13,9 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use alloy::primitives::{Address, U256};
+use alloy::primitives::Address;
+
+use crate::money::Amount;
 
 use super::network::Network;
 use super::wire::{PaymentRequired, Requirement};
@@ -75,16 +77,16 @@ pub enum RejectReason {
     /// More than the agent's `max_amount` for this call.
     OverMaxAmount {
         /// Asked.
-        amount: U256,
+        amount: Amount,
         /// Allowed.
-        max_amount: U256,
+        max_amount: Amount,
     },
     /// More than the agent's spending limit.
     OverAgentLimit {
         /// Asked.
-        amount: U256,
+        amount: Amount,
         /// Allowed.
-        limit: U256,
+        limit: Amount,
     },
     /// The entry names a network or scheme the router cannot read or pay (e.g. Solana).
     Unsupported(String),
@@ -149,7 +151,7 @@ impl Rejection {
     }
 
     /// The cheapest price among options refused only on price: what the agent would need.
-    pub fn cheapest_over_budget(&self) -> Option<U256> {
+    pub fn cheapest_over_budget(&self) -> Option<Amount> {
         self.options
             .iter()
             .filter_map(|o| match o.reason {
@@ -182,8 +184,8 @@ impl fmt::Display for Rejection {
 pub fn check(
     requirement: &Requirement,
     supported: &Supported,
-    max_amount: U256,
-    agent_limit: Option<U256>,
+    max_amount: Amount,
+    agent_limit: Option<Amount>,
 ) -> Option<RejectReason> {
     let network = requirement.network();
     let amount = requirement.amount();
@@ -223,8 +225,8 @@ pub fn check(
 pub fn select<'a>(
     accepts: &'a [Requirement],
     supported: &Supported,
-    max_amount: U256,
-    agent_limit: Option<U256>,
+    max_amount: Amount,
+    agent_limit: Option<Amount>,
 ) -> Result<&'a Requirement, Rejection> {
     let mut best: Option<&Requirement> = None;
     let mut options = Vec::new();
@@ -252,8 +254,8 @@ impl PaymentRequired {
     pub fn select(
         &self,
         supported: &Supported,
-        max_amount: U256,
-        agent_limit: Option<U256>,
+        max_amount: Amount,
+        agent_limit: Option<Amount>,
     ) -> Result<&Requirement, Rejection> {
         select(&self.accepts, supported, max_amount, agent_limit).map_err(|mut rejection| {
             rejection.options.extend(self.skipped.iter().map(|s| OptionRejection {
@@ -272,7 +274,7 @@ impl PaymentRequired {
 
 #[cfg(test)]
 mod tests {
-    use alloy::primitives::address;
+    use alloy::primitives::{U256, address};
     use serde_json::{Value, json};
 
     use super::*;
@@ -299,8 +301,8 @@ mod tests {
         entries.iter().enumerate().map(|(i, e)| Requirement::from_json(X402Version::V2, i, e).unwrap()).collect()
     }
 
-    fn amount(n: u64) -> U256 {
-        U256::from(n)
+    fn amount(n: u64) -> Amount {
+        Amount::from(n)
     }
 
     #[test]
@@ -406,8 +408,8 @@ mod tests {
     #[test]
     fn huge_amounts_compare_without_overflow() {
         let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, &U256::MAX.to_string())]);
-        assert!(select(&accepts, &supported(), U256::MAX - U256::from(1u8), None).is_err());
-        assert!(select(&accepts, &supported(), U256::MAX, None).is_ok());
+        assert!(select(&accepts, &supported(), Amount::from_u256(U256::MAX - U256::from(1u8)), None).is_err());
+        assert!(select(&accepts, &supported(), Amount::from_u256(U256::MAX), None).is_ok());
     }
 
     #[test]

@@ -24,7 +24,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 use super::network::Network;
-use super::wire::{Requirement, parse_decimal_u256};
+use super::wire::Requirement;
+use crate::money::Amount;
 
 /// Seconds subtracted from "now" for `validAfter`, to tolerate clock skew between the router,
 /// the facilitator and the chain (DESIGN §6).
@@ -215,7 +216,7 @@ pub fn sign_authorization(
     let authorization = Authorization {
         from: signer.address(),
         to: requirement.pay_to(),
-        value: requirement.amount(),
+        value: requirement.amount().as_u256(),
         valid_after: now_unix.saturating_sub(VALID_AFTER_SKEW_SECS),
         valid_before,
         nonce,
@@ -258,7 +259,7 @@ fn eip712_domain(name: &str, version: &str, network: Network, asset: Address) ->
 /// writes lowercase). Reading requires `0x` + 40 hex digits, checksum-valid when mixed-case.
 mod checksummed {
     use super::*;
-    use crate::x402::wire::parse_address;
+    use crate::x402::wire::primitives::parse_address;
 
     pub(super) fn serialize<S: Serializer>(a: &Address, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&a.to_checksum(None))
@@ -280,7 +281,7 @@ mod decimal_u256 {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<U256, D::Error> {
         let s = String::deserialize(d)?;
-        parse_decimal_u256(&s).ok_or_else(|| serde::de::Error::custom("expected a decimal integer string"))
+        Amount::parse(&s).map(Amount::as_u256).map_err(|_| serde::de::Error::custom("expected a decimal integer string"))
     }
 }
 
@@ -294,8 +295,9 @@ mod decimal_u64 {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         let s = String::deserialize(d)?;
-        parse_decimal_u256(&s)
-            .and_then(|v| u64::try_from(v).ok())
+        Amount::parse(&s)
+            .ok()
+            .and_then(|v| u64::try_from(v.as_u256()).ok())
             .ok_or_else(|| serde::de::Error::custom("expected a decimal integer string below 2^64"))
     }
 }

@@ -302,7 +302,7 @@ async fn payment_pages_cover_the_ledger_once_and_filter_by_status_and_agent() {
     let other = create_agent(&app.db, "other").await;
     let mut all = Vec::new();
     let base = (chrono::Utc::now() - chrono::Duration::minutes(100)).to_rfc3339();
-    for (i, status) in x402_router::audit::LEDGER_STATUSES.iter().enumerate() {
+    for (i, status) in x402_router::payments::PaymentStatus::ALL.iter().map(|s| s.as_str()).enumerate() {
         // Two rows per timestamp: ties are broken by id.
         let at = format!("'{base}'::timestamptz + interval '{i} seconds'");
         all.push(insert_payment(&app.db, app.agent.id, status, &at).await.to_string());
@@ -328,7 +328,7 @@ async fn payment_pages_cover_the_ledger_once_and_filter_by_status_and_agent() {
     expected.sort();
     assert_eq!(sorted_seen, expected, "every row once");
 
-    for status in x402_router::audit::LEDGER_STATUSES {
+    for status in x402_router::payments::PaymentStatus::ALL.map(|s| s.as_str()) {
         let (code, body) = audit(&app, &format!("/audit/payments?status={status}")).await;
         assert_eq!(code, 200);
         let rows = body["payments"].as_array().unwrap();

@@ -321,7 +321,7 @@ async fn payment_identifier_is_derived_never_the_raw_key() {
     assert!(!pid.contains(&key));
     let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
     let expected =
-        x402_router::x402::payment_identifier_id(&x402_router::payments::nonce_secret(&signer), app.agent.id, &key);
+        x402_router::x402::payment_identifier_id(&x402_router::x402::nonce::nonce_secret(&signer), app.agent.id, &key);
     assert_eq!(pid, expected);
 }
 

@@ -307,7 +307,7 @@ impl RouterProcess {
 
 /// The request fingerprint the router computes for this `/route` body.
 pub fn request_hash(body: &Value) -> String {
-    x402_router::routing::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "").unwrap().request_hash
+    x402_router::relay::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "").unwrap().request_hash
 }
 
 /// Leaves the row a router leaves when it claimed `key` for `body` `age_secs` ago and then

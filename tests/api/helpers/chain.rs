@@ -159,7 +159,7 @@ impl Drop for Devnet {
 /// The EIP-3009 nonce the router (wallet `ROUTER_KEY`) uses for `(agent, key)`.
 pub fn router_nonce(agent: uuid::Uuid, key: &str) -> B256 {
     let signer: alloy::signers::local::PrivateKeySigner = super::app::ROUTER_KEY.parse().unwrap();
-    x402_router::x402::deterministic_nonce(&x402_router::payments::nonce_secret(&signer), agent, key)
+    x402_router::x402::deterministic_nonce(&x402_router::x402::nonce::nonce_secret(&signer), agent, key)
 }
 
 /// Leaves the state a router would leave if it crashed after committing a signed intent
@@ -178,7 +178,7 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
     let signed = sign_authorization(&signer, req, router_nonce(app.agent.id, key), signing_time).unwrap();
-    let payload = wire::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
+    let payload = x402_router::x402::payload::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None).unwrap();
     let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
     let auth = signed.authorization();
     exec(

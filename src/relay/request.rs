@@ -6,7 +6,6 @@
 
 use std::str::FromStr;
 
-use alloy::primitives::U256;
 use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
@@ -14,6 +13,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::idempotency::canonical::{self, JsonError};
+use crate::money::Amount;
 use crate::upstream::{UpstreamRequest, is_dropped_request_header};
 
 /// Longest upstream URL accepted.
@@ -51,7 +51,7 @@ struct RawRouteRequest {
 pub struct RouteCall {
     pub upstream: UpstreamRequest,
     /// The most the agent will pay for this call, in atomic units (0 when absent).
-    pub max_amount: U256,
+    pub max_amount: Amount,
     /// The request fingerprint (idempotency and receipts).
     pub request_hash: String,
 }
@@ -155,24 +155,19 @@ fn parse_headers(v: Option<&Value>) -> Result<HeaderMap, BadRequest> {
 }
 
 /// A decimal string of atomic units, e.g. `"50000"`. Absent means 0: pay nothing.
-fn parse_amount(v: Option<&Value>) -> Result<U256, BadRequest> {
+fn parse_amount(v: Option<&Value>) -> Result<Amount, BadRequest> {
     match v {
-        None | Some(Value::Null) => Ok(U256::ZERO),
-        Some(Value::String(s)) => parse_decimal_amount(s).ok_or_else(|| {
-            BadRequest("\"max_amount\" must be a decimal string of atomic units, e.g. \"50000\"".into())
+        None | Some(Value::Null) => Ok(Amount::ZERO),
+        Some(Value::String(s)) => Amount::parse(s).map_err(|_| {
+            BadRequest(
+                "\"max_amount\" must be a decimal string of atomic units without sign or leading zeros, e.g. \"50000\""
+                    .into(),
+            )
         }),
         Some(_) => Err(BadRequest(
             "\"max_amount\" must be a decimal string of atomic units (e.g. \"50000\"), not a number".into(),
         )),
     }
-}
-
-/// Strict decimal: digits only, no sign, no leading `+`, at most 78 digits, fits U256.
-pub fn parse_decimal_amount(s: &str) -> Option<U256> {
-    if s.is_empty() || s.len() > 78 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    U256::from_str_radix(s, 10).ok()
 }
 
 #[cfg(test)]
@@ -187,7 +182,7 @@ mod tests {
     fn minimal_get() {
         let c = parse(r#"{"url":"https://api.example.com/x?a=1"}"#).unwrap();
         assert_eq!(c.upstream.method, Method::GET);
-        assert_eq!(c.max_amount, U256::ZERO);
+        assert_eq!(c.max_amount, Amount::ZERO);
         assert!(c.upstream.body.is_none());
     }
 

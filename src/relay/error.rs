@@ -1,0 +1,59 @@
+//! Why `/route` answers with an error of its own (not the routed call's outcome).
+//! Mapped to HTTP in one place, `crate::error`.
+
+use crate::db::PgPool;
+
+/// An error of the relay use case: nothing was recorded for the call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The upstream URL is refused by the SSRF guard (before anything is written).
+    #[error("{0}")]
+    ForbiddenUpstream(String),
+    /// Another attempt owns the key.
+    #[error("Original request still in flight; retry shortly")]
+    InFlight,
+    /// The key was used with a different request.
+    #[error("Idempotency-Key reused with different body")]
+    KeyReused,
+    /// This attempt lost the key's lease to a takeover; the winner records the result.
+    #[error("this attempt was superseded by a retry of the same Idempotency-Key; retry to read the recorded result")]
+    Superseded,
+    /// A dependency (Postgres, the chain) cannot be reached now; nothing was decided.
+    #[error("service unavailable: {0}")]
+    Unavailable(&'static str),
+    /// A query failed for a reason a retry would not fix, or an invariant broke.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl Error {
+    /// An unexpected state: a 500 whose cause is logged once, where HTTP is answered.
+    pub fn invariant(msg: impl std::fmt::Display) -> Self {
+        Self::Internal(anyhow::anyhow!("{msg}"))
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    fn from(e: diesel::result::Error) -> Self {
+        if crate::db::is_transient(&e) {
+            tracing::warn!(error = %e, "postgres unavailable");
+            Self::Unavailable("database unavailable")
+        } else {
+            Self::Internal(anyhow::Error::new(e).context("database query failed"))
+        }
+    }
+}
+
+type PoolError = bb8::RunError<diesel_async::pooled_connection::PoolError>;
+
+impl From<PoolError> for Error {
+    fn from(e: PoolError) -> Self {
+        tracing::warn!(error = %e, "postgres unavailable (no connection)");
+        Self::Unavailable("database unavailable")
+    }
+}
+
+/// A pooled connection, or [`Error::Unavailable`].
+pub async fn conn(pool: &PgPool) -> Result<crate::db::PgConn<'_>, Error> {
+    Ok(pool.get().await?)
+}

@@ -1,0 +1,135 @@
+//! The `/route` use case: idempotency around one upstream call and its payment.
+//!
+//! ```text
+//! handle ─▶ Redis hint ─▶ SSRF pre-flight ─▶ claim (Postgres) ─┬─▶ replay / 409
+//!                                                              └─▶ run_owned (own task, heartbeat, deadline)
+//!                                                                    ├─▶ execute: upstream call; on 402 ─▶ pay (pay.rs)
+//!                                                                    └─▶ record (record.rs): receipt + payment + final state,
+//!                                                                        one transaction, fenced by the lease
+//! ```
+//! Execution runs in its own task so that an agent hanging up cannot cancel a call
+//! half-way (between a payment and its record). Every way a call can end is an
+//! [`Outcome`]; errors of the router itself are [`Error`].
+
+pub mod envelope;
+pub mod error;
+pub mod outcome;
+pub mod pay;
+pub mod record;
+pub mod request;
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Stored};
+use crate::state::AppState;
+use crate::upstream::UpstreamError;
+pub use error::Error;
+pub use outcome::{Failure, Outcome, PaymentNote};
+use request::RouteCall;
+
+/// What `/route` answers.
+#[derive(Debug)]
+pub struct RouteResponse {
+    pub http_status: u16,
+    pub body: Value,
+    pub receipt_id: Option<Uuid>,
+    pub replay: bool,
+}
+
+/// Runs `POST /route` for an authenticated agent.
+///
+/// # Errors
+/// [`Error`] for answers of the router itself (the routed call's own outcomes, 402/502/504
+/// included, are `Ok`).
+pub async fn handle(
+    state: &AppState,
+    agent_id: Uuid,
+    key: IdempotencyKey,
+    call: RouteCall,
+) -> Result<RouteResponse, Error> {
+    let started = Instant::now();
+    let (decision, path) = match state.idempotency.check_cache(agent_id, &key, &call.request_hash).await {
+        Some(hit) => hit,
+        None => {
+            // Refuse forbidden upstreams before anything is written.
+            state.upstream.guard().check(&call.upstream.url).await.map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
+            let mut conn = error::conn(&state.pool).await?;
+            state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?
+        }
+    };
+    // Every request's outcome is counted in /metrics; the line itself is debug-level, so a
+    // replay does not pay for a log write (BENCHMARKS.md). Takeovers and GC races warn.
+    tracing::debug!(agent_id = %agent_id, idem.outcome = path.as_str(), "idempotency decision");
+    state.metrics.idempotency_outcome(path.as_str());
+    let result = match decision {
+        Decision::Replay(stored) => Ok(replay(stored)),
+        Decision::InFlight => Err(Error::InFlight),
+        Decision::Mismatch => Err(Error::KeyReused),
+        Decision::Execute(own) => {
+            // The spawned task keeps the request's span (and its request id) in every log line.
+            let task = tokio::spawn(run_owned(state.clone(), own, call).in_current_span());
+            task.await.map_err(|e| Error::invariant(format!("route task failed: {e}")))?
+        }
+    };
+    tracing::debug!(duration_ms = started.elapsed().as_millis() as u64, "route handled");
+    result
+}
+
+fn replay(stored: Stored) -> RouteResponse {
+    RouteResponse { http_status: stored.http_status, body: stored.body, receipt_id: stored.receipt_id, replay: true }
+}
+
+/// Executes an owned key under heartbeat and deadline, then records the result.
+async fn run_owned(state: AppState, own: Ownership, call: RouteCall) -> Result<RouteResponse, Error> {
+    let _heartbeat = Heartbeat::start(state.pool.clone(), &own, state.idempotency.timing.heartbeat);
+    let deadline = Instant::now() + state.idempotency.timing.deadline;
+    let outcome = match tokio::time::timeout_at(deadline.into(), execute(&state, &own, &call, deadline)).await {
+        Ok(Ok(outcome)) => outcome,
+        // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
+        // the key stays in flight and a later retry takes it over and decides.
+        Ok(Err(e)) => return Err(e),
+        Err(_) => pay::past_deadline(&state, &own).await?,
+    };
+    record::record(&state, &own, &call, outcome).await
+}
+
+/// Calls the upstream (paying if it asks and the agent allows).
+/// A takeover first resumes any payment the previous owner signed.
+///
+/// # Errors
+/// An [`Error`] means "answer this and record nothing".
+async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Result<Outcome, Error> {
+    if own.took_over {
+        let mut conn = error::conn(&state.pool).await?;
+        let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str()).await?;
+        drop(conn);
+        if let Some(intent) = signed {
+            return pay::resume(state, own, call, intent, deadline).await;
+        }
+    }
+    let started = Instant::now();
+    let sent = state.upstream.send(&call.upstream, &[], remaining(deadline).min(state.upstream.timeout())).await;
+    state.metrics.upstream_seconds.with_label_values(&["unpaid"]).observe(started.elapsed().as_secs_f64());
+    let resp = match sent {
+        Ok(resp) => resp,
+        Err(e) => return Ok(upstream_failure(&e)),
+    };
+    if resp.status == 402 {
+        return pay::pay(state, own, call, resp, deadline).await;
+    }
+    Ok(Outcome::Answered { resp, payment: None })
+}
+
+/// Time left until `deadline` (zero if past).
+pub fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// The outcome of an exchange that failed before any answer.
+fn upstream_failure(e: &UpstreamError) -> Outcome {
+    Outcome::Failed(Failure::new(e.to_string()).timeout(matches!(e, UpstreamError::Timeout)).without_receipt())
+}

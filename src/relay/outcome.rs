@@ -1,0 +1,156 @@
+//! How a routed call ended, and the one path from there to what is recorded: the answer
+//! (HTTP status and envelope), the idempotency status, the receipt and the payment's final
+//! state. Every constructor of an outcome is a variant here; [`Outcome::render`] is the only
+//! place that decides status codes, envelopes and receipts, so every outcome of the same
+//! kind gets them the same way.
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::envelope;
+use super::request::RouteCall;
+use crate::idempotency::{Ownership, Status, Stored, canonical};
+use crate::payments::Final;
+use crate::receipts;
+use crate::upstream::UpstreamResponse;
+
+/// The payment part of an outcome: what the envelope shows, and what the ledger records.
+#[derive(Debug, Clone)]
+pub struct PaymentNote {
+    /// The envelope's `payment` object.
+    pub shown: Value,
+    /// The intent's final state (`None` when no intent was written in the ledger).
+    pub ledger: Option<Final>,
+}
+
+/// A failed call: 502 (504 for timeouts), idempotency status `errored`.
+#[derive(Debug)]
+pub struct Failure {
+    pub timeout: bool,
+    pub message: String,
+    /// The upstream's answer known so far (e.g. the 402 that was not paid).
+    pub upstream: Option<UpstreamResponse>,
+    pub payment: Option<PaymentNote>,
+    /// Reasons passed through unchanged beside the message (`invalidReason`, `errorReason`).
+    pub reasons: Vec<(&'static str, String)>,
+    /// Whether the call gets a receipt.
+    pub receipt: bool,
+}
+
+impl Failure {
+    /// A 502 with a receipt and nothing else known.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { timeout: false, message: message.into(), upstream: None, payment: None, reasons: vec![], receipt: true }
+    }
+
+    pub fn timeout(mut self, timeout: bool) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn upstream(mut self, resp: UpstreamResponse) -> Self {
+        self.upstream = Some(resp);
+        self
+    }
+
+    pub fn payment(mut self, payment: Option<PaymentNote>) -> Self {
+        self.payment = payment;
+        self
+    }
+
+    pub fn reason(mut self, name: &'static str, value: Option<String>) -> Self {
+        if let Some(v) = value {
+            self.reasons.push((name, v));
+        }
+        self
+    }
+
+    pub fn without_receipt(mut self) -> Self {
+        self.receipt = false;
+        self
+    }
+}
+
+/// How a routed call ended, before it is recorded.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The upstream answered (after payment, if any): < 500 ⇒ 200 + envelope, `completed`;
+    /// ≥ 500 ⇒ 502 with the envelope fields, `errored`.
+    Answered { resp: UpstreamResponse, payment: Option<PaymentNote> },
+    /// The upstream asks for a payment the router will not make: 402, `completed`, nothing
+    /// paid. `upstream` is the 402 itself when this attempt received it.
+    Declined { upstream: Option<UpstreamResponse>, reason: String, accepts: Value },
+    /// The call failed: 502/504, `errored`.
+    Failed(Failure),
+}
+
+/// What the recording transaction writes for an outcome.
+#[derive(Debug)]
+pub struct Rendered {
+    pub stored: Stored,
+    pub receipt: Option<receipts::Draft>,
+    pub payment: Option<Final>,
+}
+
+impl Outcome {
+    /// Renders the answer, the receipt draft and the payment's final state.
+    pub fn render(self, own: &Ownership, call: &RouteCall) -> Rendered {
+        let receipt_id = Uuid::new_v4();
+        let draft = |status: Status, upstream: Option<&UpstreamResponse>, payment: Option<&Value>| receipts::Draft {
+            id: receipt_id,
+            agent_id: own.agent_id,
+            idempotency_key: own.key.as_str().to_owned(),
+            request_hash: call.request_hash.clone(),
+            method: call.upstream.method.to_string(),
+            url: call.upstream.url.to_string(),
+            upstream_status: upstream.map(|r| i32::from(r.status)),
+            upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),
+            payment: payment.cloned(),
+            outcome: status.as_str().to_owned(),
+        };
+        match self {
+            Self::Answered { resp, payment } => {
+                let shown = payment.as_ref().map(|p| &p.shown);
+                let (status, http_status, body) = if resp.status < 500 {
+                    (Status::Completed, 200, envelope::envelope(&resp, shown, receipt_id))
+                } else {
+                    let msg = format!("upstream answered {}", resp.status);
+                    (Status::Errored, 502, envelope::error_envelope(&msg, Some(&resp), shown, Some(receipt_id)))
+                };
+                let receipt = draft(status, Some(&resp), shown);
+                Rendered {
+                    stored: Stored { status, http_status, body, receipt_id: Some(receipt_id) },
+                    receipt: Some(receipt),
+                    payment: payment.and_then(|p| p.ledger),
+                }
+            }
+            Self::Declined { upstream, reason, accepts } => {
+                let status = Status::Completed;
+                let body = json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id });
+                Rendered {
+                    stored: Stored { status, http_status: 402, body, receipt_id: Some(receipt_id) },
+                    receipt: Some(draft(status, upstream.as_ref(), None)),
+                    payment: None,
+                }
+            }
+            Self::Failed(f) => {
+                let status = Status::Errored;
+                let http_status = if f.timeout { 504 } else { 502 };
+                let id = f.receipt.then_some(receipt_id);
+                let shown = f.payment.as_ref().map(|p| &p.shown);
+                let mut body = envelope::error_envelope(&f.message, f.upstream.as_ref(), shown, id);
+                if let Value::Object(map) = &mut body {
+                    for (name, value) in &f.reasons {
+                        map.insert((*name).to_owned(), Value::String(value.clone()));
+                    }
+                }
+                let receipt = f.receipt.then(|| draft(status, f.upstream.as_ref(), shown));
+                Rendered {
+                    stored: Stored { status, http_status, body, receipt_id: id },
+                    receipt,
+                    payment: f.payment.and_then(|p| p.ledger),
+                }
+            }
+        }
+    }
+}

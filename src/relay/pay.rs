@@ -1,0 +1,448 @@
+//! The x402 payment flow of a routed call (DESIGN.md §6): select, sign, commit the intent,
+//! send, confirm on-chain; and, on a takeover, resume what a previous owner signed.
+//!
+//! At most one payment per (agent, Idempotency-Key, asset), guaranteed in layers:
+//! 1. the idempotency ledger lets one owner at a time run a key;
+//! 2. the EIP-3009 nonce is derived from (agent, key) ([`x402::deterministic_nonce`]), so
+//!    every signature ever made for a key carries the same nonce and the token contract
+//!    itself accepts at most one of them, even if Postgres and Redis lost all state;
+//! 3. the signed intent is committed to `payments` *before* the paid request leaves, so a
+//!    takeover knows exactly what was signed and asks the chain before doing anything:
+//!    used → never pay again ("settled, response lost"); unused and valid → resend the
+//!    same signed payload; unused and expired → re-sign with the same nonce.
+//!
+//! After a paid answer the chain is asked whether the authorization was consumed before
+//! the receipt says `settled`; an upstream's unconfirmed claim is recorded as such.
+
+use std::time::{Duration, Instant};
+
+use alloy::primitives::{Address, B256};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderName, HeaderValue};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::request::RouteCall;
+use super::{Error, Failure, Outcome, PaymentNote, remaining};
+use crate::clock::now_unix;
+use crate::idempotency::Ownership;
+use crate::payments::store::{self, PaymentRow};
+use crate::payments::{Final, PaymentStatus};
+use crate::state::AppState;
+use crate::upstream::{UpstreamError, UpstreamResponse};
+use crate::x402::{self, Network, Requirement, SignedAuthorization, X402Version};
+
+/// A stored authorization with less validity left than this is re-signed, not resent
+/// (the official facilitator wants `validBefore ≥ now + 6 s`).
+const MIN_VALIDITY_SECS: u64 = 30;
+/// How long to wait for a claimed settlement to become visible on-chain.
+const SETTLEMENT_POLLS: u32 = 10;
+const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// An authorization ready to send: the ledger row id, the signed message and its header.
+struct Attempt {
+    id: Uuid,
+    version: X402Version,
+    signed: SignedAuthorization,
+    header: (HeaderName, HeaderValue),
+}
+
+impl Attempt {
+    /// The envelope's `payment` object.
+    fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+        describe(self.version, &self.signed, status, tx_hash)
+    }
+}
+
+fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+    let auth = signed.authorization();
+    json!({
+        "x402_version": version.number(),
+        "scheme": "exact",
+        "network": signed.network().caip2(),
+        "asset": signed.asset().to_checksum(None),
+        "amount": auth.value.to_string(),
+        "pay_to": auth.to.to_checksum(None),
+        "payer": auth.from.to_checksum(None),
+        "nonce": auth.nonce.to_string(),
+        "tx_hash": tx_hash,
+        "status": status.as_str(),
+    })
+}
+
+/// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
+/// the 402 is the envelope's known part, and the call gets its receipt.
+fn stopped_after_402(state: &AppState, first: UpstreamResponse, metric: &str, msg: &str, payment: Option<Value>) -> Outcome {
+    state.metrics.payments.with_label_values(&[metric]).inc();
+    let payment = payment.map(|shown| PaymentNote { shown, ledger: None });
+    Outcome::Failed(Failure::new(msg).upstream(first).payment(payment))
+}
+
+/// The 402 answer when the upstream asks for a payment the router will not make.
+fn declined(state: &AppState, upstream: Option<UpstreamResponse>, why: &str, accepts: Value) -> Outcome {
+    state.metrics.payments.with_label_values(&["declined"]).inc();
+    let reason = format!("upstream requires a payment the router will not make: {why}");
+    Outcome::Declined { upstream, reason, accepts }
+}
+
+/// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
+/// intent, pay, verify.
+///
+/// # Errors
+/// [`Error`] when nothing may be recorded (database gone, lease lost).
+pub async fn pay(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    first: UpstreamResponse,
+    deadline: Instant,
+) -> Result<Outcome, Error> {
+    let required = match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = format!("invalid 402 from upstream: {e}");
+            return Ok(stopped_after_402(state, first, "invalid_402", &msg, None));
+        }
+    };
+
+    // The agent's limits narrow the choice up front; `store::reserve` re-checks atomically.
+    let spend = {
+        let mut conn = super::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, own.agent_id, false).await?
+    };
+    let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining())) {
+        None => (None, None),
+        Some((Ok(cap), Ok(left))) => (cap, left),
+        Some(_) => {
+            let why = "the agent's limits cannot be read";
+            return Ok(declined(state, Some(first), why, Value::Array(required.raw_accepts.clone())));
+        }
+    };
+    let limit = match (cap, left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, limit) {
+        Ok(r) => r.clone(),
+        Err(rejection) => {
+            let mut why = rejection.to_string();
+            if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
+                why.push_str(&format!(" (the agent's rolling 24 h budget has {left} left)"));
+            }
+            return Ok(declined(state, Some(first), &why, Value::Array(required.raw_accepts.clone())));
+        }
+    };
+
+    let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+    let payer = state.config.signer.address();
+    // Never pay a key twice, even if our own records were lost: ask the token first.
+    match chain_used(state, chosen.network(), chosen.asset(), payer, nonce).await {
+        Ok(false) => {}
+        Ok(true) => {
+            let payment = json!({
+                "x402_version": required.version.number(), "scheme": "exact", "network": chosen.network().caip2(),
+                "asset": chosen.asset().to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
+                "status": PaymentStatus::SettledResponseLost.as_str(),
+            });
+            let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
+            return Ok(stopped_after_402(state, first, "already_settled", msg, Some(payment)));
+        }
+        Err(e) => {
+            let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
+            return Ok(stopped_after_402(state, first, "rpc_unavailable", &msg, None));
+        }
+    }
+
+    let extensions = if required.advertises_payment_identifier() {
+        let pid = x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+        x402::wire::payment_extensions(required.extensions.as_ref(), &pid).ok().flatten()
+    } else {
+        None
+    };
+    let context =
+        json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
+    let attempt = match sign(state, required.version, &chosen, &context, nonce) {
+        Ok(a) => a,
+        Err(msg) => return Ok(stopped_after_402(state, first, "sign_failed", &msg, None)),
+    };
+
+    // Commit the intent before the payment leaves (fenced by our lease).
+    let authorization = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
+    let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let row = store::NewPayment {
+        id: attempt.id,
+        agent_id: own.agent_id,
+        idempotency_key: own.key.as_str(),
+        lease: own.lease,
+        x402_version: i16::from(required.version.number()),
+        scheme: chosen.scheme(),
+        network: &chosen.network().caip2(),
+        asset: &chosen.asset().to_checksum(None),
+        amount: chosen.amount(),
+        pay_to: &chosen.pay_to().to_checksum(None),
+        payer: &payer.to_checksum(None),
+        nonce: &nonce.to_string(),
+        valid_after: to_i64(attempt.signed.authorization().valid_after),
+        valid_before: to_i64(attempt.signed.authorization().valid_before),
+        requirement: &chosen.raw_json(),
+        context: &context,
+        authorization: &authorization,
+        header_name: attempt.header.0.as_str(),
+        header_value,
+    };
+    let mut conn = super::error::conn(&state.pool).await?;
+    match store::reserve(&mut conn, &row).await? {
+        store::Reservation::Reserved => {}
+        store::Reservation::Fenced => return Err(Error::Superseded),
+        store::Reservation::OverLimit(why) => {
+            // A concurrent payment of the same agent took the budget first. This
+            // signature is dropped here: it was never stored nor sent.
+            return Ok(declined(state, Some(first), &why, Value::Array(required.raw_accepts.clone())));
+        }
+    }
+    drop(conn);
+    tracing::info!(
+        agent_id = %own.agent_id, payment.network = %chosen.network(), payment.amount = %chosen.amount(),
+        payment.nonce = %short(&nonce), "payment signed and recorded; sending the paid request"
+    );
+    Ok(exchange(state, own, call, &attempt, deadline).await)
+}
+
+/// The outcome of a call cut off by the route deadline. If a payment was signed for the
+/// key, it may have left: its state becomes `unknown` (shown in the answer and to
+/// operators; `x402-router reconcile` settles the question from the chain later).
+///
+/// # Errors
+/// [`Error`] when the ledger cannot be read.
+pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome, Error> {
+    let mut conn = super::error::conn(&state.pool).await?;
+    let intent = store::find(&mut conn, own.agent_id, own.key.as_str()).await?;
+    let payment = intent.and_then(|row| {
+        let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization).ok()?;
+        let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
+        let shown = describe(version, &signed, PaymentStatus::Unknown, None);
+        let error = Some("route deadline exceeded".into());
+        let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error };
+        Some(PaymentNote { shown, ledger: Some(ledger) })
+    });
+    Ok(Outcome::Failed(Failure::new("route deadline exceeded").timeout(true).payment(payment).without_receipt()))
+}
+
+/// Resumes a key whose previous owner signed a payment (takeover after a crash).
+///
+/// # Errors
+/// [`Error::Unavailable`] when the chain cannot be read: nothing is decided or paid,
+/// the key stays in flight for a later retry.
+pub async fn resume(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    intent: PaymentRow,
+    deadline: Instant,
+) -> Result<Outcome, Error> {
+    let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
+        .map_err(|e| Error::invariant(format!("stored authorization unreadable: {e}")))?;
+    let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
+        .ok_or_else(|| Error::invariant(format!("stored x402 version {}", intent.x402_version)))?;
+    let used =
+        chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await.map_err(|e| {
+            tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
+            Error::Unavailable("the payment network cannot be read to check an earlier payment; retry later")
+        })?;
+    if used {
+        state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
+        tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on-chain: settled, response lost");
+        let status = PaymentStatus::SettledResponseLost;
+        let shown = describe(version, &signed, status, intent.tx_hash.as_deref());
+        let ledger = Final { id: intent.id, status, tx_hash: intent.tx_hash, error: None };
+        let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
+        return Ok(Outcome::Failed(Failure::new(msg).payment(Some(PaymentNote { shown, ledger: Some(ledger) }))));
+    }
+    let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
+        let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
+        let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
+        tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
+        Attempt { id: intent.id, version, signed, header: (name, value) }
+    } else {
+        let requirement = Requirement::from_json(version, 0, &intent.requirement)
+            .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+        let attempt =
+            sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
+        let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
+        let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+        let a = attempt.signed.authorization();
+        let resign = store::Resign {
+            id: intent.id,
+            agent_id: own.agent_id,
+            lease: own.lease,
+            amount: requirement.amount(),
+            valid_after: to_i64(a.valid_after),
+            valid_before: to_i64(a.valid_before),
+            authorization: &auth,
+            header_value: header,
+        };
+        let mut conn = super::error::conn(&state.pool).await?;
+        match store::resign(&mut conn, &resign).await? {
+            store::Reservation::Reserved => {}
+            store::Reservation::Fenced => return Err(Error::Superseded),
+            store::Reservation::OverLimit(why) => {
+                // The expired intent released its budget and the budget is gone now:
+                // nothing can be paid for this key. Nothing was sent in this attempt.
+                return Ok(declined(state, None, &why, Value::Array(vec![intent.requirement])));
+            }
+        }
+        tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
+        Attempt { id: intent.id, ..attempt }
+    };
+    Ok(exchange(state, own, call, &attempt, deadline).await)
+}
+
+/// Signs `requirement` and builds the header of `version`.
+fn sign(
+    state: &AppState,
+    version: X402Version,
+    requirement: &Requirement,
+    context: &Value,
+    nonce: B256,
+) -> Result<Attempt, String> {
+    let signed = x402::sign_authorization(&state.config.signer, requirement, nonce, now_unix())
+        .map_err(|e| format!("cannot sign the payment: {e}"))?;
+    let resource = context.get("resource").filter(|v| !v.is_null());
+    let extensions = context.get("extensions").filter(|v| !v.is_null());
+    let payload = x402::payload::payment_payload(version, requirement, resource, &signed, extensions)
+        .map_err(|e| format!("cannot build the payment: {e}"))?;
+    let (name, value) =
+        x402::wire::encode_payment_header(version, &payload).map_err(|e| format!("cannot encode the payment: {e}"))?;
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("bad payment header name: {e}"))?;
+    Ok(Attempt { id: Uuid::new_v4(), version, signed, header: (name, value) })
+}
+
+/// Sends the paid request and turns the answer (or its absence) into an outcome,
+/// confirming settlement on-chain.
+async fn exchange(state: &AppState, own: &Ownership, call: &RouteCall, attempt: &Attempt, deadline: Instant) -> Outcome {
+    let started = Instant::now();
+    let sent = state
+        .upstream
+        .send(&call.upstream, std::slice::from_ref(&attempt.header), remaining(deadline).min(state.upstream.timeout()))
+        .await;
+    state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
+    let signed = &attempt.signed;
+    match sent {
+        Err(e) => lost_answer(state, attempt, &e).await,
+        Ok(resp) if resp.status == 402 => {
+            let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
+            let status = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await
+            {
+                Ok(true) => PaymentStatus::Settled,
+                Ok(false) => PaymentStatus::Rejected,
+                Err(_) => PaymentStatus::Unknown,
+            };
+            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
+            let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
+            let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason };
+            let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
+            // The facilitator's reasons, unchanged, beside our own message.
+            Outcome::Failed(
+                Failure::new(msg)
+                    .upstream(resp)
+                    .payment(Some(payment))
+                    .reason("invalidReason", reasons.invalid_reason)
+                    .reason("errorReason", reasons.error_reason),
+            )
+        }
+        Ok(resp) => {
+            let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
+            let claimed = claim.as_ref().is_some_and(|c| c.success);
+            let (status, tx_hash, note) = confirm(state, signed, claim.as_ref()).await;
+            state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
+            let shown = attempt.describe(status, tx_hash.as_deref());
+            let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
+            let ledger = Final { id: attempt.id, status, tx_hash, error };
+            Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
+        }
+    }
+}
+
+/// The paid request got no answer: whether money moved is the chain's to say.
+async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> Outcome {
+    let s = &attempt.signed;
+    let status = match chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await {
+        Ok(true) => PaymentStatus::SettledResponseLost,
+        // Not (yet) used: the upstream still holds a valid authorization until validBefore.
+        _ => PaymentStatus::Unknown,
+    };
+    state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+    let msg = match status {
+        PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
+        _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
+    };
+    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()) };
+    let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
+    Outcome::Failed(Failure::new(msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
+}
+
+/// Asks the chain whether the authorization was consumed. A claimed success is given a
+/// moment to appear; a claimed transaction must exist and have succeeded to be recorded.
+async fn confirm(
+    state: &AppState,
+    s: &SignedAuthorization,
+    claim: Option<&x402::SettlementResponse>,
+) -> (PaymentStatus, Option<String>, Option<String>) {
+    let claimed = claim.is_some_and(|c| c.success);
+    let polls = if claimed { SETTLEMENT_POLLS } else { 1 };
+    let mut used = Ok(false);
+    for i in 0..polls {
+        if i > 0 {
+            tokio::time::sleep(SETTLEMENT_POLL_INTERVAL).await;
+        }
+        used = chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await;
+        if matches!(used, Ok(true)) {
+            break;
+        }
+    }
+    match used {
+        Ok(true) => {
+            let mut tx = None;
+            let mut note = None;
+            if let Some(hash) = claim.and_then(|c| c.tx_hash) {
+                match state.chain.transaction_status(s.network(), hash).await {
+                    Ok(Some(true)) => tx = Some(hash.to_string()),
+                    Ok(_) => note = Some(format!("the claimed transaction {hash} was not found or failed")),
+                    Err(e) => note = Some(format!("the claimed transaction could not be checked: {e}")),
+                }
+            }
+            (PaymentStatus::Settled, tx, note)
+        }
+        Ok(false) if claimed => (
+            PaymentStatus::Unconfirmed,
+            None,
+            Some("the upstream claimed settlement, but the authorization is unused on-chain".into()),
+        ),
+        Ok(false) => (PaymentStatus::NotSettled, None, None),
+        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
+    }
+}
+
+async fn chain_used(
+    state: &AppState,
+    network: Network,
+    asset: Address,
+    payer: Address,
+    nonce: B256,
+) -> Result<bool, x402::ChainError> {
+    let started = Instant::now();
+    let r = state.chain.authorization_state(network, asset, payer, nonce).await;
+    state.metrics.rpc_seconds.with_label_values(&["authorizationState"]).observe(started.elapsed().as_secs_f64());
+    r
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// First bytes of a nonce for logs.
+fn short(nonce: &B256) -> String {
+    nonce.to_string().chars().take(10).collect()
+}
