@@ -75,8 +75,9 @@ async fn pay_once(c: &Client) -> anyhow::Result<()> {
     let headers = first.headers().clone();
     let body = first.bytes().await?;
     let required = x402::wire::parse_payment_required(status, &headers, &body)?;
-    let chosen = x402::select(&required.accepts, &c.supported, x402_router::money::Amount::from_u256(c.max_amount), None)
-        .map_err(|r| anyhow::anyhow!("no payable requirement: {r}"))?;
+    let chosen =
+        x402::select(&required.accepts, &c.supported, x402_router::money::Amount::from_u256(c.max_amount), None)
+            .map_err(|r| anyhow::anyhow!("no payable requirement: {r}"))?;
     let mut nonce = [0u8; 32];
     getrandom::getrandom(&mut nonce)?;
     let signed = x402::sign_authorization(&c.signer, chosen, B256::from(nonce), now_unix())?;

@@ -3,8 +3,7 @@
 //!
 //! Map (start at `routes/mod.rs`, the route table; docs/ARCHITECTURE.md has the data flow):
 //! * `routes/`       HTTP adaptation only (the route table), and `error` maps errors to HTTP.
-//! * `relay/`        the `/route` use case: idempotency around the upstream call, the payment
-//!                   flow (`relay/pay.rs`), the outcome and its recording.
+//! * `relay/`        the `/route` use case: idempotency, the payment flow (`relay/pay.rs`), recording.
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
 //! * `payments/`     the payment intent ledger: statuses, spend, storage.
 //! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 signing, chain reads.
@@ -31,8 +30,8 @@ pub mod metrics;
 pub mod money;
 pub mod payments;
 pub mod receipts;
-pub mod routes;
 pub mod relay;
+pub mod routes;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -288,10 +288,7 @@ mod tests {
         );
         assert_eq!(PaymentQuery::parse("status=paid_not_served").unwrap().selection, PaymentSelection::PaidNotServed);
         for s in PaymentStatus::ALL {
-            assert_eq!(
-                PaymentQuery::parse(&format!("status={s}")).unwrap().selection,
-                PaymentSelection::Status(s)
-            );
+            assert_eq!(PaymentQuery::parse(&format!("status={s}")).unwrap().selection, PaymentSelection::Status(s));
         }
         assert!(PaymentQuery::parse("status=paid").is_err());
         assert!(PaymentQuery::parse("status=signed&older_than_secs=5").is_err());

@@ -199,7 +199,6 @@ pub async fn finalize(
         .map(|_| ())
 }
 
-
 /// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
 #[derive(Debug, Clone, serde::Serialize, QueryableByName)]
 pub struct Spend {

@@ -56,7 +56,12 @@ pub async fn handle(
         Some(hit) => hit,
         None => {
             // Refuse forbidden upstreams before anything is written.
-            state.upstream.guard().check(&call.upstream.url).await.map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
+            state
+                .upstream
+                .guard()
+                .check(&call.upstream.url)
+                .await
+                .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
             let mut conn = error::conn(&state.pool).await?;
             state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?
         }

@@ -72,7 +72,13 @@ fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentS
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
 /// the 402 is the envelope's known part, and the call gets its receipt.
-fn stopped_after_402(state: &AppState, first: UpstreamResponse, metric: &str, msg: &str, payment: Option<Value>) -> Outcome {
+fn stopped_after_402(
+    state: &AppState,
+    first: UpstreamResponse,
+    metric: &str,
+    msg: &str,
+    payment: Option<Value>,
+) -> Outcome {
     state.metrics.payments.with_label_values(&[metric]).inc();
     let payment = payment.map(|shown| PaymentNote { shown, ledger: None });
     Outcome::Failed(Failure::new(msg).upstream(first).payment(payment))
@@ -266,8 +272,7 @@ pub async fn resume(
     } else {
         let requirement = Requirement::from_json(version, 0, &intent.requirement)
             .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
-        let attempt =
-            sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
+        let attempt = sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
         let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
         let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
         let a = attempt.signed.authorization();
@@ -319,7 +324,13 @@ fn sign(
 
 /// Sends the paid request and turns the answer (or its absence) into an outcome,
 /// confirming settlement on-chain.
-async fn exchange(state: &AppState, own: &Ownership, call: &RouteCall, attempt: &Attempt, deadline: Instant) -> Outcome {
+async fn exchange(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    attempt: &Attempt,
+    deadline: Instant,
+) -> Outcome {
     let started = Instant::now();
     let sent = state
         .upstream

@@ -26,7 +26,12 @@ enum RecordError {
 /// # Errors
 /// [`Error::Superseded`] when fenced; [`Error::Unavailable`] when Postgres could not take
 /// the record after a few attempts (the key stays in flight).
-pub async fn record(state: &AppState, own: &Ownership, call: &RouteCall, outcome: Outcome) -> Result<RouteResponse, Error> {
+pub async fn record(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    outcome: Outcome,
+) -> Result<RouteResponse, Error> {
     let rendered = outcome.render(own, call);
     let receipt: Option<Receipt> = match rendered.receipt {
         Some(d) => Some(d.sign(&state.receipt_signer).map_err(|e| Error::Internal(e.into()))?),

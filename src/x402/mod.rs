@@ -21,9 +21,9 @@
 pub mod chain;
 pub mod network;
 pub mod nonce;
+pub mod payload;
 pub mod select;
 pub mod sign;
-pub mod payload;
 pub mod wire;
 
 pub use chain::{Chain, ChainError};

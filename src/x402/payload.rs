@@ -69,7 +69,6 @@ fn check_matches(requirement: &Requirement, signed: &SignedAuthorization) -> Res
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use alloy::primitives::B256;

@@ -281,7 +281,9 @@ mod decimal_u256 {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<U256, D::Error> {
         let s = String::deserialize(d)?;
-        Amount::parse(&s).map(Amount::as_u256).map_err(|_| serde::de::Error::custom("expected a decimal integer string"))
+        Amount::parse(&s)
+            .map(Amount::as_u256)
+            .map_err(|_| serde::de::Error::custom("expected a decimal integer string"))
     }
 }
 

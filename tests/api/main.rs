@@ -13,4 +13,5 @@ mod gc;
 mod idempotency;
 mod operations;
 mod payments;
+mod structure;
 mod validation;

@@ -265,4 +265,3 @@ pub struct SkippedRequirement {
     /// Why it was skipped.
     pub error: EntryError,
 }
-

@@ -6,7 +6,10 @@ use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
 
 use super::primitives::decode_json_header;
-use super::{MAX_HEADER_BYTES, PAYMENT_SIGNATURE_HEADER, PAYMENT_ID_MAX_LEN, PAYMENT_ID_MIN_LEN, PAYMENT_IDENTIFIER, WireError, X402Version};
+use super::{
+    MAX_HEADER_BYTES, PAYMENT_ID_MAX_LEN, PAYMENT_ID_MIN_LEN, PAYMENT_IDENTIFIER, PAYMENT_SIGNATURE_HEADER, WireError,
+    X402Version,
+};
 
 /// Encodes a payment payload (from [`payment_payload`]) as the header of its version:
 /// `(PAYMENT-SIGNATURE | X-PAYMENT, standard padded base64 of the JSON)`.
@@ -66,4 +69,3 @@ fn is_valid_payment_id(id: &str) -> bool {
     (PAYMENT_ID_MIN_LEN..=PAYMENT_ID_MAX_LEN).contains(&id.len())
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
-

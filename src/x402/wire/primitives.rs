@@ -70,4 +70,3 @@ pub(crate) fn truncate(s: &str, max: usize) -> String {
     }
     s[..end].to_owned()
 }
-

@@ -263,4 +263,3 @@ fn parse_message(message: &Value, expect: Option<X402Version>) -> Result<Payment
         extensions: obj.get("extensions").filter(|v| v.is_object()).cloned(),
     })
 }
-

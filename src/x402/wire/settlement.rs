@@ -118,4 +118,3 @@ pub fn refusal_reasons(headers: &HeaderMap, body: &[u8]) -> RefusalReasons {
     }
     reasons
 }
-

@@ -124,9 +124,8 @@ fn base64_is_read_leniently() {
     }
     let url_safe = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(V2_REQUIRED);
     for value in [unpadded, spaced, format!("  {encoded}  "), url_safe] {
-        let pr =
-            parse_payment_required(StatusCode::PAYMENT_REQUIRED, &headers(&[("payment-required", &value)]), b"")
-                .unwrap();
+        let pr = parse_payment_required(StatusCode::PAYMENT_REQUIRED, &headers(&[("payment-required", &value)]), b"")
+            .unwrap();
         assert_eq!(pr.accepts.len(), 1);
     }
 }
@@ -176,10 +175,7 @@ fn hostile_headers_are_typed_errors() {
 fn non_ascii_and_duplicate_headers_are_errors() {
     let mut map = HeaderMap::new();
     map.insert("payment-required", HeaderValue::from_bytes(b"eyJ\xff\xfe").unwrap());
-    assert!(matches!(
-        parse_payment_required(StatusCode::PAYMENT_REQUIRED, &map, b""),
-        Err(WireError::BadBase64(_))
-    ));
+    assert!(matches!(parse_payment_required(StatusCode::PAYMENT_REQUIRED, &map, b""), Err(WireError::BadBase64(_))));
     let value = b64(V2_REQUIRED);
     let map = headers(&[("payment-required", &value), ("payment-required", &value)]);
     assert!(matches!(
@@ -327,10 +323,7 @@ fn payment_identifier_absent_or_prefilled() {
 fn parses_the_captured_settlement_headers() {
     let v2 = parse_settlement(&headers(&[("PAYMENT-RESPONSE", V2_SETTLEMENT)])).unwrap().unwrap();
     assert!(v2.success);
-    assert_eq!(
-        v2.tx_hash.unwrap().to_string(),
-        "0xe686de9143674dbea9dbc997017fec64f3d7de0767f4c6b37ca3f23170ed9515"
-    );
+    assert_eq!(v2.tx_hash.unwrap().to_string(), "0xe686de9143674dbea9dbc997017fec64f3d7de0767f4c6b37ca3f23170ed9515");
     assert_eq!(v2.network.as_deref(), Some("eip155:84532"));
     assert_eq!(v2.parsed_network(), Some(Network::BASE_SEPOLIA));
     assert_eq!(v2.payer, Some(address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8")));

@@ -1,0 +1,360 @@
+//! The steps of a paid route: 402, decode, match the offer, verify, then its behaviour.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::CACHE_CONTROL;
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use alloy::primitives::{Address, B256, keccak256};
+use serde_json::{Value, json};
+
+use crate::payment::{Offer, Refusal, SignedAuthorization};
+use crate::wire::{self, PaymentPayloadV1, PaymentPayloadV2};
+
+use super::*;
+
+/// What the paid part of a request came to, before it is put in a wire format.
+pub(super) enum Outcome {
+    Answer { status: StatusCode, body: Value, settlement: Option<Settled> },
+    Refused(Refusal),
+    Drop,
+}
+
+pub(super) struct Settled {
+    pub(super) transaction: B256,
+    pub(super) payer: Address,
+}
+
+/// Every route of [`ROUTES`].
+pub(super) async fn paid(req: HttpRequest, body: Bytes, state: web::Data<AppState>) -> HttpResponse {
+    let Some(spec) = ROUTES.iter().find(|r| r.path == req.path()) else {
+        return not_found().await;
+    };
+    state.stats.update(spec.path, |s| s.requests += 1);
+    let query = Query::parse(req.query_string());
+    let seconds = match spec.behaviour {
+        Behaviour::Stall | Behaviour::SlowSettle => match query.seconds() {
+            Ok(seconds) => seconds,
+            Err(message) => return bad_request(&message),
+        },
+        _ => 0,
+    };
+    let url = resource_url(&req);
+    match spec.version {
+        Version::V2 => paid_v2(&req, spec, &state, &body, &url, seconds, &query).await,
+        Version::V1 => paid_v1(&req, spec, &state, &body, &url, seconds).await,
+    }
+}
+
+pub(super) async fn paid_v2(
+    req: &HttpRequest,
+    spec: &'static RouteSpec,
+    state: &AppState,
+    body: &Bytes,
+    url: &str,
+    seconds: u64,
+    query: &Query,
+) -> HttpResponse {
+    let offers = state.offers(spec.behaviour);
+    let required = |error: &str| wire::PaymentRequiredV2 {
+        x402_version: 2,
+        error: error.to_owned(),
+        resource: wire::ResourceInfo {
+            url: url.to_owned(),
+            description: spec.description.to_owned(),
+            mime_type: "application/json".into(),
+        },
+        accepts: offers.iter().map(|o| state.requirement_v2(o)).collect(),
+        extensions: (spec.behaviour == Behaviour::PaymentIdentifier).then(wire::payment_identifier_declaration),
+    };
+
+    // Like the official v2 server: no header, or one that does not decode, is no payment.
+    let payload =
+        req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<PaymentPayloadV2>(h.as_bytes()));
+    let Some(payload) = payload else {
+        return payment_required_v2(&required("Payment required"), json!({}));
+    };
+    let payment_id = payload.payment_identifier();
+    state.stats.update(spec.path, |s| {
+        s.payment_attempts += 1;
+        if payment_id.is_some() {
+            s.last_payment_identifier = payment_id.clone();
+        }
+    });
+    let payer = Address::from_str(&payload.payload.authorization.from).ok();
+
+    if spec.behaviour == Behaviour::Reject {
+        let refusal = Refusal::Forced { reason: query.reason(), message: "this route refuses every payment".into() };
+        let body = serde_json::to_value(wire::VerifyRefusal {
+            is_valid: false,
+            invalid_reason: refusal.reason().to_owned(),
+            invalid_message: refusal.to_string(),
+            payer: payer.map(|p| p.to_checksum(None)),
+        })
+        .unwrap_or_else(|_| json!({}));
+        note_refusal(state, spec, &refusal);
+        return payment_required_v2(&required(refusal.reason()), body);
+    }
+
+    let prepared = if payload.x402_version != 2 {
+        Err(Refusal::InvalidVersion(payload.x402_version))
+    } else {
+        match_offer_v2(&offers, &payload.accepted)
+            .and_then(|offer| SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth)))
+    };
+    let outcome = match prepared {
+        Ok((offer, auth)) => execute(spec, state, &offer, auth, body, seconds).await,
+        Err(refusal) => Outcome::Refused(refusal),
+    };
+
+    match outcome {
+        Outcome::Refused(refusal) => {
+            note_refusal(state, spec, &refusal);
+            payment_required_v2(&required(refusal.reason()), json!({}))
+        }
+        Outcome::Drop => dropped_connection(),
+        Outcome::Answer { status, body, settlement } => {
+            let mut response = HttpResponse::build(status);
+            if let Some(settled) = settlement {
+                let header = wire::encode_header(&wire::SettlementV2 {
+                    success: true,
+                    payer: settled.payer.to_checksum(None),
+                    transaction: format!("{:#x}", settled.transaction),
+                    network: state.settings.network.clone(),
+                });
+                match header {
+                    Ok(header) => {
+                        response.insert_header((wire::PAYMENT_RESPONSE, header));
+                    }
+                    Err(err) => return internal_error(&err),
+                }
+                response.insert_header((CACHE_CONTROL, "private"));
+            }
+            response.json(body)
+        }
+    }
+}
+
+pub(super) async fn paid_v1(
+    req: &HttpRequest,
+    spec: &'static RouteSpec,
+    state: &AppState,
+    body: &Bytes,
+    url: &str,
+    seconds: u64,
+) -> HttpResponse {
+    let offers = state.offers(spec.behaviour);
+    let required = |error: &str, payer: Option<Address>| wire::PaymentRequiredV1 {
+        x402_version: 1,
+        error: error.to_owned(),
+        accepts: offers.iter().map(|o| state.requirement_v1(o, spec, url)).collect(),
+        payer: payer.map(|p| p.to_checksum(None)),
+    };
+
+    let Some(header) = req.headers().get(wire::X_PAYMENT) else {
+        return payment_required_v1(&required("X-PAYMENT header is required", None));
+    };
+    let Some(payload) = wire::decode_header::<PaymentPayloadV1>(header.as_bytes()) else {
+        state.stats.update(spec.path, |s| s.refused += 1);
+        return payment_required_v1(&required("Invalid or malformed payment header", None));
+    };
+    state.stats.update(spec.path, |s| s.payment_attempts += 1);
+    let payer = Address::from_str(&payload.payload.authorization.from).ok();
+
+    let prepared = if payload.x402_version != 1 {
+        Err(Refusal::InvalidVersion(payload.x402_version))
+    } else {
+        offers
+            .iter()
+            .find(|o| {
+                o.scheme == payload.scheme
+                    && o.network == state.settings.network
+                    && payload.network == state.settings.network_v1
+            })
+            .ok_or(Refusal::NoMatchingRequirement)
+            .and_then(|offer| SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth)))
+    };
+    let outcome = match prepared {
+        Ok((offer, auth)) => execute(spec, state, &offer, auth, body, seconds).await,
+        Err(refusal) => Outcome::Refused(refusal),
+    };
+
+    match outcome {
+        Outcome::Refused(refusal) => {
+            note_refusal(state, spec, &refusal);
+            payment_required_v1(&required(refusal.reason(), payer))
+        }
+        Outcome::Drop => dropped_connection(),
+        Outcome::Answer { status, body, settlement } => {
+            let mut response = HttpResponse::build(status);
+            if let Some(settled) = settlement {
+                let header = wire::encode_header(&wire::SettlementV1 {
+                    success: true,
+                    transaction: format!("{:#x}", settled.transaction),
+                    network: state.settings.network_v1.clone(),
+                    payer: settled.payer.to_checksum(None),
+                });
+                match header {
+                    Ok(header) => {
+                        response.insert_header((wire::X_PAYMENT_RESPONSE, header));
+                    }
+                    Err(err) => return internal_error(&err),
+                }
+            }
+            response.json(body)
+        }
+    }
+}
+
+/// The offered entry a v2 client says it accepted (addresses compared as addresses).
+pub(super) fn match_offer_v2<'a>(offers: &'a [Offer], accepted: &wire::AcceptedV2) -> Result<&'a Offer, Refusal> {
+    let asset = Address::from_str(&accepted.asset).ok();
+    let pay_to = Address::from_str(&accepted.pay_to).ok();
+    offers
+        .iter()
+        .find(|o| {
+            o.scheme == accepted.scheme
+                && o.network == accepted.network
+                && o.amount.to_string() == accepted.amount
+                && Some(o.asset) == asset
+                && Some(o.pay_to) == pay_to
+        })
+        .ok_or(Refusal::NoMatchingRequirement)
+}
+
+/// Verifies, then does what the route does. Shared by both wire versions.
+pub(super) async fn execute(
+    spec: &'static RouteSpec,
+    state: &AppState,
+    offer: &Offer,
+    auth: SignedAuthorization,
+    body: &Bytes,
+    seconds: u64,
+) -> Outcome {
+    if let Err(refusal) = state.facilitator.verify(offer, &auth).await {
+        return Outcome::Refused(refusal);
+    }
+    let wait = Duration::from_secs(seconds);
+    let payer = auth.from;
+    match spec.behaviour {
+        Behaviour::Weather | Behaviour::Multi | Behaviour::PaymentIdentifier => {
+            settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await
+        }
+        Behaviour::Echo => match serde_json::from_slice::<Value>(body) {
+            Ok(echo) => settle_then(state, spec, auth, StatusCode::OK, echo).await,
+            // The handler failed, so (like the official middleware) nothing is settled.
+            Err(_) => Outcome::Answer {
+                status: StatusCode::BAD_REQUEST,
+                body: json!({ "error": "the request body must be JSON" }),
+                settlement: None,
+            },
+        },
+        Behaviour::Error500 => Outcome::Answer {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: json!({ "error": "the upstream failed (test route); the payment was not settled" }),
+            settlement: None,
+        },
+        Behaviour::SettleThen500 => {
+            let body = json!({ "error": "the upstream failed after settling (test route)" });
+            settle_then(state, spec, auth, StatusCode::INTERNAL_SERVER_ERROR, body).await
+        }
+        Behaviour::SettleThenDrop => match settle(state, spec, auth, Duration::ZERO).await {
+            Ok(_) => Outcome::Drop,
+            Err(refusal) => Outcome::Refused(refusal),
+        },
+        Behaviour::Stall => {
+            // The wait is part of the settlement task: a client that gives up does not stop it.
+            match settle(state, spec, auth, wait).await {
+                Ok(transaction) => Outcome::Answer {
+                    status: StatusCode::OK,
+                    body: json!({ "stalled_seconds": seconds, "report": weather(spec) }),
+                    settlement: Some(Settled { transaction, payer }),
+                },
+                Err(refusal) => Outcome::Refused(refusal),
+            }
+        }
+        Behaviour::SlowSettle => match settle(state, spec, auth, Duration::ZERO).await {
+            Ok(transaction) => {
+                tokio::time::sleep(wait).await;
+                Outcome::Answer {
+                    status: StatusCode::OK,
+                    body: json!({ "slept_after_settling_seconds": seconds, "report": weather(spec) }),
+                    settlement: Some(Settled { transaction, payer }),
+                }
+            }
+            Err(refusal) => Outcome::Refused(refusal),
+        },
+        Behaviour::Lie => {
+            // Looks like a transaction hash; no transaction has it.
+            let made_up = keccak256([b"x402-test-upstream: never settled ".as_slice(), auth.nonce.as_slice()].concat());
+            tracing::warn!(route = spec.path, payer = %auth.from, tx = %made_up, "claiming a settlement that did not happen");
+            Outcome::Answer {
+                status: StatusCode::OK,
+                body: weather(spec),
+                settlement: Some(Settled { transaction: made_up, payer }),
+            }
+        }
+        Behaviour::Reject => Outcome::Refused(Refusal::Forced {
+            reason: "invalid_exact_evm_signature".into(),
+            message: "this route refuses every payment".into(),
+        }),
+    }
+}
+
+/// Settles now, then answers `status` with `body` and the settlement header.
+pub(super) async fn settle_then(
+    state: &AppState,
+    spec: &'static RouteSpec,
+    auth: SignedAuthorization,
+    status: StatusCode,
+    body: Value,
+) -> Outcome {
+    let payer = auth.from;
+    match settle(state, spec, auth, Duration::ZERO).await {
+        Ok(transaction) => Outcome::Answer { status, body, settlement: Some(Settled { transaction, payer }) },
+        Err(refusal) => Outcome::Refused(refusal),
+    }
+}
+
+/// Waits `delay`, settles, and counts the settlement, in a task of its own so that a client
+/// hanging up cannot cancel it half way.
+pub(super) async fn settle(
+    state: &AppState,
+    spec: &'static RouteSpec,
+    auth: SignedAuthorization,
+    delay: Duration,
+) -> Result<B256, Refusal> {
+    let facilitator = state.facilitator.clone();
+    let stats = state.stats.clone();
+    let task = actix_rt::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let result = facilitator.settle(&auth).await;
+        match &result {
+            Ok(tx) => {
+                tracing::info!(route = spec.path, payer = %auth.from, amount = %auth.value, %tx, "settled");
+                stats.update(spec.path, |s| {
+                    s.paid += 1;
+                    s.last_paid_amount = Some(auth.value.to_string());
+                    s.last_transaction = Some(format!("{tx:#x}"));
+                });
+            }
+            Err(refusal) => {
+                tracing::warn!(route = spec.path, payer = %auth.from, reason = refusal.reason(), error = %refusal, "settlement failed");
+            }
+        }
+        result
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(join) => Err(Refusal::SettleRpc(format!("the settlement task failed: {join}"))),
+    }
+}
+
+pub(super) fn note_refusal(state: &AppState, spec: &RouteSpec, refusal: &Refusal) {
+    tracing::info!(route = spec.path, reason = refusal.reason(), error = %refusal, "payment refused");
+    state.stats.update(spec.path, |s| s.refused += 1);
+}

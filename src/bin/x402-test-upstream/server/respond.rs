@@ -1,0 +1,139 @@
+//! Plain answers (free, stats, 404, errors, 402 bodies), the query parameters, a dropped connection.
+
+use std::pin::Pin;
+use std::str::FromStr;
+use std::task::{Context, Poll};
+
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::http::header::CACHE_CONTROL;
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use serde_json::{Value, json};
+
+use crate::payment::error_chain;
+use crate::wire::{self};
+
+use super::*;
+
+/// `GET /free`: no payment needed.
+pub(super) async fn free() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "free": true, "message": "no payment needed" }))
+}
+
+/// `GET /_stats`: per-route counters (see `stats::RouteStats`).
+pub(super) async fn stats_handler(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.stats.snapshot())
+}
+
+pub(super) async fn not_found() -> HttpResponse {
+    HttpResponse::NotFound().json(json!({ "error": "not found" }))
+}
+
+pub(super) fn bad_request(message: &str) -> HttpResponse {
+    HttpResponse::BadRequest().json(json!({ "error": message }))
+}
+
+/// Every route of [`ROUTES`].
+pub(super) fn weather(spec: &RouteSpec) -> Value {
+    json!({
+        "route": spec.path,
+        "city": "Paris",
+        "forecast": "sunny",
+        "temperature_c": 21
+    })
+}
+
+pub(super) fn payment_required_v2(required: &wire::PaymentRequiredV2, body: Value) -> HttpResponse {
+    match wire::encode_header(required) {
+        Ok(header) => HttpResponse::PaymentRequired()
+            .insert_header((wire::PAYMENT_REQUIRED, header))
+            .insert_header((CACHE_CONTROL, "no-store"))
+            .json(body),
+        Err(err) => internal_error(&err),
+    }
+}
+
+pub(super) fn payment_required_v1(required: &wire::PaymentRequiredV1) -> HttpResponse {
+    HttpResponse::PaymentRequired().insert_header((CACHE_CONTROL, "no-store")).json(required)
+}
+
+pub(super) fn internal_error(err: &dyn std::error::Error) -> HttpResponse {
+    tracing::error!(error = %error_chain(err), "could not build the response");
+    HttpResponse::InternalServerError().json(json!({ "error": "internal error" }))
+}
+
+/// `scheme://host/path?query` of this request, as the client addressed it.
+pub(super) fn resource_url(req: &HttpRequest) -> String {
+    let info = req.connection_info();
+    let path = req.uri().path_and_query().map_or_else(|| req.path().to_owned(), |pq| pq.as_str().to_owned());
+    format!("{}://{}{}", info.scheme(), info.host(), path)
+}
+
+/// The query parameters the test routes understand.
+pub(super) struct Query {
+    seconds: Option<String>,
+    reason: Option<String>,
+}
+
+impl Query {
+    pub(super) fn parse(raw: &str) -> Self {
+        let mut query = Self { seconds: None, reason: None };
+        for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+            match &*key {
+                "seconds" => query.seconds = Some(value.into_owned()),
+                "reason" => query.reason = Some(value.into_owned()),
+                _ => {}
+            }
+        }
+        query
+    }
+
+    /// `?seconds=N`, whole seconds, at most an hour.
+    pub(super) fn seconds(&self) -> Result<u64, String> {
+        match &self.seconds {
+            None => Ok(DEFAULT_SECONDS),
+            Some(raw) => match u64::from_str(raw) {
+                Ok(n) if n <= MAX_SECONDS => Ok(n),
+                _ => Err(format!("seconds must be a whole number from 0 to {MAX_SECONDS}")),
+            },
+        }
+    }
+
+    /// `/v2/reject?reason=…` (letters, digits, `_`, `-`), default `invalid_exact_evm_signature`.
+    pub(super) fn reason(&self) -> String {
+        self.reason
+            .as_deref()
+            .filter(|r| {
+                !r.is_empty()
+                    && r.len() <= 100
+                    && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            })
+            .unwrap_or("invalid_exact_evm_signature")
+            .to_owned()
+    }
+}
+
+/// A response whose body fails before its first byte. actix-http encodes the head into its
+/// write buffer, polls the body in the same turn, and on the error tears the connection down
+/// before flushing, so the client sees the connection close with no HTTP response at all.
+pub(super) fn dropped_connection() -> HttpResponse {
+    tracing::info!("closing the connection without a response");
+    HttpResponse::Ok().body(AbortBody)
+}
+
+pub(super) struct AbortBody;
+
+impl MessageBody for AbortBody {
+    type Error = std::io::Error;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Poll::Ready(Some(Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "settle-then-drop: closing the connection without a response",
+        ))))
+    }
+}

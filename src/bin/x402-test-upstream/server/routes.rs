@@ -1,0 +1,143 @@
+//! THE route table of the test upstream and what each paid route does.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+}
+
+/// What a paid route does once the payment verified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Settle, then 200 with a weather report.
+    Weather,
+    /// Settle, then 200 echoing the JSON request body (400 without settling if it is not JSON).
+    Echo,
+    /// Like `Weather`, with several offers of which one is payable and cheapest among payables.
+    Multi,
+    /// Like `Weather`, advertising the payment-identifier extension.
+    PaymentIdentifier,
+    /// 500 and no settlement.
+    Error500,
+    /// Settle first, then 500 carrying the settlement header.
+    SettleThen500,
+    /// Settle, then close the connection without any HTTP response.
+    SettleThenDrop,
+    /// Always refuse the payment (402 with a reason).
+    Reject,
+    /// Sleep `?seconds=N`, then settle and answer 200.
+    Stall,
+    /// 200 with a settlement header naming a made-up transaction; nothing is settled.
+    Lie,
+    /// Settle, sleep `?seconds=N`, then answer 200.
+    SlowSettle,
+}
+
+pub struct RouteSpec {
+    pub path: &'static str,
+    pub method: Method,
+    pub version: Version,
+    pub behaviour: Behaviour,
+    pub description: &'static str,
+}
+
+/// THE route table. Besides these: `GET /free` (no payment) and `GET /_stats` (counters).
+pub const ROUTES: &[RouteSpec] = &[
+    RouteSpec {
+        path: "/v2/weather",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Weather,
+        description: "Weather report (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/echo",
+        method: Method::Post,
+        version: Version::V2,
+        behaviour: Behaviour::Echo,
+        description: "Echoes the JSON body (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/error500",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Error500,
+        description: "Fails with 500 after verifying; never settles (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/settle-then-500",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettleThen500,
+        description: "Settles up front, then fails with 500 (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/settle-then-drop",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettleThenDrop,
+        description: "Settles, then drops the connection without answering (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/reject",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Reject,
+        description: "Refuses every payment (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/stall",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Stall,
+        description: "Waits ?seconds=N after verifying, then settles and answers (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/lie",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Lie,
+        description: "Claims a settlement that never happened (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/slow-settle",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SlowSettle,
+        description: "Settles, then waits ?seconds=N before answering (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/multi",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Multi,
+        description: "Offers several requirements; one cheapest payable (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pid",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::PaymentIdentifier,
+        description: "Advertises the payment-identifier extension (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v1/weather",
+        method: Method::Get,
+        version: Version::V1,
+        behaviour: Behaviour::Weather,
+        description: "Weather report (x402 v1)",
+    },
+    RouteSpec {
+        path: "/v1/error500",
+        method: Method::Get,
+        version: Version::V1,
+        behaviour: Behaviour::Error500,
+        description: "Fails with 500 after verifying; never settles (x402 v1)",
+    },
+];

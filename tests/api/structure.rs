@@ -1,0 +1,243 @@
+//! The layering rules of docs/ARCHITECTURE.md, checked on the source itself, and the
+//! ledger's status set held to the database's CHECK constraint.
+//!
+//! Module graph: every `crate::…` and `super::…` path in non-test code of `src/` (the
+//! binaries excluded) is an edge from the file's module to the module it names. Among the
+//! children of any module, those edges must form no cycle (so `relay` ↔ `payments`,
+//! `x402::sign` ↔ `x402::wire` or `error` ↔ `relay` cannot come back), and a few modules
+//! may only depend on the plumbing below them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use diesel_async::RunQueryDsl;
+
+use crate::helpers::spawn_app;
+
+type Module = Vec<String>;
+
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "bin") {
+                source_files(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `src/x402/wire/mod.rs` → `["x402", "wire"]`; `src/lib.rs` → `[]`.
+fn module_of(src: &Path, file: &Path) -> Module {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Module = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of a file without comments and without its `#[cfg(test)] mod tests { … }` block.
+fn code_of(text: &str) -> String {
+    let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+    let code = code.join("\n");
+    let Some(start) = code.find("#[cfg(test)]\nmod tests {") else {
+        return code;
+    };
+    let open = start + code[start..].find('{').unwrap_or(0);
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return format!("{}{}", &code[..start], &code[open + i + 1..]);
+                }
+            }
+            _ => {}
+        }
+    }
+    code[..start].to_owned()
+}
+
+/// Every module path a file names, resolved to the longest known module.
+fn references(module: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<Module>) -> BTreeSet<Module> {
+    let mut out = BTreeSet::new();
+    let bytes = code.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while i < code.len() {
+        if !code.is_char_boundary(i) {
+            i += 1;
+            continue;
+        }
+        let rest = &code[i..];
+        let (mut base, skip) = if rest.starts_with("crate::") && (i == 0 || !is_ident(bytes[i - 1])) {
+            (Module::new(), "crate::".len())
+        } else if rest.starts_with("super::") && (i == 0 || !is_ident(bytes[i - 1])) {
+            // `super` of `a/b.rs` is `a`; of `a/b/mod.rs` it is also `a`.
+            let mut m = module.clone();
+            let _ = is_mod_file;
+            m.pop();
+            (m, "super::".len())
+        } else {
+            i += 1;
+            continue;
+        };
+        // Read `seg::seg::…`, or a `{a::b, c}` group, after the prefix.
+        let tail = &code[i + skip..];
+        let group: Vec<&str> = if let Some(inner) = tail.strip_prefix('{') {
+            inner.split('}').next().unwrap_or("").split(',').collect()
+        } else {
+            vec![tail]
+        };
+        for path in group {
+            let mut m = base.clone();
+            for seg in path.trim().split("::") {
+                let seg: String = seg.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if seg.is_empty() || seg == "super" {
+                    break;
+                }
+                m.push(seg);
+                if !known.contains(&m) {
+                    m.pop();
+                    break;
+                }
+            }
+            out.insert(m);
+        }
+        base.clear();
+        i += skip;
+    }
+    out
+}
+
+fn module_graph() -> BTreeMap<Module, BTreeSet<Module>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let known: BTreeSet<Module> = files.iter().map(|f| module_of(&src, f)).collect();
+    let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for f in &files {
+        if f.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let module = module_of(&src, f);
+        let is_mod = f.file_name().is_some_and(|n| n == "mod.rs");
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        graph.entry(module.clone()).or_default().extend(references(&module, is_mod, &code, &known));
+    }
+    graph
+}
+
+/// Edges among the children of `parent`: `a → b` when code under `parent::a` names `parent::b…`.
+fn child_edges(graph: &BTreeMap<Module, BTreeSet<Module>>, parent: &[String]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in graph {
+        if from.len() <= parent.len() || from[..parent.len()] != *parent {
+            continue;
+        }
+        let a = &from[parent.len()];
+        for to in targets {
+            if to.len() > parent.len() && to[..parent.len()] == *parent && to[parent.len()] != *a {
+                edges.entry(a.clone()).or_default().insert(to[parent.len()].clone());
+            }
+        }
+    }
+    edges
+}
+
+fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(pos) = stack.iter().position(|s| s == n) {
+            let mut cycle = stack[pos..].to_vec();
+            cycle.push(n.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        stack.push(n.to_owned());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, stack, done) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges.keys().find_map(|n| visit(n, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_module_depends_on_a_sibling_that_depends_back_on_it() {
+    let graph = module_graph();
+    let parents: BTreeSet<Module> = graph.keys().flat_map(|m| (0..m.len()).map(|i| m[..i].to_vec())).collect();
+    for parent in parents {
+        let edges = child_edges(&graph, &parent);
+        if let Some(cycle) = find_cycle(&edges) {
+            panic!("import cycle among the children of `crate::{}`: {}", parent.join("::"), cycle.join(" → "));
+        }
+    }
+}
+
+#[test]
+fn the_layers_depend_only_downwards() {
+    let graph = module_graph();
+    let top = child_edges(&graph, &[]);
+    let deps = |m: &str| top.get(m).cloned().unwrap_or_default();
+    let allowed = |m: &str, ok: &[&str]| {
+        let extra: Vec<String> = deps(m).into_iter().filter(|d| !ok.contains(&d.as_str())).collect();
+        assert!(extra.is_empty(), "`{m}` may depend only on {ok:?}, but names {extra:?}");
+    };
+    // The ledger knows nothing above the database.
+    allowed("payments", &["db", "money", "clock"]);
+    allowed("money", &[]);
+    allowed("clock", &[]);
+    allowed("db", &["config"]);
+    // HTTP is known to the route table, the one error mapping and the auth extractors only.
+    for m in top.keys() {
+        if !["routes", "error", "auth", "startup"].contains(&m.as_str()) {
+            assert!(!deps(m).contains("error"), "`{m}` must not use the HTTP error type; return a domain error");
+            assert!(!deps(m).contains("routes"), "`{m}` must not depend on the route table");
+        }
+    }
+    // The use case does not reach back into the layers that call it.
+    for m in ["relay", "payments", "idempotency", "x402", "receipts", "upstream"] {
+        for above in ["routes", "commands", "cli", "startup"] {
+            assert!(!deps(m).contains(above), "`{m}` must not depend on `{above}`");
+        }
+    }
+}
+
+/// The enum and the database agree on the set of ledger statuses.
+#[actix_web::test]
+async fn payment_status_enum_matches_the_check_constraint() {
+    #[derive(diesel::QueryableByName)]
+    struct Def {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        def: String,
+    }
+    let app = spawn_app().await;
+    let mut conn = app.db.conn().await;
+    let row: Def = diesel::sql_query(
+        "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conname = 'payments_status_check'",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    let in_db: BTreeSet<String> = row.def.split('\'').skip(1).step_by(2).map(str::to_owned).collect();
+    let in_code: BTreeSet<String> =
+        x402_router::payments::PaymentStatus::ALL.iter().map(|s| s.as_str().to_owned()).collect();
+    assert_eq!(in_db, in_code, "constraint: {}", row.def);
+}
