@@ -80,7 +80,7 @@ async fn pay_once(c: &Client) -> anyhow::Result<()> {
             .map_err(|r| anyhow::anyhow!("no payable requirement: {r}"))?;
     let mut nonce = [0u8; 32];
     getrandom::getrandom(&mut nonce)?;
-    let signed = x402::sign_authorization(&c.signer, chosen, B256::from(nonce), now_unix())?;
+    let signed = x402::sign_authorization(&c.signer, chosen, B256::from(nonce), now_unix(), 300)?;
     let payload = x402::payload::payment_payload(required.version, chosen, required.resource.as_ref(), &signed, None)?;
     let (name, value) = x402::wire::encode_payment_header(required.version, &payload)?;
     let paid = c.http.get(&c.url).header(name, value).send().await?;
@@ -105,7 +105,8 @@ async fn main() -> anyhow::Result<()> {
     let client = Arc::new(Client {
         http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?,
         signer: PrivateKeySigner::from_str(key.trim())?,
-        supported: Supported::new([args.network], [(args.network, args.asset)]),
+        supported: Supported::new([args.network], [(args.network, args.asset)])
+            .with_decimals([((args.network, args.asset), 6)]),
         url: args.url,
         max_amount: args.max_amount,
     });

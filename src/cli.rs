@@ -68,13 +68,17 @@ pub struct ServeArgs {
     /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`.
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,
-    /// Token contracts the router pays with, per network: `eip155:84532=0x…,…`.
-    /// Empty: USDC on Base and Base Sepolia.
+    /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals],…`
+    /// (decimals read from the token when not given). Empty: USDC on Base and Base Sepolia.
     #[arg(long, env = "X402_ASSETS", default_value = "")]
     pub x402_assets: String,
     /// Timeout of each chain RPC call, in ms.
     #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
     pub x402_rpc_timeout_ms: String,
+    /// Longest lifetime of a signed authorization in seconds, whatever an upstream's
+    /// maxTimeoutSeconds asks (validBefore = now + min(maxTimeoutSeconds, this)).
+    #[arg(long, env = "X402_MAX_AUTH_SECONDS", default_value = "300")]
+    pub x402_max_auth_seconds: String,
     /// Bearer token for /audit/* (unset: the audit API is disabled).
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,

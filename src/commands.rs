@@ -17,8 +17,9 @@ use crate::startup::{Application, Hooks};
 /// # Errors
 /// Configuration, migration or server errors.
 pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = Config::from_args(args)?;
+    let mut config = Config::from_args(args)?;
     crate::telemetry::init(config.json_logs);
+    crate::startup::preflight(&mut config).await?;
     if config.run_migrations {
         let applied = crate::db::run_migrations(config.database.url.expose()).await.context("running migrations")?;
         if !applied.is_empty() {

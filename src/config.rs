@@ -116,7 +116,42 @@ pub struct PaymentConfig {
     pub rpc_urls: BTreeMap<Network, Url>,
     /// Network → token contracts the router pays with.
     pub assets: BTreeMap<Network, Vec<Address>>,
+    /// Decimals of the assets that are configured (`@6`) or built in; the others are read
+    /// from the token before serving (`startup::preflight`).
+    pub decimals: BTreeMap<(Network, Address), u8>,
     pub rpc_timeout: Duration,
+    /// Longest lifetime of a signed authorization, whatever an upstream asks
+    /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
+    pub max_auth_secs: u64,
+}
+
+impl PaymentConfig {
+    /// Checks that every asset whose decimals are known has the same decimals: caps and
+    /// budgets are numbers of atomic units, so one budget can only span assets whose atomic
+    /// units are equal.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming two assets of different decimals.
+    pub fn check_one_unit(&self) -> Result<(), ConfigError> {
+        let mut first: Option<(&(Network, Address), u8)> = None;
+        for (asset, d) in &self.decimals {
+            match first {
+                None => first = Some((asset, *d)),
+                Some((a, d0)) if d0 != *d => {
+                    return Err(ConfigError::new(
+                        "X402_ASSETS",
+                        format!(
+                            "mixes assets of different units: {}={} has {d0} decimals, {}={} has {d}; agents' caps \
+                             and budgets are in atomic units, so one budget cannot span them (run one router per unit)",
+                            a.0, a.1, asset.0, asset.1
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Everything `serve` needs.
@@ -142,6 +177,12 @@ pub struct Config {
 pub const DEFAULT_ASSETS: &str = "eip155:8453=0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913,\
 eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e";
 
+/// Assets whose decimals are known without asking the chain: Circle's USDC (6).
+const KNOWN_DECIMALS: [(Network, &str, u8); 2] = [
+    (Network::BASE, "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", 6),
+    (Network::BASE_SEPOLIA, "0x036CbD53842c5426634e7929541eC2318f3dCF7e", 6),
+];
+
 impl Config {
     /// Builds the typed configuration.
     ///
@@ -158,7 +199,7 @@ impl Config {
         let signer = load_signer(args)?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
         let assets_raw = if args.x402_assets.trim().is_empty() { DEFAULT_ASSETS } else { &args.x402_assets };
-        let assets = parse_assets(assets_raw)?;
+        let (assets, decimals) = parse_assets(assets_raw)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) if t.len() < 16 => {
@@ -191,6 +232,14 @@ impl Config {
             "json" => true,
             _ => return Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
         };
+        let payments = PaymentConfig {
+            rpc_urls,
+            assets,
+            rpc_timeout: parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?,
+            max_auth_secs: parse_max_auth(&args.x402_max_auth_seconds)?,
+            decimals,
+        };
+        payments.check_one_unit()?;
         Ok(Self {
             database,
             redis_url: Secret::new(redis_url.to_owned()),
@@ -198,11 +247,7 @@ impl Config {
             redis_key_prefix: args.redis_key_prefix.clone(),
             bind,
             signer,
-            payments: PaymentConfig {
-                rpc_urls,
-                assets,
-                rpc_timeout: parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?,
-            },
+            payments,
             operator_token,
             upstream,
             request_max_bytes: parse_num("REQUEST_MAX_BYTES", &args.request_max_bytes)?,
@@ -290,18 +335,48 @@ pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Url>, ConfigError> 
     Ok(out)
 }
 
-fn parse_assets(raw: &str) -> Result<BTreeMap<Network, Vec<Address>>, ConfigError> {
+type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>);
+
+/// `X402_ASSETS`: `network=0x…[@decimals],…`. Decimals given here win; built-in USDC is known.
+fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
+    let mut decimals = BTreeMap::new();
     for item in split_list(raw) {
-        let (network, addr) = split_pair("X402_ASSETS", item)?;
+        let (network, spec) = split_pair("X402_ASSETS", item)?;
+        let (addr, dec) = match spec.split_once('@') {
+            Some((a, d)) => {
+                let d = d.trim().parse::<u8>().ok().filter(|d| *d <= 36).ok_or_else(|| {
+                    ConfigError::new("X402_ASSETS", format!("{d:?} is not a number of decimals (0 to 36)"))
+                })?;
+                (a.trim(), Some(d))
+            }
+            None => (spec, None),
+        };
         let asset = Address::from_str(addr)
             .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
+        let known = KNOWN_DECIMALS
+            .iter()
+            .find(|(n, a, _)| *n == network && Address::from_str(a).is_ok_and(|k| k == asset))
+            .map(|(_, _, d)| *d);
+        if let Some(d) = dec.or(known) {
+            decimals.insert((network, asset), d);
+        }
         let list = out.entry(network).or_default();
         if !list.contains(&asset) {
             list.push(asset);
         }
     }
-    Ok(out)
+    Ok((out, decimals))
+}
+
+/// `X402_MAX_AUTH_SECONDS`: 10 s to 24 h (an authorization must outlive one exchange, and
+/// must not outlive the rolling budget window).
+fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
+    let v: u64 = parse_num("X402_MAX_AUTH_SECONDS", raw)?;
+    if !(10..=86_400).contains(&v) {
+        return Err(ConfigError::new("X402_MAX_AUTH_SECONDS", "must be between 10 and 86400 seconds"));
+    }
+    Ok(v)
 }
 
 fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {

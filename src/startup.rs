@@ -89,6 +89,51 @@ impl Application {
     }
 }
 
+/// Checks the payment networks before serving. Every RPC URL that answers must serve its
+/// network's chain id, else the router refuses to start with one line naming the entry (an
+/// endpoint that does not answer yet is checked on first use, and no payment is made until it
+/// passes). The decimals of assets not given in `X402_ASSETS` are read from the tokens; an
+/// asset whose decimals cannot be read is never paid; assets of different decimals refuse
+/// to start (one budget cannot span them).
+///
+/// # Errors
+/// A chain id mismatch, or assets of different units.
+pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
+    let payments = &mut config.payments;
+    let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
+    for network in chain.networks() {
+        match chain.verify_chain_id(network).await {
+            Ok(()) => {}
+            Err(crate::x402::ChainError::ChainIdMismatch { network, actual }) => anyhow::bail!(
+                "X402_RPC_URLS: the entry for {network} serves chain id {actual}, not {}; refusing to start",
+                network.chain_id()
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "RPC endpoint not reachable at start-up; its chain id is checked on first use")
+            }
+        }
+    }
+    let unknown: Vec<_> = payments
+        .assets
+        .iter()
+        .flat_map(|(n, list)| list.iter().map(|a| (*n, *a)))
+        .filter(|key| !payments.decimals.contains_key(key) && payments.rpc_urls.contains_key(&key.0))
+        .collect();
+    for (network, asset) in unknown {
+        match chain.decimals(network, asset).await {
+            Ok(d) => {
+                payments.decimals.insert((network, asset), d);
+            }
+            Err(e) => tracing::error!(
+                payment.network = %network, payment.asset = %asset, error = %e,
+                "cannot read the asset's decimals; it will not be paid (give them in X402_ASSETS as 0x…@decimals)"
+            ),
+        }
+    }
+    payments.check_one_unit()?;
+    Ok(())
+}
+
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let pool = crate::db::pool(&config.database);
     let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
@@ -104,7 +149,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let payments = &config.payments;
     let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
     let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
-    let supported = Supported::new(payments.rpc_urls.keys().copied(), assets);
+    let supported = Supported::new(payments.rpc_urls.keys().copied(), assets).with_decimals(payments.decimals.clone());
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
     Ok(AppState {
         config: Arc::new(config),

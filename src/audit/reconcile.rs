@@ -2,14 +2,15 @@
 //!
 //! A router that dies after signing leaves an intent in `signed` (or `unknown`, when the
 //! chain could not be read; or `unconfirmed`, when an upstream claimed a settlement the chain
-//! did not show yet). Until someone retries the key, nobody looks at it again: the agent's
-//! budget stays reserved and operators cannot tell whether money moved. Reconcile asks the
+//! did not show yet). An upstream that said "rejected" or answered without settling
+//! (`rejected`, `not_settled`) may still hold the signed authorization and submit it later.
+//! All of these keep the agent's budget reserved until the chain decides. Reconcile asks the
 //! chain (`authorizationState(payer, nonce)`) for each such intent:
 //!
 //! | chain says | old status | new status |
 //! |---|---|---|
-//! | used | `signed`, `unknown` | `settled_response_lost` (paid, answer never recorded) |
-//! | used | `unconfirmed` | `settled` |
+//! | used | `signed`, `unknown`, `rejected` | `settled_response_lost` (paid, no answer served) |
+//! | used | `unconfirmed`, `not_settled` | `settled` (the agent had the answer) |
 //! | unused, `validBefore` passed | any | `expired` (can never move money: releases the reservation) |
 //! | unused, still valid | any | unchanged (`pending`) |
 //! | no answer | any | unchanged (`errors`) |
@@ -44,8 +45,10 @@ use crate::x402::{Chain, Network};
 
 /// Intents read per batch.
 const BATCH: i64 = 200;
-/// The statuses whose fate the chain can still change.
-const RECONCILED: [PaymentStatus; 3] = [Signed, Unknown, Unconfirmed];
+/// Every status whose fate the chain can still change: all but the spent and the expired.
+/// `rejected` and `not_settled` are an upstream's word only; it may still hold the
+/// authorization and submit it, so they are watched until the chain settles them.
+const RECONCILED: [PaymentStatus; 5] = [Signed, Unknown, Unconfirmed, Rejected, NotSettled];
 
 /// An unused authorization is called expired only this long after its `validBefore`, so
 /// that a clock of this host running ahead of the chain's cannot expire one that a block
@@ -190,7 +193,8 @@ fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Strin
 /// The status the chain's answer moves an intent to; `None`: leave it.
 fn decide(old: PaymentStatus, used: bool, valid_before: i64, now: i64) -> Option<PaymentStatus> {
     if used {
-        return Some(if old == Unconfirmed { Settled } else { SettledResponseLost });
+        // The agent got the upstream's answer for `unconfirmed` and `not_settled`: served.
+        return Some(if matches!(old, Unconfirmed | NotSettled) { Settled } else { SettledResponseLost });
     }
     (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some(Expired)
 }
@@ -262,5 +266,10 @@ mod tests {
         assert_eq!(decide(Signed, false, now + 100, now), None);
         assert_eq!(decide(Unconfirmed, false, now - 1, now), None, "within the margin");
         assert_eq!(decide(Signed, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
+        // An upstream that said "rejected" and settled later: paid, and the agent got an error.
+        assert_eq!(decide(Rejected, true, 0, now), Some(SettledResponseLost));
+        assert_eq!(decide(NotSettled, true, 0, now), Some(Settled));
+        assert_eq!(decide(Rejected, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
+        assert_eq!(decide(NotSettled, false, now + 100, now), None);
     }
 }

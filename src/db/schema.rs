@@ -56,6 +56,7 @@ diesel::table! {
         id -> Uuid,
         agent_id -> Uuid,
         idempotency_key -> Text,
+        request_hash -> Text,
         x402_version -> Int2,
         scheme -> Text,
         network -> Text,

@@ -73,9 +73,10 @@ impl PaymentStatus {
         matches!(self, Self::Settled | Self::SettledResponseLost)
     }
 
-    /// States that release their reservation (counted neither as spent nor as reserved).
+    /// States that release their reservation (counted neither as spent nor as reserved):
+    /// only a fact of the chain (unused past `validBefore`), never an upstream's word.
     pub fn releases_reservation(self) -> bool {
-        matches!(self, Self::NotSettled | Self::Rejected | Self::Expired)
+        matches!(self, Self::Expired)
     }
 }
 

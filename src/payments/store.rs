@@ -21,6 +21,7 @@ pub struct PaymentRow {
     pub id: Uuid,
     pub agent_id: Uuid,
     pub idempotency_key: String,
+    pub request_hash: String,
     pub x402_version: i16,
     pub scheme: String,
     pub network: String,
@@ -46,6 +47,7 @@ pub struct NewPayment<'a> {
     pub id: Uuid,
     pub agent_id: Uuid,
     pub idempotency_key: &'a str,
+    pub request_hash: &'a str,
     pub lease: Uuid,
     pub x402_version: i16,
     pub scheme: &'a str,
@@ -73,10 +75,11 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     let n = diesel::sql_query(
         "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
-                               signed_authorization, header_name, header_value, status) \
-         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
+                               signed_authorization, header_name, header_value, status, request_hash) \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21 \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
-                         WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight') \
+                         WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' \
+                           AND request_hash = $21) \
          ON CONFLICT DO NOTHING",
     )
     .bind::<SqlUuid, _>(p.id)
@@ -99,16 +102,18 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.header_name)
     .bind::<Text, _>(p.header_value)
     .bind::<Text, _>(PaymentStatus::Signed)
+    .bind::<Text, _>(p.request_hash)
     .prepared()
     .execute(conn)
     .await?;
     Ok(n == 1)
 }
 
-/// Replaces the signature of an unused intent whose authorization expired (same nonce),
-/// fenced by `lease`. An intent that `reconcile` already marked `expired` had released its
-/// budget reservation, so it must fit the agent's limits again (checked under the agent
-/// lock, like [`reserve`]) and becomes `signed` again.
+/// Replaces the signature of an intent whose authorization expired unused (same nonce; the
+/// caller has just read the chain), fenced by `lease`. Whatever its recorded status (an
+/// upstream may have called it rejected), it becomes `signed` again; an intent that
+/// `reconcile` marked `expired` had released its budget reservation, so it must fit the
+/// agent's limits again (checked under the agent lock, like [`reserve`]).
 ///
 /// # Errors
 /// Database errors.
@@ -128,9 +133,9 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         let n = diesel::sql_query(
             "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
                                    status = $8, attempts = attempts + 1, updated_at = now() \
-              WHERE p.id = $1 AND p.status IN ($8, $9) AND EXISTS ( \
+              WHERE p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS ( \
                     SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
-                       AND k.lease = $2 AND k.status = 'in_flight')",
+                       AND k.request_hash = p.request_hash AND k.lease = $2 AND k.status = 'in_flight')",
         )
         .bind::<SqlUuid, _>(r.id)
         .bind::<SqlUuid, _>(r.lease)
@@ -140,7 +145,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         .bind::<Text, _>(r.header_value)
         .bind::<SqlUuid, _>(r.agent_id)
         .bind::<Text, _>(PaymentStatus::Signed)
-        .bind::<Text, _>(PaymentStatus::Expired)
+        .bind::<Text, _>(PaymentStatus::Settled)
+        .bind::<Text, _>(PaymentStatus::SettledResponseLost)
         .prepared()
         .execute(c)
         .await?;
@@ -161,14 +167,22 @@ pub struct Resign<'a> {
     pub header_value: &'a str,
 }
 
-/// The intent of (agent, key), if one was signed.
+/// The intent of this request under (agent, key), if one was signed. Intents of other
+/// requests under the same key (reused after it expired) are never returned: their
+/// authorizations must not reach another request's upstream.
 ///
 /// # Errors
 /// Database errors.
-pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<PaymentRow>> {
+pub async fn find(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+    request_hash: &str,
+) -> QueryResult<Option<PaymentRow>> {
     payments::table
         .filter(payments::agent_id.eq(agent_id))
         .filter(payments::idempotency_key.eq(key))
+        .filter(payments::request_hash.eq(request_hash))
         .select(PaymentRow::as_select())
         .first(conn)
         .await
@@ -204,14 +218,17 @@ pub async fn finalize(
 pub struct Spend {
     #[diesel(sql_type = SqlUuid)]
     pub agent_id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub disabled: bool,
     #[diesel(sql_type = Nullable<Text>)]
     pub max_per_call: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
     pub daily_budget: Option<String>,
-    /// Settled (or settled, response lost) in the last 24 h.
+    /// Spent (settled, or settled with the response lost) in the last 24 h.
     #[diesel(sql_type = Text)]
     pub settled_24h: String,
-    /// Reserved but not (yet) known to have settled: signed, unknown, unconfirmed.
+    /// Signed authorizations that may still move money, however old: every intent that is
+    /// neither spent nor `expired` (an upstream's "rejected" or "not settled" releases nothing).
     #[diesel(sql_type = Text)]
     pub reserved_24h: String,
     /// What the budget still allows (None: no budget).
@@ -244,7 +261,7 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
     let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
     debug_assert_eq!(spent, super::sql_list([Settled, SettledResponseLost]));
     let sql = format!(
-        "SELECT a.id AS agent_id, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
+        "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
                 u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
                 CASE WHEN a.daily_budget IS NULL THEN NULL \
                      ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h \
@@ -252,8 +269,8 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
                 SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent}), 0) AS settled, \
                        COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
                   FROM payments p \
-                 WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
-                   AND p.status NOT IN {released}) u \
+                 WHERE p.agent_id = a.id AND p.status NOT IN {released} \
+                   AND (p.status NOT IN {spent} OR p.created_at > now() - interval '24 hours')) u \
           WHERE a.id = $1"
     );
     diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()

@@ -102,3 +102,26 @@ pub async fn count_for_key(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &s
         .get_result(conn)
         .await
 }
+
+/// The newest receipt of one request under (agent, key) that recorded a payment: what a
+/// re-sent, already paid request is pointed at.
+///
+/// # Errors
+/// Database errors.
+pub async fn latest_for_request(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+    request_hash: &str,
+) -> QueryResult<Option<Uuid>> {
+    receipts::table
+        .filter(receipts::agent_id.eq(agent_id))
+        .filter(receipts::idempotency_key.eq(key))
+        .filter(receipts::request_hash.eq(request_hash))
+        .filter(receipts::payment.is_not_null())
+        .order((receipts::created_at.desc(), receipts::id.desc()))
+        .select(receipts::id)
+        .first(conn)
+        .await
+        .optional()
+}

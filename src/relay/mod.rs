@@ -110,10 +110,10 @@ async fn run_owned(state: AppState, own: Ownership, call: RouteCall) -> Result<R
 async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Result<Outcome, Error> {
     if own.took_over {
         let mut conn = error::conn(&state.pool).await?;
-        let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str()).await?;
+        let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
         drop(conn);
         if let Some(intent) = signed {
-            return pay::resume(state, own, call, intent, deadline).await;
+            return pay::resume(state, own, call, intent, deadline, pay::Resume::Takeover).await;
         }
     }
     let started = Instant::now();

@@ -82,6 +82,10 @@ pub enum Outcome {
     Declined { upstream: Option<UpstreamResponse>, reason: String, accepts: Value },
     /// The call failed: 502/504, `errored`.
     Failed(Failure),
+    /// This very request was already paid under this key before the key expired (it was
+    /// reused for the same request): 409, `errored`, nothing sent, no new receipt; the body
+    /// points at the receipt recorded for the payment.
+    AlreadyPaid { previous_receipt: Option<Uuid>, payment: Value },
 }
 
 /// What the recording transaction writes for an outcome.
@@ -130,6 +134,22 @@ impl Outcome {
                 Rendered {
                     stored: Stored { status, http_status: 402, body, receipt_id: Some(receipt_id) },
                     receipt: Some(draft(status, upstream.as_ref(), None)),
+                    payment: None,
+                }
+            }
+            Self::AlreadyPaid { previous_receipt, payment } => {
+                let body = json!({
+                    "error": "this request was already paid under this Idempotency-Key (before the key expired); \
+                              the router will not pay again. Its receipt is `previous_receipt_id`; use a new key \
+                              to buy again",
+                    "code": "already_paid",
+                    "previous_receipt_id": previous_receipt,
+                    "payment": payment,
+                    "receipt_id": null,
+                });
+                Rendered {
+                    stored: Stored { status: Status::Errored, http_status: 409, body, receipt_id: None },
+                    receipt: None,
                     payment: None,
                 }
             }

@@ -3,9 +3,10 @@
 //!
 //! At most one payment per (agent, Idempotency-Key, asset), guaranteed in layers:
 //! 1. the idempotency ledger lets one owner at a time run a key;
-//! 2. the EIP-3009 nonce is derived from (agent, key) ([`x402::deterministic_nonce`]), so
-//!    every signature ever made for a key carries the same nonce and the token contract
-//!    itself accepts at most one of them, even if Postgres and Redis lost all state;
+//! 2. the EIP-3009 nonce is derived from (agent, key, request hash)
+//!    ([`x402::deterministic_nonce`]), so every signature ever made for a request under a key
+//!    carries the same nonce and the token contract itself accepts at most one of them, even
+//!    if Postgres and Redis lost all state; before signing, every configured token is asked;
 //! 3. the signed intent is committed to `payments` *before* the paid request leaves, so a
 //!    takeover knows exactly what was signed and asks the chain before doing anything:
 //!    used → never pay again ("settled, response lost"); unused and valid → resend the
@@ -139,20 +140,33 @@ pub async fn pay(
         }
     };
 
-    let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+    // This very request was paid for under this key before (the key expired and was reused
+    // for the same request): never a second payment; resume the recorded intent instead.
+    let existing = {
+        let mut conn = super::error::conn(&state.pool).await?;
+        store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?
+    };
+    if let Some(intent) = existing {
+        return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
+    }
+
+    let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
     let payer = state.config.signer.address();
-    // Never pay a key twice, even if our own records were lost: ask the token first.
-    match chain_used(state, chosen.network(), chosen.asset(), payer, nonce).await {
-        Ok(false) => {}
-        Ok(true) => {
+    // Never pay a request twice, even if our own records were lost: ask every token this
+    // nonce could have been used on (an earlier attempt may have chosen another asset).
+    match used_anywhere(state, payer, nonce).await {
+        Ok(None) => {}
+        Ok(Some((network, asset))) => {
             let payment = json!({
-                "x402_version": required.version.number(), "scheme": "exact", "network": chosen.network().caip2(),
-                "asset": chosen.asset().to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
+                "x402_version": required.version.number(), "scheme": "exact", "network": network.caip2(),
+                "asset": asset.to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
                 "status": PaymentStatus::SettledResponseLost.as_str(),
             });
-            let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
+            let msg = "this request's payment under this Idempotency-Key was already settled on-chain; \
+                       the router will not pay again";
             return Ok(stopped_after_402(state, first, "already_settled", msg, Some(payment)));
         }
+        Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
         Err(e) => {
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
             return Ok(stopped_after_402(state, first, "rpc_unavailable", &msg, None));
@@ -160,7 +174,8 @@ pub async fn pay(
     }
 
     let extensions = if required.advertises_payment_identifier() {
-        let pid = x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str());
+        let pid =
+            x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
         x402::wire::payment_extensions(required.extensions.as_ref(), &pid).ok().flatten()
     } else {
         None
@@ -179,6 +194,7 @@ pub async fn pay(
         id: attempt.id,
         agent_id: own.agent_id,
         idempotency_key: own.key.as_str(),
+        request_hash: &own.request_hash,
         lease: own.lease,
         x402_version: i16::from(required.version.number()),
         scheme: chosen.scheme(),
@@ -222,7 +238,7 @@ pub async fn pay(
 /// [`Error`] when the ledger cannot be read.
 pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome, Error> {
     let mut conn = super::error::conn(&state.pool).await?;
-    let intent = store::find(&mut conn, own.agent_id, own.key.as_str()).await?;
+    let intent = store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
     let payment = intent.and_then(|row| {
         let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization).ok()?;
         let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
@@ -234,7 +250,20 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
     Ok(Outcome::Failed(Failure::new("route deadline exceeded").timeout(true).payment(payment).without_receipt()))
 }
 
-/// Resumes a key whose previous owner signed a payment (takeover after a crash).
+/// Why an existing intent of this request is picked up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// A takeover after the previous owner of the key was abandoned (crashed or frozen).
+    Takeover,
+    /// The key expired and was reused for the same request.
+    KeyReused,
+}
+
+/// Resumes the recorded intent of this request: a takeover after a crash, or the same
+/// request re-sent under a key that expired. The chain decides first: used ⇒ never pay
+/// again; unused and valid ⇒ resend the same signed payload; unused and expired ⇒ re-sign
+/// with the same nonce. Before anything is sent, the agent (enabled), its current cap and
+/// the configured networks and assets are checked again.
 ///
 /// # Errors
 /// [`Error::Unavailable`] when the chain cannot be read: nothing is decided or paid,
@@ -245,24 +274,48 @@ pub async fn resume(
     call: &RouteCall,
     intent: PaymentRow,
     deadline: Instant,
+    mode: Resume,
 ) -> Result<Outcome, Error> {
     let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
         .map_err(|e| Error::invariant(format!("stored authorization unreadable: {e}")))?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
         .ok_or_else(|| Error::invariant(format!("stored x402 version {}", intent.x402_version)))?;
-    let used =
-        chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await.map_err(|e| {
+    let used = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await {
+        Ok(used) => used,
+        Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
+        Err(e) => {
             tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
-            Error::Unavailable("the payment network cannot be read to check an earlier payment; retry later")
-        })?;
+            return Err(Error::Unavailable(
+                "the payment network cannot be read to check an earlier payment; retry later",
+            ));
+        }
+    };
     if used {
+        let s = &signed;
+        let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), None).await;
+        let tx_hash = proven.ok().flatten().map(|h| h.to_string()).or(intent.tx_hash.clone());
+        if mode == Resume::KeyReused {
+            state.metrics.payments.with_label_values(&["already_paid"]).inc();
+            let previous_receipt = {
+                let mut conn = super::error::conn(&state.pool).await?;
+                crate::receipts::store::latest_for_request(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash)
+                    .await?
+            };
+            let shown = describe(version, &signed, intent.status, tx_hash.as_deref());
+            return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown });
+        }
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
         tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on-chain: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
-        let shown = describe(version, &signed, status, intent.tx_hash.as_deref());
-        let ledger = Final { id: intent.id, status, tx_hash: intent.tx_hash, error: None };
+        let shown = describe(version, &signed, status, tx_hash.as_deref());
+        let ledger = Final { id: intent.id, status, tx_hash, error: None };
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
         return Ok(Outcome::Failed(Failure::new(msg).payment(Some(PaymentNote { shown, ledger: Some(ledger) }))));
+    }
+    let requirement = Requirement::from_json(version, 0, &intent.requirement)
+        .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+    if let Some(why) = still_allowed(state, own.agent_id, &requirement).await? {
+        return Ok(declined(state, None, &why, Value::Array(vec![intent.requirement])));
     }
     let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
@@ -270,8 +323,6 @@ pub async fn resume(
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
         Attempt { id: intent.id, version, signed, header: (name, value) }
     } else {
-        let requirement = Requirement::from_json(version, 0, &intent.requirement)
-            .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
         let attempt = sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
         let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
         let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
@@ -310,7 +361,8 @@ fn sign(
     context: &Value,
     nonce: B256,
 ) -> Result<Attempt, String> {
-    let signed = x402::sign_authorization(&state.config.signer, requirement, nonce, now_unix())
+    let max_auth = state.config.payments.max_auth_secs;
+    let signed = x402::sign_authorization(&state.config.signer, requirement, nonce, now_unix(), max_auth)
         .map_err(|e| format!("cannot sign the payment: {e}"))?;
     let resource = context.get("resource").filter(|v| !v.is_null());
     let extensions = context.get("extensions").filter(|v| !v.is_null());
@@ -415,15 +467,19 @@ async fn confirm(
     }
     match used {
         Ok(true) => {
-            let mut tx = None;
-            let mut note = None;
-            if let Some(hash) = claim.and_then(|c| c.tx_hash) {
-                match state.chain.transaction_status(s.network(), hash).await {
-                    Ok(Some(true)) => tx = Some(hash.to_string()),
-                    Ok(_) => note = Some(format!("the claimed transaction {hash} was not found or failed")),
-                    Err(e) => note = Some(format!("the claimed transaction could not be checked: {e}")),
-                }
-            }
+            // Record only the transaction the chain shows consuming this nonce, whatever the
+            // upstream claims.
+            let claimed_hash = claim.and_then(|c| c.tx_hash);
+            let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), claimed_hash).await;
+            let (tx, note) = match proven {
+                Ok(Some(h)) if Some(h) == claimed_hash || claimed_hash.is_none() => (Some(h.to_string()), None),
+                Ok(Some(h)) => (
+                    Some(h.to_string()),
+                    claimed_hash.map(|c| format!("the claimed transaction {c} did not use this authorization")),
+                ),
+                Ok(None) => (None, Some("the transaction that used the authorization was not found".to_owned())),
+                Err(e) => (None, Some(format!("the settling transaction could not be found: {e}"))),
+            };
             (PaymentStatus::Settled, tx, note)
         }
         Ok(false) if claimed => (
@@ -434,6 +490,60 @@ async fn confirm(
         Ok(false) => (PaymentStatus::NotSettled, None, None),
         Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
     }
+}
+
+/// The first configured `(network, asset)` on which `nonce` of `payer` is used, if any.
+/// Any unreadable chain is an error: nothing is signed without every answer.
+async fn used_anywhere(
+    state: &AppState,
+    payer: Address,
+    nonce: B256,
+) -> Result<Option<(Network, Address)>, x402::ChainError> {
+    for (network, asset) in state.supported.payable_assets() {
+        if chain_used(state, network, asset, payer, nonce).await? {
+            return Ok(Some((network, asset)));
+        }
+    }
+    Ok(None)
+}
+
+/// Why a recorded intent may no longer be sent, if it may not: the agent is disabled or
+/// gone, its asset is no longer configured (or not in the router's unit), or its amount is
+/// over the agent's current per-call cap (an unreadable cap refuses).
+async fn still_allowed(
+    state: &AppState,
+    agent_id: uuid::Uuid,
+    requirement: &Requirement,
+) -> Result<Option<String>, Error> {
+    let spend = {
+        let mut conn = super::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    let Some(spend) = spend else {
+        return Ok(Some("the agent no longer exists".into()));
+    };
+    if spend.disabled {
+        return Ok(Some("the agent is disabled".into()));
+    }
+    let (network, asset) = (requirement.network(), requirement.asset());
+    let unit_ok =
+        state.supported.unit().is_some() && state.supported.decimals(network, asset) == state.supported.unit();
+    if !state.supported.allows_asset(network, asset) || !unit_ok {
+        return Ok(Some(format!("asset {asset} on {network} is no longer configured for payments")));
+    }
+    match spend.cap() {
+        Err(_) => Ok(Some("the agent's limits cannot be read".into())),
+        Ok(Some(cap)) if requirement.amount() > cap => {
+            Ok(Some(format!("the price {} exceeds the agent's per-call cap {cap}", requirement.amount())))
+        }
+        Ok(_) => Ok(None),
+    }
+}
+
+/// The RPC endpoint serves another chain: no payment, 503 (the key stays in flight).
+fn wrong_chain() -> Error {
+    tracing::error!("an RPC endpoint serves another chain than its network; no payment is made");
+    Error::Unavailable("the payment network's RPC endpoint serves another chain; nothing was signed or paid")
 }
 
 async fn chain_used(

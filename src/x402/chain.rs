@@ -1,7 +1,12 @@
 //! On-chain checks through the configured JSON-RPC endpoints (one per network, `X402_RPC_URLS`):
-//! whether an EIP-3009 authorization has been used, and whether a transaction succeeded.
+//! whether an EIP-3009 authorization has been used, which transaction used it, whether a
+//! transaction succeeded, a token's decimals.
 //!
 //! Invariants:
+//! - Chain identity: an endpoint answers nothing until its `eth_chainId` equals its network's
+//!   chain id ([`ChainError::ChainIdMismatch`] otherwise, on every call: no payment decision
+//!   is ever made from another chain's state). The check is made again after any transport
+//!   error, so a reconnect to a different node is checked too.
 //! - Every call is bounded by the per-call timeout given at construction
 //!   (`tokio::time::timeout`), and a timeout is an error, never an answer.
 //! - A network without an RPC URL is an error ([`ChainError::UnknownNetwork`]), never "false".
@@ -11,12 +16,15 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use alloy::network::Ethereum;
 use alloy::primitives::{Address, B256};
 use alloy::providers::{Provider, RootProvider};
+use alloy::rpc::types::Filter;
 use alloy::sol;
+use alloy::sol_types::SolEvent;
 use reqwest::Url;
 
 use super::network::Network;
@@ -26,8 +34,14 @@ sol! {
     #[sol(rpc)]
     interface IEIP3009 {
         function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
+        function decimals() external view returns (uint8);
+        event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
     }
 }
+
+/// How far back [`Chain::authorization_tx`] searches the logs for the transaction that used a
+/// nonce (authorizations live minutes, so the use is recent).
+const LOG_LOOKBACK_BLOCKS: u64 = 20_000;
 
 /// Why an on-chain check gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +96,8 @@ struct Inner {
 
 struct Endpoint {
     provider: RootProvider<Ethereum>,
+    /// `eth_chainId` answered the configured network's id since the last transport error.
+    verified: AtomicBool,
     /// The URL as configured and as normalized, to scrub from error messages.
     redact: [String; 2],
 }
@@ -104,7 +120,11 @@ impl Chain {
             .map(|(network, url)| {
                 let as_str = url.as_str().to_owned();
                 let trimmed = as_str.trim_end_matches('/').to_owned();
-                let endpoint = Endpoint { provider: RootProvider::new_http(url), redact: [as_str, trimmed] };
+                let endpoint = Endpoint {
+                    provider: RootProvider::new_http(url),
+                    verified: AtomicBool::new(false),
+                    redact: [as_str, trimmed],
+                };
                 (network, endpoint)
             })
             .collect();
@@ -136,14 +156,76 @@ impl Chain {
         authorizer: Address,
         nonce: B256,
     ) -> Result<bool, ChainError> {
-        let endpoint = self.endpoint(network)?;
+        let endpoint = self.ready(network).await?;
         let token = IEIP3009::new(asset, &endpoint.provider);
         let call = token.authorizationState(authorizer, nonce);
-        match self.bounded(network, call.call()).await? {
+        match self.bounded(endpoint, network, call.call()).await? {
             Ok(used) => Ok(used),
             Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
             Err(e) => Err(endpoint.rpc_error(network, &e)),
         }
+    }
+
+    /// The token's `decimals()`.
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`].
+    pub async fn decimals(&self, network: Network, asset: Address) -> Result<u8, ChainError> {
+        let endpoint = self.ready(network).await?;
+        let token = IEIP3009::new(asset, &endpoint.provider);
+        let call = token.decimals();
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(d) => Ok(d),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The transaction that used `(authorizer, nonce)` on the token `asset`, from its
+    /// `AuthorizationUsed` event: `claimed` when its receipt succeeded and carries that event,
+    /// else the first such event in the recent logs. `None`: not found (an upstream's claimed
+    /// hash is never recorded without this proof).
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`].
+    pub async fn authorization_tx(
+        &self,
+        network: Network,
+        asset: Address,
+        authorizer: Address,
+        nonce: B256,
+        claimed: Option<B256>,
+    ) -> Result<Option<B256>, ChainError> {
+        let endpoint = self.ready(network).await?;
+        let topics = [IEIP3009::AuthorizationUsed::SIGNATURE_HASH, authorizer.into_word(), nonce];
+        let matches = |addr: Address, t: &[B256]| addr == asset && t.len() >= 3 && t[..3] == topics;
+        if let Some(hash) = claimed {
+            let receipt = self
+                .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(hash))
+                .await?
+                .map_err(|e| endpoint.rpc_error(network, &e))?;
+            if let Some(r) = receipt
+                && r.status()
+                && r.inner.logs().iter().any(|l| matches(l.address(), l.topics()))
+            {
+                return Ok(Some(hash));
+            }
+        }
+        let latest = self
+            .bounded(endpoint, network, endpoint.provider.get_block_number())
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        let filter = Filter::new()
+            .address(asset)
+            .event_signature(topics[0])
+            .topic1(topics[1])
+            .topic2(topics[2])
+            .from_block(latest.saturating_sub(LOG_LOOKBACK_BLOCKS));
+        let logs = self
+            .bounded(endpoint, network, endpoint.provider.get_logs(&filter))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        Ok(logs.iter().find(|l| matches(l.address(), l.topics())).and_then(|l| l.transaction_hash))
     }
 
     /// Status of a transaction from its receipt: `Some(true)` succeeded, `Some(false)`
@@ -152,9 +234,9 @@ impl Chain {
     /// # Errors
     /// [`ChainError::UnknownNetwork`], [`ChainError::Timeout`], [`ChainError::Rpc`].
     pub async fn transaction_status(&self, network: Network, tx_hash: B256) -> Result<Option<bool>, ChainError> {
-        let endpoint = self.endpoint(network)?;
+        let endpoint = self.ready(network).await?;
         let receipt = self
-            .bounded(network, endpoint.provider.get_transaction_receipt(tx_hash))
+            .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(tx_hash))
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
         Ok(receipt.map(|r| r.status()))
@@ -167,24 +249,51 @@ impl Chain {
     pub async fn verify_chain_id(&self, network: Network) -> Result<(), ChainError> {
         let endpoint = self.endpoint(network)?;
         let actual = self
-            .bounded(network, endpoint.provider.get_chain_id())
+            .bounded(endpoint, network, endpoint.provider.get_chain_id())
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
-        if actual == network.chain_id() { Ok(()) } else { Err(ChainError::ChainIdMismatch { network, actual }) }
+        if actual == network.chain_id() {
+            endpoint.verified.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            endpoint.verified.store(false, Ordering::Release);
+            Err(ChainError::ChainIdMismatch { network, actual })
+        }
+    }
+
+    /// The endpoint of `network`, its chain id checked (once per connection).
+    async fn ready(&self, network: Network) -> Result<&Endpoint, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        if !endpoint.verified.load(Ordering::Acquire) {
+            self.verify_chain_id(network).await?;
+        }
+        Ok(endpoint)
     }
 
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {
         self.inner.endpoints.get(&network).ok_or(ChainError::UnknownNetwork(network))
     }
 
-    async fn bounded<F: IntoFuture>(&self, network: Network, call: F) -> Result<F::Output, ChainError> {
+    /// Runs `call` under the per-call timeout. A timeout un-verifies the endpoint: the next
+    /// call checks the chain id again (it may reach another node).
+    async fn bounded<F: IntoFuture>(
+        &self,
+        endpoint: &Endpoint,
+        network: Network,
+        call: F,
+    ) -> Result<F::Output, ChainError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, call).await.map_err(|_| ChainError::Timeout { network, timeout })
+        tokio::time::timeout(timeout, call).await.map_err(|_| {
+            endpoint.verified.store(false, Ordering::Release);
+            ChainError::Timeout { network, timeout }
+        })
     }
 }
 
 impl Endpoint {
+    /// A failed call: the message without the URL; the endpoint is checked again next time.
     fn rpc_error(&self, network: Network, error: &dyn std::error::Error) -> ChainError {
+        self.verified.store(false, Ordering::Release);
         let mut message = error.to_string();
         for url in &self.redact {
             if !url.is_empty() {

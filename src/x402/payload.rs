@@ -84,7 +84,7 @@ mod tests {
         let pr = v2_402(V2_REQUIRED).unwrap();
         let req = &pr.accepts[0];
         let nonce = B256::repeat_byte(0x11);
-        let signed = sign_authorization(&signer(), req, nonce, 1_796_203_347).unwrap();
+        let signed = sign_authorization(&signer(), req, nonce, 1_796_203_347, 3600).unwrap();
         let payload = payment_payload(pr.version, req, pr.resource.as_ref(), &signed, None).unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "payment-signature");
@@ -119,7 +119,7 @@ mod tests {
         let body = V1_BODY.replace("\"base-sepolia\"", "\"Base-Sepolia\"");
         let pr = v1_402(&body).unwrap();
         let req = &pr.accepts[0];
-        let signed = sign_authorization(&signer(), req, B256::ZERO, 1_796_202_752 + 600).unwrap();
+        let signed = sign_authorization(&signer(), req, B256::ZERO, 1_796_202_752 + 600, 3600).unwrap();
         let payload = payment_payload(pr.version, req, None, &signed, Some(&json!({"x": {}}))).unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "x-payment");
@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn refuses_to_send_an_authorization_for_another_option() {
         let pr = v2_with_entries(json!([v2_entry("10"), v2_entry("20")])).unwrap();
-        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000, 3600).unwrap();
         let err = payment_payload(pr.version, &pr.accepts[1], None, &signed, None).unwrap_err();
         assert!(matches!(err, WireError::AuthorizationMismatch("amount")));
     }
@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(ext["payment-identifier"]["schema"], declared["payment-identifier"]["schema"]);
         assert_eq!(ext["bazaar"], declared["bazaar"]);
 
-        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000, 3600).unwrap();
         let payload = payment_payload(pr.version, &pr.accepts[0], None, &signed, Some(&ext)).unwrap();
         assert_eq!(payload["extensions"]["payment-identifier"]["info"]["id"], id);
 

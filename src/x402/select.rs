@@ -10,7 +10,7 @@
 //! Fail closed: with no passing option the answer is a [`Rejection`] that says, per option,
 //! why it was refused — never a fallback to `accepts[0]`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use alloy::primitives::Address;
@@ -23,12 +23,18 @@ use super::wire::{PaymentRequired, Requirement};
 /// The only scheme the router pays with.
 pub const EXACT: &str = "exact";
 
-/// What the router is configured to pay with: networks that have an RPC URL, and the
-/// `(network, token)` pairs of `X402_ASSETS`.
+/// What the router is configured to pay with: networks that have an RPC URL, the
+/// `(network, token)` pairs of `X402_ASSETS`, and each token's decimals.
+///
+/// Amounts (prices, `max_amount`, caps, budgets) are compared as atomic units only between
+/// assets of the same decimals: an asset whose decimals are unknown, or differ from the
+/// router's unit (the decimals every configured asset shares, see
+/// `config::PaymentConfig::check_one_unit`), is never paid.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Supported {
     networks: BTreeSet<Network>,
     assets: BTreeSet<(Network, Address)>,
+    decimals: BTreeMap<(Network, Address), u8>,
 }
 
 impl Supported {
@@ -38,7 +44,36 @@ impl Supported {
         networks: impl IntoIterator<Item = Network>,
         assets: impl IntoIterator<Item = (Network, Address)>,
     ) -> Self {
-        Self { networks: networks.into_iter().collect(), assets: assets.into_iter().collect() }
+        Self {
+            networks: networks.into_iter().collect(),
+            assets: assets.into_iter().collect(),
+            decimals: BTreeMap::new(),
+        }
+    }
+
+    /// Records the decimals of assets (configured, built in, or read from the token).
+    #[must_use]
+    pub fn with_decimals(mut self, decimals: impl IntoIterator<Item = ((Network, Address), u8)>) -> Self {
+        self.decimals.extend(decimals);
+        self
+    }
+
+    /// The decimals of `asset` on `network`, if known.
+    pub fn decimals(&self, network: Network, asset: Address) -> Option<u8> {
+        self.decimals.get(&(network, asset)).copied()
+    }
+
+    /// The router's unit: the decimals shared by every asset whose decimals are known
+    /// (`None` when none is known, or when they disagree: then nothing is paid).
+    pub fn unit(&self) -> Option<u8> {
+        let mut it = self.decimals.values().copied();
+        let first = it.next()?;
+        it.all(|d| d == first).then_some(first)
+    }
+
+    /// The configured `(network, asset)` pairs that can be paid (network with an RPC URL).
+    pub fn payable_assets(&self) -> impl Iterator<Item = (Network, Address)> + '_ {
+        self.assets.iter().copied().filter(|(n, _)| self.has_network(*n))
     }
 
     /// True when the router can pay on, and verify settlement on, `network`.
@@ -61,6 +96,14 @@ pub enum RejectReason {
     UnsupportedNetwork(String),
     /// Token not configured for that network.
     UnsupportedAsset {
+        /// Network.
+        network: Network,
+        /// Token contract.
+        asset: Address,
+    },
+    /// The token's decimals are unknown, or differ from the router's unit: its atomic units
+    /// cannot be compared with `max_amount` and the agent's limits.
+    UnknownUnit {
         /// Network.
         network: Network,
         /// Token contract.
@@ -112,6 +155,11 @@ impl fmt::Display for RejectReason {
             Self::UnsupportedAsset { network, asset } => {
                 write!(f, "asset {asset} is not configured for {network}")
             }
+            Self::UnknownUnit { network, asset } => write!(
+                f,
+                "asset {asset} on {network}: its decimals are unknown or differ from the router's unit, so its \
+                 amounts cannot be compared with the agent's limits"
+            ),
             Self::MissingEip712Domain => f.write_str("extra.name/extra.version (token EIP-712 domain) missing"),
             Self::ZeroPayTo => f.write_str("payTo is the zero address"),
             Self::ZeroAmount => f.write_str("amount is zero"),
@@ -197,6 +245,8 @@ pub fn check(
         RejectReason::UnsupportedNetwork(requirement.network_raw().to_owned())
     } else if !supported.allows_asset(network, requirement.asset()) {
         RejectReason::UnsupportedAsset { network, asset: requirement.asset() }
+    } else if supported.unit().is_none() || supported.decimals(network, requirement.asset()) != supported.unit() {
+        RejectReason::UnknownUnit { network, asset: requirement.asset() }
     } else if !has_domain {
         RejectReason::MissingEip712Domain
     } else if requirement.pay_to() == Address::ZERO {
@@ -234,6 +284,8 @@ pub fn select<'a>(
         match check(requirement, supported, max_amount, agent_limit) {
             Some(reason) => options.push(OptionRejection { index: requirement.index(), reason }),
             None => {
+                // Every payable option is in the router's unit (see `check`), so atomic
+                // units compare directly.
                 let cheaper =
                     best.is_none_or(|b| (requirement.amount(), requirement.index()) < (b.amount(), b.index()));
                 if cheaper {
@@ -289,6 +341,25 @@ mod tests {
             [Network::BASE_SEPOLIA, Network::BASE],
             [(Network::BASE_SEPOLIA, USDC_SEPOLIA), (Network::BASE, USDC_BASE)],
         )
+        .with_decimals([((Network::BASE_SEPOLIA, USDC_SEPOLIA), 6), ((Network::BASE, USDC_BASE), 6)])
+    }
+
+    #[test]
+    fn amounts_of_assets_in_other_units_are_never_compared() {
+        // 9000 atomic units of a 2-decimal token (90 tokens) look cheaper than 10000 of USDC
+        // (0.01) when compared raw: an asset outside the router's unit is never payable.
+        let mixed = supported().with_decimals([((Network::BASE, USDC_BASE), 2)]);
+        assert_eq!(mixed.unit(), None);
+        let accepts =
+            parse(vec![entry("eip155:8453", USDC_BASE, "9000"), entry("eip155:84532", USDC_SEPOLIA, "10000")]);
+        let rejection = select(&accepts, &mixed, amount(50_000), None).unwrap_err();
+        assert!(rejection.options.iter().all(|o| matches!(o.reason, RejectReason::UnknownUnit { .. })), "{rejection}");
+        // Unknown decimals: never paid either.
+        let unknown = Supported::new([Network::BASE_SEPOLIA], [(Network::BASE_SEPOLIA, USDC_SEPOLIA)]);
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "10000")]);
+        assert!(select(&accepts, &unknown, amount(50_000), None).is_err());
+        // One unit: payable.
+        assert_eq!(select(&accepts, &supported(), amount(50_000), None).unwrap().amount(), amount(10_000));
     }
 
     fn entry(network: &str, asset: Address, amount: &str) -> Value {
@@ -414,7 +485,8 @@ mod tests {
 
     #[test]
     fn an_asset_on_a_network_without_rpc_url_is_never_paid() {
-        let only_assets = Supported::new([], [(Network::BASE_SEPOLIA, USDC_SEPOLIA)]);
+        let only_assets = Supported::new([], [(Network::BASE_SEPOLIA, USDC_SEPOLIA)])
+            .with_decimals([((Network::BASE_SEPOLIA, USDC_SEPOLIA), 6)]);
         assert!(!only_assets.allows_asset(Network::BASE_SEPOLIA, USDC_SEPOLIA));
         let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "1")]);
         let rejection = select(&accepts, &only_assets, amount(10), None).unwrap_err();

@@ -194,7 +194,8 @@ impl fmt::Debug for SignedAuthorization {
 
 /// Signs the EIP-3009 authorization that pays `requirement` exactly, from `signer`'s address.
 ///
-/// `validAfter = now − 600`, `validBefore = now + maxTimeoutSeconds`. The caller has already
+/// `validAfter = now − 600`, `validBefore = now + min(maxTimeoutSeconds, max_auth_secs)`: the
+/// upstream never decides how long a bearer authorization lives. The caller has already
 /// selected the requirement ([`crate::x402::select()`]) and derived the nonce
 /// ([`crate::x402::nonce::deterministic_nonce`]). Re-signing with the same nonce after expiry
 /// is safe: the token contract accepts only one authorization per `(from, nonce)`.
@@ -207,11 +208,12 @@ pub fn sign_authorization(
     requirement: &Requirement,
     nonce: B256,
     now_unix: u64,
+    max_auth_secs: u64,
 ) -> Result<SignedAuthorization, SignError> {
     let (Some(name), Some(version)) = (requirement.extra_name(), requirement.extra_version()) else {
         return Err(SignError::MissingDomain);
     };
-    let timeout = requirement.max_timeout_seconds();
+    let timeout = requirement.max_timeout_seconds().min(max_auth_secs);
     let valid_before = now_unix.checked_add(timeout).ok_or(SignError::ValidityOverflow(timeout))?;
     let authorization = Authorization {
         from: signer.address(),
@@ -325,6 +327,8 @@ mod signature_hex {
 
 #[cfg(test)]
 mod tests {
+    const MAX_AUTH: u64 = 300;
+
     use alloy::primitives::{address, b256};
 
     use super::*;
@@ -447,7 +451,7 @@ mod tests {
         let signer = signer(ANVIL1);
         let req = requirement(json!({"name": "USD Coin", "version": "2"}), 300);
         let nonce = B256::repeat_byte(7);
-        let signed = sign_authorization(&signer, &req, nonce, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer, &req, nonce, 1_800_000_000, MAX_AUTH).unwrap();
         let auth = signed.authorization();
         assert_eq!(auth.from, signer.address());
         assert_eq!(auth.to, req.pay_to());
@@ -461,7 +465,7 @@ mod tests {
         assert!(!signed.is_valid_at(1_800_000_295, 6));
         assert!(!signed.is_valid_at(1_799_000_000, 6));
         // Early clock: validAfter saturates at 0 instead of underflowing.
-        let early = sign_authorization(&signer, &req, nonce, 100).unwrap();
+        let early = sign_authorization(&signer, &req, nonce, 100, MAX_AUTH).unwrap();
         assert_eq!(early.authorization().valid_after, 0);
     }
 
@@ -469,16 +473,33 @@ mod tests {
     fn refuses_without_domain_or_with_overflowing_window() {
         let signer = signer(ANVIL1);
         let no_version = requirement(json!({"name": "USD Coin"}), 300);
-        assert!(matches!(sign_authorization(&signer, &no_version, B256::ZERO, 1), Err(SignError::MissingDomain)));
+        assert!(matches!(
+            sign_authorization(&signer, &no_version, B256::ZERO, 1, MAX_AUTH),
+            Err(SignError::MissingDomain)
+        ));
         let huge = requirement(json!({"name": "USD Coin", "version": "2"}), u64::MAX);
-        assert!(matches!(sign_authorization(&signer, &huge, B256::ZERO, 10), Err(SignError::ValidityOverflow(_))));
+        let overflow = sign_authorization(&signer, &huge, B256::ZERO, u64::MAX - 5, u64::MAX);
+        assert!(matches!(overflow, Err(SignError::ValidityOverflow(_))));
+    }
+
+    #[test]
+    fn the_upstream_never_sets_the_lifetime_of_an_authorization() {
+        let signer = signer(ANVIL1);
+        // An upstream asking for an authorization valid for centuries gets MAX_AUTH seconds.
+        let greedy = requirement(json!({"name": "USD Coin", "version": "2"}), 10_000_000_000);
+        let signed = sign_authorization(&signer, &greedy, B256::ZERO, 1_800_000_000, MAX_AUTH).unwrap();
+        assert_eq!(signed.authorization().valid_before, 1_800_000_000 + MAX_AUTH);
+        // A shorter wish is honoured.
+        let modest = requirement(json!({"name": "USD Coin", "version": "2"}), 60);
+        let signed = sign_authorization(&signer, &modest, B256::ZERO, 1_800_000_000, MAX_AUTH).unwrap();
+        assert_eq!(signed.authorization().valid_before, 1_800_000_060);
     }
 
     #[test]
     fn record_round_trips_through_json_with_decimal_strings() {
         let signer = signer(ANVIL1);
         let req = requirement(json!({"name": "USD Coin", "version": "2"}), 300);
-        let signed = sign_authorization(&signer, &req, B256::repeat_byte(9), 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer, &req, B256::repeat_byte(9), 1_800_000_000, MAX_AUTH).unwrap();
         let stored = serde_json::to_value(&signed).unwrap();
         assert_eq!(stored["authorization"]["value"], "10000");
         assert_eq!(stored["authorization"]["validAfter"], "1799999400");
@@ -494,7 +515,7 @@ mod tests {
     fn stored_records_with_bad_fields_are_rejected() {
         let signer = signer(ANVIL1);
         let req = requirement(json!({"name": "USD Coin", "version": "2"}), 300);
-        let signed = sign_authorization(&signer, &req, B256::ZERO, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer, &req, B256::ZERO, 1_800_000_000, MAX_AUTH).unwrap();
         let good = serde_json::to_value(&signed).unwrap();
         for (path, bad) in [
             ("value", json!(10000)),
@@ -515,7 +536,7 @@ mod tests {
     fn debug_output_does_not_contain_the_signature() {
         let signer = signer(ANVIL1);
         let req = requirement(json!({"name": "USD Coin", "version": "2"}), 300);
-        let signed = sign_authorization(&signer, &req, B256::ZERO, 1_800_000_000).unwrap();
+        let signed = sign_authorization(&signer, &req, B256::ZERO, 1_800_000_000, MAX_AUTH).unwrap();
         let debug = format!("{signed:?}");
         assert!(!debug.contains(&signed.signature_hex()[10..]));
         assert!(!debug.contains(&ANVIL1[2..]));

@@ -74,11 +74,11 @@ async fn insert_payment(db: &TestDb, agent: Uuid, status: &str, created_at: &str
         &format!(
             "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
              pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
-             header_name, header_value, status, created_at, updated_at) VALUES \
+             header_name, header_value, status, created_at, updated_at, request_hash) VALUES \
              ('{id}', '{agent}', 'key-{s}', 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', \
              10000, '{PAY_TO}', '{ROUTER_ADDRESS}', '0x{s}{s}', 0, 1, '{{}}', '{{}}', \
              '{{\"signature\": \"0xSECRETSIGNATURE\"}}', 'PAYMENT-SIGNATURE', 'SECRETHEADER{s}', '{status}', \
-             {created_at}, {created_at})",
+             {created_at}, {created_at}, '')",
             s = id.simple()
         ),
     )
@@ -484,7 +484,8 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     let paid =
         reqwest::Client::new().get(chain.url("/v2/weather")).header(header_name, header_value).send().await.unwrap();
     assert_eq!(paid.status(), 200);
-    assert!(chain.authorization_used(ROUTER_ADDRESS, router_nonce(app.agent.id, &used)).await);
+    let used_nonce = text(&app.db, &format!("SELECT nonce AS t FROM payments WHERE idempotency_key = '{used}'")).await;
+    assert!(chain.authorization_used(ROUTER_ADDRESS, used_nonce.parse().unwrap()).await);
 
     let (_, stuck) = audit(&app, "/audit/payments?status=stuck").await;
     assert_eq!(stuck["payments"].as_array().unwrap().len(), 3);

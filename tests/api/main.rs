@@ -11,6 +11,7 @@ mod concurrency;
 mod faults;
 mod gc;
 mod idempotency;
+mod money;
 mod operations;
 mod payments;
 mod structure;

@@ -16,6 +16,8 @@ pub struct RouteStats {
     pub refused: u64,
     /// Settlements that landed on chain (a receipt with status 1).
     pub paid: u64,
+    /// Authorizations kept by a hostile route (not settled when received).
+    pub kept: u64,
     /// Amount (atomic units) of the last settlement.
     pub last_paid_amount: Option<String>,
     /// Transaction hash of the last settlement.

@@ -139,7 +139,9 @@ pub async fn spawn_app_with(options: AppOptions) -> TestApp {
 pub async fn spawn_app_on(db: Arc<TestDb>, options: AppOptions) -> TestApp {
     let agent = create_agent(&db, "test-agent").await;
     let redis_prefix = format!("test:{}:", Uuid::new_v4().simple());
-    let config = config_from(&serve_args(&options, &db.url, &redis_prefix, "127.0.0.1:0"));
+    let mut config = config_from(&serve_args(&options, &db.url, &redis_prefix, "127.0.0.1:0"));
+    // The same start-up checks as `serve` (chain ids, the assets' decimals).
+    x402_router::startup::preflight(&mut config).await.expect("preflight");
     let app = Application::build(config, options.hooks.clone()).expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
     let server = app.into_server();

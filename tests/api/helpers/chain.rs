@@ -115,7 +115,7 @@ impl Devnet {
     pub fn router_extra(&self) -> Vec<(String, String)> {
         vec![
             ("x402-rpc-urls".into(), format!("eip155:84532={}", self.rpc_url)),
-            ("x402-assets".into(), format!("eip155:84532={}", self.token)),
+            ("x402-assets".into(), format!("eip155:84532={}@6", self.token)),
         ]
     }
 
@@ -156,10 +156,15 @@ impl Drop for Devnet {
     }
 }
 
-/// The EIP-3009 nonce the router (wallet `ROUTER_KEY`) uses for `(agent, key)`.
-pub fn router_nonce(agent: uuid::Uuid, key: &str) -> B256 {
+/// The EIP-3009 nonce the router (wallet `ROUTER_KEY`) uses for `body` under `(agent, key)`.
+pub fn router_nonce(agent: uuid::Uuid, key: &str, body: &Value) -> B256 {
     let signer: alloy::signers::local::PrivateKeySigner = super::app::ROUTER_KEY.parse().unwrap();
-    x402_router::x402::deterministic_nonce(&x402_router::x402::nonce::nonce_secret(&signer), agent, key)
+    x402_router::x402::deterministic_nonce(
+        &x402_router::x402::nonce::nonce_secret(&signer),
+        agent,
+        key,
+        &super::app::request_hash(body),
+    )
 }
 
 /// Leaves the state a router would leave if it crashed after committing a signed intent
@@ -177,7 +182,7 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
     let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
-    let signed = sign_authorization(&signer, req, router_nonce(app.agent.id, key), signing_time).unwrap();
+    let signed = sign_authorization(&signer, req, router_nonce(app.agent.id, key, body), signing_time, 86_400).unwrap();
     let payload =
         x402_router::x402::payload::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed, None)
             .unwrap();
@@ -187,8 +192,8 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
         &app.db,
         &format!(
             "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, pay_to, payer, nonce, \
-             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status) VALUES \
-             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed')",
+             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status, request_hash) VALUES \
+             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed', '{}')",
             app.agent.id,
             chain.token,
             PAY_TO,
@@ -201,6 +206,7 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
             serde_json::to_value(&signed).unwrap(),
             name,
             value.to_str().unwrap(),
+            super::app::request_hash(body),
         ),
     )
     .await;

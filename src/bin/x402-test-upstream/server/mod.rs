@@ -22,7 +22,7 @@ use tokio::sync::Mutex;
 
 use crate::chain::{Chain, ITestToken};
 use crate::cli::ServeArgs;
-use crate::payment::{Facilitator, Offer};
+use crate::payment::{Facilitator, Offer, SignedAuthorization};
 use crate::stats::Stats;
 use crate::wire::{self};
 
@@ -59,6 +59,10 @@ struct AppState {
     settings: Arc<Settings>,
     facilitator: Facilitator,
     stats: Stats,
+    /// Authorizations kept by the hostile routes, submitted by `POST /_settle_kept`.
+    kept: Arc<Mutex<Vec<SignedAuthorization>>>,
+    /// 402s served by `/v2/reprice` (its price grows with each).
+    reprices: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -124,6 +128,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
 
     let rpc_url = args.rpc_url.clone();
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let reprices = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let server = HttpServer::new(move || {
         // One provider per worker: its connection pool lives on that worker's runtime.
         let chain = Chain::connect(rpc_url.clone(), signer.clone(), rpc_timeout);
@@ -135,11 +141,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             settle_timeout,
             send_lock.clone(),
         );
-        let state = AppState { settings: settings.clone(), facilitator, stats: stats.clone() };
+        let state = AppState {
+            settings: settings.clone(),
+            facilitator,
+            stats: stats.clone(),
+            kept: kept.clone(),
+            reprices: reprices.clone(),
+        };
         let mut app = App::new()
             .app_data(web::Data::new(state))
             .route("/free", web::get().to(free))
-            .route("/_stats", web::get().to(stats_handler));
+            .route("/_stats", web::get().to(stats_handler))
+            .route("/_settle_kept", web::post().to(settle_kept));
         for spec in ROUTES {
             let method = match spec.method {
                 Method::Get => web::get(),
@@ -230,6 +243,10 @@ impl AppState {
         let s = &self.settings;
         match behaviour {
             Behaviour::Echo => vec![self.offer(s.echo_price, self.token_extra())],
+            Behaviour::Reprice => {
+                let n = self.reprices.load(std::sync::atomic::Ordering::SeqCst);
+                vec![self.offer(s.price.saturating_mul(U256::from(n + 1)), self.token_extra())]
+            }
             Behaviour::SettleThen500 => {
                 let mut extra = self.token_extra();
                 if let Some(map) = extra.as_object_mut() {
@@ -256,14 +273,14 @@ impl AppState {
         }
     }
 
-    fn requirement_v2(&self, offer: &Offer) -> wire::RequirementV2 {
+    fn requirement_v2(&self, offer: &Offer, max_timeout: Option<u64>) -> wire::RequirementV2 {
         wire::RequirementV2 {
             scheme: offer.scheme.clone(),
             network: offer.network.clone(),
             amount: offer.amount.to_string(),
             asset: offer.asset.to_checksum(None),
             pay_to: offer.pay_to.to_checksum(None),
-            max_timeout_seconds: self.settings.max_timeout_seconds,
+            max_timeout_seconds: max_timeout.unwrap_or(self.settings.max_timeout_seconds),
             extra: offer.extra.clone(),
         }
     }

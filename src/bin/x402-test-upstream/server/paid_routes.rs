@@ -66,7 +66,7 @@ pub(super) async fn paid_v2(
             description: spec.description.to_owned(),
             mime_type: "application/json".into(),
         },
-        accepts: offers.iter().map(|o| state.requirement_v2(o)).collect(),
+        accepts: offers.iter().map(|o| state.requirement_v2(o, query.max_timeout())).collect(),
         extensions: (spec.behaviour == Behaviour::PaymentIdentifier).then(wire::payment_identifier_declaration),
     };
 
@@ -74,7 +74,11 @@ pub(super) async fn paid_v2(
     let payload =
         req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<PaymentPayloadV2>(h.as_bytes()));
     let Some(payload) = payload else {
-        return payment_required_v2(&required("Payment required"), json!({}));
+        let answer = payment_required_v2(&required("Payment required"), json!({}));
+        if spec.behaviour == Behaviour::Reprice {
+            state.reprices.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        return answer;
     };
     let payment_id = payload.payment_identifier();
     state.stats.update(spec.path, |s| {
@@ -296,11 +300,44 @@ pub(super) async fn execute(
                 settlement: Some(Settled { transaction: made_up, payer }),
             }
         }
+        Behaviour::KeepThenReject => {
+            keep(state, spec, auth).await;
+            Outcome::Refused(Refusal::Forced {
+                reason: "unexpected_settle_error".into(),
+                message: "payment failed (this route keeps the authorization)".into(),
+            })
+        }
+        Behaviour::KeepThenAnswer => {
+            keep(state, spec, auth).await;
+            Outcome::Answer { status: StatusCode::OK, body: weather(spec), settlement: None }
+        }
+        Behaviour::Reprice => settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await,
         Behaviour::Reject => Outcome::Refused(Refusal::Forced {
             reason: "invalid_exact_evm_signature".into(),
             message: "this route refuses every payment".into(),
         }),
     }
+}
+
+/// Keeps a verified authorization, as a hostile upstream would, for `POST /_settle_kept`.
+async fn keep(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization) {
+    tracing::warn!(route = spec.path, payer = %auth.from, "keeping a signed authorization to settle later");
+    state.stats.update(spec.path, |s| s.kept += 1);
+    state.kept.lock().await.push(auth);
+}
+
+/// `POST /_settle_kept`: submits every kept authorization on-chain now (as a third party
+/// would), and answers how many settled and how many the chain refused.
+pub(super) async fn settle_kept(state: web::Data<AppState>) -> HttpResponse {
+    let kept: Vec<SignedAuthorization> = std::mem::take(&mut *state.kept.lock().await);
+    let (mut settled, mut refused) = (0u64, Vec::new());
+    for auth in kept {
+        match state.facilitator.settle(&auth).await {
+            Ok(_) => settled += 1,
+            Err(r) => refused.push(r.reason().to_owned()),
+        }
+    }
+    HttpResponse::Ok().json(json!({ "settled": settled, "refused": refused }))
 }
 
 /// Settles now, then answers `status` with `body` and the settlement header.

@@ -73,15 +73,17 @@ pub(super) fn resource_url(req: &HttpRequest) -> String {
 pub(super) struct Query {
     seconds: Option<String>,
     reason: Option<String>,
+    max_timeout: Option<String>,
 }
 
 impl Query {
     pub(super) fn parse(raw: &str) -> Self {
-        let mut query = Self { seconds: None, reason: None };
+        let mut query = Self { seconds: None, reason: None, max_timeout: None };
         for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*key {
                 "seconds" => query.seconds = Some(value.into_owned()),
                 "reason" => query.reason = Some(value.into_owned()),
+                "max_timeout" => query.max_timeout = Some(value.into_owned()),
                 _ => {}
             }
         }
@@ -97,6 +99,12 @@ impl Query {
                 _ => Err(format!("seconds must be a whole number from 0 to {MAX_SECONDS}")),
             },
         }
+    }
+
+    /// `?max_timeout=N`: the `maxTimeoutSeconds` to advertise instead of the configured one
+    /// (a hostile upstream asking for an authorization that lives for centuries).
+    pub(super) fn max_timeout(&self) -> Option<u64> {
+        self.max_timeout.as_deref().and_then(|v| u64::from_str(v).ok())
     }
 
     /// `/v2/reject?reason=…` (letters, digits, `_`, `-`), default `invalid_exact_evm_signature`.

@@ -37,6 +37,14 @@ pub enum Behaviour {
     Lie,
     /// Settle, sleep `?seconds=N`, then answer 200.
     SlowSettle,
+    /// Hostile: verify the payment, keep the signed authorization (settled later by
+    /// `POST /_settle_kept`), and answer 402 "payment failed".
+    KeepThenReject,
+    /// Hostile: verify, keep the authorization, answer 200 without any settlement header.
+    KeepThenAnswer,
+    /// Hostile: the price goes up by the base price every time a 402 is served, so a paid
+    /// retry never matches the current offer.
+    Reprice,
 }
 
 pub struct RouteSpec {
@@ -139,5 +147,26 @@ pub const ROUTES: &[RouteSpec] = &[
         version: Version::V1,
         behaviour: Behaviour::Error500,
         description: "Fails with 500 after verifying; never settles (x402 v1)",
+    },
+    RouteSpec {
+        path: "/v2/keep-reject",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::KeepThenReject,
+        description: "Hostile: keeps the signed authorization and answers 402 (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/keep-answer",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::KeepThenAnswer,
+        description: "Hostile: keeps the signed authorization and answers 200 without settling (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/reprice",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Reprice,
+        description: "Hostile: a new, higher price with every 402 (x402 v2)",
     },
 ];
