@@ -66,6 +66,8 @@ impl std::fmt::Debug for Secret {
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     pub url: Secret,
+    /// The URL parsed, with its TLS settings (`sslmode`, `sslrootcert`): see `db::tls`.
+    pub connector: crate::db::Connector,
     pub pool_size: u32,
     pub acquire_timeout: Duration,
 }
@@ -76,12 +78,14 @@ impl DatabaseConfig {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
         }
+        let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
             return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
         }
         Ok(Self {
             url: Secret::new(url.to_owned()),
+            connector,
             pool_size,
             acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
         })
