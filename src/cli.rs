@@ -48,8 +48,13 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
     /// Redis URL (hot cache only; the service keeps answering correctly without it).
+    /// `rediss://` for TLS, with `?sslmode=require|verify-ca|verify-full&sslrootcert=FILE`;
+    /// with --redis-cluster, a comma-separated list of seed nodes.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// REDIS_URL names Redis Cluster nodes (follows MOVED/ASK redirections).
+    #[arg(long, env = "REDIS_CLUSTER", default_value = "false")]
+    pub redis_cluster: String,
     /// Timeout of every Redis call, in ms. Past it the request continues on Postgres.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value = "50")]
     pub redis_timeout_ms: String,

@@ -128,6 +128,8 @@ pub struct PaymentConfig {
 pub struct Config {
     pub database: DatabaseConfig,
     pub redis_url: Secret,
+    /// `redis_url` parsed: one server or a cluster, TLS settings read.
+    pub redis: crate::idempotency::redis_link::RedisTarget,
     pub redis_timeout: Duration,
     pub redis_key_prefix: String,
     pub bind: SocketAddr,
@@ -154,9 +156,9 @@ impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
         let database = DatabaseConfig::from_args(&args.db)?;
         let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
-        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
-            return Err(ConfigError::new("REDIS_URL", "must start with redis:// or rediss://"));
-        }
+        let redis_cluster = parse_bool("REDIS_CLUSTER", &args.redis_cluster)?;
+        let redis = crate::idempotency::redis_link::RedisTarget::parse(redis_url, redis_cluster)
+            .map_err(|e| ConfigError::new("REDIS_URL", e))?;
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(args)?;
@@ -198,6 +200,7 @@ impl Config {
         Ok(Self {
             database,
             redis_url: Secret::new(redis_url.to_owned()),
+            redis,
             redis_timeout: parse_ms("REDIS_TIMEOUT_MS", &args.redis_timeout_ms)?,
             redis_key_prefix: args.redis_key_prefix.clone(),
             bind,

@@ -90,8 +90,9 @@ impl Application {
 }
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
+    crate::db::tls::install_default_crypto_provider();
     let pool = crate::db::pool(&config.database);
-    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
+    let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone());
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
