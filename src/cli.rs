@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "WORKERS", default_value = "0")]
     pub workers: String,
+    /// On SIGTERM/SIGINT, how long in-flight requests may finish before the process exits,
+    /// in seconds. Keep it below the orchestrator's grace period (Kubernetes: 30 s by
+    /// default). A request cut off here stays in flight and is taken over by a retry.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT_SECS", default_value = "25")]
+    pub shutdown_timeout_secs: String,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,

@@ -142,6 +142,8 @@ pub struct Config {
     pub json_logs: bool,
     pub workers: usize,
     pub run_migrations: bool,
+    /// Graceful shutdown limit (`SHUTDOWN_TIMEOUT_SECS`).
+    pub shutdown_timeout: Duration,
 }
 
 /// USDC as deployed by Circle: the default `X402_ASSETS`.
@@ -217,6 +219,10 @@ impl Config {
             json_logs,
             workers: parse_num("WORKERS", &args.workers)?,
             run_migrations: !parse_bool("NO_MIGRATE", &args.no_migrate)?,
+            shutdown_timeout: Duration::from_secs(parse_num::<u64>(
+                "SHUTDOWN_TIMEOUT_SECS",
+                &args.shutdown_timeout_secs,
+            )?),
         })
     }
 }

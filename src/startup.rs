@@ -3,7 +3,6 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
@@ -47,7 +46,10 @@ impl Application {
         } else {
             state.config.workers
         };
-        let shutdown = state.config.idempotency.deadline + Duration::from_secs(5);
+        // Fits the orchestrator's grace period (SHUTDOWN_TIMEOUT_SECS), not the route
+        // deadline: a call still running at the limit is cut off, its key stays in flight
+        // and a retry takes it over (payments resume from the chain, never twice).
+        let shutdown = state.config.shutdown_timeout;
         let app_state = web::Data::new(state.clone());
         // One agent cache per process, shared by the workers (see auth::cache).
         let agent_cache = web::Data::new(crate::auth::AgentCache::default());
