@@ -41,6 +41,8 @@ impl Application {
         let port = listener.local_addr()?.port();
         let state = build_state(config, hooks)?;
         state.idempotency.cache.connect_in_background();
+        crate::wallet::spawn_balance_refresh(&state);
+        crate::audit::gauges::spawn_refresh(&state);
         let workers = if state.config.workers == 0 {
             std::thread::available_parallelism().map_or(2, |n| n.get())
         } else {
@@ -130,13 +132,17 @@ async fn count_requests(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let metrics = req.app_data::<web::Data<AppState>>().map(|s| Arc::clone(&s.metrics));
     let request_id = req.extensions().get::<tracing_actix_web::RequestId>().map(|id| id.to_string());
+    let started = std::time::Instant::now();
     let mut res = next.call(req).await?;
     if let Some(id) = request_id.and_then(|id| actix_web::http::header::HeaderValue::from_str(&id).ok()) {
         res.headers_mut().insert(actix_web::http::header::HeaderName::from_static("x-request-id"), id);
     }
     if let Some(m) = metrics {
         let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-        m.http_requests.with_label_values(&[route.as_str(), res.status().as_str()]).inc();
+        let status = res.status();
+        let labels = [route.as_str(), status.as_str()];
+        m.http_requests.with_label_values(&labels).inc();
+        m.http_duration.with_label_values(&labels).observe(started.elapsed().as_secs_f64());
     }
     Ok(res)
 }
