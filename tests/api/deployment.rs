@@ -344,3 +344,44 @@ async fn metrics_expose_request_durations_process_metrics_and_the_wallet_balance
     let expected: f64 = chain.balance(ROUTER_ADDRESS).await.to_string().parse().unwrap();
     assert_eq!(seen, Some(expected));
 }
+
+/// A payment intent row of `agent` with `status`, last written `age` ago.
+async fn insert_payment(db: &TestDb, agent: uuid::Uuid, status: &str, age: &str) {
+    let id = uuid::Uuid::new_v4();
+    exec(
+        db,
+        &format!(
+            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
+             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
+             header_name, header_value, status, created_at, updated_at) VALUES \
+             ('{id}', '{agent}', 'key-{s}', 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', \
+             10000, '{PAY_TO}', '{ROUTER_ADDRESS}', '0x{s}{s}', 0, 1, '{{}}', '{{}}', '{{}}', \
+             'PAYMENT-SIGNATURE', 'x', '{status}', now() - interval '{age}', now() - interval '{age}')",
+            s = id.simple()
+        ),
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "budgeted").await;
+    let unlimited = create_agent(&db, "unlimited").await;
+    exec(&db, &format!("UPDATE agents SET daily_budget = 100000 WHERE id = '{}'", agent.id)).await;
+    insert_payment(&db, agent.id, "settled", "1 minute").await; // paid, never served
+    insert_payment(&db, agent.id, "signed", "1 hour").await; // stuck
+    insert_payment(&db, agent.id, "signed", "1 second").await; // in progress
+    insert_payment(&db, agent.id, "expired", "2 hours").await; // released
+    insert_payment(&db, unlimited.id, "settled", "3 days").await; // older than the 24 h window
+
+    let metrics = x402_router::metrics::Metrics::new().unwrap();
+    let mut conn = db.conn().await;
+    x402_router::audit::gauges::refresh(&mut conn, &metrics).await.unwrap();
+    let text = metrics.render();
+    assert_eq!(metric_value(&text, "x402_router_payments_paid_not_served "), Some(1.0), "{text}");
+    assert_eq!(metric_value(&text, "x402_router_payments_stuck "), Some(1.0), "{text}");
+    let ratio = format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}"}}"#, agent.id);
+    assert_eq!(metric_value(&text, &ratio), Some(0.3), "{text}");
+    assert!(!text.contains(&unlimited.id.to_string()), "agents without a budget have no gauge");
+}
