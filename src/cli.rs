@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// REDIS_URL names Redis Cluster nodes (follows MOVED/ASK redirections).
     #[arg(long, env = "REDIS_CLUSTER", default_value = "false")]
     pub redis_cluster: String,
+    /// REDIS_URL names Redis Sentinels; the cache uses the master of this name (and follows
+    /// its failovers).
+    #[arg(long, env = "REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
     /// Timeout of every Redis call, in ms. Past it the request continues on Postgres.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value = "50")]
     pub redis_timeout_ms: String,

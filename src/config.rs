@@ -159,7 +159,8 @@ impl Config {
         let database = DatabaseConfig::from_args(&args.db)?;
         let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
         let redis_cluster = parse_bool("REDIS_CLUSTER", &args.redis_cluster)?;
-        let redis = crate::idempotency::redis_link::RedisTarget::parse(redis_url, redis_cluster)
+        let sentinel_master = args.redis_sentinel_master.as_deref().map(str::trim).filter(|m| !m.is_empty());
+        let redis = crate::idempotency::redis_link::RedisTarget::parse(redis_url, redis_cluster, sentinel_master)
             .map_err(|e| ConfigError::new("REDIS_URL", e))?;
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;

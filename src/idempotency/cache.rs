@@ -107,6 +107,16 @@ impl Cache {
         });
     }
 
+    /// After a failed or timed-out command: a connection to a Sentinel-resolved master is
+    /// dropped, so that the next use looks the master up again (it may have failed over).
+    fn after_failure(&self) {
+        if self.inner.target.reconnect_after_errors()
+            && let Ok(mut guard) = self.inner.manager.write()
+        {
+            *guard = None;
+        }
+    }
+
     /// Looks the key up. Any error or timeout is a miss.
     pub async fn get(&self, agent_id: Uuid, key: &str) -> Option<Entry> {
         let mut conn = self.connection()?;
@@ -115,10 +125,12 @@ impl Cache {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis get failed");
+                self.after_failure();
                 return None;
             }
             Err(_) => {
                 tracing::debug!("redis get timed out");
+                self.after_failure();
                 return None;
             }
         };
@@ -143,8 +155,14 @@ impl Cache {
         let rkey = self.redis_key(agent_id, key);
         match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "redis set failed"),
-            Err(_) => tracing::debug!("redis set timed out"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis set failed");
+                self.after_failure();
+            }
+            Err(_) => {
+                tracing::debug!("redis set timed out");
+                self.after_failure();
+            }
         }
     }
 
@@ -153,13 +171,17 @@ impl Cache {
         let Some(mut conn) = self.connection() else {
             return false;
         };
-        matches!(
+        let ok = matches!(
             tokio::time::timeout(
                 self.inner.timeout.max(Duration::from_millis(200)),
                 redis::cmd("PING").query_async::<String>(&mut conn)
             )
             .await,
             Ok(Ok(_))
-        )
+        );
+        if !ok {
+            self.after_failure();
+        }
+        ok
     }
 }

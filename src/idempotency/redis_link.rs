@@ -14,15 +14,24 @@
 //! commands follow `MOVED`/`ASK` redirections. The cache's keys carry a hash tag on the
 //! agent id, so whatever one call touches lives in one slot.
 //!
+//! With `REDIS_SENTINEL_MASTER=<name>`, `REDIS_URL` is a comma-separated list of Redis
+//! Sentinels: the master of that name is looked up through them on every (re)connection,
+//! and the cache drops its connection on any error or timeout, so that after a failover
+//! it reconnects to the new master (until then, requests go on through Postgres). The URL's
+//! user and password, `sslmode=require|verify-full` and `sslrootcert` apply to the
+//! Sentinels and to the master (`verify-ca` is not offered by the redis crate here).
+//!
 //! Every URL problem is found here, at start-up, and named: a `rediss://` URL that the
 //! cache could not use would otherwise turn the cache off silently.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, TlsMode, Value};
 
 use crate::db::tls::{RootCerts, SslMode, TlsParams};
 
@@ -31,6 +40,8 @@ use crate::db::tls::{RootCerts, SslMode, TlsParams};
 pub enum RedisTarget {
     Single(Box<redis::Client>),
     Cluster(Box<redis::cluster::ClusterClient>),
+    /// The master named in Sentinel (the client caches the Sentinel it last reached).
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -38,6 +49,7 @@ impl std::fmt::Debug for RedisTarget {
         f.write_str(match self {
             Self::Single(_) => "RedisTarget::Single",
             Self::Cluster(_) => "RedisTarget::Cluster",
+            Self::Sentinel(_) => "RedisTarget::Sentinel",
         })
     }
 }
@@ -84,11 +96,18 @@ fn root_pem(params: &TlsParams) -> Result<Option<Vec<u8>>, String> {
 }
 
 impl RedisTarget {
-    /// Parses `REDIS_URL` (a comma-separated seed list when `cluster`).
+    /// Parses `REDIS_URL`: one server, the seed nodes of a cluster (`cluster`), or the
+    /// Sentinels that know the master `sentinel_master`.
     ///
     /// # Errors
     /// A one-line reason; the caller names the setting.
-    pub fn parse(url: &str, cluster: bool) -> Result<Self, String> {
+    pub fn parse(url: &str, cluster: bool, sentinel_master: Option<&str>) -> Result<Self, String> {
+        if let Some(master) = sentinel_master {
+            if cluster {
+                return Err("REDIS_CLUSTER and REDIS_SENTINEL_MASTER exclude each other".into());
+            }
+            return Self::sentinel(url, master);
+        }
         if !cluster {
             if url.contains(',') {
                 return Err("several URLs are only accepted with REDIS_CLUSTER=true".into());
@@ -133,6 +152,45 @@ impl RedisTarget {
         builder.build().map(|c| Self::Cluster(Box::new(c))).map_err(|e| e.to_string())
     }
 
+    fn sentinel(url: &str, master: &str) -> Result<Self, String> {
+        let seeds = url.split(',').map(parse_seed).collect::<Result<Vec<_>, _>>()?;
+        let Some(first) = seeds.first() else {
+            return Err("no Sentinel address".into());
+        };
+        let (tls, settings) = (first.tls.clone(), first.info.redis_settings().clone());
+        if seeds.iter().any(|s| s.tls != tls) {
+            return Err("every Sentinel needs the same scheme and TLS parameters".into());
+        }
+        let addrs = seeds.into_iter().map(|s| s.info.addr().clone());
+        let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master).map_err(|e| e.to_string())?;
+        if let Some(user) = settings.username() {
+            b = b.set_client_to_redis_username(user).set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = settings.password() {
+            b = b.set_client_to_redis_password(password).set_client_to_sentinel_password(password);
+        }
+        if let Some(tls) = &tls {
+            let mode = match tls.mode {
+                SslMode::Require => TlsMode::Insecure,
+                SslMode::VerifyFull => TlsMode::Secure,
+                _ => return Err("with Sentinel, sslmode must be require or verify-full".into()),
+            };
+            b = b.set_client_to_redis_tls_mode(mode).set_client_to_sentinel_tls_mode(mode);
+            if let Some(root_cert) = root_pem(tls)? {
+                let certs = || TlsCertificates { client_tls: None, root_cert: Some(root_cert.clone()) };
+                b = b.set_client_to_redis_certificates(certs()).set_client_to_sentinel_certificates(certs());
+            }
+        }
+        let client = b.build().map_err(|e| e.to_string())?;
+        Ok(Self::Sentinel(Arc::new(tokio::sync::Mutex::new(client))))
+    }
+
+    /// True when a failed command should drop the connection: a Sentinel-resolved master may
+    /// have been replaced (the others reconnect by themselves).
+    pub fn reconnect_after_errors(&self) -> bool {
+        matches!(self, Self::Sentinel(_))
+    }
+
     /// Connects, with `timeout` per command and a short connection timeout.
     ///
     /// # Errors
@@ -152,6 +210,15 @@ impl RedisTarget {
                     .set_connection_timeout(Duration::from_millis(500))
                     .set_response_timeout(timeout);
                 client.get_async_connection_with_config(cfg).await.map(|c| RedisConn::Cluster(Box::new(c)))
+            }
+            Self::Sentinel(sentinel) => {
+                let master = sentinel.lock().await.async_get_client().await?;
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_millis(500)))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(0)
+                    .set_max_delay(Duration::from_millis(500));
+                ConnectionManager::new_with_config(master, cfg).await.map(RedisConn::Single)
             }
         }
     }
@@ -207,21 +274,27 @@ mod tests {
             ("redis://a:1,redis://b:2", false),
             ("redis://a:1,rediss://b:2", true),
         ] {
-            assert!(RedisTarget::parse(url, cluster).is_err(), "{url} must be refused");
+            assert!(RedisTarget::parse(url, cluster, None).is_err(), "{url} must be refused");
         }
     }
 
     #[test]
     fn plain_tls_and_cluster_urls_are_accepted() {
-        assert!(matches!(RedisTarget::parse("redis://127.0.0.1:6379/0", false), Ok(RedisTarget::Single(_))));
-        assert!(matches!(RedisTarget::parse("rediss://127.0.0.1:6379", false), Ok(RedisTarget::Single(_))));
+        assert!(matches!(RedisTarget::parse("redis://127.0.0.1:6379/0", false, None), Ok(RedisTarget::Single(_))));
+        assert!(matches!(RedisTarget::parse("rediss://127.0.0.1:6379", false, None), Ok(RedisTarget::Single(_))));
         assert!(matches!(
-            RedisTarget::parse("rediss://127.0.0.1:6379?sslmode=require", false),
+            RedisTarget::parse("rediss://127.0.0.1:6379?sslmode=require", false, None),
             Ok(RedisTarget::Single(_))
         ));
         assert!(matches!(
-            RedisTarget::parse("redis://127.0.0.1:7000,redis://127.0.0.1:7001", true),
+            RedisTarget::parse("redis://127.0.0.1:7000,redis://127.0.0.1:7001", true, None),
             Ok(RedisTarget::Cluster(_))
         ));
+        assert!(matches!(
+            RedisTarget::parse("redis://127.0.0.1:26379,redis://127.0.0.1:26380", false, Some("mymaster")),
+            Ok(RedisTarget::Sentinel(_))
+        ));
+        assert!(RedisTarget::parse("redis://127.0.0.1:26379", true, Some("mymaster")).is_err());
+        assert!(RedisTarget::parse("rediss://127.0.0.1:26379?sslmode=verify-ca", false, Some("m")).is_err());
     }
 }

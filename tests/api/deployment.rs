@@ -136,16 +136,16 @@ async fn redis_over_tls_caches_with_the_right_ca_and_names_a_wrong_one() {
     let timeout = Duration::from_secs(2);
 
     for q in [format!("sslrootcert={ca}"), format!("sslmode=verify-ca&sslrootcert={ca}"), "sslmode=require".into()] {
-        let target = RedisTarget::parse(&url(&q), false).unwrap();
+        let target = RedisTarget::parse(&url(&q), false, None).unwrap();
         let mut conn = target.connect(timeout).await.unwrap_or_else(|e| panic!("{q}: {e}"));
         let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
         assert_eq!(pong, "PONG");
     }
-    let target = RedisTarget::parse(&url(&format!("sslmode=verify-full&sslrootcert={wrong}")), false).unwrap();
+    let target = RedisTarget::parse(&url(&format!("sslmode=verify-full&sslrootcert={wrong}")), false, None).unwrap();
     let err = target.connect(timeout).await.err().expect("the wrong CA must not connect").to_string();
     assert!(err.contains("invalid peer certificate") && err.contains("UnknownIssuer"), "{err}");
     // A plain connection to the TLS-only server does not work either.
-    let plain = RedisTarget::parse(&format!("redis://127.0.0.1:{}", redis.port), false).unwrap();
+    let plain = RedisTarget::parse(&format!("redis://127.0.0.1:{}", redis.port), false, None).unwrap();
     assert!(plain.connect(timeout).await.is_err());
 
     // The router caches over TLS: the replay is served from Redis.
@@ -384,4 +384,65 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let ratio = format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}"}}"#, agent.id);
     assert_eq!(metric_value(&text, &ratio), Some(0.3), "{text}");
     assert!(!text.contains(&unlimited.id.to_string()), "agents without a budget have no gauge");
+}
+
+#[actix_web::test]
+async fn redis_sentinel_failover_keeps_serving_and_the_cache_follows_the_new_master() {
+    use crate::helpers::tls_services::{RedisSentinel, SENTINEL_MASTER};
+    let mut sentinel = RedisSentinel::start().await;
+    let options = AppOptions {
+        redis_url: format!("redis://127.0.0.1:{}", sentinel.sentinel_port),
+        extra: vec![("redis-sentinel-master".into(), SENTINEL_MASTER.into())],
+        ..Default::default()
+    };
+    let app = spawn_app_with(options).await;
+    let up = TestUpstream::start().await;
+    let redis_ready = async || {
+        let r: Value = app.client.get(format!("{}/readyz", app.address)).send().await.unwrap().json().await.unwrap();
+        r["redis"] == "ok"
+    };
+    let from_redis = async || {
+        let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+        metric_value(&text, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#).unwrap_or(0.0)
+    };
+    wait_until("the cache to reach the master through Sentinel", Duration::from_secs(10), redis_ready).await;
+
+    let before = {
+        let (key, body) = (new_key(), json!({"url": up.url("/ok/before-failover")}));
+        assert_eq!(app.route(&key, &body).await.status(), 200);
+        assert_eq!(app.route(&key, &body).await.headers()["x-idempotent-replay"], "true");
+        (key, body)
+    };
+    assert_eq!(from_redis().await, 1.0, "the replay came from the master");
+
+    // The master dies: calls keep being served (Postgres) while Sentinel fails over.
+    sentinel.kill_master();
+    let mut during = Vec::new();
+    let replica = sentinel.replica_port;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sentinel.current_master_port().await != Some(replica) {
+        assert!(Instant::now() < deadline, "Sentinel did not fail over");
+        let (key, body) = (new_key(), json!({"url": up.url(&format!("/ok/during-{}", during.len()))}));
+        let started = Instant::now();
+        assert_eq!(app.route(&key, &body).await.status(), 200);
+        assert!(started.elapsed() < Duration::from_secs(5), "a call hung on Redis");
+        during.push((key, body));
+    }
+    assert!(!during.is_empty() && sentinel.master_port != replica);
+
+    // After the failover the cache reconnects to the new master by itself.
+    wait_until("the cache to follow the new master", Duration::from_secs(15), redis_ready).await;
+    let (key, body) = (new_key(), json!({"url": up.url("/ok/after-failover")}));
+    assert_eq!(app.route(&key, &body).await.status(), 200);
+    let hits_before = from_redis().await;
+    assert_eq!(app.route(&key, &body).await.headers()["x-idempotent-replay"], "true");
+    assert_eq!(from_redis().await, hits_before + 1.0, "the replay came from the new master");
+
+    // Nothing ran twice.
+    let executed = up.hits.total();
+    for (key, body) in std::iter::once(&before).chain(&during) {
+        assert_eq!(app.route(key, body).await.headers()["x-idempotent-replay"], "true");
+    }
+    assert_eq!(up.hits.total(), executed);
+    assert_eq!(executed, 2 + during.len());
 }

@@ -232,6 +232,7 @@ pub fn router_command() -> std::process::Command {
         "IDEMPOTENCY_ABANDON_AFTER_MS",
         "RUST_LOG",
         "REDIS_CLUSTER",
+        "REDIS_SENTINEL_MASTER",
         "SHUTDOWN_TIMEOUT_SECS",
     ] {
         c.env_remove(var);

@@ -356,3 +356,104 @@ async fn node_query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Op
 async fn cluster_info(port: u16) -> Option<String> {
     node_query(port, redis::cmd("CLUSTER").arg("INFO")).await
 }
+
+/// A master, one replica and one Sentinel (quorum 1, master down after 1 s), killed when
+/// dropped.
+pub struct RedisSentinel {
+    pub master_port: u16,
+    pub replica_port: u16,
+    pub sentinel_port: u16,
+    master: Option<Child>,
+    others: Vec<Child>,
+    _dir: TempDir,
+}
+
+pub const SENTINEL_MASTER: &str = "x4rmaster";
+
+fn plain_redis(port: u16, extra: &[&str]) -> Child {
+    redis_server()
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server")
+}
+
+impl RedisSentinel {
+    pub async fn start() -> Self {
+        let dir = TempDir::new("rsentinel");
+        let (master_port, replica_port, sentinel_port) =
+            (super::app::free_port(), super::app::free_port(), super::app::free_port());
+        let master = plain_redis(master_port, &[]);
+        let replica = plain_redis(replica_port, &["--replicaof", "127.0.0.1", &master_port.to_string()]);
+        // Sentinel rewrites its configuration file: it must be writable and its own.
+        let conf = dir.0.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {sentinel_port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n",
+                dir.0.display()
+            ),
+        )
+        .unwrap();
+        let sentinel = redis_server()
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let this = Self {
+            master_port,
+            replica_port,
+            sentinel_port,
+            master: Some(master),
+            others: vec![replica, sentinel],
+            _dir: dir,
+        };
+        // Ready: the replica is in sync and the Sentinel has discovered it.
+        wait_until("the replica to sync", Duration::from_secs(20), async || {
+            node_query::<String>(replica_port, &redis::cmd("INFO").arg("replication").clone())
+                .await
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        })
+        .await;
+        wait_until("the Sentinel to see the replica", Duration::from_secs(20), async || {
+            let replicas: Option<Vec<redis::Value>> =
+                node_query(sentinel_port, redis::cmd("SENTINEL").arg("REPLICAS").arg(SENTINEL_MASTER)).await;
+            replicas.is_some_and(|r| !r.is_empty())
+        })
+        .await;
+        this
+    }
+
+    /// The port of the master as the Sentinel reports it now.
+    pub async fn current_master_port(&self) -> Option<u16> {
+        let addr: Option<(String, String)> =
+            node_query(self.sentinel_port, redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(SENTINEL_MASTER))
+                .await;
+        addr.and_then(|(_, port)| port.parse().ok())
+    }
+
+    /// SIGKILL the current master.
+    pub fn kill_master(&mut self) {
+        if let Some(mut c) = self.master.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        self.kill_master();
+        for c in &mut self.others {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
