@@ -370,9 +370,12 @@ pub struct RedisSentinel {
 
 pub const SENTINEL_MASTER: &str = "x4rmaster";
 
-fn plain_redis(port: u16, extra: &[&str]) -> Child {
+/// A redis-server whose files (a replica's RDB from the initial sync) go to `dir`.
+fn plain_redis(port: u16, dir: &Path, extra: &[&str]) -> Child {
     redis_server()
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -385,8 +388,12 @@ impl RedisSentinel {
         let dir = TempDir::new("rsentinel");
         let (master_port, replica_port, sentinel_port) =
             (super::app::free_port(), super::app::free_port(), super::app::free_port());
-        let master = plain_redis(master_port, &[]);
-        let replica = plain_redis(replica_port, &["--replicaof", "127.0.0.1", &master_port.to_string()]);
+        let (master_dir, replica_dir) = (dir.0.join("master"), dir.0.join("replica"));
+        std::fs::create_dir_all(&master_dir).unwrap();
+        std::fs::create_dir_all(&replica_dir).unwrap();
+        let master = plain_redis(master_port, &master_dir, &[]);
+        let replica =
+            plain_redis(replica_port, &replica_dir, &["--replicaof", "127.0.0.1", &master_port.to_string()]);
         // Sentinel rewrites its configuration file: it must be writable and its own.
         let conf = dir.0.join("sentinel.conf");
         std::fs::write(
