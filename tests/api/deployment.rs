@@ -247,7 +247,8 @@ async fn redis_cluster_spreads_agents_over_masters_and_a_killed_master_loses_not
             done
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = calls.len();
+    wait_until("calls to be running", Duration::from_secs(10), async || up.hits.total() >= started + 3).await;
     cluster.kill(victim);
     let during = running.await.unwrap();
 

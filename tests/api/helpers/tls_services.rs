@@ -392,8 +392,7 @@ impl RedisSentinel {
         std::fs::create_dir_all(&master_dir).unwrap();
         std::fs::create_dir_all(&replica_dir).unwrap();
         let master = plain_redis(master_port, &master_dir, &[]);
-        let replica =
-            plain_redis(replica_port, &replica_dir, &["--replicaof", "127.0.0.1", &master_port.to_string()]);
+        let replica = plain_redis(replica_port, &replica_dir, &["--replicaof", "127.0.0.1", &master_port.to_string()]);
         // Sentinel rewrites its configuration file: it must be writable and its own.
         let conf = dir.0.join("sentinel.conf");
         std::fs::write(
