@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: dependencies are cached in their own layer (cargo-chef), the
-# runtime image is slim Debian with CA certificates, running as a non-root user.
+# runtime image is slim Debian with CA certificates, running as a non-root user (UID 10001).
 # Migrations are embedded into the binary at compile time, so migrations/ must be in
 # the build context (see .dockerignore).
 
@@ -22,9 +22,11 @@ RUN cargo build --release --locked --bin x402-router
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home router
+    && groupadd --system --gid 10001 router \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home router
 COPY --from=builder /app/target/release/x402-router /usr/local/bin/x402-router
-USER router
+# Numeric, so that Kubernetes can check `runAsNonRoot` without reading /etc/passwd.
+USER 10001:10001
 ENV BIND=0.0.0.0:8080
 EXPOSE 8080
 ENTRYPOINT ["x402-router"]

@@ -34,18 +34,23 @@ pg_bindir() {
 ensure_postgres() {
   local port="${PGPORT_WANTED:-5432}"
   export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:$port/postgres}"
+  # The server binaries are needed even next to a running server: the TLS tests start
+  # TLS-only servers of their own (as the postgres user when run as root).
+  local bin; bin="$(pg_bindir || true)"
+  if [ -z "$bin" ]; then apt_install postgresql; bin="$(pg_bindir)"; fi
+  export PG_BIN_DIR="${PG_BIN_DIR:-$bin}"
+  mkdir -p "$services_run"
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home "$services_run" postgres
+  fi
   if listening "$port"; then
     svc_log "using the Postgres already listening on 127.0.0.1:$port"
     return 0
   fi
-  local bin; bin="$(pg_bindir || true)"
-  if [ -z "$bin" ]; then apt_install postgresql; bin="$(pg_bindir)"; fi
   local data="$services_run/pg"
-  mkdir -p "$services_run"
   # initdb refuses to run as root: run the private server as the postgres user.
   local runas=()
   if [ "$(id -u)" -eq 0 ]; then
-    id postgres >/dev/null 2>&1 || useradd --system --home "$services_run" postgres
     chown postgres "$services_run"
     runas=(runuser -u postgres --)
   fi
@@ -62,7 +67,8 @@ ensure_postgres() {
 ensure_redis() {
   local port="${REDIS_PORT_WANTED:-6379}"
   export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:$port}"
-  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  # redis-server with TLS support and redis-cli (cluster creation) for the deployment tests.
+  { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || apt_install redis-server redis-tools
   if listening "$port"; then
     svc_log "using the Redis already listening on 127.0.0.1:$port"
     return 0

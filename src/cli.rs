@@ -48,8 +48,17 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
     /// Redis URL (hot cache only; the service keeps answering correctly without it).
+    /// `rediss://` for TLS, with `?sslmode=require|verify-ca|verify-full&sslrootcert=FILE`;
+    /// with --redis-cluster, a comma-separated list of seed nodes.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// REDIS_URL names Redis Cluster nodes (follows MOVED/ASK redirections).
+    #[arg(long, env = "REDIS_CLUSTER", default_value = "false")]
+    pub redis_cluster: String,
+    /// REDIS_URL names Redis Sentinels; the cache uses the master of this name (and follows
+    /// its failovers).
+    #[arg(long, env = "REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
     /// Timeout of every Redis call, in ms. Past it the request continues on Postgres.
     #[arg(long, env = "REDIS_TIMEOUT_MS", default_value = "50")]
     pub redis_timeout_ms: String,
@@ -115,6 +124,11 @@ pub struct ServeArgs {
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "WORKERS", default_value = "0")]
     pub workers: String,
+    /// On SIGTERM/SIGINT, how long in-flight requests may finish before the process exits,
+    /// in seconds. Keep it below the orchestrator's grace period (Kubernetes: 30 s by
+    /// default). A request cut off here stays in flight and is taken over by a retry.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT_SECS", default_value = "25")]
+    pub shutdown_timeout_secs: String,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,

@@ -66,6 +66,8 @@ impl std::fmt::Debug for Secret {
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     pub url: Secret,
+    /// The URL parsed, with its TLS settings (`sslmode`, `sslrootcert`): see `db::tls`.
+    pub connector: crate::db::Connector,
     pub pool_size: u32,
     pub acquire_timeout: Duration,
 }
@@ -76,12 +78,14 @@ impl DatabaseConfig {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
         }
+        let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
             return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
         }
         Ok(Self {
             url: Secret::new(url.to_owned()),
+            connector,
             pool_size,
             acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
         })
@@ -159,6 +163,8 @@ impl PaymentConfig {
 pub struct Config {
     pub database: DatabaseConfig,
     pub redis_url: Secret,
+    /// `redis_url` parsed: one server or a cluster, TLS settings read.
+    pub redis: crate::idempotency::redis_link::RedisTarget,
     pub redis_timeout: Duration,
     pub redis_key_prefix: String,
     pub bind: SocketAddr,
@@ -171,6 +177,8 @@ pub struct Config {
     pub json_logs: bool,
     pub workers: usize,
     pub run_migrations: bool,
+    /// Graceful shutdown limit (`SHUTDOWN_TIMEOUT_SECS`).
+    pub shutdown_timeout: Duration,
 }
 
 /// USDC as deployed by Circle: the default `X402_ASSETS`.
@@ -191,9 +199,10 @@ impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
         let database = DatabaseConfig::from_args(&args.db)?;
         let redis_url = required("REDIS_URL", args.redis_url.as_deref())?;
-        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
-            return Err(ConfigError::new("REDIS_URL", "must start with redis:// or rediss://"));
-        }
+        let redis_cluster = parse_bool("REDIS_CLUSTER", &args.redis_cluster)?;
+        let sentinel_master = args.redis_sentinel_master.as_deref().map(str::trim).filter(|m| !m.is_empty());
+        let redis = crate::idempotency::redis_link::RedisTarget::parse(redis_url, redis_cluster, sentinel_master)
+            .map_err(|e| ConfigError::new("REDIS_URL", e))?;
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(args)?;
@@ -243,6 +252,7 @@ impl Config {
         Ok(Self {
             database,
             redis_url: Secret::new(redis_url.to_owned()),
+            redis,
             redis_timeout: parse_ms("REDIS_TIMEOUT_MS", &args.redis_timeout_ms)?,
             redis_key_prefix: args.redis_key_prefix.clone(),
             bind,
@@ -255,6 +265,10 @@ impl Config {
             json_logs,
             workers: parse_num("WORKERS", &args.workers)?,
             run_migrations: !parse_bool("NO_MIGRATE", &args.no_migrate)?,
+            shutdown_timeout: Duration::from_secs(parse_num::<u64>(
+                "SHUTDOWN_TIMEOUT_SECS",
+                &args.shutdown_timeout_secs,
+            )?),
         })
     }
 }

@@ -12,8 +12,9 @@
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
-//! * `db/`           pool, schema, embedded migrations.
+//! * `db/`           pool, schema, embedded migrations (under an advisory lock), TLS (`db/tls.rs`).
 //! * `gc`            deletion of expired idempotency rows.
+//! * `wallet`        the paying wallet's balance gauge.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
 pub mod audit;
@@ -36,4 +37,5 @@ pub mod startup;
 pub mod state;
 pub mod telemetry;
 pub mod upstream;
+pub mod wallet;
 pub mod x402;

@@ -1,12 +1,25 @@
 //! Prometheus metrics. One registry per application instance (no globals), rendered
 //! at `GET /metrics` in the text exposition format.
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
     pub http_requests: IntCounterVec,
+    /// `http_request_duration_seconds{route, status}`: the conventional name, so that
+    /// stock dashboards and SLO rules apply (the one metric without the `x402_router_` prefix).
+    pub http_duration: HistogramVec,
+    /// `x402_router_wallet_balance{network, asset}`: the paying wallet's token balance in
+    /// atomic units, refreshed by `wallet::spawn_balance_refresh`.
+    pub wallet_balance: GaugeVec,
+    /// `x402_router_rpc_errors_total{method}`: chain reads that failed or timed out.
+    pub rpc_errors: IntCounterVec,
+    /// The payment ledger as `audit::ledger_gauges` last read it (all routers see the
+    /// same ledger; alert on `max` across instances).
+    pub paid_not_served: Gauge,
+    pub stuck_intents: Gauge,
+    pub budget_used: GaugeVec,
     pub idempotency: IntCounterVec,
     pub payments: IntCounterVec,
     pub upstream_seconds: HistogramVec,
@@ -30,6 +43,32 @@ impl Metrics {
         )?;
         let payments =
             IntCounterVec::new(Opts::new("x402_router_payments_total", "Payments by outcome"), &["outcome"])?;
+        let http_duration = HistogramVec::new(
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request duration by route and status").buckets(
+                vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            ),
+            &["route", "status"],
+        )?;
+        let wallet_balance = GaugeVec::new(
+            Opts::new("x402_router_wallet_balance", "The paying wallet's token balance, in atomic units"),
+            &["network", "asset"],
+        )?;
+        let rpc_errors = IntCounterVec::new(
+            Opts::new("x402_router_rpc_errors_total", "Chain RPC reads that failed or timed out"),
+            &["method"],
+        )?;
+        let paid_not_served = Gauge::new(
+            "x402_router_payments_paid_not_served",
+            "Payments settled in the last 24 h whose call was not served (see /audit/payments?status=paid_not_served)",
+        )?;
+        let stuck_intents = Gauge::new(
+            "x402_router_payments_stuck",
+            "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update",
+        )?;
+        let budget_used = GaugeVec::new(
+            Opts::new("x402_router_agent_budget_used_ratio", "Share of an agent's daily budget settled or reserved"),
+            &["agent_id"],
+        )?;
         let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         let upstream_seconds = HistogramVec::new(
             HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency").buckets(buckets.clone()),
@@ -44,7 +83,29 @@ impl Metrics {
         registry.register(Box::new(payments.clone()))?;
         registry.register(Box::new(upstream_seconds.clone()))?;
         registry.register(Box::new(rpc_seconds.clone()))?;
-        Ok(Self { registry, http_requests, idempotency, payments, upstream_seconds, rpc_seconds })
+        registry.register(Box::new(http_duration.clone()))?;
+        registry.register(Box::new(wallet_balance.clone()))?;
+        registry.register(Box::new(rpc_errors.clone()))?;
+        registry.register(Box::new(paid_not_served.clone()))?;
+        registry.register(Box::new(stuck_intents.clone()))?;
+        registry.register(Box::new(budget_used.clone()))?;
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, … (Linux).
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(Self {
+            registry,
+            http_requests,
+            http_duration,
+            wallet_balance,
+            rpc_errors,
+            paid_not_served,
+            stuck_intents,
+            budget_used,
+            idempotency,
+            payments,
+            upstream_seconds,
+            rpc_seconds,
+        })
     }
 
     /// Counts one idempotency decision (`outcome` is the decision path's label).

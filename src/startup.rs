@@ -3,7 +3,6 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
@@ -42,12 +41,17 @@ impl Application {
         let port = listener.local_addr()?.port();
         let state = build_state(config, hooks)?;
         state.idempotency.cache.connect_in_background();
+        crate::wallet::spawn_balance_refresh(&state);
+        crate::audit::gauges::spawn_refresh(&state);
         let workers = if state.config.workers == 0 {
             std::thread::available_parallelism().map_or(2, |n| n.get())
         } else {
             state.config.workers
         };
-        let shutdown = state.config.idempotency.deadline + Duration::from_secs(5);
+        // Fits the orchestrator's grace period (SHUTDOWN_TIMEOUT_SECS), not the route
+        // deadline: a call still running at the limit is cut off, its key stays in flight
+        // and a retry takes it over (payments resume from the chain, never twice).
+        let shutdown = state.config.shutdown_timeout;
         let app_state = web::Data::new(state.clone());
         // One agent cache per process, shared by the workers (see auth::cache).
         let agent_cache = web::Data::new(crate::auth::AgentCache::default());
@@ -135,8 +139,9 @@ pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
 }
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
+    crate::db::tls::install_default_crypto_provider();
     let pool = crate::db::pool(&config.database);
-    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
+    let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone());
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
@@ -172,13 +177,17 @@ async fn count_requests(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let metrics = req.app_data::<web::Data<AppState>>().map(|s| Arc::clone(&s.metrics));
     let request_id = req.extensions().get::<tracing_actix_web::RequestId>().map(|id| id.to_string());
+    let started = std::time::Instant::now();
     let mut res = next.call(req).await?;
     if let Some(id) = request_id.and_then(|id| actix_web::http::header::HeaderValue::from_str(&id).ok()) {
         res.headers_mut().insert(actix_web::http::header::HeaderName::from_static("x-request-id"), id);
     }
     if let Some(m) = metrics {
         let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-        m.http_requests.with_label_values(&[route.as_str(), res.status().as_str()]).inc();
+        let status = res.status();
+        let labels = [route.as_str(), status.as_str()];
+        m.http_requests.with_label_values(&labels).inc();
+        m.http_duration.with_label_values(&labels).observe(started.elapsed().as_secs_f64());
     }
     Ok(res)
 }

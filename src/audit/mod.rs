@@ -18,6 +18,7 @@
 //!   (`agent=` for `agent_id=`) can never silently widen a query.
 
 pub mod cursor;
+pub mod gauges;
 pub mod reconcile;
 pub mod store;
 pub mod verify;

@@ -145,7 +145,7 @@ pub struct PaymentView {
 
 /// The column list of [`PaymentView`]: the only way payments leave the database through
 /// the audit API. `header_value` and `signed_authorization` are deliberately absent.
-const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_version, p.scheme, p.network, \
+pub(crate) const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_version, p.scheme, p.network, \
             p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
             p.valid_before, p.context->'resource' AS resource, p.status, p.tx_hash, p.error, \
             p.attempts, p.created_at, p.updated_at, \
@@ -161,7 +161,7 @@ const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_v
 /// completed receipt nor a completed idempotency row exists for the key. Receipts are kept
 /// forever, so a served call stays served after GC removed its idempotency row.
 // `p.status IN (…)` lists the statuses where `PaymentStatus::is_spent` (a unit test holds them equal).
-const PAID_NOT_SERVED: &str = "p.status IN ('settled', 'settled_response_lost') \
+pub(crate) const PAID_NOT_SERVED: &str = "p.status IN ('settled', 'settled_response_lost') \
         AND NOT EXISTS (SELECT 1 FROM receipts c WHERE c.agent_id = p.agent_id \
                            AND c.idempotency_key = p.idempotency_key AND c.outcome = 'completed') \
         AND k.status IS DISTINCT FROM 'completed'";

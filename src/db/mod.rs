@@ -3,8 +3,10 @@
 
 pub mod prepared;
 pub mod schema;
+pub mod tls;
 
 pub use prepared::PrepareExt;
+pub use tls::Connector;
 
 use std::time::Duration;
 
@@ -31,8 +33,15 @@ pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
 /// when its socket was closed (e.g. Postgres restarted) or a transaction was left open.
 /// diesel-async's default check runs `SELECT 1` on every checkout, one extra round trip per
 /// pool use: a third of the Postgres traffic of a replay (BENCHMARKS.md).
+///
+/// Connections are opened by the [`Connector`] parsed from `DATABASE_URL` (TLS per `sslmode`).
 pub fn pool(config: &DatabaseConfig) -> PgPool {
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
+    let connector = config.connector.clone();
+    manager_config.custom_setup = Box::new(move |_url| {
+        let connector = connector.clone();
+        Box::pin(async move { connector.connect().await })
+    });
     manager_config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
         let broken = conn.is_broken();
         Box::pin(async move { if broken { Err(diesel::result::Error::BrokenTransactionManager) } else { Ok(()) } })
@@ -47,19 +56,46 @@ pub fn pool(config: &DatabaseConfig) -> PgPool {
         .build_unchecked(manager)
 }
 
-/// Applies pending migrations; returns the versions applied.
+/// Key of the session-level advisory lock held while migrating ("x402mig" in ASCII), so
+/// that replicas started together migrate one after another: the first applies the
+/// migrations, the others wait, then find nothing pending.
+pub const MIGRATION_LOCK_KEY: i64 = 0x0078_3430_326d_6967;
+
+/// Applies pending migrations under [`MIGRATION_LOCK_KEY`]; returns the versions applied.
+///
+/// The lock is a session lock on the migrating connection: Postgres releases it if the
+/// process dies, so a crashed migration never blocks the next start. Waiting for another
+/// process's migration is logged once.
 ///
 /// Runs on a blocking thread: diesel's migration harness is synchronous and
-/// `AsyncConnectionWrapper` drives its own small runtime there.
+/// `AsyncConnectionWrapper` drives the connection from there.
 ///
 /// # Errors
 /// Connection or migration failure.
 pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
-    let url = url.to_owned();
+    let connector = Connector::from_url(url).map_err(|e| anyhow::anyhow!("DATABASE_URL: {e}"))?;
+    let conn = connector.connect().await?;
     let applied = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url)?;
-        let versions = conn.run_pending_migrations(MIGRATIONS).map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
-        Ok(versions.into_iter().map(|v| v.to_string()).collect())
+        use diesel::RunQueryDsl;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = AsyncConnectionWrapper::from(conn);
+        #[derive(diesel::QueryableByName)]
+        struct Locked {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            locked: bool,
+        }
+        let got: Locked = diesel::sql_query(format!("SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY}) AS locked"))
+            .get_result(&mut conn)?;
+        if !got.locked {
+            tracing::info!("another process is migrating the database; waiting for it");
+            diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")).execute(&mut conn)?;
+        }
+        let result = conn
+            .run_pending_migrations(MIGRATIONS)
+            .map(|versions| versions.into_iter().map(|v| v.to_string()).collect::<Vec<_>>())
+            .map_err(|e| anyhow::anyhow!("migration failed: {e}"));
+        // Released with the session anyway; unlock explicitly for a long-lived caller.
+        let _ = diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")).execute(&mut conn);
+        result
     })
     .await??;
     Ok(applied)

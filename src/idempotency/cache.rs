@@ -1,9 +1,10 @@
 //! Redis side of the idempotency ledger: a hint that makes replays fast, never a lock.
 //!
-//! Key `<prefix>idem:<agent_id>:<key>`, TTL 25 h (Postgres rows expire after 24 h, so
+//! Key `<prefix>idem:{<agent_id>}:<key>`, TTL 25 h (Postgres rows expire after 24 h, so
 //! the cache never outlives... nor undercuts the source of truth in normal operation).
-//! Each key is touched with single-key commands only, so the layout works unchanged on
-//! Redis Cluster. Every call has a short timeout; any failure is a cache miss and the
+//! Each key is touched with single-key commands only, and the braces are a Redis Cluster
+//! hash tag: every key of one agent lives in one slot (see `redis_link` for cluster and
+//! TLS set-ups). Every call has a short timeout; any failure is a cache miss and the
 //! request continues on Postgres. The connection is made lazily in the background, so
 //! a Redis that is down at start-up or later never blocks or fails a request.
 
@@ -12,11 +13,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::redis_link::{RedisConn, RedisTarget};
 use super::store::Status;
 
 /// Redis TTL of an entry: 25 hours.
@@ -42,26 +43,20 @@ pub struct Cache {
 }
 
 struct Inner {
-    client: Option<redis::Client>,
-    manager: RwLock<Option<ConnectionManager>>,
+    target: RedisTarget,
+    manager: RwLock<Option<RedisConn>>,
     connecting: AtomicBool,
     timeout: Duration,
     prefix: String,
 }
 
 impl Cache {
-    /// A cache on `url`. Connecting starts in the background on first use.
-    pub fn new(url: &str, timeout: Duration, prefix: String) -> Self {
-        let client = match redis::Client::open(url) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::error!(error = %e, "redis url is unusable; running without the cache");
-                None
-            }
-        };
+    /// A cache on `target` (parsed from `REDIS_URL` at start-up). Connecting starts in the
+    /// background on first use.
+    pub fn new(target: RedisTarget, timeout: Duration, prefix: String) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
+                target,
                 manager: RwLock::new(None),
                 connecting: AtomicBool::new(false),
                 timeout,
@@ -71,11 +66,11 @@ impl Cache {
     }
 
     fn redis_key(&self, agent_id: Uuid, key: &str) -> String {
-        format!("{}idem:{agent_id}:{key}", self.inner.prefix)
+        format!("{}idem:{{{agent_id}}}:{key}", self.inner.prefix)
     }
 
     /// A connection if one is up; otherwise starts connecting and returns `None`.
-    fn connection(&self) -> Option<ConnectionManager> {
+    fn connection(&self) -> Option<RedisConn> {
         if let Ok(guard) = self.inner.manager.read()
             && let Some(m) = guard.as_ref()
         {
@@ -87,20 +82,12 @@ impl Cache {
 
     /// Starts one background connection attempt unless one is already running.
     pub fn connect_in_background(&self) {
-        let Some(client) = self.inner.client.clone() else {
-            return;
-        };
         if self.inner.connecting.swap(true, Ordering::AcqRel) {
             return;
         }
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
-            let cfg = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_millis(500)))
-                .set_response_timeout(Some(inner.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(500));
-            match tokio::time::timeout(Duration::from_secs(2), ConnectionManager::new_with_config(client, cfg)).await {
+            match tokio::time::timeout(Duration::from_secs(2), inner.target.connect(inner.timeout)).await {
                 Ok(Ok(m)) => {
                     if let Ok(mut guard) = inner.manager.write() {
                         *guard = Some(m);
@@ -120,6 +107,16 @@ impl Cache {
         });
     }
 
+    /// After a failed or timed-out command: a connection to a Sentinel-resolved master is
+    /// dropped, so that the next use looks the master up again (it may have failed over).
+    fn after_failure(&self) {
+        if self.inner.target.reconnect_after_errors()
+            && let Ok(mut guard) = self.inner.manager.write()
+        {
+            *guard = None;
+        }
+    }
+
     /// Looks the key up. Any error or timeout is a miss.
     pub async fn get(&self, agent_id: Uuid, key: &str) -> Option<Entry> {
         let mut conn = self.connection()?;
@@ -128,10 +125,12 @@ impl Cache {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis get failed");
+                self.after_failure();
                 return None;
             }
             Err(_) => {
                 tracing::debug!("redis get timed out");
+                self.after_failure();
                 return None;
             }
         };
@@ -156,8 +155,14 @@ impl Cache {
         let rkey = self.redis_key(agent_id, key);
         match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "redis set failed"),
-            Err(_) => tracing::debug!("redis set timed out"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis set failed");
+                self.after_failure();
+            }
+            Err(_) => {
+                tracing::debug!("redis set timed out");
+                self.after_failure();
+            }
         }
     }
 
@@ -166,13 +171,17 @@ impl Cache {
         let Some(mut conn) = self.connection() else {
             return false;
         };
-        matches!(
+        let ok = matches!(
             tokio::time::timeout(
                 self.inner.timeout.max(Duration::from_millis(200)),
                 redis::cmd("PING").query_async::<String>(&mut conn)
             )
             .await,
             Ok(Ok(_))
-        )
+        );
+        if !ok {
+            self.after_failure();
+        }
+        ok
     }
 }

@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod canonical;
 pub mod key;
+pub mod redis_link;
 pub mod store;
 
 use std::future::Future;

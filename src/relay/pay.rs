@@ -556,6 +556,9 @@ async fn chain_used(
     let started = Instant::now();
     let r = state.chain.authorization_state(network, asset, payer, nonce).await;
     state.metrics.rpc_seconds.with_label_values(&["authorizationState"]).observe(started.elapsed().as_secs_f64());
+    if r.is_err() {
+        state.metrics.rpc_errors.with_label_values(&["authorizationState"]).inc();
+    }
     r
 }
 

@@ -107,7 +107,7 @@ async fn same_key_with_different_body_is_a_conflict() {
             .get_multiplexed_async_connection()
             .await
             .unwrap();
-        let k = format!("{}idem:{}:{}", app.redis_prefix, app.agent.id, key);
+        let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
         let _: () = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
         app.route(&key, &json!({"url": up.url("/ok/b")})).await
     };

@@ -8,6 +8,7 @@ mod audit;
 mod auth;
 mod cli;
 mod concurrency;
+mod deployment;
 mod faults;
 mod gc;
 mod idempotency;

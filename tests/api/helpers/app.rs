@@ -233,6 +233,9 @@ pub fn router_command() -> std::process::Command {
         "RECONCILE_OLDER_THAN_SECS",
         "IDEMPOTENCY_ABANDON_AFTER_MS",
         "RUST_LOG",
+        "REDIS_CLUSTER",
+        "REDIS_SENTINEL_MASTER",
+        "SHUTDOWN_TIMEOUT_SECS",
     ] {
         c.env_remove(var);
     }
@@ -292,6 +295,11 @@ impl RouterProcess {
 
     pub fn pid(&self) -> i32 {
         self.child.id().map(|p| p as i32).unwrap_or(0)
+    }
+
+    /// Waits for the process to exit by itself, at most `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(limit, self.child.wait()).await.ok().and_then(Result::ok)
     }
 
     /// SIGKILL, and wait for the process to be gone.

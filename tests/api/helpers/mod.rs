@@ -8,6 +8,7 @@ pub mod app;
 pub mod chain;
 pub mod db;
 pub mod services;
+pub mod tls_services;
 pub mod upstream;
 
 pub use app::*;

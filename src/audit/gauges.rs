@@ -1,0 +1,92 @@
+//! The payment ledger as Prometheus gauges, for the alert rules in `deploy/prometheus/`:
+//! paid-not-served payments, stuck intents, and how much of each agent's daily budget is
+//! used. A background task of every router reads them every [`REFRESH`] on one pooled
+//! connection (three read-only statements over the last 24 h of the ledger); a failed read
+//! keeps the last values and is logged at debug. The gauges only report.
+
+use std::time::Duration;
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Double, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
+use crate::metrics::Metrics;
+use crate::state::AppState;
+
+/// How often the ledger is read.
+pub const REFRESH: Duration = Duration::from_secs(60);
+
+/// An intent still undecided this long after its last update is stuck: `reconcile` (every
+/// 5 minutes) should have decided it, so it is not running or cannot read the chain.
+pub const STUCK_AFTER_SECS: i64 = 900;
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct BudgetUse {
+    #[diesel(sql_type = Text)]
+    agent_id: String,
+    #[diesel(sql_type = Double)]
+    ratio: f64,
+}
+
+/// Reads the ledger once and sets the gauges.
+///
+/// # Errors
+/// Database errors (the gauges keep their previous values).
+pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel::QueryResult<()> {
+    let paid_not_served: Count = diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM ({PAYMENT_FROM} \
+          WHERE p.updated_at > now() - interval '24 hours' AND {PAID_NOT_SERVED}) x"
+    ))
+    .get_result(conn)
+    .await?;
+    let stuck: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM payments \
+          WHERE status IN ('signed', 'unknown', 'unconfirmed') \
+            AND updated_at < now() - make_interval(secs => $1::float8)",
+    )
+    .bind::<BigInt, _>(STUCK_AFTER_SECS)
+    .get_result(conn)
+    .await?;
+    let budgets: Vec<BudgetUse> = diesel::sql_query(
+        "SELECT a.id::text AS agent_id, (u.used / a.daily_budget)::float8 AS ratio \
+           FROM agents a, LATERAL ( \
+                SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
+                 WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
+                   AND p.status NOT IN ('not_settled', 'rejected', 'expired')) u \
+          WHERE a.daily_budget > 0 AND NOT a.disabled",
+    )
+    .load(conn)
+    .await?;
+    metrics.paid_not_served.set(paid_not_served.n as f64);
+    metrics.stuck_intents.set(stuck.n as f64);
+    metrics.budget_used.reset();
+    for b in budgets {
+        metrics.budget_used.with_label_values(&[b.agent_id.as_str()]).set(b.ratio);
+    }
+    Ok(())
+}
+
+/// Starts the refresh task on the current runtime. Returns at once.
+pub fn spawn_refresh(state: &AppState) {
+    let (pool, metrics) = (state.pool.clone(), std::sync::Arc::clone(&state.metrics));
+    tokio::spawn(async move {
+        loop {
+            match pool.get().await {
+                Ok(mut conn) => {
+                    if let Err(e) = refresh(&mut conn, &metrics).await {
+                        tracing::debug!(error = %e, "ledger gauges not refreshed");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "ledger gauges not refreshed"),
+            }
+            tokio::time::sleep(REFRESH).await;
+        }
+    });
+}
