@@ -59,7 +59,7 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
     let rate: u64 = args.gc_max_rows_per_second.trim().parse().ok().context(
         "invalid setting GC_MAX_ROWS_PER_SECOND (--gc-max-rows-per-second): expected a non-negative integer",
     )?;
-    let pool = crate::db::pool(&db);
+    let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     let deleted =
         crate::gc::run(&mut conn, batch, std::num::NonZeroU64::new(rate)).await.context("deleting expired rows")?;
@@ -73,7 +73,7 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
 /// Configuration, validation or database errors.
 pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
     let db = DatabaseConfig::from_args(&args.db)?;
-    let pool = crate::db::pool(&db);
+    let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     match &args.command {
         AgentsCommand::Create { name, max_per_call, daily_budget } => {
@@ -154,7 +154,7 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     let settings = reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after };
     crate::telemetry::init(false);
     let chain = crate::x402::Chain::new(networks, timeout);
-    let pool = crate::db::pool(&db);
+    let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     let report = reconcile::run(&mut conn, &chain, &settings).await.context("reconciling payment intents")?;
     println!("{}", serde_json::to_string(&report)?);

@@ -15,6 +15,7 @@ use ipnet::IpNet;
 use url::Url;
 
 use crate::cli::{DatabaseArgs, ServeArgs};
+pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
@@ -73,6 +74,16 @@ pub struct DatabaseConfig {
 }
 
 impl DatabaseConfig {
+    /// The connection pool of these settings (nothing is connected yet).
+    pub fn pool(&self) -> crate::db::PgPool {
+        crate::db::pool(&crate::db::PoolSettings {
+            url: self.url.expose(),
+            connector: &self.connector,
+            size: self.pool_size,
+            acquire_timeout: self.acquire_timeout,
+        })
+    }
+
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -90,17 +101,6 @@ impl DatabaseConfig {
             acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
         })
     }
-}
-
-/// Timing of the idempotency protocol.
-#[derive(Debug, Clone, Copy)]
-pub struct IdempotencyTiming {
-    /// An in-flight row whose `created_at` (heartbeat) is older than this may be taken over.
-    pub abandon_after: Duration,
-    /// How often the owner refreshes `created_at`.
-    pub heartbeat: Duration,
-    /// Deadline of the whole routed call.
-    pub deadline: Duration,
 }
 
 /// Upstream HTTP client settings and the SSRF policy.

@@ -140,7 +140,7 @@ pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     crate::db::tls::install_default_crypto_provider();
-    let pool = crate::db::pool(&config.database);
+    let pool = config.database.pool();
     let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone());
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());

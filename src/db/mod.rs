@@ -18,13 +18,19 @@ use diesel_async::pooled_connection::{
 };
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-use crate::config::DatabaseConfig;
-
 /// The migrations in `migrations/`, compiled into the binary.
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
 pub type PgPool = Pool<AsyncPgConnection>;
 pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
+
+/// What a pool is built from (the typed `DATABASE_*` settings; `config` builds it).
+pub struct PoolSettings<'a> {
+    pub url: &'a str,
+    pub connector: &'a Connector,
+    pub size: u32,
+    pub acquire_timeout: Duration,
+}
 
 /// Builds the pool without connecting: the service starts even while Postgres is down
 /// (requests then get 503 until it is back).
@@ -35,9 +41,9 @@ pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
 /// pool use: a third of the Postgres traffic of a replay (BENCHMARKS.md).
 ///
 /// Connections are opened by the [`Connector`] parsed from `DATABASE_URL` (TLS per `sslmode`).
-pub fn pool(config: &DatabaseConfig) -> PgPool {
+pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
-    let connector = config.connector.clone();
+    let connector = settings.connector.clone();
     manager_config.custom_setup = Box::new(move |_url| {
         let connector = connector.clone();
         Box::pin(async move { connector.connect().await })
@@ -46,12 +52,11 @@ pub fn pool(config: &DatabaseConfig) -> PgPool {
         let broken = conn.is_broken();
         Box::pin(async move { if broken { Err(diesel::result::Error::BrokenTransactionManager) } else { Ok(()) } })
     }));
-    let manager =
-        AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(config.url.expose(), manager_config);
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(settings.url, manager_config);
     Pool::builder()
-        .max_size(config.pool_size)
+        .max_size(settings.size)
         .min_idle(Some(0))
-        .connection_timeout(config.acquire_timeout)
+        .connection_timeout(settings.acquire_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
         .build_unchecked(manager)
 }

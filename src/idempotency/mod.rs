@@ -32,7 +32,16 @@ pub use cache::Cache;
 pub use key::IdempotencyKey;
 pub use store::Status;
 
-use crate::config::IdempotencyTiming;
+/// Timing of the idempotency protocol (`IDEMPOTENCY_*` and `ROUTE_DEADLINE_MS` settings).
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyTiming {
+    /// An in-flight row whose `created_at` (heartbeat) is older than this may be taken over.
+    pub abandon_after: Duration,
+    /// How often the owner refreshes `created_at`.
+    pub heartbeat: Duration,
+    /// Deadline of the whole routed call.
+    pub deadline: Duration,
+}
 
 /// How many times the claim/lookup cycle is retried when the row vanishes between the
 /// conflicting INSERT and the SELECT (GC race, seed's Race 5).

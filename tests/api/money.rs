@@ -36,7 +36,7 @@ async fn forget_key(app: &TestApp, key: &str) {
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: i64 = redis::cmd("DEL")
-        .arg(format!("{}idem:{}:{key}", app.redis_prefix, app.agent.id))
+        .arg(format!("{}idem:{{{}}}:{key}", app.redis_prefix, app.agent.id))
         .query_async(&mut conn)
         .await
         .unwrap();

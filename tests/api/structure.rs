@@ -204,7 +204,7 @@ fn the_layers_depend_only_downwards() {
     allowed("payments", &["db", "money", "clock"]);
     allowed("money", &[]);
     allowed("clock", &[]);
-    allowed("db", &["config"]);
+    allowed("db", &[]);
     // HTTP is known to the route table, the one error mapping and the auth extractors only.
     for m in top.keys() {
         if !["routes", "error", "auth", "startup"].contains(&m.as_str()) {
