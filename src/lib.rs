@@ -13,11 +13,13 @@
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations.
 //! * `gc`            deletion of expired idempotency rows.
+//! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
 pub mod audit;
 pub mod auth;
 pub mod cli;
+pub mod codes;
 pub mod commands;
 pub mod config;
 pub mod db;

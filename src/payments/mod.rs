@@ -23,6 +23,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::codes::Code;
 use crate::error::ApiError;
 use crate::idempotency::{Ownership, Status};
 use crate::routing::request::{RouteCall, parse_decimal_amount};
@@ -126,18 +127,20 @@ fn now_unix() -> u64 {
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
 /// the 402 is the envelope's known part, and the call gets its receipt.
+#[expect(clippy::too_many_arguments, reason = "the call's context plus what to record and answer")]
 fn stopped_after_402(
     state: &AppState,
     own: &Ownership,
     call: &RouteCall,
     first: &UpstreamResponse,
     metric: &str,
+    code: Code,
     msg: &str,
     payment: Option<Value>,
 ) -> Outcome {
     state.metrics.payments.with_label_values(&[metric]).inc();
     let id = Uuid::new_v4();
-    let body = envelope::error_envelope(msg, Some(first), payment.as_ref(), Some(id));
+    let body = envelope::error_envelope(code, msg, Some(first), payment.as_ref(), Some(id));
     let receipt = draft(id, own, call, Some(first.status), &first.body, payment, Status::Errored);
     errored(502, body, Some(receipt), None)
 }
@@ -162,7 +165,16 @@ pub async fn pay(
         Ok(r) => r,
         Err(e) => {
             let msg = format!("invalid 402 from upstream: {e}");
-            return Ok(stopped_after_402(state, own, call, &first, "invalid_402", &msg, None));
+            return Ok(stopped_after_402(
+                state,
+                own,
+                call,
+                &first,
+                "invalid_402",
+                Code::UpstreamInvalid402,
+                &msg,
+                None,
+            ));
         }
     };
 
@@ -185,7 +197,8 @@ pub async fn pay(
             if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
                 reason.push_str(&format!(" (the agent's rolling 24 h budget has {left} left)"));
             }
-            return Ok(declined(own, call, &first, &reason, Value::Array(required.raw_accepts.clone())));
+            let code = Code::for_rejection(&rejection);
+            return Ok(declined(own, call, &first, code, &reason, Value::Array(required.raw_accepts.clone())));
         }
     };
 
@@ -201,11 +214,29 @@ pub async fn pay(
                 "status": PaymentStatus::SettledResponseLost.as_str(),
             });
             let msg = "this Idempotency-Key's payment was already settled on-chain; the router will not pay again";
-            return Ok(stopped_after_402(state, own, call, &first, "already_settled", msg, Some(payment)));
+            return Ok(stopped_after_402(
+                state,
+                own,
+                call,
+                &first,
+                "already_settled",
+                Code::SettledResponseLost,
+                msg,
+                Some(payment),
+            ));
         }
         Err(e) => {
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
-            return Ok(stopped_after_402(state, own, call, &first, "rpc_unavailable", &msg, None));
+            return Ok(stopped_after_402(
+                state,
+                own,
+                call,
+                &first,
+                "rpc_unavailable",
+                Code::PaymentNotMade,
+                &msg,
+                None,
+            ));
         }
     }
 
@@ -220,7 +251,7 @@ pub async fn pay(
     let attempt = match sign(state, required.version, &chosen, &context, nonce) {
         Ok(a) => a,
         Err(msg) => {
-            return Ok(stopped_after_402(state, own, call, &first, "sign_failed", &msg, None));
+            return Ok(stopped_after_402(state, own, call, &first, "sign_failed", Code::PaymentNotMade, &msg, None));
         }
     };
 
@@ -255,7 +286,8 @@ pub async fn pay(
             // signature is dropped here: it was never stored nor sent.
             state.metrics.payments.with_label_values(&["declined"]).inc();
             let reason = format!("upstream requires a payment the router will not make: {why}");
-            return Ok(declined(own, call, &first, &reason, Value::Array(required.raw_accepts.clone())));
+            let accepts = Value::Array(required.raw_accepts.clone());
+            return Ok(declined(own, call, &first, Code::PaymentOverBudget, &reason, accepts));
         }
     }
     drop(conn);
@@ -288,7 +320,8 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
         Some((payment, fin))
     });
     let (payment, fin) = described.unzip();
-    let body = envelope::error_envelope("route deadline exceeded", None, payment.as_ref(), None);
+    let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
+    let body = envelope::error_envelope(code, "route deadline exceeded", None, payment.as_ref(), None);
     Ok(errored(504, body, None, fin))
 }
 
@@ -311,7 +344,7 @@ pub async fn resume(
     let used =
         chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await.map_err(|e| {
             tracing::warn!(error = %e, "cannot check a resumed payment on-chain; deferring");
-            ApiError::Unavailable("the payment network cannot be read to check an earlier payment; retry later")
+            ApiError::PaymentNetworkUnavailable
         })?;
     if used {
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
@@ -319,7 +352,7 @@ pub async fn resume(
         let id = Uuid::new_v4();
         let payment = describe(version, &signed, PaymentStatus::SettledResponseLost, intent.tx_hash.as_deref());
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
-        let body = envelope::error_envelope(msg, None, Some(&payment), Some(id));
+        let body = envelope::error_envelope(Code::SettledResponseLost, msg, None, Some(&payment), Some(id));
         let receipt = draft(id, own, call, None, &[], Some(payment), Status::Errored);
         let fin =
             Final { id: intent.id, status: PaymentStatus::SettledResponseLost, tx_hash: intent.tx_hash, error: None };
@@ -358,6 +391,7 @@ pub async fn resume(
                 state.metrics.payments.with_label_values(&["declined"]).inc();
                 let body = json!({
                     "error": format!("upstream requires a payment the router will not make: {why}"),
+                    "code": Code::PaymentOverBudget,
                     "accepts": [intent.requirement],
                     "receipt_id": null,
                 });
@@ -421,7 +455,12 @@ async fn exchange(
             let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
             let id = Uuid::new_v4();
             let payment = attempt.describe(status, None);
-            let mut body = envelope::error_envelope(&msg, Some(&resp), Some(&payment), Some(id));
+            let code = match status {
+                PaymentStatus::Rejected => Code::PaymentRejected,
+                PaymentStatus::Settled => Code::SettledResponseLost,
+                _ => Code::PaymentUnknown,
+            };
+            let mut body = envelope::error_envelope(code, &msg, Some(&resp), Some(&payment), Some(id));
             // The facilitator's reasons, unchanged, beside our own message.
             if let Value::Object(map) = &mut body {
                 for (k, v) in [("invalidReason", &reasons.invalid_reason), ("errorReason", &reasons.error_reason)] {
@@ -472,7 +511,11 @@ async fn lost_answer(
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
     let id = Uuid::new_v4();
-    let body = envelope::error_envelope(&msg, None, Some(&payment), Some(id));
+    let code = match status {
+        PaymentStatus::SettledResponseLost => Code::SettledResponseLost,
+        _ => Code::PaymentUnknown,
+    };
+    let body = envelope::error_envelope(code, &msg, None, Some(&payment), Some(id));
     let receipt = draft(id, own, call, None, &[], Some(payment), Status::Errored);
     errored(
         http_status,

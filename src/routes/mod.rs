@@ -11,6 +11,7 @@ mod route;
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, Route, web};
 
+use crate::codes::Code;
 use crate::error::json_error;
 
 /// Attaches an endpoint's handler to a route that already matches its method.
@@ -52,5 +53,5 @@ async fn openapi() -> HttpResponse {
 }
 
 async fn not_found() -> HttpResponse {
-    json_error(StatusCode::NOT_FOUND, "not found")
+    json_error(StatusCode::NOT_FOUND, Code::NotFound, "not found")
 }

@@ -17,6 +17,7 @@ use diesel_async::AsyncConnection;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::codes::Code;
 use crate::error::ApiError;
 use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Status, Stored, canonical};
 use crate::receipts::{self, Receipt};
@@ -136,14 +137,14 @@ pub fn remaining(deadline: Instant) -> Duration {
 
 /// The outcome of an exchange that failed before any answer.
 pub fn upstream_failure(e: &UpstreamError) -> Outcome {
-    let http_status = match e {
-        UpstreamError::Timeout => 504,
-        _ => 502,
+    let (http_status, code) = match e {
+        UpstreamError::Timeout => (504, Code::UpstreamTimeout),
+        _ => (502, Code::UpstreamFailed),
     };
     Outcome {
         status: Status::Errored,
         http_status,
-        body: envelope::error_envelope(&e.to_string(), None, None, None),
+        body: envelope::error_envelope(code, &e.to_string(), None, None, None),
         receipt: None,
         payment: None,
     }
@@ -163,7 +164,8 @@ pub fn answered(
         (Status::Completed, 200, envelope::envelope(resp, payment.as_ref(), receipt_id))
     } else {
         let msg = format!("upstream answered {}", resp.status);
-        (Status::Errored, 502, envelope::error_envelope(&msg, Some(resp), payment.as_ref(), Some(receipt_id)))
+        let body = envelope::error_envelope(Code::UpstreamFailed, &msg, Some(resp), payment.as_ref(), Some(receipt_id));
+        (Status::Errored, 502, body)
     };
     let receipt = draft(receipt_id, own, call, Some(resp.status), &resp.body, payment, status);
     Outcome { status, http_status, body, receipt: Some(receipt), payment: payment_final }
@@ -277,12 +279,19 @@ async fn record(state: &AppState, own: &Ownership, outcome: Outcome) -> Result<R
 }
 
 /// The 402 answer when the upstream asks for a payment the router will not make.
-pub fn declined(own: &Ownership, call: &RouteCall, resp: &UpstreamResponse, reason: &str, accepts: Value) -> Outcome {
+pub fn declined(
+    own: &Ownership,
+    call: &RouteCall,
+    resp: &UpstreamResponse,
+    code: Code,
+    reason: &str,
+    accepts: Value,
+) -> Outcome {
     let receipt_id = Uuid::new_v4();
     Outcome {
         status: Status::Completed,
         http_status: 402,
-        body: json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id }),
+        body: json!({ "error": reason, "code": code, "accepts": accepts, "receipt_id": receipt_id }),
         receipt: Some(draft(receipt_id, own, call, Some(resp.status), &resp.body, None, Status::Completed)),
         payment: None,
     }
