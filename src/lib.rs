@@ -13,6 +13,7 @@
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations.
 //! * `gc`            deletion of expired idempotency rows.
+//! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
 //! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
@@ -28,6 +29,7 @@ pub mod gc;
 pub mod idempotency;
 pub mod metrics;
 pub mod payments;
+pub mod problem;
 pub mod receipts;
 pub mod routes;
 pub mod routing;

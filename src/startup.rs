@@ -55,6 +55,7 @@ impl Application {
             App::new()
                 .app_data(app_state.clone())
                 .app_data(agent_cache.clone())
+                .wrap(from_fn(crate::problem::negotiate))
                 .wrap(from_fn(count_requests))
                 .wrap(TracingLogger::default())
                 .configure(crate::routes::configure)
