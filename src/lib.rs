@@ -10,6 +10,7 @@
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations.
 //! * `gc`            deletion of expired idempotency rows.
@@ -33,6 +34,7 @@ pub mod problem;
 pub mod receipts;
 pub mod routes;
 pub mod routing;
+pub mod self_service;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -3,6 +3,7 @@
 //! [`ROUTES`] lists every endpoint once; [`configure`] registers exactly that list, and a
 //! test holds `docs/openapi.json` (served at `GET /openapi.json`) to the same list.
 
+mod agents;
 mod audit;
 mod health;
 mod receipts;
@@ -22,6 +23,8 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     // Agents (Authorization: Bearer x4r_…).
     (Method::POST, "/route", |r| r.to(route::route)),
     (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
+    (Method::GET, "/receipts", |r| r.to(agents::receipts)),
+    (Method::GET, "/agents/me", |r| r.to(agents::me)),
     // Operators (Authorization: Bearer $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),

@@ -1,9 +1,97 @@
-//! The error contract: a stable `code` in every error body, documented per code.
+//! The agent's self-service surface (`GET /agents/me`, `GET /receipts`) and the error-code
+//! contract.
 
 use serde_json::{Value, json};
 use x402_router::codes::Code;
 
 use crate::helpers::*;
+
+async fn get(app: &TestApp, agent: &Agent, path: &str) -> (u16, Value, reqwest::header::HeaderMap) {
+    let resp = app.client.get(format!("{}{path}", app.address)).bearer_auth(&agent.key).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, resp.json().await.unwrap(), headers)
+}
+
+#[actix_web::test]
+async fn agents_me_shows_limits_and_a_paid_calls_spend_per_asset() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    exec(
+        &app.db,
+        &format!("UPDATE agents SET max_per_call = 50000, daily_budget = 1000000 WHERE id = '{}'", app.agent.id),
+    )
+    .await;
+
+    let (status, me, _) = get(&app, &app.agent, "/agents/me").await;
+    assert_eq!(status, 200);
+    assert_eq!(me["agent_id"], app.agent.id.to_string());
+    assert_eq!(me["max_per_call"], "50000");
+    assert_eq!(me["daily_budget"], "1000000");
+    assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some("0"), Some("0")));
+    assert_eq!(me["remaining"], "1000000");
+    assert_eq!(me["assets"], json!([]));
+
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled");
+
+    let (_, me, _) = get(&app, &app.agent, "/agents/me").await;
+    assert_eq!(me["spent"], PRICE.to_string());
+    assert_eq!(me["reserved"], "0");
+    assert_eq!(me["remaining"], (1_000_000 - PRICE).to_string());
+    assert_eq!(me["assets"][0]["network"], "eip155:84532");
+    assert_eq!(me["assets"][0]["asset"], env["payment"]["asset"]);
+    assert_eq!(me["assets"][0]["spent"], PRICE.to_string());
+
+    // The receipt carries the payment's current ledger state beside the signed document.
+    let id = env["receipt_id"].as_str().unwrap();
+    let (status, receipt, headers) = get(&app, &app.agent, &format!("/receipts/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(receipt["payment"]["status"], "settled");
+    assert_eq!(headers.get("x-payment-status").unwrap(), "settled");
+}
+
+#[actix_web::test]
+async fn receipts_list_is_the_agents_own_newest_first_and_pages_without_repeats() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let other = create_agent(&app.db, "other").await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let resp = app.route(&new_key(), &json!({"url": up.url(&format!("/ok/{i}"))})).await;
+        let env: Value = resp.json().await.unwrap();
+        ids.push(env["receipt_id"].as_str().unwrap().to_owned());
+    }
+    app.route_as(&other, &new_key(), &json!({"url": up.url("/ok/other")})).await;
+
+    let mut seen = Vec::new();
+    let mut path = "/receipts?limit=2".to_owned();
+    loop {
+        let (status, page, _) = get(&app, &app.agent, &path).await;
+        assert_eq!(status, 200, "{page}");
+        for r in page["receipts"].as_array().unwrap() {
+            assert_eq!(r["agent_id"], app.agent.id.to_string());
+            seen.push(r["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/receipts?limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    ids.reverse();
+    assert_eq!(seen, ids, "newest first, each once");
+
+    let (_, theirs, _) = get(&app, &other, "/receipts").await;
+    assert_eq!(theirs["receipts"].as_array().unwrap().len(), 1);
+    for bad in ["/receipts?limit=0", "/receipts?cursor=nope", "/receipts?agent_id=x"] {
+        let (status, err, _) = get(&app, &app.agent, bad).await;
+        assert_eq!((status, err["code"].as_str()), (400, Some("bad_request")), "{bad}");
+    }
+    let resp = app.client.get(format!("{}/agents/me", app.address)).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+}
 
 #[actix_web::test]
 async fn the_openapi_document_has_one_schema_per_error_code() {
