@@ -10,6 +10,7 @@
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
 //! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations.
@@ -28,6 +29,7 @@ pub mod db;
 pub mod error;
 pub mod gc;
 pub mod idempotency;
+pub mod mcp;
 pub mod metrics;
 pub mod payments;
 pub mod problem;

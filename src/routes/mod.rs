@@ -25,6 +25,10 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
     (Method::GET, "/receipts", |r| r.to(agents::receipts)),
     (Method::GET, "/agents/me", |r| r.to(agents::me)),
+    // MCP over streamable HTTP (Authorization: Bearer x4r_…).
+    (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
+    (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),
+    (Method::DELETE, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     // Operators (Authorization: Bearer $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),

@@ -1,5 +1,6 @@
-//! The agent's self-service surface (`GET /agents/me`, `GET /receipts`) and the error-code
-//! contract.
+//! The agent's self-service surface (`GET /agents/me`, `GET /receipts`), the error-code
+//! contract, and `/mcp` authentication. The MCP tools themselves are exercised with the
+//! official TypeScript SDK by scripts/agent-clients-test.
 
 use serde_json::{Value, json};
 use x402_router::codes::Code;
@@ -107,6 +108,38 @@ async fn the_openapi_document_has_one_schema_per_error_code() {
         assert!(s["description"].as_str().is_some_and(|d| d.len() > 20), "Error_{code}");
     }
     assert_eq!(schemas["Error"]["required"], json!(["error", "code"]));
+}
+
+#[actix_web::test]
+async fn mcp_needs_an_agent_key_and_speaks_json_rpc_with_one() {
+    let app = spawn_app().await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let post = |key: Option<&str>| {
+        let mut req = app
+            .client
+            .post(format!("{}/mcp", app.address))
+            .header("accept", "application/json, text/event-stream")
+            .json(&init);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        req.send()
+    };
+    let resp = post(None).await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "unauthorized");
+    let resp = post(Some("x4r_not-a-key")).await.unwrap();
+    assert_eq!(resp.status(), 401);
+
+    let resp = post(Some(&app.agent.key)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("mcp-session-id").is_some());
+    let text = resp.text().await.unwrap();
+    let line = text.lines().find(|l| l.contains("\"serverInfo\"")).unwrap_or(&text);
+    let answer: Value = serde_json::from_str(line.trim_start_matches("data:").trim()).unwrap();
+    assert_eq!(answer["result"]["serverInfo"]["name"], "x402-router");
+    assert!(answer["result"]["capabilities"]["tools"].is_object());
 }
 
 #[actix_web::test]
