@@ -219,3 +219,54 @@ mod tests {
         }
     }
 }
+
+/// The payment signed under one of the agent's idempotency keys, as the ledger has it now.
+#[derive(Debug, Clone, Serialize, QueryableByName)]
+pub struct KeyPayment {
+    #[diesel(sql_type = Text)]
+    pub idempotency_key: String,
+    /// `signed`, `settled`, `unconfirmed`, `not_settled`, `rejected`, `settled_response_lost`,
+    /// `unknown` or `expired`.
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Text)]
+    pub network: String,
+    #[diesel(sql_type = Text)]
+    pub asset: String,
+    #[diesel(sql_type = Text)]
+    pub amount: String,
+    #[diesel(sql_type = Text)]
+    pub pay_to: String,
+    #[diesel(sql_type = Text)]
+    pub nonce: String,
+    /// Unix seconds: unused past this, the authorization can never move money.
+    #[diesel(sql_type = BigInt)]
+    pub valid_before: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tx_hash: Option<String>,
+    #[diesel(sql_type = Timestamptz)]
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The payment of (agent, key), if one was signed. Never the signed authorization or its
+/// header (bearer instruments).
+///
+/// # Errors
+/// Database errors.
+pub async fn payment_for_key(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+) -> QueryResult<Option<KeyPayment>> {
+    use diesel::OptionalExtension;
+    diesel::sql_query(
+        "SELECT idempotency_key, status, network, asset, amount::text AS amount, pay_to, nonce, valid_before, \
+                tx_hash, updated_at \
+           FROM payments WHERE agent_id = $1 AND idempotency_key = $2",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(key)
+    .get_result(conn)
+    .await
+    .optional()
+}

@@ -22,6 +22,8 @@ pub enum Call {
     Me,
     /// `GET /receipts/{id}`.
     Receipt(String),
+    /// `GET /payments?idempotency_key=`.
+    Payment(String),
 }
 
 /// An HTTP-shaped answer.
@@ -100,6 +102,11 @@ async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Cal
             url.path_segments_mut().map_err(|()| "bad router URL".to_owned())?.pop_if_empty().push(id);
             client.get(url)
         }
+        Call::Payment(idem) => {
+            let mut url = join("payments")?;
+            url.query_pairs_mut().append_pair("idempotency_key", idem);
+            client.get(url)
+        }
     };
     let resp = req.bearer_auth(key).send().await.map_err(|e| format!("router unreachable: {e}"))?;
     let status = resp.status().as_u16();
@@ -164,6 +171,26 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
             .await;
             match result {
                 Ok((body, payment_status)) => Reply { payment_status, ..Reply::json(200, body) },
+                Err(e) => Reply::error(&e),
+            }
+        }
+        Call::Payment(key) => {
+            let result = async {
+                let mut conn = state.pool.get().await.map_err(ApiError::database)?;
+                let p = crate::self_service::payment_for_key(&mut conn, agent, key)
+                    .await
+                    .map_err(ApiError::database)?
+                    .ok_or(ApiError::NotFound)?;
+                let safe = super::policy::RELEASED_PAYMENT_STATES.contains(&p.status.as_str());
+                let mut body = serde_json::to_value(p).map_err(|e| ApiError::Internal(e.into()))?;
+                if let Value::Object(map) = &mut body {
+                    map.insert("new_key_safe".into(), Value::Bool(safe));
+                }
+                Ok::<_, ApiError>(body)
+            }
+            .await;
+            match result {
+                Ok(body) => Reply::json(200, body),
                 Err(e) => Reply::error(&e),
             }
         }

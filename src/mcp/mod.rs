@@ -74,7 +74,9 @@ Read one of your signed receipts by receipt_id (from a fetch result): what was c
 upstream status, the payment (amount, network, asset, tx hash, status) and the router's \
 signature. payment_status_now is the payment's current state, which may have moved on since \
 the call (e.g. unknown -> expired once its authorization lapsed unused: then nothing was paid \
-and a new call is safe; settled_response_lost: paid, not served, do not pay again).";
+and a new call is safe; settled_response_lost: paid, not served, do not pay again). \
+A fetch that ended with payment_unknown and no receipt_id: pass its idempotency_key instead \
+to read that payment's current state (new_key_safe tells whether a new call is safe).";
 
 const BUDGET_DESCRIPTION: &str = "\
 Your spending limits and rolling 24 h spend, as decimal strings of atomic token units \
@@ -125,8 +127,10 @@ pub fn tools() -> Vec<Tool> {
         RECEIPT_DESCRIPTION,
         schema(json!({
             "type": "object",
-            "properties": {"receipt_id": {"type": "string", "description": "The receipt_id of a fetch result."}},
-            "required": ["receipt_id"],
+            "properties": {
+                "receipt_id": {"type": "string", "description": "The receipt_id of a fetch result."},
+                "idempotency_key": {"type": "string", "description": "Instead of receipt_id: a fetch result's idempotency_key, to read its payment's current state."}
+            },
             "additionalProperties": false
         })),
     )
@@ -287,10 +291,18 @@ impl ServerHandler for RouterTools {
                 self.fetch(args, &context).await
             }
             "get_receipt" => {
-                let Some(id) = args.get("receipt_id").and_then(Value::as_str) else {
-                    return Err(McpError::invalid_params("get_receipt needs a `receipt_id` string", None));
+                let text = |name: &str| args.get(name).and_then(Value::as_str).map(str::to_owned);
+                let call = match (text("receipt_id"), text("idempotency_key")) {
+                    (Some(id), _) => Call::Receipt(id),
+                    (None, Some(key)) => Call::Payment(key),
+                    (None, None) => {
+                        return Err(McpError::invalid_params(
+                            "get_receipt needs a `receipt_id` (or an `idempotency_key`) string",
+                            None,
+                        ));
+                    }
                 };
-                self.simple(Call::Receipt(id.to_owned()), &context).await
+                self.simple(call, &context).await
             }
             "get_budget" => self.simple(Call::Me, &context).await,
             other => {

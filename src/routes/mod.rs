@@ -25,6 +25,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
     (Method::GET, "/receipts", |r| r.to(agents::receipts)),
     (Method::GET, "/agents/me", |r| r.to(agents::me)),
+    (Method::GET, "/payments", |r| r.to(agents::payment)),
     // MCP over streamable HTTP (Authorization: Bearer x4r_…).
     (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),

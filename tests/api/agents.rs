@@ -15,7 +15,7 @@ async fn get(app: &TestApp, agent: &Agent, path: &str) -> (u16, Value, reqwest::
 }
 
 #[actix_web::test]
-async fn agents_me_shows_limits_and_a_paid_calls_spend_per_asset() {
+async fn agents_me_and_payments_show_limits_spend_per_asset_and_a_keys_payment() {
     let chain = Devnet::start().await;
     let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
     exec(
@@ -45,6 +45,23 @@ async fn agents_me_shows_limits_and_a_paid_calls_spend_per_asset() {
     assert_eq!(me["assets"][0]["network"], "eip155:84532");
     assert_eq!(me["assets"][0]["asset"], env["payment"]["asset"]);
     assert_eq!(me["assets"][0]["spent"], PRICE.to_string());
+
+    // The ledger's view of the key: final, paid, so a new key is not safe.
+    let key = new_key();
+    let resp = app.route(&key, &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 200);
+    let (status, p, _) = get(&app, &app.agent, &format!("/payments?idempotency_key={key}")).await;
+    assert_eq!(status, 200, "{p}");
+    assert_eq!((p["status"].as_str(), p["new_key_safe"].as_bool()), (Some("settled"), Some(false)));
+    assert_eq!(p["amount"], PRICE.to_string());
+    assert!(p.get("signed_authorization").is_none() && p.get("header_value").is_none());
+    let (status, err, _) = get(&app, &app.agent, "/payments?idempotency_key=never-used-key-0001").await;
+    assert_eq!((status, err["code"].as_str()), (404, Some("not_found")));
+    let other = create_agent(&app.db, "other").await;
+    let (status, _, _) = get(&app, &other, &format!("/payments?idempotency_key={key}")).await;
+    assert_eq!(status, 404, "another agent's key is not found");
+    let (status, _, _) = get(&app, &app.agent, "/payments").await;
+    assert_eq!(status, 400);
 
     // The receipt carries the payment's current ledger state beside the signed document.
     let id = env["receipt_id"].as_str().unwrap();

@@ -68,6 +68,11 @@ async function checkPaidFetch(client, path) {
   assert.equal(receipt.structuredContent.receipt.id, r.receipt_id);
   assert.equal(receipt.structuredContent.payment_status_now, "settled");
 
+  const byKey = await client.callTool({ name: "get_receipt", arguments: { idempotency_key: r.idempotency_key } });
+  assert.equal(byKey.isError, false);
+  assert.equal(byKey.structuredContent.status, "settled");
+  assert.equal(byKey.structuredContent.new_key_safe, false);
+
   // The model retries with the key it was given: the recorded answer, no second payment.
   const retried = await client.callTool({
     name: "fetch",

@@ -96,6 +96,9 @@ def test_a_paid_call_pays_once_and_the_same_key_replays(router: Router) -> None:
     receipt, payment_status = router.get_receipt(first.receipt_id)
     assert receipt["payment"]["status"] == "settled"
     assert payment_status == "settled"
+    payment = router.get_payment(first.idempotency_key)
+    assert payment["status"] == "settled" and payment["new_key_safe"] is False
+    assert router.get_payment("py-never-used-key-0001") is None
     page = router.list_receipts(limit=1)
     assert page["receipts"][0]["id"] == first.receipt_id
     assert page["next_cursor"]

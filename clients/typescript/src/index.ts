@@ -54,6 +54,22 @@ export interface ErrorBody {
   [member: string]: unknown;
 }
 
+/** The payment signed under one of the agent's keys, as the ledger has it now (`GET /payments`). */
+export interface KeyPayment {
+  idempotency_key: string;
+  status: PaymentStatus;
+  network: string;
+  asset: string;
+  amount: string;
+  pay_to: string;
+  nonce: string;
+  valid_before: number;
+  tx_hash: string | null;
+  updated_at: string;
+  /** The status can no longer move money: a new key for the same call cannot pay twice. */
+  new_key_safe: boolean;
+}
+
 /** A signed receipt (`GET /receipts/{id}`). */
 export interface Receipt {
   id: string;
@@ -246,6 +262,21 @@ export class Router {
     const { body } = await this.send(`receipts${qs ? `?${qs}` : ""}`, { method: "GET" });
     const b = body as { receipts: Receipt[]; next_cursor: string | null };
     return { receipts: b.receipts, nextCursor: b.next_cursor };
+  }
+
+  /**
+   * The payment signed under `idempotencyKey`, as the ledger has it now; `null` when none was
+   * ever signed (nothing was paid under that key). After `do_not_rekey` with
+   * `payment_unknown`, poll this: `new_key_safe` turns true once `reconcile` saw it expire unused.
+   */
+  async getPayment(idempotencyKey: string): Promise<KeyPayment | null> {
+    try {
+      const { body } = await this.send(`payments?idempotency_key=${encodeURIComponent(idempotencyKey)}`, { method: "GET" });
+      return body as KeyPayment;
+    } catch (e) {
+      if (e instanceof RouterError && e.status === 404) return null;
+      throw e;
+    }
   }
 
   /** The agent's limits and rolling 24 h spend (decimal strings of atomic units). */

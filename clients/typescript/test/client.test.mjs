@@ -75,6 +75,10 @@ describe("routerFetch against a real router", () => {
     assert.equal(receipt.id, first.receiptId);
     assert.equal(receipt.payment.status, "settled");
     assert.equal(paymentStatus, "settled");
+    const payment = await router.getPayment(first.idempotencyKey);
+    assert.equal(payment.status, "settled");
+    assert.equal(payment.new_key_safe, false);
+    assert.equal(await router.getPayment("ts-never-used-key-0001"), null);
     const page = await router.listReceipts({ limit: 1 });
     assert.equal(page.receipts[0].id, first.receiptId, "newest first");
     assert.ok(page.nextCursor);

@@ -17,6 +17,7 @@ import httpx
 
 from ._core import (
     RoutedResponse,
+    RouterError,
     Settings,
     error_for,
     new_idempotency_key,
@@ -106,6 +107,18 @@ class Router(_Base):
         _, body = self._send("GET", "receipts", None, None, params)
         return body
 
+    def get_payment(self, idempotency_key: str) -> dict[str, Any] | None:
+        """The payment signed under ``idempotency_key`` as the ledger has it now; ``None`` when
+        none was ever signed. After ``do_not_rekey`` with ``payment_unknown``, poll this:
+        ``new_key_safe`` turns true once ``reconcile`` saw the authorization expire unused."""
+        try:
+            _, body = self._send("GET", "payments", None, None, {"idempotency_key": idempotency_key})
+        except RouterError as e:
+            if e.status == 404:
+                return None
+            raise
+        return body
+
     def get_budget(self) -> dict[str, Any]:
         """The agent's limits and rolling 24 h spend (decimal strings of atomic units)."""
         _, body = self._send("GET", "agents/me", None, None)
@@ -168,6 +181,15 @@ class AsyncRouter(_Base):
     async def list_receipts(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in {"limit": limit, "cursor": cursor}.items() if v is not None}
         _, body = await self._send("GET", "receipts", None, None, params)
+        return body
+
+    async def get_payment(self, idempotency_key: str) -> dict[str, Any] | None:
+        try:
+            _, body = await self._send("GET", "payments", None, None, {"idempotency_key": idempotency_key})
+        except RouterError as e:
+            if e.status == 404:
+                return None
+            raise
         return body
 
     async def get_budget(self) -> dict[str, Any]:
