@@ -183,3 +183,36 @@ async fn errors_are_plain_json_by_default_and_problem_json_on_request() {
     assert_eq!((doc["title"].as_str(), doc["status"].as_u64()), (Some("not found"), Some(404)));
     assert_eq!(doc["code"], "not_found");
 }
+
+#[actix_web::test]
+async fn an_unused_payment_becomes_new_key_safe_once_reconcile_expires_it() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let key = new_key();
+    // A router signed and died; the authorization lapsed unused 5 minutes ago.
+    crash_after_signing(&app, &chain, &key, &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"}), -300)
+        .await;
+    exec(
+        &app.db,
+        "UPDATE payments SET created_at = now() - interval '5 minutes', updated_at = now() - interval '5 minutes'",
+    )
+    .await;
+    let path = format!("/payments?idempotency_key={key}");
+    let (_, p, _) = get(&app, &app.agent, &path).await;
+    assert_eq!((p["status"].as_str(), p["new_key_safe"].as_bool()), (Some("signed"), Some(false)));
+    let (_, me, _) = get(&app, &app.agent, "/agents/me").await;
+    assert_eq!(me["reserved"], PRICE.to_string());
+
+    let out = router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let (_, p, _) = get(&app, &app.agent, &path).await;
+    assert_eq!((p["status"].as_str(), p["new_key_safe"].as_bool()), (Some("expired"), Some(true)));
+    let (_, me, _) = get(&app, &app.agent, "/agents/me").await;
+    assert_eq!(me["reserved"], "0");
+}
