@@ -8,7 +8,9 @@
 //! Idempotency: `fetch` derives its `Idempotency-Key` from the MCP request — the connection
 //! (stdio: one random scope per process; HTTP: the `Mcp-Session-Id`), the JSON-RPC request
 //! id and the arguments — so a client that re-sends the same tool call reuses the key and
-//! gets the recorded answer instead of a second payment. A model that retries by calling
+//! gets the recorded answer instead of a second payment. (A sessionless HTTP client, protocol
+//! 2026-07-28, is scoped by request id and arguments alone: identical calls replay, never pay
+//! twice; `idempotency_key` tells them apart.) A model that retries by calling
 //! the tool again passes the `idempotency_key` it got back (the tool descriptions say so).
 //! Transient answers (409 in flight, 503, a lost connection) are retried inside the tool
 //! with the same key, honouring `Retry-After`, for at most [`RETRY_BUDGET`]; see [`policy`].
