@@ -49,7 +49,8 @@ pub struct McpAgent(pub Uuid);
 pub struct RouterTools {
     backend: Backend,
     /// stdio: random per process, so that JSON-RPC ids restarting at 0 in a new connection
-    /// never map to an old key. HTTP: unused (the session id scopes keys).
+    /// never map to an old key. HTTP: the session id scopes keys; a sessionless request gets
+    /// one fixed scope, so that a re-send reaching another router process derives the same key.
     scope: Arc<str>,
 }
 
@@ -151,7 +152,11 @@ pub fn tools() -> Vec<Tool> {
 impl RouterTools {
     /// Tools backed by `backend`.
     pub fn new(backend: Backend) -> Self {
-        Self { backend, scope: Arc::from(Uuid::new_v4().simple().to_string()) }
+        let scope = match backend {
+            Backend::Remote { .. } => Uuid::new_v4().simple().to_string(),
+            Backend::Local(_) => "http-sessionless".to_owned(),
+        };
+        Self { backend, scope: Arc::from(scope) }
     }
 
     async fn fetch(&self, args: Map<String, Value>, ctx: &RequestContext<RoleServer>) -> CallToolResult {
