@@ -7,7 +7,7 @@
 //! `receipt_id`, …) as extension members, with `Content-Type: application/problem+json`.
 //! Nothing else changes: status, headers, idempotency replays.
 
-use actix_web::body::{BoxBody, MessageBody, to_bytes_limited};
+use actix_web::body::{BoxBody, MessageBody, to_bytes};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use actix_web::middleware::Next;
@@ -15,10 +15,6 @@ use serde_json::{Map, Value};
 
 /// The media type of RFC 9457.
 pub const PROBLEM_JSON: &str = "application/problem+json";
-
-/// Largest error body rewritten (error bodies are small; a 502 envelope may carry an
-/// upstream body up to the upstream limit, and is then left as plain JSON).
-const MAX_BODY: usize = 2 << 20;
 
 /// Middleware: rewrites JSON error bodies as problem documents when the client asks for them.
 ///
@@ -46,8 +42,9 @@ pub async fn negotiate(
     let (req, res) = res.into_parts();
     let status = res.status();
     let (mut head, body) = res.into_parts();
-    let Ok(Ok(bytes)) = to_bytes_limited(body, MAX_BODY).await else {
-        // Unreadable or too large to rewrite: an empty plain answer would be worse than none.
+    // Our own JSON body, already bounded by what produced it (a 502 envelope by
+    // UPSTREAM_MAX_RESPONSE_BYTES), so buffering it whole is safe.
+    let Ok(bytes) = to_bytes(body).await else {
         tracing::warn!("could not buffer an error body for problem+json; answered 500");
         let res = actix_web::HttpResponse::InternalServerError().finish();
         return Ok(ServiceResponse::new(req, res));
