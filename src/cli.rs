@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `gc`, `agents …`, `reconcile`, `receipts verify`.
+//! The command line: `serve`, `migrate`, `gc`, `agents …`, `reconcile`, `receipts verify`, `mcp`.
 //!
 //! Every setting can come from a flag or from the environment variable named in its
 //! help. Values arrive here as raw strings on purpose: `config` turns them into typed
@@ -28,6 +28,19 @@ pub enum Command {
     Reconcile(ReconcileArgs),
     /// Offline receipt tools.
     Receipts(ReceiptsArgs),
+    /// Serve the MCP tools (fetch, get_receipt, get_budget) on stdin/stdout, as a client of
+    /// a running router (no database access).
+    Mcp(McpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Base URL of the running router.
+    #[arg(long, env = "X402_ROUTER_URL", default_value = "http://127.0.0.1:8080")]
+    pub router_url: String,
+    /// The agent's API key (`x4r_…`).
+    #[arg(long, env = "X402_ROUTER_AGENT_KEY", hide_env_values = true)]
+    pub agent_key: Option<String>,
 }
 
 #[derive(Debug, Args, Clone)]

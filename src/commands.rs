@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use crate::auth::{agents, generate_api_key, hash_api_key};
 use crate::cli::{
-    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs, ServeArgs,
+    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, McpArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs, ServeArgs,
 };
 use crate::config::{self, Config, DatabaseConfig};
 use crate::money::Amount;
@@ -195,4 +195,27 @@ pub fn receipts(args: &ReceiptsArgs) -> std::process::ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `mcp`: the MCP tools on stdio for the router at `X402_ROUTER_URL`, as the agent of
+/// `X402_ROUTER_AGENT_KEY`. Logs go to stderr (stdout is the protocol).
+///
+/// # Errors
+/// A missing or malformed setting, or the MCP session failing.
+pub async fn mcp(args: &McpArgs) -> anyhow::Result<()> {
+    crate::telemetry::init(false);
+    let mut base = url::Url::parse(&args.router_url)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .ok_or_else(|| anyhow::anyhow!("X402_ROUTER_URL must be an http(s) URL, got {:?}", args.router_url))?;
+    if !base.path().ends_with('/') {
+        let path = format!("{}/", base.path());
+        base.set_path(&path);
+    }
+    let key = args
+        .agent_key
+        .clone()
+        .filter(|k| k.starts_with(crate::auth::KEY_PREFIX))
+        .ok_or_else(|| anyhow::anyhow!("X402_ROUTER_AGENT_KEY must be set to an agent key (x4r_…)"))?;
+    crate::mcp::serve_stdio(base, key).await
 }

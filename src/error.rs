@@ -1,7 +1,7 @@
-//! The one place that maps errors to HTTP. Every error body is `{"error": "…"}`.
-//! 5xx bodies are opaque; their cause is logged once, here. Domain errors (the relay's
-//! [`relay::Error`]) are converted here and nowhere else: unreachable dependencies ⇒ 503,
-//! failed queries and broken invariants ⇒ 500.
+//! The one place that maps errors to HTTP. Every error body is `{"error": "…", "code": "…"}`:
+//! `error` for humans, `code` ([`Code`]) for programs. 5xx bodies are opaque; their cause is
+//! logged once, here. Domain errors (the relay's [`relay::Error`]) are converted here and
+//! nowhere else: unreachable dependencies ⇒ 503, failed queries and broken invariants ⇒ 500.
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderValue, RETRY_AFTER};
@@ -9,6 +9,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
 use crate::audit::BadQuery;
+use crate::codes::Code;
 use crate::idempotency::key::InvalidKey;
 use crate::relay::{self, request::BadRequest};
 
@@ -25,6 +26,8 @@ pub enum ApiError {
     Unauthorized,
     #[error("agent is disabled")]
     Forbidden,
+    #[error("agent keys cannot use the operator API")]
+    OperatorOnly,
     #[error("not found")]
     NotFound,
     #[error("Idempotency-Key reused with different body")]
@@ -35,6 +38,8 @@ pub enum ApiError {
     Superseded,
     #[error("service unavailable: {0}")]
     Unavailable(&'static str),
+    #[error("the payment network cannot be read to check an earlier payment; retry later")]
+    PaymentNetworkUnavailable,
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -56,6 +61,39 @@ impl ApiError {
         tracing::warn!(error = %e, "postgres unavailable (no connection)");
         Self::Unavailable("database unavailable")
     }
+
+    /// The machine-readable code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::BadRequest(_) => Code::BadRequest,
+            Self::IdempotencyKeyRequired => Code::IdempotencyKeyRequired,
+            Self::PayloadTooLarge(_) => Code::PayloadTooLarge,
+            Self::Unauthorized => Code::Unauthorized,
+            Self::Forbidden => Code::AgentDisabled,
+            Self::OperatorOnly => Code::OperatorOnly,
+            Self::NotFound => Code::NotFound,
+            Self::KeyReused => Code::IdempotencyKeyReused,
+            Self::InFlight => Code::IdempotencyKeyInFlight,
+            Self::Superseded => Code::Superseded,
+            Self::Unavailable(_) => Code::DatabaseUnavailable,
+            Self::PaymentNetworkUnavailable => Code::PaymentNetworkUnavailable,
+            Self::Internal(_) => Code::InternalError,
+        }
+    }
+
+    /// The seconds an agent should wait before retrying the same key, when it should.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            Self::InFlight | Self::PaymentNetworkUnavailable => Some(5),
+            Self::Unavailable(_) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The JSON body (`{"error", "code"}`).
+    pub fn body(&self) -> serde_json::Value {
+        json!({ "error": self.to_string(), "code": self.code() })
+    }
 }
 
 impl From<relay::Error> for ApiError {
@@ -66,6 +104,10 @@ impl From<relay::Error> for ApiError {
             relay::Error::KeyReused => Self::KeyReused,
             relay::Error::Superseded => Self::Superseded,
             relay::Error::Unavailable(what) => Self::Unavailable(what),
+            relay::Error::PaymentNetworkUnavailable(what) => {
+                tracing::warn!(reason = what, "payment network unavailable");
+                Self::PaymentNetworkUnavailable
+            }
             relay::Error::Internal(e) => Self::Internal(e),
         }
     }
@@ -95,10 +137,10 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) | Self::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::OperatorOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -108,23 +150,17 @@ impl ResponseError for ApiError {
             tracing::error!(error = ?e, "internal error");
         }
         let mut resp = HttpResponse::build(self.status_code());
-        match self {
-            Self::InFlight => {
-                resp.insert_header((RETRY_AFTER, HeaderValue::from_static("5")));
-            }
-            Self::Unauthorized => {
-                resp.insert_header(("WWW-Authenticate", "Bearer"));
-            }
-            Self::Unavailable(_) => {
-                resp.insert_header((RETRY_AFTER, HeaderValue::from_static("1")));
-            }
-            _ => {}
+        if let Some(secs) = self.retry_after() {
+            resp.insert_header((RETRY_AFTER, HeaderValue::from(secs)));
         }
-        resp.json(json!({ "error": self.to_string() }))
+        if let Self::Unauthorized = self {
+            resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        resp.json(self.body())
     }
 }
 
-/// Re-shapes actix's own rejections (bad query, bad path, …) into `{"error": …}`.
-pub fn json_error(status: StatusCode, message: impl Into<String>) -> HttpResponse {
-    HttpResponse::build(status).json(json!({ "error": message.into() }))
+/// Re-shapes actix's own rejections (bad query, bad path, …) into `{"error", "code"}`.
+pub fn json_error(status: StatusCode, code: Code, message: impl Into<String>) -> HttpResponse {
+    HttpResponse::build(status).json(json!({ "error": message.into(), "code": code }))
 }

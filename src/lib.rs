@@ -11,28 +11,36 @@
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
+//! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations (under an advisory lock), TLS (`db/tls.rs`).
 //! * `gc`            deletion of expired idempotency rows.
 //! * `wallet`        the paying wallet's balance gauge.
+//! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
+//! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
 pub mod audit;
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod codes;
 pub mod commands;
 pub mod config;
 pub mod db;
 pub mod error;
 pub mod gc;
 pub mod idempotency;
+pub mod mcp;
 pub mod metrics;
 pub mod money;
 pub mod payments;
+pub mod problem;
 pub mod receipts;
 pub mod relay;
 pub mod routes;
+pub mod self_service;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -55,10 +55,14 @@ impl Application {
         let app_state = web::Data::new(state.clone());
         // One agent cache per process, shared by the workers (see auth::cache).
         let agent_cache = web::Data::new(crate::auth::AgentCache::default());
+        // One MCP endpoint per process: its sessions are shared by the workers.
+        let mcp = web::Data::new(crate::mcp::http::McpEndpoint::new(state.clone()));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(app_state.clone())
                 .app_data(agent_cache.clone())
+                .app_data(mcp.clone())
+                .wrap(from_fn(crate::problem::negotiate))
                 .wrap(from_fn(count_requests))
                 .wrap(TracingLogger::default())
                 .configure(crate::routes::configure)

@@ -112,7 +112,7 @@ impl FromRequest for Operator {
             None => Err(ApiError::Unauthorized),
             Some(t) if bool::from(t.as_bytes().ct_eq(expected.expose().as_bytes())) => Ok(Operator),
             // An agent key is a valid credential, but not for this surface.
-            Some(t) if t.starts_with(KEY_PREFIX) => Err(ApiError::Forbidden),
+            Some(t) if t.starts_with(KEY_PREFIX) => Err(ApiError::OperatorOnly),
             Some(_) => Err(ApiError::Unauthorized),
         };
         ready(result)

@@ -6,6 +6,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
+use crate::codes::Code;
 use crate::upstream::{UpstreamResponse, is_kept_response_header};
 
 /// Upstream headers as a JSON object: lowercase names, repeated values joined by ", ".
@@ -53,8 +54,9 @@ pub fn envelope(resp: &UpstreamResponse, payment: Option<&Value>, receipt_id: Uu
     })
 }
 
-/// A 502/504 body: the error plus the envelope fields known so far.
+/// A 502/504 body: the error and its code plus the envelope fields known so far.
 pub fn error_envelope(
+    code: Code,
     error: &str,
     resp: Option<&UpstreamResponse>,
     payment: Option<&Value>,
@@ -70,6 +72,7 @@ pub fn error_envelope(
     };
     if let Value::Object(map) = &mut body {
         map.insert("error".into(), Value::String(error.to_owned()));
+        map.insert("code".into(), Value::String(code.as_str().to_owned()));
         map.insert("payment".into(), payment.cloned().unwrap_or(Value::Null));
         map.insert("receipt_id".into(), receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())));
     }

@@ -18,9 +18,13 @@ pub enum Error {
     /// This attempt lost the key's lease to a takeover; the winner records the result.
     #[error("this attempt was superseded by a retry of the same Idempotency-Key; retry to read the recorded result")]
     Superseded,
-    /// A dependency (Postgres, the chain) cannot be reached now; nothing was decided.
+    /// Postgres cannot be reached now; nothing was decided.
     #[error("service unavailable: {0}")]
     Unavailable(&'static str),
+    /// The chain cannot be read (or an RPC endpoint serves another chain): nothing was
+    /// decided or paid; retry the same key later.
+    #[error("payment network unavailable: {0}")]
+    PaymentNetworkUnavailable(&'static str),
     /// A query failed for a reason a retry would not fix, or an invariant broke.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),

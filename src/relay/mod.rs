@@ -24,6 +24,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::codes::Code;
 use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Stored};
 use crate::state::AppState;
 use crate::upstream::UpstreamError;
@@ -136,5 +137,7 @@ pub fn remaining(deadline: Instant) -> Duration {
 
 /// The outcome of an exchange that failed before any answer.
 fn upstream_failure(e: &UpstreamError) -> Outcome {
-    Outcome::Failed(Failure::new(e.to_string()).timeout(matches!(e, UpstreamError::Timeout)).without_receipt())
+    let timeout = matches!(e, UpstreamError::Timeout);
+    let code = if timeout { Code::UpstreamTimeout } else { Code::UpstreamFailed };
+    Outcome::Failed(Failure::new(code, e.to_string()).timeout(timeout).without_receipt())
 }

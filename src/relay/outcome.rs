@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::envelope;
 use super::request::RouteCall;
+use crate::codes::Code;
 use crate::idempotency::{Ownership, Status, Stored, canonical};
 use crate::payments::Final;
 use crate::receipts;
@@ -26,6 +27,8 @@ pub struct PaymentNote {
 /// A failed call: 502 (504 for timeouts), idempotency status `errored`.
 #[derive(Debug)]
 pub struct Failure {
+    /// The machine-readable code of the error body.
+    pub code: Code,
     pub timeout: bool,
     pub message: String,
     /// The upstream's answer known so far (e.g. the 402 that was not paid).
@@ -39,8 +42,16 @@ pub struct Failure {
 
 impl Failure {
     /// A 502 with a receipt and nothing else known.
-    pub fn new(message: impl Into<String>) -> Self {
-        Self { timeout: false, message: message.into(), upstream: None, payment: None, reasons: vec![], receipt: true }
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            timeout: false,
+            message: message.into(),
+            upstream: None,
+            payment: None,
+            reasons: vec![],
+            receipt: true,
+        }
     }
 
     pub fn timeout(mut self, timeout: bool) -> Self {
@@ -79,7 +90,7 @@ pub enum Outcome {
     Answered { resp: UpstreamResponse, payment: Option<PaymentNote> },
     /// The upstream asks for a payment the router will not make: 402, `completed`, nothing
     /// paid. `upstream` is the 402 itself when this attempt received it.
-    Declined { upstream: Option<UpstreamResponse>, reason: String, accepts: Value },
+    Declined { code: Code, upstream: Option<UpstreamResponse>, reason: String, accepts: Value },
     /// The call failed: 502/504, `errored`.
     Failed(Failure),
     /// This very request was already paid under this key before the key expired (it was
@@ -119,7 +130,9 @@ impl Outcome {
                     (Status::Completed, 200, envelope::envelope(&resp, shown, receipt_id))
                 } else {
                     let msg = format!("upstream answered {}", resp.status);
-                    (Status::Errored, 502, envelope::error_envelope(&msg, Some(&resp), shown, Some(receipt_id)))
+                    let body =
+                        envelope::error_envelope(Code::UpstreamFailed, &msg, Some(&resp), shown, Some(receipt_id));
+                    (Status::Errored, 502, body)
                 };
                 let receipt = draft(status, Some(&resp), shown);
                 Rendered {
@@ -128,9 +141,9 @@ impl Outcome {
                     payment: payment.and_then(|p| p.ledger),
                 }
             }
-            Self::Declined { upstream, reason, accepts } => {
+            Self::Declined { code, upstream, reason, accepts } => {
                 let status = Status::Completed;
-                let body = json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id });
+                let body = json!({ "error": reason, "code": code, "accepts": accepts, "receipt_id": receipt_id });
                 Rendered {
                     stored: Stored { status, http_status: 402, body, receipt_id: Some(receipt_id) },
                     receipt: Some(draft(status, upstream.as_ref(), None)),
@@ -142,7 +155,7 @@ impl Outcome {
                     "error": "this request was already paid under this Idempotency-Key (before the key expired); \
                               the router will not pay again. Its receipt is `previous_receipt_id`; use a new key \
                               to buy again",
-                    "code": "already_paid",
+                    "code": Code::AlreadyPaid,
                     "previous_receipt_id": previous_receipt,
                     "payment": payment,
                     "receipt_id": null,
@@ -158,7 +171,7 @@ impl Outcome {
                 let http_status = if f.timeout { 504 } else { 502 };
                 let id = f.receipt.then_some(receipt_id);
                 let shown = f.payment.as_ref().map(|p| &p.shown);
-                let mut body = envelope::error_envelope(&f.message, f.upstream.as_ref(), shown, id);
+                let mut body = envelope::error_envelope(f.code, &f.message, f.upstream.as_ref(), shown, id);
                 if let Value::Object(map) = &mut body {
                     for (name, value) in &f.reasons {
                         map.insert((*name).to_owned(), Value::String(value.clone()));

@@ -26,6 +26,7 @@ use uuid::Uuid;
 use super::request::RouteCall;
 use super::{Error, Failure, Outcome, PaymentNote, remaining};
 use crate::clock::now_unix;
+use crate::codes::Code;
 use crate::idempotency::Ownership;
 use crate::payments::store::{self, PaymentRow};
 use crate::payments::{Final, PaymentStatus};
@@ -77,19 +78,20 @@ fn stopped_after_402(
     state: &AppState,
     first: UpstreamResponse,
     metric: &str,
+    code: Code,
     msg: &str,
     payment: Option<Value>,
 ) -> Outcome {
     state.metrics.payments.with_label_values(&[metric]).inc();
     let payment = payment.map(|shown| PaymentNote { shown, ledger: None });
-    Outcome::Failed(Failure::new(msg).upstream(first).payment(payment))
+    Outcome::Failed(Failure::new(code, msg).upstream(first).payment(payment))
 }
 
 /// The 402 answer when the upstream asks for a payment the router will not make.
-fn declined(state: &AppState, upstream: Option<UpstreamResponse>, why: &str, accepts: Value) -> Outcome {
+fn declined(state: &AppState, code: Code, upstream: Option<UpstreamResponse>, why: &str, accepts: Value) -> Outcome {
     state.metrics.payments.with_label_values(&["declined"]).inc();
     let reason = format!("upstream requires a payment the router will not make: {why}");
-    Outcome::Declined { upstream, reason, accepts }
+    Outcome::Declined { code, upstream, reason, accepts }
 }
 
 /// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
@@ -108,7 +110,7 @@ pub async fn pay(
         Ok(r) => r,
         Err(e) => {
             let msg = format!("invalid 402 from upstream: {e}");
-            return Ok(stopped_after_402(state, first, "invalid_402", &msg, None));
+            return Ok(stopped_after_402(state, first, "invalid_402", Code::UpstreamInvalid402, &msg, None));
         }
     };
 
@@ -122,7 +124,8 @@ pub async fn pay(
         Some((Ok(cap), Ok(left))) => (cap, left),
         Some(_) => {
             let why = "the agent's limits cannot be read";
-            return Ok(declined(state, Some(first), why, Value::Array(required.raw_accepts.clone())));
+            let accepts = Value::Array(required.raw_accepts.clone());
+            return Ok(declined(state, Code::PaymentOverBudget, Some(first), why, accepts));
         }
     };
     let limit = match (cap, left) {
@@ -136,7 +139,8 @@ pub async fn pay(
             if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
                 why.push_str(&format!(" (the agent's rolling 24 h budget has {left} left)"));
             }
-            return Ok(declined(state, Some(first), &why, Value::Array(required.raw_accepts.clone())));
+            let code = Code::for_rejection(&rejection);
+            return Ok(declined(state, code, Some(first), &why, Value::Array(required.raw_accepts.clone())));
         }
     };
 
@@ -164,12 +168,19 @@ pub async fn pay(
             });
             let msg = "this request's payment under this Idempotency-Key was already settled on-chain; \
                        the router will not pay again";
-            return Ok(stopped_after_402(state, first, "already_settled", msg, Some(payment)));
+            return Ok(stopped_after_402(
+                state,
+                first,
+                "already_settled",
+                Code::SettledResponseLost,
+                msg,
+                Some(payment),
+            ));
         }
         Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
         Err(e) => {
             let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
-            return Ok(stopped_after_402(state, first, "rpc_unavailable", &msg, None));
+            return Ok(stopped_after_402(state, first, "rpc_unavailable", Code::PaymentNotMade, &msg, None));
         }
     }
 
@@ -184,7 +195,7 @@ pub async fn pay(
         json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
     let attempt = match sign(state, required.version, &chosen, &context, nonce) {
         Ok(a) => a,
-        Err(msg) => return Ok(stopped_after_402(state, first, "sign_failed", &msg, None)),
+        Err(msg) => return Ok(stopped_after_402(state, first, "sign_failed", Code::PaymentNotMade, &msg, None)),
     };
 
     // Commit the intent before the payment leaves (fenced by our lease).
@@ -219,7 +230,8 @@ pub async fn pay(
         store::Reservation::OverLimit(why) => {
             // A concurrent payment of the same agent took the budget first. This
             // signature is dropped here: it was never stored nor sent.
-            return Ok(declined(state, Some(first), &why, Value::Array(required.raw_accepts.clone())));
+            let accepts = Value::Array(required.raw_accepts.clone());
+            return Ok(declined(state, Code::PaymentOverBudget, Some(first), &why, accepts));
         }
     }
     drop(conn);
@@ -247,7 +259,8 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
         let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error };
         Some(PaymentNote { shown, ledger: Some(ledger) })
     });
-    Ok(Outcome::Failed(Failure::new("route deadline exceeded").timeout(true).payment(payment).without_receipt()))
+    let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
+    Ok(Outcome::Failed(Failure::new(code, "route deadline exceeded").timeout(true).payment(payment).without_receipt()))
 }
 
 /// Why an existing intent of this request is picked up again.
@@ -310,12 +323,13 @@ pub async fn resume(
         let shown = describe(version, &signed, status, tx_hash.as_deref());
         let ledger = Final { id: intent.id, status, tx_hash, error: None };
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
-        return Ok(Outcome::Failed(Failure::new(msg).payment(Some(PaymentNote { shown, ledger: Some(ledger) }))));
+        let payment = Some(PaymentNote { shown, ledger: Some(ledger) });
+        return Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(payment)));
     }
     let requirement = Requirement::from_json(version, 0, &intent.requirement)
         .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
-    if let Some(why) = still_allowed(state, own.agent_id, &requirement).await? {
-        return Ok(declined(state, None, &why, Value::Array(vec![intent.requirement])));
+    if let Some((code, why)) = still_allowed(state, own.agent_id, &requirement).await? {
+        return Ok(declined(state, code, None, &why, Value::Array(vec![intent.requirement])));
     }
     let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
@@ -344,7 +358,13 @@ pub async fn resume(
             store::Reservation::OverLimit(why) => {
                 // The expired intent released its budget and the budget is gone now:
                 // nothing can be paid for this key. Nothing was sent in this attempt.
-                return Ok(declined(state, None, &why, Value::Array(vec![intent.requirement])));
+                return Ok(declined(
+                    state,
+                    Code::PaymentOverBudget,
+                    None,
+                    &why,
+                    Value::Array(vec![intent.requirement]),
+                ));
             }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
@@ -405,9 +425,14 @@ async fn exchange(
             let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
             let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason };
             let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
+            let code = match status {
+                PaymentStatus::Rejected => Code::PaymentRejected,
+                PaymentStatus::Settled => Code::SettledResponseLost,
+                _ => Code::PaymentUnknown,
+            };
             // The facilitator's reasons, unchanged, beside our own message.
             Outcome::Failed(
-                Failure::new(msg)
+                Failure::new(code, msg)
                     .upstream(resp)
                     .payment(Some(payment))
                     .reason("invalidReason", reasons.invalid_reason)
@@ -443,7 +468,9 @@ async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> 
     };
     let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()) };
     let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
-    Outcome::Failed(Failure::new(msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
+    let code =
+        if status == PaymentStatus::SettledResponseLost { Code::SettledResponseLost } else { Code::PaymentUnknown };
+    Outcome::Failed(Failure::new(code, msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
 }
 
 /// Asks the chain whether the authorization was consumed. A claimed success is given a
@@ -514,28 +541,32 @@ async fn still_allowed(
     state: &AppState,
     agent_id: uuid::Uuid,
     requirement: &Requirement,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<(Code, String)>, Error> {
     let spend = {
         let mut conn = super::error::conn(&state.pool).await?;
         store::agent_spend(&mut conn, agent_id, false).await?
     };
     let Some(spend) = spend else {
-        return Ok(Some("the agent no longer exists".into()));
+        return Ok(Some((Code::PaymentNotMade, "the agent no longer exists".into())));
     };
     if spend.disabled {
-        return Ok(Some("the agent is disabled".into()));
+        return Ok(Some((Code::PaymentNotMade, "the agent is disabled".into())));
     }
     let (network, asset) = (requirement.network(), requirement.asset());
     let unit_ok =
         state.supported.unit().is_some() && state.supported.decimals(network, asset) == state.supported.unit();
     if !state.supported.allows_asset(network, asset) || !unit_ok {
-        return Ok(Some(format!("asset {asset} on {network} is no longer configured for payments")));
+        return Ok(Some((
+            Code::PaymentUnsupported,
+            format!("asset {asset} on {network} is no longer configured for payments"),
+        )));
     }
     match spend.cap() {
-        Err(_) => Ok(Some("the agent's limits cannot be read".into())),
-        Ok(Some(cap)) if requirement.amount() > cap => {
-            Ok(Some(format!("the price {} exceeds the agent's per-call cap {cap}", requirement.amount())))
-        }
+        Err(_) => Ok(Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+        Ok(Some(cap)) if requirement.amount() > cap => Ok(Some((
+            Code::PaymentOverBudget,
+            format!("the price {} exceeds the agent's per-call cap {cap}", requirement.amount()),
+        ))),
         Ok(_) => Ok(None),
     }
 }
@@ -543,7 +574,9 @@ async fn still_allowed(
 /// The RPC endpoint serves another chain: no payment, 503 (the key stays in flight).
 fn wrong_chain() -> Error {
     tracing::error!("an RPC endpoint serves another chain than its network; no payment is made");
-    Error::Unavailable("the payment network's RPC endpoint serves another chain; nothing was signed or paid")
+    Error::PaymentNetworkUnavailable(
+        "the payment network's RPC endpoint serves another chain; nothing was signed or paid",
+    )
 }
 
 async fn chain_used(

@@ -3,6 +3,7 @@
 //! [`ROUTES`] lists every endpoint once; [`configure`] registers exactly that list, and a
 //! test holds `docs/openapi.json` (served at `GET /openapi.json`) to the same list.
 
+mod agents;
 mod audit;
 mod health;
 mod receipts;
@@ -11,6 +12,7 @@ mod route;
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, Route, web};
 
+use crate::codes::Code;
 use crate::error::json_error;
 
 /// Attaches an endpoint's handler to a route that already matches its method.
@@ -21,6 +23,13 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     // Agents (Authorization: Bearer x4r_…).
     (Method::POST, "/route", |r| r.to(route::route)),
     (Method::GET, "/receipts/{id}", |r| r.to(receipts::get_own)),
+    (Method::GET, "/receipts", |r| r.to(agents::receipts)),
+    (Method::GET, "/agents/me", |r| r.to(agents::me)),
+    (Method::GET, "/payments", |r| r.to(agents::payment)),
+    // MCP over streamable HTTP (Authorization: Bearer x4r_…).
+    (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
+    (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),
+    (Method::DELETE, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     // Operators (Authorization: Bearer $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),
@@ -52,5 +61,5 @@ async fn openapi() -> HttpResponse {
 }
 
 async fn not_found() -> HttpResponse {
-    json_error(StatusCode::NOT_FOUND, "not found")
+    json_error(StatusCode::NOT_FOUND, Code::NotFound, "not found")
 }

@@ -8,7 +8,9 @@ use crate::error::ApiError;
 use crate::receipts::store;
 use crate::state::AppState;
 
-/// GET /receipts/{id} — one of the calling agent's receipts; anyone else's is 404.
+/// GET /receipts/{id} — one of the calling agent's receipts; anyone else's is 404. When a
+/// payment was signed for its key, `X-Payment-Status` carries the payment's current ledger
+/// status (outside the signed document: `reconcile` may have moved it on since).
 pub async fn get_own(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,
@@ -17,5 +19,13 @@ pub async fn get_own(
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let receipt = store::find_for_agent(&mut conn, agent.id, id).await.map_err(ApiError::database)?;
-    receipt.map(|r| HttpResponse::Ok().json(r)).ok_or(ApiError::NotFound)
+    let receipt = receipt.ok_or(ApiError::NotFound)?;
+    let status = crate::self_service::payment_status(&mut conn, agent.id, &receipt.idempotency_key)
+        .await
+        .map_err(ApiError::database)?;
+    let mut resp = HttpResponse::Ok();
+    if let Some(s) = status {
+        resp.insert_header(("X-Payment-Status", s));
+    }
+    Ok(resp.json(receipt))
 }

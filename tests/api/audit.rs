@@ -136,7 +136,7 @@ async fn audit_endpoints_refuse_absent_wrong_and_agent_credentials() {
         }
         let agent = app.client.get(&url).bearer_auth(&app.agent.key).send().await.unwrap();
         assert_eq!(agent.status(), 403, "{path} with an agent key");
-        assert!(agent.json::<Value>().await.unwrap()["error"].is_string());
+        assert_eq!(agent.json::<Value>().await.unwrap()["code"], "operator_only");
         let (status, _) = audit(&app, path).await;
         assert!(![401, 403].contains(&status), "{path}: {status}");
     }

@@ -13,7 +13,9 @@ async fn missing_or_unknown_keys_are_401_and_disabled_agents_403() {
 
     let none = app.client.post(&url).header("Idempotency-Key", new_key()).json(&body).send().await.unwrap();
     assert_eq!(none.status(), 401);
-    assert_eq!(none.json::<Value>().await.unwrap()["error"], "missing or unknown API key");
+    let err: Value = none.json().await.unwrap();
+    assert_eq!(err["error"], "missing or unknown API key");
+    assert_eq!(err["code"], "unauthorized");
     for bad in ["x4r_not-a-real-key", "Bearer", "sk_live_whatever"] {
         let r = app
             .client
@@ -29,7 +31,9 @@ async fn missing_or_unknown_keys_are_401_and_disabled_agents_403() {
     exec(&app.db, &format!("UPDATE agents SET disabled = true WHERE id = '{}'", app.agent.id)).await;
     let disabled = app.route(&new_key(), &body).await;
     assert_eq!(disabled.status(), 403);
-    assert_eq!(disabled.json::<Value>().await.unwrap()["error"], "agent is disabled");
+    let err: Value = disabled.json().await.unwrap();
+    assert_eq!(err["error"], "agent is disabled");
+    assert_eq!(err["code"], "agent_disabled");
     assert_eq!(up.hits.total(), 0);
     assert_eq!(app.idempotency_rows().await, 0);
 }

@@ -84,6 +84,7 @@ async fn with_postgres_down_requests_get_503_and_nothing_is_executed() {
         assert_eq!(resp.status(), 503, "{path}");
         let err: Value = resp.json().await.unwrap();
         assert!(err["error"].as_str().unwrap().contains("unavailable"), "{err}");
+        assert_eq!(err["code"], "database_unavailable");
         assert!(started.elapsed() < Duration::from_secs(5));
     }
     assert_eq!(up.hits.get("/ok/pg-fresh"), 0, "nothing executed without Postgres");

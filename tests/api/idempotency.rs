@@ -98,6 +98,7 @@ async fn same_key_with_different_body_is_a_conflict() {
         assert_eq!(resp.status(), 409);
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["error"], "Idempotency-Key reused with different body");
+        assert_eq!(body["code"], "idempotency_key_reused");
     }
     // Same mismatch answer when only Postgres knows the key (Redis entry removed).
     app.db.conn().await; // keep db alive
@@ -129,6 +130,7 @@ async fn two_simultaneous_requests_execute_once_and_the_other_gets_409_retry_aft
     assert_eq!(loser.headers().get("retry-after").unwrap(), "5");
     let body: Value = loser.json().await.unwrap();
     assert_eq!(body["error"], "Original request still in flight; retry shortly");
+    assert_eq!(body["code"], "idempotency_key_in_flight");
     assert_eq!(up.hits.get("/slow/two"), 1);
 }
 
@@ -173,6 +175,7 @@ async fn missing_idempotency_key_is_400() {
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"], "Idempotency-Key header required (16–128 chars)");
+    assert_eq!(body["code"], "idempotency_key_required");
     assert_eq!(up.hits.total(), 0);
     assert_eq!(app.idempotency_rows().await, 0);
 }

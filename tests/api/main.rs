@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod agents;
 mod audit;
 mod auth;
 mod cli;

@@ -139,6 +139,7 @@ async fn price_over_max_amount_is_402_and_nothing_is_signed() {
         assert_eq!(resp.status(), 402);
         let err: Value = resp.json().await.unwrap();
         assert!(err["error"].as_str().unwrap().contains("will not make"), "{err}");
+        assert_eq!(err["code"], "payment_over_max_amount");
         assert_eq!(err["accepts"][0]["amount"], PRICE.to_string());
     }
     assert_eq!(payments_rows(&app).await, 0);
@@ -266,6 +267,7 @@ async fn rejected_payment_passes_the_reason_through() {
     assert!(err["error"].as_str().unwrap().contains("rejected"), "{err}");
     assert!(err.get("invalidReason").is_some() || err["error"].as_str().unwrap().contains("invalid_"), "{err}");
     assert_eq!(err["payment"]["status"], "rejected");
+    assert_eq!(err["code"], "payment_rejected");
     assert_eq!(balances(&chain).await, before);
 }
 
@@ -304,6 +306,7 @@ async fn with_the_rpc_down_nothing_is_paid() {
     assert_eq!(resp.status(), 502);
     let err: Value = resp.json().await.unwrap();
     assert!(err["error"].as_str().unwrap().contains("nothing was signed or paid"), "{err}");
+    assert_eq!(err["code"], "payment_not_made");
     assert_eq!(payments_rows(&app).await, 0);
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
     assert_eq!(balances(&chain).await, before);
@@ -370,6 +373,7 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["payment"]["status"], "settled_response_lost", "{err}");
     assert!(err["error"].as_str().unwrap().contains("response was lost"));
+    assert_eq!(err["code"], "settled_response_lost");
     // No second transfer, and the receipt says what happened.
     assert_eq!(balances(&chain).await, (router0 - price(), pay_to0 + price()));
     assert_eq!(chain.stats().await["/v2/slow-settle"]["paid"], 1);
@@ -474,6 +478,7 @@ async fn fifty_parallel_paid_calls_against_a_budget_of_three_prices_make_exactly
     assert_eq!(paid, 3, "{:?}", results.iter().map(|(s, _)| s).collect::<Vec<_>>());
     assert_eq!(refused.len(), 47);
     assert!(refused.iter().all(|(_, b)| b["error"].as_str().unwrap().contains("budget")), "{:?}", refused.first());
+    assert!(refused.iter().all(|(_, b)| b["code"] == "payment_over_budget"), "{:?}", refused.first());
     assert_eq!(balances(&chain).await, (router0 - price() * U256::from(3), pay_to0 + price() * U256::from(3)));
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 3);
     let spend = x402_router::payments::store::agent_spend(&mut app.db.conn().await, app.agent.id, false)

@@ -91,7 +91,9 @@ async fn unknown_paths_and_methods_get_json_errors() {
     let app = spawn_app().await;
     let resp = app.client.get(format!("{}/nope", app.address)).send().await.unwrap();
     assert_eq!(resp.status(), 404);
-    assert_eq!(resp.json::<Value>().await.unwrap()["error"], "not found");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"], "not found");
+    assert_eq!(err["code"], "not_found");
     let resp = app.client.get(format!("{}/route", app.address)).send().await.unwrap();
     assert!(resp.status().is_client_error());
     assert!(resp.json::<Value>().await.unwrap()["error"].is_string());

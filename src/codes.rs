@@ -1,0 +1,174 @@
+//! The machine-readable `code` of every error body (`{"error": "…", "code": "…"}`).
+//!
+//! `error` is a sentence for humans and may change; `code` is the contract: agents and the
+//! client libraries (`clients/`) branch on it. [`Code::ALL`] is the one list: the README's
+//! table, `docs/openapi.json` (one schema per code, checked by a test) and the clients'
+//! retry rules are written from it. A code is never renamed or reused for another meaning.
+//!
+//! What an agent may do after each answer is `mcp::policy` (one table, which the client
+//! libraries mirror).
+
+use serde::Serialize;
+
+use crate::x402::select::{RejectReason, Rejection};
+
+/// Every error code the router answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    // The router's own refusals (nothing executed, nothing written).
+    /// 400: malformed JSON, URL, method, header, amount, query or cursor; forbidden upstream.
+    BadRequest,
+    /// 400: the `Idempotency-Key` header is missing or not 16–128 visible ASCII characters.
+    IdempotencyKeyRequired,
+    /// 413: the request body is larger than `REQUEST_MAX_BYTES`.
+    PayloadTooLarge,
+    /// 401: missing or unknown API key (or operator token).
+    Unauthorized,
+    /// 403: the agent is disabled.
+    AgentDisabled,
+    /// 403: an agent key was presented to the operator API.
+    OperatorOnly,
+    /// 404: no such endpoint or record (another agent's records are not found either).
+    NotFound,
+    /// 409: the key was used before for a different request.
+    IdempotencyKeyReused,
+    /// 409 + `Retry-After`: the key's first request is still running.
+    IdempotencyKeyInFlight,
+    /// 409: this attempt lost its key to a retry that took it over; retry to read the result.
+    Superseded,
+    /// 503 + `Retry-After`: Postgres is unreachable; nothing was executed or paid (or the
+    /// result of an executed call could not be recorded yet: the key stays in flight).
+    DatabaseUnavailable,
+    /// 503 + `Retry-After`: a takeover cannot read the chain to check an earlier payment;
+    /// nothing was decided or paid.
+    PaymentNetworkUnavailable,
+    /// 500: a bug; the cause is in the router's log.
+    InternalError,
+    // Outcomes of the routed call (recorded: a retry with the same key replays them).
+    /// 402: the price is above the call's `max_amount` (or no `max_amount` was given).
+    PaymentOverMaxAmount,
+    /// 402: the price is above the agent's per-call cap or what remains of its daily budget.
+    PaymentOverBudget,
+    /// 402: no offered option has a scheme, network or asset the router pays with.
+    PaymentUnsupported,
+    /// 502: the upstream answered 5xx, was unreachable, or broke off (no payment made).
+    UpstreamFailed,
+    /// 504: the upstream did not answer in time (no payment made).
+    UpstreamTimeout,
+    /// 502: the upstream's 402 could not be read; nothing was paid.
+    UpstreamInvalid402,
+    /// 502: the payment could not be prepared (signing failed, chain unreadable before
+    /// signing); nothing was signed or paid.
+    PaymentNotMade,
+    /// 502: the upstream refused the payment and the chain shows it unused.
+    PaymentRejected,
+    /// 502: the payment settled on-chain but the upstream's answer was lost (paid, not served).
+    SettledResponseLost,
+    /// 502/504: a signed payment left and its fate is unknown (no answer, chain silent):
+    /// it may still settle until its `validBefore`.
+    PaymentUnknown,
+    /// 409: this request was already paid under this key before the key expired (it was
+    /// reused for the same request); nothing was paid now. `previous_receipt_id` points at
+    /// the payment's receipt. A new key buys again.
+    AlreadyPaid,
+}
+
+impl Code {
+    /// Every code, in documentation order.
+    pub const ALL: &[Code] = &[
+        Code::BadRequest,
+        Code::IdempotencyKeyRequired,
+        Code::PayloadTooLarge,
+        Code::Unauthorized,
+        Code::AgentDisabled,
+        Code::OperatorOnly,
+        Code::NotFound,
+        Code::IdempotencyKeyReused,
+        Code::IdempotencyKeyInFlight,
+        Code::Superseded,
+        Code::DatabaseUnavailable,
+        Code::PaymentNetworkUnavailable,
+        Code::InternalError,
+        Code::PaymentOverMaxAmount,
+        Code::PaymentOverBudget,
+        Code::PaymentUnsupported,
+        Code::UpstreamFailed,
+        Code::UpstreamTimeout,
+        Code::UpstreamInvalid402,
+        Code::PaymentNotMade,
+        Code::PaymentRejected,
+        Code::SettledResponseLost,
+        Code::PaymentUnknown,
+        Code::AlreadyPaid,
+    ];
+
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::IdempotencyKeyRequired => "idempotency_key_required",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::Unauthorized => "unauthorized",
+            Self::AgentDisabled => "agent_disabled",
+            Self::OperatorOnly => "operator_only",
+            Self::NotFound => "not_found",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
+            Self::Superseded => "superseded",
+            Self::DatabaseUnavailable => "database_unavailable",
+            Self::PaymentNetworkUnavailable => "payment_network_unavailable",
+            Self::InternalError => "internal_error",
+            Self::PaymentOverMaxAmount => "payment_over_max_amount",
+            Self::PaymentOverBudget => "payment_over_budget",
+            Self::PaymentUnsupported => "payment_unsupported",
+            Self::UpstreamFailed => "upstream_failed",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamInvalid402 => "upstream_invalid_402",
+            Self::PaymentNotMade => "payment_not_made",
+            Self::PaymentRejected => "payment_rejected",
+            Self::SettledResponseLost => "settled_response_lost",
+            Self::PaymentUnknown => "payment_unknown",
+            Self::AlreadyPaid => "already_paid",
+        }
+    }
+
+    /// The 402 code for a selection that refused every option: price over the call's
+    /// `max_amount` first (raising it could help), then the agent's limits, else unsupported.
+    pub fn for_rejection(rejection: &Rejection) -> Self {
+        let any = |f: fn(&RejectReason) -> bool| rejection.options.iter().any(|o| f(&o.reason));
+        if any(|r| matches!(r, RejectReason::OverMaxAmount { .. })) {
+            Self::PaymentOverMaxAmount
+        } else if any(|r| matches!(r, RejectReason::OverAgentLimit { .. })) {
+            Self::PaymentOverBudget
+        } else {
+            Self::PaymentUnsupported
+        }
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_snake_case_and_serialize_as_their_wire_form() {
+        let mut seen = std::collections::HashSet::new();
+        for c in Code::ALL {
+            assert!(seen.insert(c.as_str()), "duplicate {c}");
+            assert!(c.as_str().chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_'));
+            assert_eq!(serde_json::to_value(c).ok(), Some(serde_json::Value::String(c.as_str().into())));
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `/mcp`: MCP over streamable HTTP on the service, behind the agent's bearer key.
+//!
+//! rmcp's streamable-HTTP server is a tower service over `http` 1.x types; actix-web is not
+//! tower-based, so this handler adapts: it authenticates the agent (401/403 like every agent
+//! endpoint), copies the request into an `http::Request` carrying [`McpAgent`] in its
+//! extensions, lets rmcp handle the JSON-RPC (sessions, SSE, protocol versions), and
+//! streams rmcp's response back. The tools run in-process ([`Backend::Local`]): no HTTP
+//! round trip to ourselves.
+//!
+//! Sessions (`Mcp-Session-Id`) live in the memory of the router process that created them,
+//! so behind a load balancer `/mcp` needs session affinity (or use `x402-router mcp`, the
+//! stdio server, which talks to any router). Host validation is left to the deployment
+//! (the endpoint needs a bearer key, so DNS rebinding gains nothing).
+
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
+
+use super::backend::Backend;
+use super::{McpAgent, RouterTools};
+use crate::auth::AuthenticatedAgent;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The process's one MCP HTTP service (its sessions are shared by every worker).
+#[derive(Clone)]
+pub struct McpEndpoint {
+    service: Arc<StreamableHttpService<RouterTools, LocalSessionManager>>,
+}
+
+impl McpEndpoint {
+    /// Tools backed by this process's state.
+    pub fn new(state: AppState) -> Self {
+        let tools = RouterTools::new(Backend::Local(state));
+        let config = StreamableHttpServerConfig::default().disable_allowed_hosts().with_json_response(true);
+        let service =
+            StreamableHttpService::new(move || Ok(tools.clone()), Arc::new(LocalSessionManager::default()), config);
+        Self { service: Arc::new(service) }
+    }
+}
+
+/// POST|GET|DELETE /mcp — the MCP streamable-HTTP endpoint (bearer agent key).
+pub async fn mcp(
+    endpoint: web::Data<McpEndpoint>,
+    agent: AuthenticatedAgent,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let mut builder = ::http::Request::builder().method(req.method().as_str()).uri(req.uri().to_string());
+    for (name, value) in req.headers() {
+        builder = builder.header(name.as_str(), value.as_bytes());
+    }
+    let mut request = builder.body(Full::new(body)).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    request.extensions_mut().insert(McpAgent(agent.id));
+    let response = endpoint.service.handle(request).await;
+    let (parts, body) = response.into_parts();
+    let status = StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut out = HttpResponse::build(status);
+    for (name, value) in &parts.headers {
+        // actix frames the streamed body itself.
+        if name != ::http::header::CONTENT_LENGTH && name != ::http::header::TRANSFER_ENCODING {
+            out.append_header((name.as_str(), value.as_bytes()));
+        }
+    }
+    let stream = body.into_data_stream().map(|chunk| chunk.map_err(|never| match never {}));
+    Ok(out.streaming::<_, std::convert::Infallible>(stream))
+}

@@ -1,0 +1,60 @@
+//! The agent's self-service endpoints: `GET /agents/me`, `GET /receipts`, `GET /payments`.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::json;
+
+use crate::auth::AuthenticatedAgent;
+use crate::error::ApiError;
+use crate::self_service::{self, ReceiptPage};
+use crate::state::AppState;
+
+/// GET /agents/me — the calling agent's limits and rolling 24 h spend (decimal strings of
+/// atomic units), in total and per asset.
+pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let me = self_service::me(&mut conn, agent.id).await.map_err(ApiError::database)?;
+    me.map(|m| HttpResponse::Ok().json(m)).ok_or(ApiError::NotFound)
+}
+
+/// GET /receipts — the calling agent's receipts, newest first, keyset-paginated:
+/// `{"receipts": [...], "next_cursor": "…" | null}` (`limit` 1–500, default 50; `cursor`).
+pub async fn receipts(
+    state: web::Data<AppState>,
+    agent: AuthenticatedAgent,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let page = ReceiptPage::parse(req.query_string()).map_err(ApiError::BadRequest)?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let (rows, next) = self_service::receipts(&mut conn, agent.id, page).await.map_err(ApiError::database)?;
+    Ok(HttpResponse::Ok().json(json!({ "receipts": rows, "next_cursor": next.map(|c| c.encode()) })))
+}
+
+/// GET /payments?idempotency_key=K — the payment signed under one of the agent's keys, as the
+/// ledger has it now, and whether a new key is safe for that call (404: no payment was ever
+/// signed for the key, so nothing was paid under it).
+pub async fn payment(
+    state: web::Data<AppState>,
+    agent: AuthenticatedAgent,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let mut key = None;
+    for (name, value) in url::form_urlencoded::parse(req.query_string().as_bytes()) {
+        match name.as_ref() {
+            "idempotency_key" if key.is_none() => key = Some(value.into_owned()),
+            "idempotency_key" => return Err(ApiError::BadRequest("`idempotency_key` given more than once".into())),
+            other => {
+                return Err(ApiError::BadRequest(format!("unknown parameter `{other}` (allowed: idempotency_key)")));
+            }
+        }
+    }
+    let key = key.ok_or_else(|| ApiError::BadRequest("`idempotency_key` is required".into()))?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let found = self_service::payment_for_key(&mut conn, agent.id, &key).await.map_err(ApiError::database)?;
+    let p = found.ok_or(ApiError::NotFound)?;
+    let safe = crate::mcp::policy::RELEASED_PAYMENT_STATES.contains(&p.status.as_str());
+    let mut body = serde_json::to_value(&p).map_err(|e| ApiError::Internal(e.into()))?;
+    if let serde_json::Value::Object(map) = &mut body {
+        map.insert("new_key_safe".into(), serde_json::Value::Bool(safe));
+    }
+    Ok(HttpResponse::Ok().json(body))
+}

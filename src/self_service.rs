@@ -1,0 +1,272 @@
+//! What an agent may read about itself: its limits and rolling spend (`GET /agents/me`) and
+//! its own receipts, newest first (`GET /receipts`). Read-only; every query is filtered by
+//! the authenticated agent's id, so an agent never sees another agent's rows.
+//!
+//! Spend is the same arithmetic the router enforces (`payments::store::agent_spend`): an
+//! intent counts from signing until its state shows it can no longer move money
+//! (`not_settled`, `rejected`, `expired`). The budget and the per-call cap apply to the sum
+//! over the agent's assets, in atomic units; `assets` breaks that sum down.
+
+use chrono::{DateTime, Utc};
+use diesel::QueryResult;
+use diesel::prelude::QueryableByName;
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::audit::Cursor;
+use crate::payments::store::agent_spend;
+use crate::receipts::Receipt;
+use crate::receipts::store::ReceiptRow;
+
+/// Receipts per page when `limit` is absent.
+pub const DEFAULT_LIMIT: i64 = 50;
+/// The largest `limit` accepted.
+pub const MAX_LIMIT: i64 = 500;
+
+/// `GET /agents/me`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Me {
+    pub agent_id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The rolling window spend is counted over.
+    pub window_hours: u32,
+    /// Most one call may pay (atomic units), `null`: no cap beyond the call's `max_amount`.
+    pub max_per_call: Option<String>,
+    /// The rolling budget (atomic units), `null`: none.
+    pub daily_budget: Option<String>,
+    /// Settled (or settled with the answer lost) in the window.
+    pub spent: String,
+    /// Signed and not known to be settled or released (`signed`, `unknown`, `unconfirmed`).
+    pub reserved: String,
+    /// What the budget still allows; `null` without a budget.
+    pub remaining: Option<String>,
+    /// The same sums per (network, asset).
+    pub assets: Vec<AssetSpend>,
+}
+
+/// Spend on one asset in the window.
+#[derive(Debug, Clone, Serialize, QueryableByName)]
+pub struct AssetSpend {
+    #[diesel(sql_type = Text)]
+    pub network: String,
+    #[diesel(sql_type = Text)]
+    pub asset: String,
+    #[diesel(sql_type = Text)]
+    pub spent: String,
+    #[diesel(sql_type = Text)]
+    pub reserved: String,
+}
+
+#[derive(QueryableByName)]
+struct AgentRow {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+}
+
+/// The agent's limits and spend; `None` if the agent is gone.
+///
+/// # Errors
+/// Database errors.
+pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Option<Me>> {
+    use diesel::OptionalExtension;
+    let Some(spend) = agent_spend(conn, agent_id, false).await? else {
+        return Ok(None);
+    };
+    let Some(agent): Option<AgentRow> = diesel::sql_query("SELECT name, created_at FROM agents WHERE id = $1")
+        .bind::<SqlUuid, _>(agent_id)
+        .get_result(conn)
+        .await
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    let assets: Vec<AssetSpend> = diesel::sql_query(
+        "SELECT network, asset, \
+                COALESCE(sum(amount) FILTER (WHERE status IN ('settled', 'settled_response_lost')), 0)::text AS spent, \
+                COALESCE(sum(amount) FILTER (WHERE status NOT IN ('settled', 'settled_response_lost')), 0)::text AS reserved \
+           FROM payments \
+          WHERE agent_id = $1 AND created_at > now() - interval '24 hours' \
+            AND status NOT IN ('not_settled', 'rejected', 'expired') \
+          GROUP BY network, asset ORDER BY network, asset",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .load(conn)
+    .await?;
+    Ok(Some(Me {
+        agent_id,
+        name: agent.name,
+        created_at: agent.created_at,
+        window_hours: 24,
+        max_per_call: spend.max_per_call,
+        daily_budget: spend.daily_budget,
+        spent: spend.settled_24h,
+        reserved: spend.reserved_24h,
+        remaining: spend.remaining_24h,
+        assets,
+    }))
+}
+
+/// A page of `GET /receipts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiptPage {
+    /// The last receipt of the previous page (newest first: the next page is older).
+    pub before: Option<Cursor>,
+    pub limit: i64,
+}
+
+impl ReceiptPage {
+    /// Parses `limit` (1..=500) and `cursor`; anything else is refused, naming it.
+    ///
+    /// # Errors
+    /// A sentence for the 400.
+    pub fn parse(query: &str) -> Result<Self, String> {
+        let mut page = Self { before: None, limit: DEFAULT_LIMIT };
+        let mut seen = std::collections::HashSet::new();
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            if !seen.insert(name.to_string()) {
+                return Err(format!("`{name}` given more than once"));
+            }
+            match name.as_ref() {
+                "limit" => {
+                    page.limit = value
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|l| (1..=MAX_LIMIT).contains(l))
+                        .ok_or_else(|| format!("`limit` must be 1 to {MAX_LIMIT}"))?;
+                }
+                "cursor" => {
+                    page.before = Some(Cursor::decode(&value).ok_or("`cursor` is not a cursor of this service")?);
+                }
+                other => return Err(format!("unknown parameter `{other}` (allowed: limit, cursor)")),
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// The agent's receipts, newest first, `limit` long, and the cursor of the next (older)
+/// page: keyset on `(created_at, id)` descending, so a page never repeats or skips one.
+///
+/// # Errors
+/// Database errors.
+pub async fn receipts(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    page: ReceiptPage,
+) -> QueryResult<(Vec<Receipt>, Option<Cursor>)> {
+    let mut rows: Vec<ReceiptRow> = diesel::sql_query(
+        "SELECT id, agent_id, idempotency_key, request_hash, method, url, upstream_status, \
+                upstream_body_sha256, payment, outcome, created_at, signer, signature \
+           FROM receipts \
+          WHERE agent_id = $1 \
+            AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3::uuid)) \
+          ORDER BY created_at DESC, id DESC \
+          LIMIT $4",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Nullable<Timestamptz>, _>(page.before.map(|c| c.created_at))
+    .bind::<Nullable<SqlUuid>, _>(page.before.map(|c| c.id))
+    .bind::<BigInt, _>(page.limit + 1)
+    .load(conn)
+    .await?;
+    let limit = usize::try_from(page.limit).unwrap_or(usize::MAX);
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let receipts: Vec<Receipt> = rows.into_iter().map(Receipt::from).collect();
+    let next = if more { receipts.last().map(|r| Cursor { created_at: r.created_at, id: r.id }) } else { None };
+    Ok((receipts, next))
+}
+
+#[derive(QueryableByName)]
+struct StatusRow {
+    #[diesel(sql_type = Text)]
+    status: String,
+}
+
+/// The current ledger status of the payment made under (agent, key), if one was signed:
+/// it may have moved on since the receipt was signed (`reconcile` sets `expired` or
+/// `settled_response_lost`).
+///
+/// # Errors
+/// Database errors.
+pub async fn payment_status(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> QueryResult<Option<String>> {
+    use diesel::OptionalExtension;
+    let row: Option<StatusRow> =
+        diesel::sql_query("SELECT status FROM payments WHERE agent_id = $1 AND idempotency_key = $2")
+            .bind::<SqlUuid, _>(agent_id)
+            .bind::<Text, _>(key)
+            .get_result(conn)
+            .await
+            .optional()?;
+    Ok(row.map(|r| r.status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipt_pages_parse_strictly() {
+        assert_eq!(ReceiptPage::parse(""), Ok(ReceiptPage { before: None, limit: DEFAULT_LIMIT }));
+        assert_eq!(ReceiptPage::parse("limit=3").map(|p| p.limit), Ok(3));
+        for bad in ["limit=0", "limit=501", "limit=x", "cursor=nope", "agent_id=x", "limit=1&limit=2"] {
+            assert!(ReceiptPage::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// The payment signed under one of the agent's idempotency keys, as the ledger has it now.
+#[derive(Debug, Clone, Serialize, QueryableByName)]
+pub struct KeyPayment {
+    #[diesel(sql_type = Text)]
+    pub idempotency_key: String,
+    /// `signed`, `settled`, `unconfirmed`, `not_settled`, `rejected`, `settled_response_lost`,
+    /// `unknown` or `expired`.
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Text)]
+    pub network: String,
+    #[diesel(sql_type = Text)]
+    pub asset: String,
+    #[diesel(sql_type = Text)]
+    pub amount: String,
+    #[diesel(sql_type = Text)]
+    pub pay_to: String,
+    #[diesel(sql_type = Text)]
+    pub nonce: String,
+    /// Unix seconds: unused past this, the authorization can never move money.
+    #[diesel(sql_type = BigInt)]
+    pub valid_before: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tx_hash: Option<String>,
+    #[diesel(sql_type = Timestamptz)]
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The payment of (agent, key), if one was signed. Never the signed authorization or its
+/// header (bearer instruments).
+///
+/// # Errors
+/// Database errors.
+pub async fn payment_for_key(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+) -> QueryResult<Option<KeyPayment>> {
+    use diesel::OptionalExtension;
+    diesel::sql_query(
+        "SELECT idempotency_key, status, network, asset, amount::text AS amount, pay_to, nonce, valid_before, \
+                tx_hash, updated_at \
+           FROM payments WHERE agent_id = $1 AND idempotency_key = $2",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(key)
+    .get_result(conn)
+    .await
+    .optional()
+}
