@@ -186,6 +186,10 @@ pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> Qu
 /// Takes over an abandoned in-flight row (DESIGN Fix 1). One guarded statement: of
 /// several concurrent retries exactly one matches and becomes the owner with `new_lease`.
 ///
+/// The takeover also moves `expires_at` to at least 24 h from now, like a fresh claim: the
+/// row is live again, and its result must stay replayable (and safe from the GC) as long
+/// as a fresh call's would.
+///
 /// # Errors
 /// Database errors.
 pub async fn take_over(
@@ -199,7 +203,8 @@ pub async fn take_over(
     let abandon_ms = i64::try_from(abandon_after.as_millis()).unwrap_or(i64::MAX);
     let n = diesel::sql_query(
         "UPDATE idempotency_keys \
-            SET created_at = now(), lease = $3, takeovers = takeovers + 1 \
+            SET created_at = now(), lease = $3, takeovers = takeovers + 1, \
+                expires_at = GREATEST(expires_at, now() + interval '24 hours') \
           WHERE agent_id = $1 AND key = $2 AND request_hash = $4 AND status = 'in_flight' \
             AND created_at < now() - make_interval(secs => $5::float8 / 1000)",
     )
