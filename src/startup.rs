@@ -91,7 +91,9 @@ impl Application {
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let pool = crate::db::pool(&config.database);
-    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone());
+    let cache_key = crate::idempotency::cache::mac_key(&config.signer.credential().to_bytes());
+    let cache =
+        Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone(), cache_key);
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);

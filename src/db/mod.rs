@@ -3,6 +3,7 @@
 
 pub mod prepared;
 pub mod schema;
+pub mod storable;
 
 pub use prepared::PrepareExt;
 

@@ -4,13 +4,13 @@
 //! re-signed, only while the caller still holds the key's lease.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Jsonb, Nullable, SmallInt, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bytea, Jsonb, Nullable, SmallInt, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::PaymentStatus;
-use crate::db::PrepareExt;
+use crate::db::{PrepareExt, storable};
 use crate::db::schema::payments;
 use crate::money::Amount;
 
@@ -39,6 +39,33 @@ pub struct PaymentRow {
     pub tx_hash: Option<String>,
     pub error: Option<String>,
     pub attempts: i32,
+    /// `requirement` exactly as signed (NULL for intents older than this column).
+    pub requirement_json: Option<Vec<u8>>,
+    /// `context` exactly as signed (NULL for intents older than this column).
+    pub context_json: Option<Vec<u8>>,
+}
+
+impl PaymentRow {
+    /// The chosen requirement as signed: the exact copy when there is one, else the JSONB
+    /// column (exact for intents written before NUL-bearing strings were made storable).
+    ///
+    /// # Errors
+    /// A stored copy that is not JSON.
+    pub fn requirement_signed(&self) -> serde_json::Result<Value> {
+        exact_or(self.requirement_json.as_deref(), &self.requirement)
+    }
+
+    /// The 402's context as signed (see [`Self::requirement_signed`]).
+    ///
+    /// # Errors
+    /// A stored copy that is not JSON.
+    pub fn context_signed(&self) -> serde_json::Result<Value> {
+        exact_or(self.context_json.as_deref(), &self.context)
+    }
+}
+
+fn exact_or(exact: Option<&[u8]>, fallback: &Value) -> serde_json::Result<Value> {
+    exact.map_or_else(|| Ok(fallback.clone()), serde_json::from_slice)
 }
 
 /// A new intent (status `signed`).
@@ -67,14 +94,21 @@ pub struct NewPayment<'a> {
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key and no
 /// intent exists for it yet. `false`: fenced or already present.
 ///
+/// The requirement and the context come from the upstream's 402 and may hold NUL, which
+/// JSONB refuses: they are stored exactly as bytes, beside a NUL-free JSONB copy for queries.
+///
 /// # Errors
 /// Database errors.
 pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<bool> {
+    let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
+    let (requirement_json, context_json) = (exact(p.requirement)?, exact(p.context)?);
     let n = diesel::sql_query(
         "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
-                               signed_authorization, header_name, header_value, status) \
-         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
+                               signed_authorization, header_name, header_value, status, \
+                               requirement_json, context_json) \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+                $21, $22 \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
                          WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight') \
          ON CONFLICT DO NOTHING",
@@ -93,12 +127,14 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.nonce)
     .bind::<BigInt, _>(p.valid_after)
     .bind::<BigInt, _>(p.valid_before)
-    .bind::<Jsonb, _>(p.requirement)
-    .bind::<Jsonb, _>(p.context)
+    .bind::<Jsonb, _>(storable::json(p.requirement).as_ref())
+    .bind::<Jsonb, _>(storable::json(p.context).as_ref())
     .bind::<Jsonb, _>(p.authorization)
     .bind::<Text, _>(p.header_name)
     .bind::<Text, _>(p.header_value)
     .bind::<Text, _>(PaymentStatus::Signed)
+    .bind::<Bytea, _>(&requirement_json)
+    .bind::<Bytea, _>(&context_json)
     .prepared()
     .execute(conn)
     .await?;
@@ -175,7 +211,8 @@ pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> Qu
         .optional()
 }
 
-/// Records the final state (inside the recording transaction).
+/// Records the final state (inside the recording transaction). `error` may quote an
+/// upstream's reason: NUL characters in it are replaced (TEXT cannot hold them).
 ///
 /// # Errors
 /// Database errors.
@@ -190,7 +227,7 @@ pub async fn finalize(
         .set((
             payments::status.eq(status),
             payments::tx_hash.eq(tx_hash),
-            payments::error.eq(error),
+            payments::error.eq(error.map(storable::text)),
             payments::updated_at.eq(diesel::dsl::now),
         ))
         .prepared()

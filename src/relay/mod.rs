@@ -20,7 +20,6 @@ pub mod request;
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -35,7 +34,8 @@ use request::RouteCall;
 #[derive(Debug)]
 pub struct RouteResponse {
     pub http_status: u16,
-    pub body: Value,
+    /// The JSON body, as rendered when the call was recorded (replays send the same bytes).
+    pub body: Vec<u8>,
     pub receipt_id: Option<Uuid>,
     pub replay: bool,
 }

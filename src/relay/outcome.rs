@@ -4,7 +4,7 @@
 //! place that decides status codes, envelopes and receipts, so every outcome of the same
 //! kind gets them the same way.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::envelope;
@@ -117,6 +117,7 @@ impl Outcome {
                     let msg = format!("upstream answered {}", resp.status);
                     (Status::Errored, 502, envelope::error_envelope(&msg, Some(&resp), shown, Some(receipt_id)))
                 };
+                let body = body.to_bytes();
                 let receipt = draft(status, Some(&resp), shown);
                 Rendered {
                     stored: Stored { status, http_status, body, receipt_id: Some(receipt_id) },
@@ -126,7 +127,11 @@ impl Outcome {
             }
             Self::Declined { upstream, reason, accepts } => {
                 let status = Status::Completed;
-                let body = json!({ "error": reason, "accepts": accepts, "receipt_id": receipt_id });
+                let body = envelope::Envelope::default()
+                    .set("error", &reason)
+                    .set("accepts", &accepts)
+                    .set("receipt_id", &receipt_id)
+                    .to_bytes();
                 Rendered {
                     stored: Stored { status, http_status: 402, body, receipt_id: Some(receipt_id) },
                     receipt: Some(draft(status, upstream.as_ref(), None)),
@@ -139,11 +144,10 @@ impl Outcome {
                 let id = f.receipt.then_some(receipt_id);
                 let shown = f.payment.as_ref().map(|p| &p.shown);
                 let mut body = envelope::error_envelope(&f.message, f.upstream.as_ref(), shown, id);
-                if let Value::Object(map) = &mut body {
-                    for (name, value) in &f.reasons {
-                        map.insert((*name).to_owned(), Value::String(value.clone()));
-                    }
+                for (name, value) in &f.reasons {
+                    body.set(name, value);
                 }
+                let body = body.to_bytes();
                 let receipt = f.receipt.then(|| draft(status, f.upstream.as_ref(), shown));
                 Rendered {
                     stored: Stored { status, http_status, body, receipt_id: id },

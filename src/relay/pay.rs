@@ -270,9 +270,12 @@ pub async fn resume(
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
         Attempt { id: intent.id, version, signed, header: (name, value) }
     } else {
-        let requirement = Requirement::from_json(version, 0, &intent.requirement)
+        let stored = intent.requirement_signed().and_then(|r| Ok((r, intent.context_signed()?)));
+        let (raw_requirement, context) =
+            stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+        let requirement = Requirement::from_json(version, 0, &raw_requirement)
             .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
-        let attempt = sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
+        let attempt = sign(state, version, &requirement, &context, signed.nonce()).map_err(Error::invariant)?;
         let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
         let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
         let a = attempt.signed.authorization();
@@ -293,7 +296,7 @@ pub async fn resume(
             store::Reservation::OverLimit(why) => {
                 // The expired intent released its budget and the budget is gone now:
                 // nothing can be paid for this key. Nothing was sent in this attempt.
-                return Ok(declined(state, None, &why, Value::Array(vec![intent.requirement])));
+                return Ok(declined(state, None, &why, Value::Array(vec![raw_requirement])));
             }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");

@@ -10,6 +10,7 @@ mod cli;
 mod concurrency;
 mod faults;
 mod gc;
+mod hostile;
 mod idempotency;
 mod operations;
 mod payments;
