@@ -74,9 +74,7 @@ mod base64_bytes {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
-        Option::<String>::deserialize(d)?
-            .map(|s| STANDARD.decode(s).map_err(serde::de::Error::custom))
-            .transpose()
+        Option::<String>::deserialize(d)?.map(|s| STANDARD.decode(s).map_err(serde::de::Error::custom)).transpose()
     }
 }
 

@@ -125,7 +125,10 @@ mod tests {
     #[test]
     fn json_bodies_are_embedded_verbatim() {
         let body = br#" {"n":18446744073709551616,"s":"\u0000","f":0.10000000000000000555} "#;
-        assert_eq!(body_json(&json_headers(), body).get(), r#"{"n":18446744073709551616,"s":"\u0000","f":0.10000000000000000555}"#);
+        assert_eq!(
+            body_json(&json_headers(), body).get(),
+            r#"{"n":18446744073709551616,"s":"\u0000","f":0.10000000000000000555}"#
+        );
         let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
         assert_eq!(body_json(&json_headers(), deep.as_bytes()).get(), deep);
     }

@@ -58,7 +58,11 @@ async fn answer_and_replays(app: &TestApp, url: &str, max_amount: Option<&str>) 
         );
         assert_eq!(again, bytes);
     }
-    let rows = count(&app.db, &format!("SELECT count(*) AS n FROM idempotency_keys WHERE key = '{key}' AND status <> 'in_flight'")).await;
+    let rows = count(
+        &app.db,
+        &format!("SELECT count(*) AS n FROM idempotency_keys WHERE key = '{key}' AND status <> 'in_flight'"),
+    )
+    .await;
     assert_eq!(rows, 1, "{url}: the answer was recorded");
     (status, bytes)
 }

@@ -373,11 +373,8 @@ async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
     use base64::Engine;
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
-    let mut redis = redis::Client::open(app.options.redis_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis =
+        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let rkey = |key: &str| format!("{}idem:{}:{}", app.redis_prefix, app.agent.id, key);
     let body = json!({"url": up.url("/ok/forged")});
     let hash = request_hash(&body);
@@ -402,7 +399,8 @@ async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
     corrupt[last] ^= 0x01;
 
     // A forged entry, a corrupted genuine one, and a genuine one of another key.
-    for (key, value, first) in [(&a, forged.as_bytes().to_vec(), &a_first), (&b, corrupt, &b_first), (&b, genuine_a, &b_first)]
+    for (key, value, first) in
+        [(&a, forged.as_bytes().to_vec(), &a_first), (&b, corrupt, &b_first), (&b, genuine_a, &b_first)]
     {
         let _: () = redis::cmd("SET").arg(rkey(key)).arg(value).query_async(&mut redis).await.unwrap();
         let replay = app.route(key, &body).await;
