@@ -89,11 +89,16 @@ impl Application {
     }
 }
 
+/// Connections of the heartbeat pool: one beat is one short UPDATE per running request and
+/// `IDEMPOTENCY_HEARTBEAT_MS`, so two connections serve thousands of running requests.
+const HEARTBEAT_POOL_SIZE: u32 = 2;
+
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     let pool = crate::db::pool(&config.database);
+    let heartbeat_pool =
+        crate::db::pool(&crate::config::DatabaseConfig { pool_size: HEARTBEAT_POOL_SIZE, ..config.database.clone() });
     let cache_key = crate::idempotency::cache::mac_key(&config.signer.credential().to_bytes());
-    let cache =
-        Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone(), cache_key);
+    let cache = Cache::new(config.redis_url.expose(), config.redis_timeout, config.redis_key_prefix.clone(), cache_key);
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
@@ -111,6 +116,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     Ok(AppState {
         config: Arc::new(config),
         pool,
+        heartbeat_pool,
         idempotency,
         upstream,
         receipt_signer,

@@ -26,20 +26,22 @@ pub type PgPool = Pool<AsyncPgConnection>;
 pub type PgConn<'a> = PooledConnection<'a, AsyncPgConnection>;
 
 /// Builds the pool without connecting: the service starts even while Postgres is down
-/// (requests then get 503 until it is back).
+/// (requests then get 503 until it is back). Every session has bounded waits
+/// ([`DatabaseConfig::session_url`]).
 ///
 /// A connection is checked on checkout without a round trip: it is discarded (and replaced)
 /// when its socket was closed (e.g. Postgres restarted) or a transaction was left open.
 /// diesel-async's default check runs `SELECT 1` on every checkout, one extra round trip per
 /// pool use: a third of the Postgres traffic of a replay (BENCHMARKS.md).
 pub fn pool(config: &DatabaseConfig) -> PgPool {
+    // Validated when the configuration was built; an unparsable URL here fails every checkout.
+    let url = config.session_url().map_or_else(|_| config.url.expose().to_owned(), |u| u.expose().to_owned());
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
     manager_config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
         let broken = conn.is_broken();
         Box::pin(async move { if broken { Err(diesel::result::Error::BrokenTransactionManager) } else { Ok(()) } })
     }));
-    let manager =
-        AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(config.url.expose(), manager_config);
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, manager_config);
     Pool::builder()
         .max_size(config.pool_size)
         .min_idle(Some(0))
