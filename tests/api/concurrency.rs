@@ -199,10 +199,11 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
     let agent = create_agent(&db, "frozen").await;
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
     // Short abandonment; small main pools that the queued payments drain; Postgres ends the
-    // frozen router's session after 1.5 s idle in its transaction.
+    // frozen router's session after 2.5 s idle in its transaction: the calls queue on the
+    // agent's lock longer than the abandonment window.
     let opts = AppOptions {
-        abandon_ms: 1000,
-        heartbeat_ms: 200,
+        abandon_ms: 1500,
+        heartbeat_ms: 300,
         deadline_ms: 20_000,
         acquire_timeout_ms: 20_000,
         extra: [
@@ -210,7 +211,7 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
             vec![
                 ("database-pool-size".into(), "3".into()),
                 ("db-lock-timeout-ms".into(), "15000".into()),
-                ("db-idle-in-transaction-timeout-ms".into(), "1500".into()),
+                ("db-idle-in-transaction-timeout-ms".into(), "2500".into()),
             ],
         ]
         .concat(),
