@@ -25,14 +25,14 @@ use std::time::Duration;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context as _;
-use diesel::sql_types::{Int4, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Bytea, Int4, Nullable, Text, Uuid as SqlUuid};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::pooled_connection::bb8::Pool;
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 use x402_router::db::PrepareExt;
 
@@ -119,8 +119,8 @@ struct Row {
     request_hash: String,
     #[diesel(sql_type = Nullable<Int4>)]
     response_status_code: Option<i32>,
-    #[diesel(sql_type = Nullable<Jsonb>)]
-    response_body: Option<Value>,
+    #[diesel(sql_type = Nullable<Bytea>)]
+    response_body: Option<Vec<u8>>,
     #[diesel(sql_type = Nullable<SqlUuid>)]
     receipt_id: Option<Uuid>,
 }
@@ -147,7 +147,8 @@ async fn pg_select(floor: web::Data<Floor>, req: HttpRequest) -> HttpResponse {
         Ok(Some(r)) => HttpResponse::Ok().json(json!({
             "status": r.status, "request_hash": r.request_hash,
             "response_status_code": r.response_status_code,
-            "response_body": r.response_body, "receipt_id": r.receipt_id,
+            "response_body": r.response_body.as_deref().map(String::from_utf8_lossy),
+            "receipt_id": r.receipt_id,
         })),
         Ok(None) => HttpResponse::NotFound().finish(),
         Err(e) => unavailable(e),
@@ -215,7 +216,7 @@ async fn sql_fresh_inner(floor: &Floor, key: &str) -> anyhow::Result<bool> {
         .bind::<SqlUuid, _>(agent_id)
         .bind::<Text, _>(&key)
         .bind::<SqlUuid, _>(lease)
-        .bind::<Jsonb, _>(&body)
+        .bind::<Bytea, _>(body.to_string().into_bytes())
         .bind::<SqlUuid, _>(receipt_id)
         .prepared()
         .execute(c)

@@ -54,6 +54,16 @@ pub struct DatabaseArgs {
     /// How long to wait for a pooled Postgres connection before answering 503, in ms.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value = "2000")]
     pub database_acquire_timeout_ms: String,
+    /// Longest wait of one statement for a lock (Postgres `lock_timeout`), in ms.
+    #[arg(long, env = "DB_LOCK_TIMEOUT_MS", default_value = "5000")]
+    pub db_lock_timeout_ms: String,
+    /// Longest run of one statement (Postgres `statement_timeout`), in ms.
+    #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value = "15000")]
+    pub db_statement_timeout_ms: String,
+    /// Longest silence of a client inside a transaction before Postgres ends its session and
+    /// releases its locks (`idle_in_transaction_session_timeout`), in ms.
+    #[arg(long, env = "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value = "10000")]
+    pub db_idle_in_transaction_timeout_ms: String,
 }
 
 #[derive(Debug, Args)]

@@ -71,14 +71,25 @@ pub struct DatabaseConfig {
     pub connector: crate::db::Connector,
     pub pool_size: u32,
     pub acquire_timeout: Duration,
+    /// Bounded waits of every pooled session (see [`Self::session_url`]).
+    pub lock_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl DatabaseConfig {
     /// The connection pool of these settings (nothing is connected yet).
+    /// Its sessions carry the bounded waits of [`Self::session_url`].
     pub fn pool(&self) -> crate::db::PgPool {
+        // Both were validated when the configuration was built.
+        let session = self.session_url().ok();
+        let connector = session
+            .as_ref()
+            .and_then(|u| crate::db::Connector::from_url(u.expose()).ok())
+            .unwrap_or_else(|| self.connector.clone());
         crate::db::pool(&crate::db::PoolSettings {
-            url: self.url.expose(),
-            connector: &self.connector,
+            url: session.as_ref().map_or(self.url.expose(), |u| u.expose()),
+            connector: &connector,
             size: self.pool_size,
             acquire_timeout: self.acquire_timeout,
         })
@@ -94,12 +105,52 @@ impl DatabaseConfig {
         if pool_size == 0 {
             return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
         }
-        Ok(Self {
+        let config = Self {
             url: Secret::new(url.to_owned()),
             connector,
             pool_size,
             acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
-        })
+            lock_timeout: parse_ms("DB_LOCK_TIMEOUT_MS", &args.db_lock_timeout_ms)?,
+            statement_timeout: parse_ms("DB_STATEMENT_TIMEOUT_MS", &args.db_statement_timeout_ms)?,
+            idle_in_transaction_timeout: parse_ms(
+                "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                &args.db_idle_in_transaction_timeout_ms,
+            )?,
+        };
+        let session = config.session_url()?;
+        crate::db::Connector::from_url(session.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
+        Ok(config)
+    }
+
+    /// The URL the pools connect with: `DATABASE_URL` plus the session settings that bound
+    /// every wait, passed as the connection's `options` (so they hold from the first
+    /// statement, whatever code opens the connection): `lock_timeout`, `statement_timeout`
+    /// and `idle_in_transaction_session_timeout`. The last one is what frees the locks of a
+    /// router that stopped inside a transaction (frozen VM, SIGSTOP, debugger): Postgres ends
+    /// its session, the transaction rolls back, and every other router may proceed.
+    /// Options already in the URL are kept (later `-c` settings win).
+    ///
+    /// # Errors
+    /// A `DATABASE_URL` that is not a URL.
+    pub fn session_url(&self) -> Result<Secret, ConfigError> {
+        let mut url = Url::parse(self.url.expose()).map_err(|_| ConfigError::new("DATABASE_URL", "is not a URL"))?;
+        let ms = |d: Duration| d.as_millis();
+        let ours = format!(
+            "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            ms(self.lock_timeout),
+            ms(self.statement_timeout),
+            ms(self.idle_in_transaction_timeout),
+        );
+        let mut pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        match pairs.iter_mut().find(|(k, _)| k == "options") {
+            Some((_, options)) => *options = format!("{options} {ours}"),
+            None => pairs.push(("options".into(), ours)),
+        }
+        // Form encoding writes spaces as `+`, which libpq-style URL parsers (tokio-postgres
+        // among them) keep as `+`; `%20` is read as a space by all. A literal `+` is `%2B`.
+        let query = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+        url.set_query(Some(&query.replace('+', "%20")));
+        Ok(Secret::new(url.into()))
     }
 }
 
@@ -413,4 +464,38 @@ fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
     };
     let hex = raw.trim();
     PrivateKeySigner::from_str(hex).map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database(url: &str) -> DatabaseConfig {
+        DatabaseConfig {
+            url: Secret::new(url.into()),
+            connector: crate::db::Connector::from_url(url).unwrap(),
+            pool_size: 1,
+            acquire_timeout: Duration::from_secs(1),
+            lock_timeout: Duration::from_millis(5000),
+            statement_timeout: Duration::from_millis(15000),
+            idle_in_transaction_timeout: Duration::from_millis(10000),
+        }
+    }
+
+    #[test]
+    fn session_url_bounds_every_wait_and_keeps_what_the_url_had() {
+        let ours = "-c%20lock_timeout%3D5000%20-c%20statement_timeout%3D15000\
+                    %20-c%20idle_in_transaction_session_timeout%3D10000";
+        assert_eq!(
+            database("postgres://u:p@db:5432/app").session_url().unwrap().expose(),
+            format!("postgres://u:p@db:5432/app?options={ours}")
+        );
+        assert_eq!(
+            database("postgres://db/app?sslmode=require&options=-c%20search_path%3Dx%2By")
+                .session_url()
+                .unwrap()
+                .expose(),
+            format!("postgres://db/app?sslmode=require&options=-c%20search_path%3Dx%2By%20{ours}")
+        );
+    }
 }

@@ -6,6 +6,13 @@
 //! WAL on the disk that the routers commit to, so an unpaced run of a million rows raises
 //! their latency for its whole duration (BENCHMARKS.md). Receipts are kept forever;
 //! `idempotency_keys.receipt_id` is the only link.
+//!
+//! Only terminal rows are deleted. A row in flight has an owner, or will get one by
+//! takeover: deleting it would let a retry claim the key afresh and execute the call a
+//! second time beside the running owner (whose result would then be fenced off and lost).
+//! A takeover moves `expires_at` 24 h ahead, so its result is kept as long as a fresh call's.
+//! An in-flight row whose caller never retries stays (with its payment intent, which
+//! `reconcile` settles) until a retry takes it over.
 
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
@@ -13,7 +20,7 @@ use std::time::{Duration, Instant};
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-/// Deletes every row whose `expires_at` has passed, `batch` rows per statement, and at
+/// Deletes every terminal row whose `expires_at` has passed, `batch` rows per statement, and at
 /// most `max_rows_per_second` on average (`None`: as fast as Postgres goes). Returns how
 /// many were deleted.
 ///
@@ -30,7 +37,7 @@ pub async fn run(
         let n = diesel::sql_query(
             "DELETE FROM idempotency_keys WHERE (agent_id, key) IN ( \
                  SELECT agent_id, key FROM idempotency_keys \
-                  WHERE expires_at < now() \
+                  WHERE expires_at < now() AND status <> 'in_flight' \
                   LIMIT $1 FOR UPDATE SKIP LOCKED)",
         )
         .bind::<BigInt, _>(batch)

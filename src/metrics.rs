@@ -1,7 +1,9 @@
 //! Prometheus metrics. One registry per application instance (no globals), rendered
 //! at `GET /metrics` in the text exposition format.
 
-use prometheus::{Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
 
 /// The service's metrics.
 pub struct Metrics {
@@ -22,6 +24,8 @@ pub struct Metrics {
     pub budget_used: GaugeVec,
     pub idempotency: IntCounterVec,
     pub payments: IntCounterVec,
+    /// Redis idempotency entries ignored because they failed authentication.
+    pub cache_rejected: IntCounter,
     pub upstream_seconds: HistogramVec,
     pub rpc_seconds: HistogramVec,
 }
@@ -69,6 +73,10 @@ impl Metrics {
             Opts::new("x402_router_agent_budget_used_ratio", "Share of an agent's daily budget settled or reserved"),
             &["agent_id"],
         )?;
+        let cache_rejected = IntCounter::new(
+            "x402_router_cache_entries_rejected_total",
+            "Redis idempotency entries ignored because their MAC did not verify (forged, corrupt, of another key)",
+        )?;
         let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
         let upstream_seconds = HistogramVec::new(
             HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency").buckets(buckets.clone()),
@@ -81,6 +89,7 @@ impl Metrics {
         registry.register(Box::new(http_requests.clone()))?;
         registry.register(Box::new(idempotency.clone()))?;
         registry.register(Box::new(payments.clone()))?;
+        registry.register(Box::new(cache_rejected.clone()))?;
         registry.register(Box::new(upstream_seconds.clone()))?;
         registry.register(Box::new(rpc_seconds.clone()))?;
         registry.register(Box::new(http_duration.clone()))?;
@@ -101,6 +110,7 @@ impl Metrics {
             paid_not_served,
             stuck_intents,
             budget_used,
+            cache_rejected,
             idempotency,
             payments,
             upstream_seconds,

@@ -142,10 +142,17 @@ pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Connections of the heartbeat pool: one beat is one short UPDATE per running request and
+/// `IDEMPOTENCY_HEARTBEAT_MS` (100 per second for 1000 running requests at the default).
+const HEARTBEAT_POOL_SIZE: u32 = 2;
+
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     crate::db::tls::install_default_crypto_provider();
     let pool = config.database.pool();
-    let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone());
+    let heartbeat_pool =
+        crate::config::DatabaseConfig { pool_size: HEARTBEAT_POOL_SIZE, ..config.database.clone() }.pool();
+    let cache_key = crate::idempotency::cache::mac_key(&config.signer.credential().to_bytes());
+    let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone(), cache_key);
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
     let metrics = Arc::new(Metrics::new()?);
@@ -163,6 +170,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     Ok(AppState {
         config: Arc::new(config),
         pool,
+        heartbeat_pool,
         idempotency,
         upstream,
         receipt_signer,

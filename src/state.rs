@@ -16,6 +16,10 @@ use crate::x402::{Chain, Supported};
 pub struct AppState {
     pub config: Arc<Config>,
     pub pool: PgPool,
+    /// A small pool of its own for idempotency heartbeats: a main pool drained by slow
+    /// requests (e.g. queued on an agent's lock) must not silence the heartbeats of live
+    /// owners and get them taken over.
+    pub heartbeat_pool: PgPool,
     pub idempotency: Idempotency,
     pub upstream: UpstreamClient,
     /// Signs receipts (EIP-191). Today the router's wallet key.

@@ -3,6 +3,7 @@
 
 pub mod prepared;
 pub mod schema;
+pub mod storable;
 pub mod tls;
 
 pub use prepared::PrepareExt;
@@ -33,7 +34,8 @@ pub struct PoolSettings<'a> {
 }
 
 /// Builds the pool without connecting: the service starts even while Postgres is down
-/// (requests then get 503 until it is back).
+/// (requests then get 503 until it is back). Every session has bounded waits
+/// ([`DatabaseConfig::session_url`]).
 ///
 /// A connection is checked on checkout without a round trip: it is discarded (and replaced)
 /// when its socket was closed (e.g. Postgres restarted) or a transaction was left open.

@@ -38,7 +38,7 @@ diesel::table! {
         status -> Text,
         lease -> Uuid,
         response_status_code -> Nullable<Int4>,
-        response_body -> Nullable<Jsonb>,
+        response_body -> Nullable<Bytea>,
         receipt_id -> Nullable<Uuid>,
         created_at -> Timestamptz,
         first_seen_at -> Timestamptz,
@@ -77,6 +77,8 @@ diesel::table! {
         attempts -> Int4,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        requirement_json -> Nullable<Bytea>,
+        context_json -> Nullable<Bytea>,
     }
 }
 

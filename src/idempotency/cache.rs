@@ -7,14 +7,22 @@
 //! TLS set-ups). Every call has a short timeout; any failure is a cache miss and the
 //! request continues on Postgres. The connection is made lazily in the background, so
 //! a Redis that is down at start-up or later never blocks or fails a request.
+//!
+//! Redis may be written by someone else (a shared instance, a leaked password), so every
+//! entry is authenticated: the value is `v1.<hex HMAC-SHA256>.<JSON entry>`, the MAC keyed
+//! with a secret of the router ([`mac_key`]) over the Redis key, a 0x00 byte and the JSON.
+//! An entry whose MAC does not verify (forged, corrupt, copied from another key, or written
+//! by an older version) is [`Lookup::Rejected`]: ignored and counted, and Postgres answers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use alloy::primitives::hex;
+use hmac::{Hmac, Mac};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use sha2::Sha256;
 use uuid::Uuid;
 
 use super::redis_link::{RedisConn, RedisTarget};
@@ -23,6 +31,22 @@ use super::store::Status;
 /// Redis TTL of an entry: 25 hours.
 pub const TTL_SECS: u64 = 25 * 3600;
 
+/// Version tag of the authenticated value format.
+const FORMAT: &str = "v1";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The key of the entries' MACs: sha256 over a label and the router's wallet key, like the
+/// nonce secret (`x402::nonce`) but for another purpose, so neither reveals the other.
+/// Every router of a deployment shares the wallet key, and so this key.
+pub fn mac_key(wallet_key: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"x402-router/redis-entry-mac/v1\0");
+    h.update(wallet_key);
+    h.finalize().into()
+}
+
 /// What is cached per key.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
@@ -30,10 +54,40 @@ pub struct Entry {
     pub request_hash: String,
     #[serde(default)]
     pub response_status_code: Option<i32>,
-    #[serde(default)]
-    pub response_body: Option<Value>,
+    /// The response bytes as stored in Postgres (base64 in the entry's JSON).
+    #[serde(default, with = "base64_bytes")]
+    pub response: Option<Vec<u8>>,
     #[serde(default)]
     pub receipt_id: Option<Uuid>,
+}
+
+/// `Option<Vec<u8>>` as an optional base64 string.
+mod base64_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(bytes) => s.serialize_some(&STANDARD.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Option::<String>::deserialize(d)?.map(|s| STANDARD.decode(s).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// No entry, or Redis could not be asked in time.
+    Miss,
+    /// An authentic entry.
+    Hit(Entry),
+    /// An entry that failed authentication (or did not parse after it): never believed.
+    Rejected,
 }
 
 /// A cheaply cloned handle on the cache.
@@ -48,12 +102,14 @@ struct Inner {
     connecting: AtomicBool,
     timeout: Duration,
     prefix: String,
+    mac_key: [u8; 32],
 }
 
 impl Cache {
-    /// A cache on `target` (parsed from `REDIS_URL` at start-up). Connecting starts in the
-    /// background on first use.
-    pub fn new(target: RedisTarget, timeout: Duration, prefix: String) -> Self {
+    /// A cache on `target` (parsed from `REDIS_URL` at start-up) whose entries are
+    /// authenticated with `mac_key` (see [`mac_key`]). Connecting starts in the background on
+    /// first use.
+    pub fn new(target: RedisTarget, timeout: Duration, prefix: String, mac_key: [u8; 32]) -> Self {
         Self {
             inner: Arc::new(Inner {
                 target,
@@ -61,6 +117,7 @@ impl Cache {
                 connecting: AtomicBool::new(false),
                 timeout,
                 prefix,
+                mac_key,
             }),
         }
     }
@@ -117,29 +174,68 @@ impl Cache {
         }
     }
 
-    /// Looks the key up. Any error or timeout is a miss.
-    pub async fn get(&self, agent_id: Uuid, key: &str) -> Option<Entry> {
-        let mut conn = self.connection()?;
+    /// The MAC of an entry's JSON stored under `rkey`.
+    fn mac(&self, rkey: &str, json: &[u8]) -> HmacSha256 {
+        let Ok(mut mac) = HmacSha256::new_from_slice(&self.inner.mac_key) else {
+            unreachable!("HMAC-SHA256 accepts keys of any length")
+        };
+        mac.update(rkey.as_bytes());
+        mac.update(&[0x00]);
+        mac.update(json);
+        mac
+    }
+
+    /// The authenticated Redis value of `entry` under `rkey`.
+    fn seal(&self, rkey: &str, entry: &Entry) -> Option<Vec<u8>> {
+        let json = serde_json::to_vec(entry).ok()?;
+        let tag = hex::encode(self.mac(rkey, &json).finalize().into_bytes());
+        let mut value = Vec::with_capacity(FORMAT.len() + tag.len() + json.len() + 2);
+        value.extend_from_slice(FORMAT.as_bytes());
+        value.push(b'.');
+        value.extend_from_slice(tag.as_bytes());
+        value.push(b'.');
+        value.extend_from_slice(&json);
+        Some(value)
+    }
+
+    /// The entry in a Redis value under `rkey`, if the value is authentic.
+    fn open(&self, rkey: &str, value: &[u8]) -> Option<Entry> {
+        let rest = value.strip_prefix(FORMAT.as_bytes())?.strip_prefix(b".")?;
+        let (tag, json) = (rest.get(..64)?, rest.get(64..)?.strip_prefix(b".")?);
+        let tag = hex::decode(tag).ok()?;
+        // Constant time: a forger learns nothing from how long the comparison took.
+        self.mac(rkey, json).verify_slice(&tag).ok()?;
+        serde_json::from_slice(json).ok()
+    }
+
+    /// Looks the key up. Any error or timeout is a miss; an entry that fails authentication
+    /// is [`Lookup::Rejected`].
+    pub async fn get(&self, agent_id: Uuid, key: &str) -> Lookup {
+        let Some(mut conn) = self.connection() else {
+            return Lookup::Miss;
+        };
         let rkey = self.redis_key(agent_id, key);
-        let raw: Option<String> = match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
+        let raw: Option<Vec<u8>> = match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis get failed");
                 self.after_failure();
-                return None;
+                return Lookup::Miss;
             }
             Err(_) => {
                 tracing::debug!("redis get timed out");
                 self.after_failure();
-                return None;
+                return Lookup::Miss;
             }
         };
-        let raw = raw?;
-        match serde_json::from_str(&raw) {
-            Ok(entry) => Some(entry),
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring an unreadable redis idempotency entry");
-                None
+        let Some(raw) = raw else {
+            return Lookup::Miss;
+        };
+        match self.open(&rkey, &raw) {
+            Some(entry) => Lookup::Hit(entry),
+            None => {
+                tracing::warn!(agent_id = %agent_id, "ignoring a redis idempotency entry that failed authentication");
+                Lookup::Rejected
             }
         }
     }
@@ -149,11 +245,11 @@ impl Cache {
         let Some(mut conn) = self.connection() else {
             return;
         };
-        let Ok(raw) = serde_json::to_string(entry) else {
+        let rkey = self.redis_key(agent_id, key);
+        let Some(value) = self.seal(&rkey, entry) else {
             return;
         };
-        let rkey = self.redis_key(agent_id, key);
-        match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, raw, TTL_SECS)).await {
+        match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, value, TTL_SECS)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis set failed");
@@ -183,5 +279,47 @@ impl Cache {
             self.after_failure();
         }
         ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(key: u8) -> Cache {
+        Cache::new(
+            RedisTarget::parse("redis://127.0.0.1:1", false, None).unwrap(),
+            Duration::from_millis(1),
+            "p:".into(),
+            [key; 32],
+        )
+    }
+
+    fn entry() -> Entry {
+        Entry {
+            status: Status::Completed,
+            request_hash: "ab".repeat(32),
+            response_status_code: Some(200),
+            response: Some(b"{\"body\":\"\\u0000\"}\xff".to_vec()),
+            receipt_id: Some(Uuid::nil()),
+        }
+    }
+
+    #[test]
+    fn sealed_entries_open_only_under_their_key_and_secret() {
+        let c = cache(1);
+        let value = c.seal("p:idem:a:k", &entry()).unwrap();
+        let opened = c.open("p:idem:a:k", &value).unwrap();
+        assert_eq!(opened.response, entry().response);
+        assert_eq!(opened.request_hash, entry().request_hash);
+        assert!(c.open("p:idem:a:other", &value).is_none(), "bound to its Redis key");
+        assert!(cache(2).open("p:idem:a:k", &value).is_none(), "bound to the secret");
+        let mut flipped = value.clone();
+        let last = flipped.len() - 3;
+        flipped[last] ^= 1;
+        assert!(c.open("p:idem:a:k", &flipped).is_none(), "any changed byte");
+        let unsigned = serde_json::to_vec(&entry()).unwrap();
+        assert!(c.open("p:idem:a:k", &unsigned).is_none(), "entries without a MAC");
+        assert!(c.open("p:idem:a:k", b"v1.").is_none());
     }
 }

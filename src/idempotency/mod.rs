@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
-use serde_json::Value;
 use uuid::Uuid;
 
 pub use cache::Cache;
@@ -52,7 +51,8 @@ const MAX_GC_RACE_RETRIES: usize = 3;
 pub struct Stored {
     pub status: Status,
     pub http_status: u16,
-    pub body: Value,
+    /// The response body (a JSON document) exactly as first sent: replays are these bytes.
+    pub body: Vec<u8>,
     pub receipt_id: Option<Uuid>,
 }
 
@@ -131,11 +131,18 @@ impl Idempotency {
         key: &IdempotencyKey,
         request_hash: &str,
     ) -> Option<(Decision, Path)> {
-        let entry = self.cache.get(agent_id, key.as_str()).await?;
+        let entry = match self.cache.get(agent_id, key.as_str()).await {
+            cache::Lookup::Hit(entry) => entry,
+            cache::Lookup::Miss => return None,
+            cache::Lookup::Rejected => {
+                self.metrics.cache_rejected.inc();
+                return None;
+            }
+        };
         if entry.request_hash != request_hash {
             return Some((Decision::Mismatch, Path::Mismatch));
         }
-        match (entry.status, entry.response_status_code, entry.response_body) {
+        match (entry.status, entry.response_status_code, entry.response) {
             (Status::InFlight, _, _) => None,
             (status, Some(code), Some(body)) => Some((
                 Decision::Replay(Stored {
@@ -273,7 +280,7 @@ impl Idempotency {
             status,
             request_hash: request_hash.to_owned(),
             response_status_code: stored.map(|s| i32::from(s.http_status)),
-            response_body: stored.map(|s| s.body.clone()),
+            response: stored.map(|s| s.body.clone()),
             receipt_id: stored.and_then(|s| s.receipt_id),
         };
         self.cache.put(agent_id, key.as_str(), &entry).await;

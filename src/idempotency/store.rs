@@ -11,7 +11,6 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::PrepareExt;
@@ -51,7 +50,8 @@ pub struct Row {
     pub status: Status,
     pub request_hash: String,
     pub response_status_code: Option<i32>,
-    pub response_body: Option<Value>,
+    /// The response exactly as first sent (see [`finish`]).
+    pub response_body: Option<Vec<u8>>,
     pub receipt_id: Option<Uuid>,
     /// Milliseconds since the last claim, takeover or heartbeat (database clock).
     pub age_ms: i64,
@@ -75,8 +75,8 @@ struct RawRow {
     request_hash: Option<String>,
     #[diesel(sql_type = Nullable<diesel::sql_types::Int4>)]
     response_status_code: Option<i32>,
-    #[diesel(sql_type = Nullable<diesel::sql_types::Jsonb>)]
-    response_body: Option<Value>,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Bytea>)]
+    response_body: Option<Vec<u8>>,
     #[diesel(sql_type = Nullable<SqlUuid>)]
     receipt_id: Option<Uuid>,
     #[diesel(sql_type = Nullable<BigInt>)]
@@ -186,6 +186,10 @@ pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> Qu
 /// Takes over an abandoned in-flight row (DESIGN Fix 1). One guarded statement: of
 /// several concurrent retries exactly one matches and becomes the owner with `new_lease`.
 ///
+/// The takeover also moves `expires_at` to at least 24 h from now, like a fresh claim: the
+/// row is live again, and its result must stay replayable (and safe from the GC) as long
+/// as a fresh call's would.
+///
 /// # Errors
 /// Database errors.
 pub async fn take_over(
@@ -199,7 +203,8 @@ pub async fn take_over(
     let abandon_ms = i64::try_from(abandon_after.as_millis()).unwrap_or(i64::MAX);
     let n = diesel::sql_query(
         "UPDATE idempotency_keys \
-            SET created_at = now(), lease = $3, takeovers = takeovers + 1 \
+            SET created_at = now(), lease = $3, takeovers = takeovers + 1, \
+                expires_at = GREATEST(expires_at, now() + interval '24 hours') \
           WHERE agent_id = $1 AND key = $2 AND request_hash = $4 AND status = 'in_flight' \
             AND created_at < now() - make_interval(secs => $5::float8 / 1000)",
     )
@@ -236,6 +241,9 @@ pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, 
 /// The owner's final transition (DESIGN Fix 2): applies only while `lease` is still the
 /// row's lease and the row is in flight. `false` means we were fenced off.
 ///
+/// `response_body` is the response as sent to the agent, byte for byte (BYTEA): whatever the
+/// upstream put in it (NUL characters, huge numbers), a replay is the same bytes.
+///
 /// # Errors
 /// Database errors.
 #[expect(clippy::too_many_arguments, reason = "one column each; a struct would only rename them")]
@@ -246,7 +254,7 @@ pub async fn finish(
     lease: Uuid,
     status: Status,
     response_status_code: i32,
-    response_body: &Value,
+    response_body: &[u8],
     receipt_id: Option<Uuid>,
 ) -> QueryResult<bool> {
     let n = diesel::update(

@@ -139,7 +139,10 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
                 Err(e) => return Reply::error(&e),
             };
             match relay::handle(state, agent, key, call).await {
-                Ok(r) => Reply { replayed: r.replay, ..Reply::json(r.http_status, r.body) },
+                Ok(r) => {
+                    let body = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+                    Reply { replayed: r.replay, ..Reply::json(r.http_status, body) }
+                }
                 Err(e) => Reply::error(&ApiError::from(e)),
             }
         }

@@ -4,14 +4,14 @@
 //! re-signed, only while the caller still holds the key's lease.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Jsonb, Nullable, SmallInt, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bytea, Jsonb, Nullable, SmallInt, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::PaymentStatus;
-use crate::db::PrepareExt;
 use crate::db::schema::payments;
+use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
 
 /// A payment intent as stored.
@@ -40,6 +40,33 @@ pub struct PaymentRow {
     pub tx_hash: Option<String>,
     pub error: Option<String>,
     pub attempts: i32,
+    /// `requirement` exactly as signed (NULL for intents older than this column).
+    pub requirement_json: Option<Vec<u8>>,
+    /// `context` exactly as signed (NULL for intents older than this column).
+    pub context_json: Option<Vec<u8>>,
+}
+
+impl PaymentRow {
+    /// The chosen requirement as signed: the exact copy when there is one, else the JSONB
+    /// column (exact for intents written before NUL-bearing strings were made storable).
+    ///
+    /// # Errors
+    /// A stored copy that is not JSON.
+    pub fn requirement_signed(&self) -> serde_json::Result<Value> {
+        exact_or(self.requirement_json.as_deref(), &self.requirement)
+    }
+
+    /// The 402's context as signed (see [`Self::requirement_signed`]).
+    ///
+    /// # Errors
+    /// A stored copy that is not JSON.
+    pub fn context_signed(&self) -> serde_json::Result<Value> {
+        exact_or(self.context_json.as_deref(), &self.context)
+    }
+}
+
+fn exact_or(exact: Option<&[u8]>, fallback: &Value) -> serde_json::Result<Value> {
+    exact.map_or_else(|| Ok(fallback.clone()), serde_json::from_slice)
 }
 
 /// A new intent (status `signed`).
@@ -69,14 +96,21 @@ pub struct NewPayment<'a> {
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key and no
 /// intent exists for it yet. `false`: fenced or already present.
 ///
+/// The requirement and the context come from the upstream's 402 and may hold NUL, which
+/// JSONB refuses: they are stored exactly as bytes, beside a NUL-free JSONB copy for queries.
+///
 /// # Errors
 /// Database errors.
 pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<bool> {
+    let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
+    let (requirement_json, context_json) = (exact(p.requirement)?, exact(p.context)?);
     let n = diesel::sql_query(
         "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
-                               signed_authorization, header_name, header_value, status, request_hash) \
-         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21 \
+                               signed_authorization, header_name, header_value, status, request_hash, \
+                               requirement_json, context_json) \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
+                $22, $23 \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
                          WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' \
                            AND request_hash = $21) \
@@ -96,13 +130,15 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.nonce)
     .bind::<BigInt, _>(p.valid_after)
     .bind::<BigInt, _>(p.valid_before)
-    .bind::<Jsonb, _>(p.requirement)
-    .bind::<Jsonb, _>(p.context)
+    .bind::<Jsonb, _>(storable::json(p.requirement).as_ref())
+    .bind::<Jsonb, _>(storable::json(p.context).as_ref())
     .bind::<Jsonb, _>(p.authorization)
     .bind::<Text, _>(p.header_name)
     .bind::<Text, _>(p.header_value)
     .bind::<Text, _>(PaymentStatus::Signed)
     .bind::<Text, _>(p.request_hash)
+    .bind::<Bytea, _>(&requirement_json)
+    .bind::<Bytea, _>(&context_json)
     .prepared()
     .execute(conn)
     .await?;
@@ -189,7 +225,8 @@ pub async fn find(
         .optional()
 }
 
-/// Records the final state (inside the recording transaction).
+/// Records the final state (inside the recording transaction). `error` may quote an
+/// upstream's reason: NUL characters in it are replaced (TEXT cannot hold them).
 ///
 /// # Errors
 /// Database errors.
@@ -204,7 +241,7 @@ pub async fn finalize(
         .set((
             payments::status.eq(status),
             payments::tx_hash.eq(tx_hash),
-            payments::error.eq(error),
+            payments::error.eq(error.map(storable::text)),
             payments::updated_at.eq(diesel::dsl::now),
         ))
         .prepared()
@@ -239,7 +276,10 @@ pub struct Spend {
 /// The spend of `agent_id`. With `lock`, first locks the agent row in a statement of its
 /// own, so that (under READ COMMITTED) the sums are read from a snapshot taken after every
 /// earlier reservation of this agent committed: concurrent payments of one agent reserve
-/// strictly one after another. (Locking inside the summing statement would not do: after
+/// strictly one after another. The lock is `FOR NO KEY UPDATE`: it serializes reservations
+/// just as well, but, unlike `FOR UPDATE`, does not conflict with the `FOR KEY SHARE` lock
+/// that every foreign-key check on the agent row takes (each claim, intent and receipt insert
+/// of the agent), so a reservation neither waits for nor blocks those. (Locking inside the summing statement would not do: after
 /// waiting for the lock, Postgres re-checks the locked row but keeps the statement's old
 /// snapshot for the sums.) `None`: no such agent.
 ///
@@ -247,7 +287,7 @@ pub struct Spend {
 /// Database errors.
 pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: bool) -> QueryResult<Option<Spend>> {
     if lock {
-        let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
+        let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE")
             .bind::<SqlUuid, _>(agent_id)
             .prepared()
             .execute(conn)

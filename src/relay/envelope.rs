@@ -1,13 +1,51 @@
-//! The response envelope of `POST /route` (DESIGN.md §4).
+//! The response envelope of `POST /route` (DESIGN.md §4), rendered once to the bytes that are
+//! sent, stored and replayed.
+//!
+//! The upstream's JSON is embedded verbatim ([`RawValue`]), never parsed into a value and
+//! printed again: integers beyond 2^53 keep every digit, escapes such as `\u0000` stay as
+//! sent, and nesting of any depth is kept. Members are written in name order.
+
+use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use reqwest::header::HeaderMap;
+use serde::Serialize;
+use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use crate::codes::Code;
 use crate::upstream::{UpstreamResponse, is_kept_response_header};
+
+/// A JSON object whose members are already rendered.
+#[derive(Debug, Default)]
+pub struct Envelope(BTreeMap<&'static str, Box<RawValue>>);
+
+impl Envelope {
+    /// Sets member `name` to `value` rendered as JSON.
+    pub fn set(&mut self, name: &'static str, value: &impl Serialize) -> &mut Self {
+        self.0.insert(name, raw(value));
+        self
+    }
+
+    /// Sets member `name` to JSON that is already rendered.
+    pub fn set_raw(&mut self, name: &'static str, value: Box<RawValue>) -> &mut Self {
+        self.0.insert(name, value);
+        self
+    }
+
+    /// The bytes of the object.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // A map of strings to valid JSON texts always serializes.
+        serde_json::to_vec(&self.0).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+/// `value` rendered as JSON (`null` in the impossible case that it cannot be).
+fn raw(value: &impl Serialize) -> Box<RawValue> {
+    to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
 
 /// Upstream headers as a JSON object: lowercase names, repeated values joined by ", ".
 pub fn headers_json(headers: &HeaderMap) -> Value {
@@ -24,34 +62,38 @@ pub fn headers_json(headers: &HeaderMap) -> Value {
     Value::Object(out)
 }
 
-/// The upstream body as JSON: the JSON itself when it is JSON, `{"text": …}` for other
-/// UTF-8, `{"base64": …}` otherwise; `null` when empty.
-pub fn body_json(headers: &HeaderMap, body: &[u8]) -> Value {
+/// The upstream body as JSON: the JSON itself, verbatim, when it is JSON; `{"text": …}` for
+/// other UTF-8, `{"base64": …}` otherwise; `null` when empty.
+pub fn body_json(headers: &HeaderMap, body: &[u8]) -> Box<RawValue> {
     if body.is_empty() {
-        return Value::Null;
+        return RawValue::NULL.to_owned();
     }
     let is_json = headers
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.to_ascii_lowercase().contains("json"));
-    if is_json && let Ok(v) = serde_json::from_slice::<Value>(body) {
+    if is_json && let Ok(v) = serde_json::from_slice::<Box<RawValue>>(body) {
         return v;
     }
     match std::str::from_utf8(body) {
-        Ok(text) => json!({ "text": text }),
-        Err(_) => json!({ "base64": STANDARD.encode(body) }),
+        Ok(text) => raw(&json!({ "text": text })),
+        Err(_) => raw(&json!({ "base64": STANDARD.encode(body) })),
     }
 }
 
+/// `status`, `headers` and `body` of an upstream answer.
+fn upstream_fields(env: &mut Envelope, resp: &UpstreamResponse) {
+    env.set("status", &resp.status)
+        .set("headers", &headers_json(&resp.headers))
+        .set_raw("body", body_json(&resp.headers, &resp.body));
+}
+
 /// The envelope for an upstream answer.
-pub fn envelope(resp: &UpstreamResponse, payment: Option<&Value>, receipt_id: Uuid) -> Value {
-    json!({
-        "status": resp.status,
-        "headers": headers_json(&resp.headers),
-        "body": body_json(&resp.headers, &resp.body),
-        "payment": payment,
-        "receipt_id": receipt_id,
-    })
+pub fn envelope(resp: &UpstreamResponse, payment: Option<&Value>, receipt_id: Uuid) -> Envelope {
+    let mut env = Envelope::default();
+    upstream_fields(&mut env, resp);
+    env.set("payment", &payment).set("receipt_id", &receipt_id);
+    env
 }
 
 /// A 502/504 body: the error and its code plus the envelope fields known so far.
@@ -61,20 +103,53 @@ pub fn error_envelope(
     resp: Option<&UpstreamResponse>,
     payment: Option<&Value>,
     receipt_id: Option<Uuid>,
-) -> Value {
-    let mut body = match resp {
-        Some(r) => json!({
-            "status": r.status,
-            "headers": headers_json(&r.headers),
-            "body": body_json(&r.headers, &r.body),
-        }),
-        None => json!({}),
-    };
-    if let Value::Object(map) = &mut body {
-        map.insert("error".into(), Value::String(error.to_owned()));
-        map.insert("code".into(), Value::String(code.as_str().to_owned()));
-        map.insert("payment".into(), payment.cloned().unwrap_or(Value::Null));
-        map.insert("receipt_id".into(), receipt_id.map_or(Value::Null, |id| Value::String(id.to_string())));
+) -> Envelope {
+    let mut env = Envelope::default();
+    if let Some(r) = resp {
+        upstream_fields(&mut env, r);
     }
-    body
+    env.set("error", &error).set("code", &code).set("payment", &payment).set("receipt_id", &receipt_id);
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::{CONTENT_TYPE, HeaderValue};
+
+    use super::*;
+
+    fn json_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        h
+    }
+
+    #[test]
+    fn json_bodies_are_embedded_verbatim() {
+        let body = br#" {"n":18446744073709551616,"s":"\u0000","f":0.10000000000000000555} "#;
+        assert_eq!(
+            body_json(&json_headers(), body).get(),
+            r#"{"n":18446744073709551616,"s":"\u0000","f":0.10000000000000000555}"#
+        );
+        let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        assert_eq!(body_json(&json_headers(), deep.as_bytes()).get(), deep);
+    }
+
+    #[test]
+    fn other_bodies_are_text_or_base64() {
+        assert_eq!(body_json(&json_headers(), b"").get(), "null");
+        assert_eq!(body_json(&json_headers(), b"{\"a\":1} trailing").get(), r#"{"text":"{\"a\":1} trailing"}"#);
+        assert_eq!(body_json(&HeaderMap::new(), b"a\0b").get(), r#"{"text":"a\u0000b"}"#);
+        assert_eq!(body_json(&json_headers(), b"{\"a\":\"\xff\"}").get(), r#"{"base64":"eyJhIjoi/yJ9"}"#);
+    }
+
+    #[test]
+    fn members_are_in_name_order() {
+        let resp = UpstreamResponse { status: 200, headers: json_headers(), body: b"[1]".to_vec() };
+        let env = envelope(&resp, None, Uuid::nil()).to_bytes();
+        assert_eq!(
+            String::from_utf8(env).unwrap(),
+            r#"{"body":[1],"headers":{"content-type":"application/json; charset=utf-8"},"payment":null,"receipt_id":"00000000-0000-0000-0000-000000000000","status":200}"#
+        );
+    }
 }

@@ -20,7 +20,6 @@ pub mod request;
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -36,7 +35,8 @@ use request::RouteCall;
 #[derive(Debug)]
 pub struct RouteResponse {
     pub http_status: u16,
-    pub body: Value,
+    /// The JSON body, as rendered when the call was recorded (replays send the same bytes).
+    pub body: Vec<u8>,
     pub receipt_id: Option<Uuid>,
     pub replay: bool,
 }
@@ -53,6 +53,10 @@ pub async fn handle(
     call: RouteCall,
 ) -> Result<RouteResponse, Error> {
     let started = Instant::now();
+    // The deadline covers the claim too: a claim that waited (for a connection, a lock) is
+    // not followed by a full deadline's worth of execution, so the whole call stays within
+    // the deadline, and so within the abandonment window.
+    let deadline = started + state.idempotency.timing.deadline;
     let (decision, path) = match state.idempotency.check_cache(agent_id, &key, &call.request_hash).await {
         Some(hit) => hit,
         None => {
@@ -63,8 +67,13 @@ pub async fn handle(
                 .check(&call.upstream.url)
                 .await
                 .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
-            let mut conn = error::conn(&state.pool).await?;
-            state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?
+            let claim = async {
+                let mut conn = error::conn(&state.pool).await?;
+                Ok::<_, Error>(state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?)
+            };
+            tokio::time::timeout_at(deadline.into(), claim)
+                .await
+                .map_err(|_| Error::Unavailable("database unavailable: the claim did not complete in time"))??
         }
     };
     // Every request's outcome is counted in /metrics; the line itself is debug-level, so a
@@ -77,7 +86,7 @@ pub async fn handle(
         Decision::Mismatch => Err(Error::KeyReused),
         Decision::Execute(own) => {
             // The spawned task keeps the request's span (and its request id) in every log line.
-            let task = tokio::spawn(run_owned(state.clone(), own, call).in_current_span());
+            let task = tokio::spawn(run_owned(state.clone(), own, call, deadline).in_current_span());
             task.await.map_err(|e| Error::invariant(format!("route task failed: {e}")))?
         }
     };
@@ -90,9 +99,13 @@ fn replay(stored: Stored) -> RouteResponse {
 }
 
 /// Executes an owned key under heartbeat and deadline, then records the result.
-async fn run_owned(state: AppState, own: Ownership, call: RouteCall) -> Result<RouteResponse, Error> {
-    let _heartbeat = Heartbeat::start(state.pool.clone(), &own, state.idempotency.timing.heartbeat);
-    let deadline = Instant::now() + state.idempotency.timing.deadline;
+async fn run_owned(
+    state: AppState,
+    own: Ownership,
+    call: RouteCall,
+    deadline: Instant,
+) -> Result<RouteResponse, Error> {
+    let _heartbeat = Heartbeat::start(state.heartbeat_pool.clone(), &own, state.idempotency.timing.heartbeat);
     let outcome = match tokio::time::timeout_at(deadline.into(), execute(&state, &own, &call, deadline)).await {
         Ok(Ok(outcome)) => outcome,
         // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;

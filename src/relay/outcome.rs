@@ -4,7 +4,7 @@
 //! place that decides status codes, envelopes and receipts, so every outcome of the same
 //! kind gets them the same way.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::envelope;
@@ -134,6 +134,7 @@ impl Outcome {
                         envelope::error_envelope(Code::UpstreamFailed, &msg, Some(&resp), shown, Some(receipt_id));
                     (Status::Errored, 502, body)
                 };
+                let body = body.to_bytes();
                 let receipt = draft(status, Some(&resp), shown);
                 Rendered {
                     stored: Stored { status, http_status, body, receipt_id: Some(receipt_id) },
@@ -143,7 +144,12 @@ impl Outcome {
             }
             Self::Declined { code, upstream, reason, accepts } => {
                 let status = Status::Completed;
-                let body = json!({ "error": reason, "code": code, "accepts": accepts, "receipt_id": receipt_id });
+                let body = envelope::Envelope::default()
+                    .set("error", &reason)
+                    .set("code", &code)
+                    .set("accepts", &accepts)
+                    .set("receipt_id", &receipt_id)
+                    .to_bytes();
                 Rendered {
                     stored: Stored { status, http_status: 402, body, receipt_id: Some(receipt_id) },
                     receipt: Some(draft(status, upstream.as_ref(), None)),
@@ -151,15 +157,16 @@ impl Outcome {
                 }
             }
             Self::AlreadyPaid { previous_receipt, payment } => {
-                let body = json!({
-                    "error": "this request was already paid under this Idempotency-Key (before the key expired); \
-                              the router will not pay again. Its receipt is `previous_receipt_id`; use a new key \
-                              to buy again",
-                    "code": Code::AlreadyPaid,
-                    "previous_receipt_id": previous_receipt,
-                    "payment": payment,
-                    "receipt_id": null,
-                });
+                let error = "this request was already paid under this Idempotency-Key (before the key expired); \
+                             the router will not pay again. Its receipt is `previous_receipt_id`; use a new key \
+                             to buy again";
+                let body = envelope::Envelope::default()
+                    .set("error", &error)
+                    .set("code", &Code::AlreadyPaid)
+                    .set("previous_receipt_id", &previous_receipt)
+                    .set("payment", &payment)
+                    .set("receipt_id", &Value::Null)
+                    .to_bytes();
                 Rendered {
                     stored: Stored { status: Status::Errored, http_status: 409, body, receipt_id: None },
                     receipt: None,
@@ -172,11 +179,10 @@ impl Outcome {
                 let id = f.receipt.then_some(receipt_id);
                 let shown = f.payment.as_ref().map(|p| &p.shown);
                 let mut body = envelope::error_envelope(f.code, &f.message, f.upstream.as_ref(), shown, id);
-                if let Value::Object(map) = &mut body {
-                    for (name, value) in &f.reasons {
-                        map.insert((*name).to_owned(), Value::String(value.clone()));
-                    }
+                for (name, value) in &f.reasons {
+                    body.set(name, value);
                 }
+                let body = body.to_bytes();
                 let receipt = f.receipt.then(|| draft(status, f.upstream.as_ref(), shown));
                 Rendered {
                     stored: Stored { status, http_status, body, receipt_id: id },

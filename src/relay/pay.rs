@@ -326,10 +326,14 @@ pub async fn resume(
         let payment = Some(PaymentNote { shown, ledger: Some(ledger) });
         return Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(payment)));
     }
-    let requirement = Requirement::from_json(version, 0, &intent.requirement)
+    // The exact copies that were signed (the JSONB columns are sanitized for queries).
+    let stored = intent.requirement_signed().and_then(|r| Ok((r, intent.context_signed()?)));
+    let (raw_requirement, context) =
+        stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+    let requirement = Requirement::from_json(version, 0, &raw_requirement)
         .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
     if let Some((code, why)) = still_allowed(state, own.agent_id, &requirement).await? {
-        return Ok(declined(state, code, None, &why, Value::Array(vec![intent.requirement])));
+        return Ok(declined(state, code, None, &why, Value::Array(vec![raw_requirement])));
     }
     let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
@@ -337,7 +341,7 @@ pub async fn resume(
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
         Attempt { id: intent.id, version, signed, header: (name, value) }
     } else {
-        let attempt = sign(state, version, &requirement, &intent.context, signed.nonce()).map_err(Error::invariant)?;
+        let attempt = sign(state, version, &requirement, &context, signed.nonce()).map_err(Error::invariant)?;
         let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
         let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
         let a = attempt.signed.authorization();
@@ -358,13 +362,8 @@ pub async fn resume(
             store::Reservation::OverLimit(why) => {
                 // The expired intent released its budget and the budget is gone now:
                 // nothing can be paid for this key. Nothing was sent in this attempt.
-                return Ok(declined(
-                    state,
-                    Code::PaymentOverBudget,
-                    None,
-                    &why,
-                    Value::Array(vec![intent.requirement]),
-                ));
+                let accepts = Value::Array(vec![raw_requirement.clone()]);
+                return Ok(declined(state, Code::PaymentOverBudget, None, &why, accepts));
             }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");

@@ -70,7 +70,7 @@ pub async fn record(
                     own.lease,
                     stored_ref.status,
                     i32::from(stored_ref.http_status),
-                    &stored_ref.body,
+                    &stored_ref.body[..],
                     stored_ref.receipt_id,
                 )
                 .await?;

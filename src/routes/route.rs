@@ -1,6 +1,7 @@
 //! `POST /route`.
 
 use actix_web::http::StatusCode;
+use actix_web::http::header::ContentType;
 use actix_web::{HttpRequest, HttpResponse, web};
 use futures_util::StreamExt;
 
@@ -47,5 +48,5 @@ fn respond(answer: RouteResponse) -> HttpResponse {
     if answer.replay {
         resp.insert_header(("X-Idempotent-Replay", "true"));
     }
-    resp.json(answer.body)
+    resp.content_type(ContentType::json()).body(answer.body)
 }

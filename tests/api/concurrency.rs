@@ -190,3 +190,101 @@ async fn concurrent_retries_of_an_abandoned_key_elect_exactly_one_new_owner() {
     assert_eq!(up.hits.get("/slow/elect"), 1);
     assert_eq!(count(&app.db, "SELECT takeovers::bigint AS n FROM idempotency_keys").await, 1);
 }
+
+#[actix_web::test]
+async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_taken_over() {
+    use diesel_async::SimpleAsyncConnection;
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "frozen").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    // Short abandonment; small main pools that the queued payments drain; Postgres ends the
+    // frozen router's session after 2.5 s idle in its transaction: the calls queue on the
+    // agent's lock longer than the abandonment window.
+    let opts = AppOptions {
+        abandon_ms: 1500,
+        heartbeat_ms: 300,
+        deadline_ms: 20_000,
+        acquire_timeout_ms: 20_000,
+        extra: [
+            chain.router_extra(),
+            vec![
+                ("database-pool-size".into(), "3".into()),
+                ("db-lock-timeout-ms".into(), "15000".into()),
+                ("db-idle-in-transaction-timeout-ms".into(), "2500".into()),
+            ],
+        ]
+        .concat(),
+        ..Default::default()
+    };
+    let frozen = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let routers =
+        [RouterProcess::spawn(&db.url, &opts, &prefix).await, RouterProcess::spawn(&db.url, &opts, &prefix).await];
+    // Retries go through a router whose own pool is not drained.
+    let retrier = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+
+    // Stop the frozen router inside its reserve transaction, holding the agent's lock: an
+    // uncommitted intent for its key makes its intent insert wait (after the agent lock).
+    let key = new_key();
+    let mut blocker = db.conn().await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
+             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, header_name, \
+             header_value, status) VALUES (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '0xblock', 1, \
+             '0xblock', '0xblock', '0xblock', 0, 0, '{{}}', '{{}}', '{{}}', 'x', 'x', 'signed')",
+            agent.id
+        ))
+        .await
+        .unwrap();
+    let frozen_call = spawn_route(&client, &frozen.address, &agent, &key, &body);
+    wait_for_lock_waiter(&db).await;
+    frozen.signal("STOP");
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+
+    // 30 paid calls of the same agent on the two other routers.
+    let keys: Vec<String> = (0..30).map(|_| new_key()).collect();
+    let calls: Vec<_> =
+        keys.iter().enumerate().map(|(i, k)| spawn_route(&client, &routers[i % 2].address, &agent, k, &body)).collect();
+    // Once every call owns its key, and while they queue on the agent's lock, retry every
+    // key, well past the abandonment window: a live owner must never be taken over.
+    let claimed = "SELECT count(*) AS n FROM idempotency_keys WHERE key LIKE 'test-%'";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&db, claimed).await < 31 {
+        assert!(Instant::now() < deadline, "the calls never claimed their keys");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut fresh_retries = vec![];
+    let mut ticker = tokio::time::interval(Duration::from_millis(300));
+    while calls.iter().any(|c| !c.is_finished()) {
+        ticker.tick().await;
+        for k in &keys {
+            let r = route_at(&client, &retrier.address, &agent, k, &body).await;
+            let (status, replay) = (r.status().as_u16(), r.headers().get("x-idempotent-replay").is_some());
+            if !(status == 409 || (status == 200 && replay)) {
+                fresh_retries.push((k.clone(), status));
+            }
+        }
+    }
+    let mut statuses = vec![];
+    for c in calls {
+        statuses.push(c.await.unwrap().unwrap().status().as_u16());
+    }
+    assert!(fresh_retries.is_empty(), "retries executed or failed: {fresh_retries:?}");
+    assert_eq!(statuses, vec![200; 30], "every call paid once the frozen router's lock was released");
+    assert_eq!(count(&db, "SELECT COALESCE(sum(takeovers), 0)::bigint AS n FROM idempotency_keys").await, 0);
+    let stats = &chain.stats().await["/v2/weather"];
+    assert_eq!(stats["paid"], 30, "{stats}");
+    assert_eq!(stats["payment_attempts"], 30, "{stats}");
+    assert_eq!(stats["requests"], 61, "one unpaid probe per key, the frozen router's included: {stats}");
+
+    // The frozen router's transaction was ended by Postgres: its intent never committed.
+    frozen.signal("CONT");
+    let frozen_answer = frozen_call.await.unwrap().unwrap().status().as_u16();
+    // 503: its session was ended, nothing decided; 504: its deadline passed while it was stopped.
+    assert!(matches!(frozen_answer, 503 | 504), "{frozen_answer}");
+    assert_eq!(count(&db, &format!("SELECT count(*) AS n FROM payments WHERE idempotency_key = '{key}'")).await, 0);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await, 30);
+}

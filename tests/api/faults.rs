@@ -92,3 +92,49 @@ async fn with_postgres_down_requests_get_503_and_nothing_is_executed() {
     let ready = app.client.get(format!("{}/readyz", app.address)).send().await.unwrap();
     assert_eq!(ready.status(), 503);
 }
+
+/// Holds an uncommitted in-flight row of `key`, so that a claim of the key waits on it.
+async fn hold_uncommitted_claim(app: &TestApp, key: &str, body: &Value) -> diesel_async::AsyncPgConnection {
+    use diesel_async::SimpleAsyncConnection;
+    let mut writer = app.db.conn().await;
+    writer
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease) \
+             VALUES ('{}', '{key}', '{}', 'in_flight', gen_random_uuid())",
+            app.agent.id,
+            request_hash(body)
+        ))
+        .await
+        .unwrap();
+    writer
+}
+
+#[actix_web::test]
+async fn a_claim_stuck_on_a_lock_is_cut_off_by_the_route_deadline() {
+    let app = spawn_app_with(AppOptions { deadline_ms: 1000, ..Default::default() }).await;
+    let up = TestUpstream::start().await;
+    let key = new_key();
+    let body = json!({"url": up.url("/ok/stuck-claim")});
+    let _writer = hold_uncommitted_claim(&app, &key, &body).await;
+    let started = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), app.route(&key, &body)).await.expect("the claim waited");
+    assert_eq!(resp.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert_eq!(up.hits.total(), 0);
+}
+
+#[actix_web::test]
+async fn every_pooled_session_has_a_lock_timeout() {
+    let app =
+        spawn_app_with(AppOptions { extra: vec![("db-lock-timeout-ms".into(), "300".into())], ..Default::default() })
+            .await;
+    let up = TestUpstream::start().await;
+    let key = new_key();
+    let body = json!({"url": up.url("/ok/lock-timeout")});
+    let _writer = hold_uncommitted_claim(&app, &key, &body).await;
+    let started = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), app.route(&key, &body)).await.expect("the claim waited");
+    assert_eq!(resp.status(), 503, "the lock wait ended by lock_timeout, well before the route deadline");
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert_eq!(up.hits.total(), 0);
+}

@@ -28,10 +28,43 @@ async fn gc_removes_only_expired_rows_in_batches_and_keeps_receipts() {
     }
     let mut conn = app.db.conn().await;
     let deleted = x402_router::gc::run(&mut conn, 2, None).await.unwrap();
-    assert_eq!(deleted, 7);
-    assert_eq!(app.idempotency_rows().await, 3);
+    // In-flight rows are left to their owner or its takeover, however old.
+    assert_eq!(deleted, 4);
+    assert_eq!(app.idempotency_rows().await, 6);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight'").await, 3);
     assert_eq!(app.receipt_rows().await, 3);
     assert_eq!(x402_router::gc::run(&mut conn, 2, None).await.unwrap(), 0);
+}
+
+#[actix_web::test]
+async fn gc_during_a_takeover_does_not_delete_the_in_flight_row() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let key = new_key();
+    let path = "/slow/gc-takeover";
+    let body = json!({"url": up.url(&format!("{path}?ms=1500"))});
+    // Its first owner died long ago, and its expiry has passed.
+    insert_in_flight(&app.db, app.agent.id, &key, &body, 90).await;
+    exec(&app.db, "UPDATE idempotency_keys SET expires_at = now() - interval '1 minute'").await;
+
+    let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while up.hits.get(path) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the takeover never called the upstream");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut conn = app.db.conn().await;
+    assert_eq!(x402_router::gc::run(&mut conn, 100, None).await.unwrap(), 0, "GC deleted a row in flight");
+    let retry = app.route(&key, &body).await;
+    assert_eq!(retry.status(), 409, "a retry during the takeover waits; it does not execute afresh");
+
+    let resp = call.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    // The takeover extended the expiry: the fresh result is kept and replayed.
+    assert_eq!(x402_router::gc::run(&mut conn, 100, None).await.unwrap(), 0);
+    let replay = app.route(&key, &body).await;
+    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+    assert_eq!(up.hits.get(path), 1);
 }
 
 #[actix_web::test]
@@ -41,8 +74,8 @@ async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
     exec(
         &db,
         &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, expires_at) \
-             VALUES ('{}', 'expired-key-cli-0001', 'h', 'in_flight', gen_random_uuid(), now() - interval '1 hour')",
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, expires_at) \
+             VALUES ('{}', 'expired-key-cli-0001', 'h', 'errored', gen_random_uuid(), 502, now() - interval '1 hour')",
             agent.id
         ),
     )
@@ -66,8 +99,8 @@ async fn paced_gc_keeps_to_its_rows_per_second_budget() {
     exec(
         &db,
         &format!(
-            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, expires_at) \
-             SELECT '{}', 'expired-key-paced-' || lpad(i::text, 4, '0'), 'h', 'in_flight', gen_random_uuid(), \
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, expires_at) \
+             SELECT '{}', 'expired-key-paced-' || lpad(i::text, 4, '0'), 'h', 'completed', gen_random_uuid(), 200, \
                     now() - interval '1 hour' FROM generate_series(1, 7) AS i",
             agent.id
         ),

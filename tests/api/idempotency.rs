@@ -370,3 +370,62 @@ async fn upstream_402_without_payment_support_is_answered_402_and_completed() {
     let n = count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'").await;
     assert_eq!(n, 1);
 }
+
+#[actix_web::test]
+async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
+    use base64::Engine;
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let mut redis =
+        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let rkey = |key: &str| format!("{}idem:{}:{}", app.redis_prefix, app.agent.id, key);
+    let body = json!({"url": up.url("/ok/forged")});
+    let hash = request_hash(&body);
+    let forged_answer = br#"{"status":200,"headers":{},"body":{"forged":true},"payment":null,"receipt_id":null}"#;
+    let forged = json!({
+        "status": "completed", "request_hash": hash, "response_status_code": 200,
+        "response_body": {"forged": true},
+        "response": base64::engine::general_purpose::STANDARD.encode(forged_answer),
+        "receipt_id": null,
+    })
+    .to_string();
+
+    // Two completed keys of the same request.
+    let (a, b) = (new_key(), new_key());
+    let a_first = app.route(&a, &body).await.bytes().await.unwrap();
+    let b_first = app.route(&b, &body).await.bytes().await.unwrap();
+    assert_eq!(up.hits.get("/ok/forged"), 2);
+    let genuine_a: Vec<u8> = redis::cmd("GET").arg(rkey(&a)).query_async(&mut redis).await.unwrap();
+    let genuine_b: Vec<u8> = redis::cmd("GET").arg(rkey(&b)).query_async(&mut redis).await.unwrap();
+    let mut corrupt = genuine_b.clone();
+    let last = corrupt.len() - 2;
+    corrupt[last] ^= 0x01;
+
+    // A forged entry, a corrupted genuine one, and a genuine one of another key.
+    for (key, value, first) in
+        [(&a, forged.as_bytes().to_vec(), &a_first), (&b, corrupt, &b_first), (&b, genuine_a, &b_first)]
+    {
+        let _: () = redis::cmd("SET").arg(rkey(key)).arg(value).query_async(&mut redis).await.unwrap();
+        let replay = app.route(key, &body).await;
+        assert_eq!(replay.status(), 200);
+        assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+        assert_eq!(&replay.bytes().await.unwrap(), first, "Postgres answered, not the forged entry");
+    }
+
+    // Forged entries for keys Postgres does not know: neither a forged answer nor a forged
+    // mismatch is believed; the call executes.
+    let mismatch = json!({"status": "completed", "request_hash": "0".repeat(64)}).to_string();
+    for value in [forged.clone(), mismatch] {
+        let key = new_key();
+        let _: () = redis::cmd("SET").arg(rkey(&key)).arg(value).query_async(&mut redis).await.unwrap();
+        let resp = app.route(&key, &body).await;
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("x-idempotent-replay").is_none());
+        let env: Value = resp.json().await.unwrap();
+        assert_eq!(env["body"]["path"], "/ok/forged");
+    }
+    assert_eq!(up.hits.get("/ok/forged"), 4);
+
+    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("x402_router_cache_entries_rejected_total 5"), "{metrics}");
+}

@@ -12,6 +12,7 @@ mod concurrency;
 mod deployment;
 mod faults;
 mod gc;
+mod hostile;
 mod idempotency;
 mod money;
 mod operations;

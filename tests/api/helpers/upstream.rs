@@ -70,7 +70,8 @@ fn query_u64(req: &HttpRequest, name: &str) -> Option<u64> {
 
 /// Every path counts a hit, then behaves by its first segment:
 /// `/ok…` JSON, `/echo` echoes method/headers/body, `/text`, `/binary`, `/status/N`,
-/// `/slow?ms=N` (then JSON), `/big?bytes=N`, `/v1-402` (a v1 402 body).
+/// `/slow?ms=N` (then JSON), `/big?bytes=N`, `/v1-402` (a v1 402 body), and `/hostile/<name>`
+/// (the exact bytes of [`hostile_body`]).
 async fn serve(req: HttpRequest, hits: web::Data<Hits>, body: web::Bytes) -> HttpResponse {
     let path = req.path().to_owned();
     hits.hit(&path);
@@ -109,6 +110,50 @@ async fn serve(req: HttpRequest, hits: web::Data<Hits>, body: web::Bytes) -> Htt
                 "payTo": "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC", "maxTimeoutSeconds": 60,
                 "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "extra": {"name": "USDC", "version": "2"}}]
         })),
+        "hostile" => {
+            let name = path.rsplit('/').next().unwrap_or("");
+            match hostile_body(name) {
+                Some((status, content_type, bytes)) => {
+                    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
+                        .content_type(content_type)
+                        .body(bytes)
+                }
+                None => HttpResponse::NotFound().finish(),
+            }
+        }
         _ => HttpResponse::Ok().json(json!({"ok": true, "path": path})),
     }
+}
+
+/// `2^64`, and `2^64 · 10`: integers no double (and no u64) holds.
+pub const TWO_POW_64: &str = "18446744073709551616";
+pub const TWO_POW_64_TIMES_10: &str = "184467440737095516160";
+
+/// What `/hostile/<name>` answers: status, content type and the exact body bytes.
+pub fn hostile_body(name: &str) -> Option<(u16, &'static str, Vec<u8>)> {
+    let json = "application/json";
+    Some(match name {
+        // JSON whose strings hold NUL (escaped, as JSON requires).
+        "nul-json" => (200, json, br#"{"greeting":"a\u0000b","nested":{"nul":"\u0000"},"list":["\u0000x"]}"#.to_vec()),
+        // Plain text with a raw NUL byte.
+        "nul-text" => (200, "text/plain", b"before\0after".to_vec()),
+        "big-numbers" => (
+            200,
+            json,
+            format!(r#"{{"two_pow_64":{TWO_POW_64},"times_10":{TWO_POW_64_TIMES_10},"negative":-{TWO_POW_64},"exact":0.10000000000000000555}}"#)
+                .into_bytes(),
+        ),
+        // Deeper than serde_json's default recursion limit (128).
+        "deep" => (200, json, format!("{}{}", "[".repeat(1000), "]".repeat(1000)).into_bytes()),
+        // Declared JSON, but not UTF-8.
+        "bad-utf8-json" => (200, json, b"{\"a\":\"\xff\xfe\"}".to_vec()),
+        // A v1 402 (for a network the test router does not pay on) with NUL in its strings.
+        "v1-402-nul" => (
+            402,
+            json,
+            br#"{"x402Version":1,"error":"pay\u0000me","accepts":[{"scheme":"exact","network":"base-sepolia","maxAmountRequired":"10000","resource":"http://example.test/x","description":"nul \u0000 inside","mimeType":"application/json","payTo":"0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC","maxTimeoutSeconds":60,"asset":"0x036CbD53842c5426634e7929541eC2318f3dCF7e","extra":{"name":"USDC","version":"2","note":"\u0000"}}]}"#
+                .to_vec(),
+        ),
+        _ => return None,
+    })
 }

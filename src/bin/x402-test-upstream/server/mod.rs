@@ -254,6 +254,13 @@ impl AppState {
                 }
                 vec![self.offer(s.price, extra)]
             }
+            Behaviour::Hostile => {
+                let mut extra = self.token_extra();
+                if let Some(map) = extra.as_object_mut() {
+                    map.insert("note".into(), json!(HOSTILE_NOTE));
+                }
+                vec![self.offer(s.price, extra)]
+            }
             Behaviour::Multi => {
                 // Cheaper entries first that must NOT be chosen (wrong network, unknown asset,
                 // unsupported scheme), a dearer payable one first of all, the right one last.

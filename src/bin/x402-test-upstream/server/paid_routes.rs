@@ -89,8 +89,9 @@ pub(super) async fn paid_v2(
     });
     let payer = Address::from_str(&payload.payload.authorization.from).ok();
 
-    if spec.behaviour == Behaviour::Reject {
-        let refusal = Refusal::Forced { reason: query.reason(), message: "this route refuses every payment".into() };
+    if matches!(spec.behaviour, Behaviour::Reject | Behaviour::RejectHostile) {
+        let reason = if spec.behaviour == Behaviour::Reject { query.reason() } else { HOSTILE_REASON.to_owned() };
+        let refusal = Refusal::Forced { reason, message: "this route refuses every payment".into() };
         let body = serde_json::to_value(wire::VerifyRefusal {
             is_valid: false,
             invalid_reason: refusal.reason().to_owned(),
@@ -246,6 +247,10 @@ pub(super) async fn execute(
         Behaviour::Weather | Behaviour::Multi | Behaviour::PaymentIdentifier => {
             settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await
         }
+        Behaviour::Hostile => {
+            let body = json!({ "route": spec.path, "note": HOSTILE_NOTE, "report": weather(spec) });
+            settle_then(state, spec, auth, StatusCode::OK, body).await
+        }
         Behaviour::Echo => match serde_json::from_slice::<Value>(body) {
             Ok(echo) => settle_then(state, spec, auth, StatusCode::OK, echo).await,
             // The handler failed, so (like the official middleware) nothing is settled.
@@ -312,6 +317,10 @@ pub(super) async fn execute(
             Outcome::Answer { status: StatusCode::OK, body: weather(spec), settlement: None }
         }
         Behaviour::Reprice => settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await,
+        Behaviour::RejectHostile => Outcome::Refused(Refusal::Forced {
+            reason: HOSTILE_REASON.into(),
+            message: "this route refuses every payment".into(),
+        }),
         Behaviour::Reject => Outcome::Refused(Refusal::Forced {
             reason: "invalid_exact_evm_signature".into(),
             message: "this route refuses every payment".into(),

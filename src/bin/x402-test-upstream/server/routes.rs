@@ -45,7 +45,16 @@ pub enum Behaviour {
     /// Hostile: the price goes up by the base price every time a 402 is served, so a paid
     /// retry never matches the current offer.
     Reprice,
+    /// Hostile strings: NUL characters in the offer's `extra`, in the resource description
+    /// and in the answer; settles and answers 200 like `Weather`.
+    Hostile,
+    /// Always refuses the payment with a reason that holds a NUL character.
+    RejectHostile,
 }
+
+/// The NUL-bearing strings of the hostile routes.
+pub const HOSTILE_NOTE: &str = "nul\u{0}inside";
+pub const HOSTILE_REASON: &str = "invalid_\u{0}_signature";
 
 pub struct RouteSpec {
     pub path: &'static str,
@@ -133,6 +142,20 @@ pub const ROUTES: &[RouteSpec] = &[
         version: Version::V2,
         behaviour: Behaviour::PaymentIdentifier,
         description: "Advertises the payment-identifier extension (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/hostile",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Hostile,
+        description: "NUL \u{0} in the offer, the resource and the answer (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/reject-hostile",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::RejectHostile,
+        description: "Refuses every payment with a reason holding NUL (x402 v2)",
     },
     RouteSpec {
         path: "/v1/weather",
