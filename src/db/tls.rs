@@ -99,7 +99,12 @@ impl TlsParams {
         if rest.is_empty() {
             parsed.set_query(None);
         } else {
-            parsed.query_pairs_mut().clear().extend_pairs(rest);
+            // Percent-encoded with spaces as `%20`: libpq-style parsers (tokio-postgres among
+            // them) read a `+` as a plus sign, so form encoding would corrupt e.g. `options`.
+            let enc =
+                |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20");
+            let query: Vec<String> = rest.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect();
+            parsed.set_query(Some(&query.join("&")));
         }
         let mut mode = mode.unwrap_or(default_mode);
         // libpq: "require" with a root certificate file behaves like "verify-ca".

@@ -110,7 +110,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
                                signed_authorization, header_name, header_value, status, request_hash, \
                                requirement_json, context_json) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                $22, $23 \
+                $21, $22, $23 \
           WHERE EXISTS (SELECT 1 FROM idempotency_keys \
                          WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' \
                            AND request_hash = $21) \

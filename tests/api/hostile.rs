@@ -25,8 +25,9 @@ async fn age_past_abandonment(app: &TestApp, key: &str) {
 async fn forget_cached(app: &TestApp, key: &str) {
     let mut r =
         redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let k = format!("{}idem:{}:{}", app.redis_prefix, app.agent.id, key);
-    let _: () = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
+    let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
+    let removed: i64 = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
+    assert_eq!(removed, 1, "the key's Redis entry exists (else the next call would not test Postgres)");
 }
 
 /// Calls `url` under a new key, then replays it past the abandonment window, from Redis and

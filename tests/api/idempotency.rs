@@ -378,7 +378,7 @@ async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
     let up = TestUpstream::start().await;
     let mut redis =
         redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let rkey = |key: &str| format!("{}idem:{}:{}", app.redis_prefix, app.agent.id, key);
+    let rkey = |key: &str| format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
     let body = json!({"url": up.url("/ok/forged")});
     let hash = request_hash(&body);
     let forged_answer = br#"{"status":200,"headers":{},"body":{"forged":true},"payment":null,"receipt_id":null}"#;
