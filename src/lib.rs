@@ -16,6 +16,7 @@
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations (under an advisory lock), TLS (`db/tls.rs`).
 //! * `gc`            deletion of expired idempotency rows.
+//! * `faults`        deterministic fault points for tests (no hook in production).
 //! * `wallet`        the paying wallet's balance gauge.
 //! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
 //! * `codes`         the machine-readable error codes of every error body.
@@ -30,6 +31,7 @@ pub mod commands;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod faults;
 pub mod gc;
 pub mod idempotency;
 pub mod mcp;

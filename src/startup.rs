@@ -22,6 +22,8 @@ use crate::x402::{Chain, Supported};
 pub struct Hooks {
     /// Runs between a lost idempotency claim and the follow-up lookup (GC-race tests).
     pub after_conflict: Option<FaultHook>,
+    /// Runs at each `faults::Point` of paying and recording.
+    pub at: Option<crate::faults::Hook>,
 }
 
 /// A built, not yet running, application.
@@ -178,6 +180,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         chain,
         supported,
         nonce_secret,
+        faults: hooks.at,
     })
 }
 

@@ -31,4 +31,6 @@ pub struct AppState {
     pub supported: Supported,
     /// Key of the deterministic nonce and payment-identifier HMACs, derived from the wallet key.
     pub nonce_secret: Arc<[u8; 32]>,
+    /// Test-only fault points (`None` in production).
+    pub faults: Option<crate::faults::Hook>,
 }

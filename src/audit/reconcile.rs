@@ -104,6 +104,9 @@ struct Candidate {
     status: PaymentStatus,
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
+    /// A completed receipt exists for the intent's request: the agent had the answer.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    served: bool,
 }
 
 /// "No live owner holds the key of `p`", for a `payments p` row. `$ABANDON` is replaced by
@@ -120,7 +123,9 @@ async fn candidates(
 ) -> QueryResult<Vec<Candidate>> {
     diesel::sql_query(format!(
         "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, \
-                p.valid_before, p.status, p.created_at \
+                p.valid_before, p.status, p.created_at, \
+                EXISTS (SELECT 1 FROM receipts r WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
+                           AND r.request_hash = p.request_hash AND r.outcome = 'completed') AS served \
            FROM payments p \
           WHERE p.status IN {} \
             AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
@@ -191,10 +196,12 @@ fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Strin
 }
 
 /// The status the chain's answer moves an intent to; `None`: leave it.
-fn decide(old: PaymentStatus, used: bool, valid_before: i64, now: i64) -> Option<PaymentStatus> {
+fn decide(old: PaymentStatus, used: bool, served: bool, valid_before: i64, now: i64) -> Option<PaymentStatus> {
     if used {
-        // The agent got the upstream's answer for `unconfirmed` and `not_settled`: served.
-        return Some(if matches!(old, Unconfirmed | NotSettled) { Settled } else { SettledResponseLost });
+        // The agent got the upstream's answer for `unconfirmed` and `not_settled`, and for any
+        // intent whose request has a completed receipt (e.g. an answer recorded `unknown`
+        // because the deadline cut the settlement check): served.
+        return Some(if served || matches!(old, Unconfirmed | NotSettled) { Settled } else { SettledResponseLost });
     }
     (valid_before.saturating_add(EXPIRY_MARGIN_SECS) < now).then_some(Expired)
 }
@@ -230,7 +237,7 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
                     continue;
                 }
             };
-            let Some(new) = decide(c.status, used, c.valid_before, now_unix()) else {
+            let Some(new) = decide(c.status, used, c.served, c.valid_before, now_unix()) else {
                 report.pending += 1;
                 continue;
             };
@@ -260,16 +267,18 @@ mod tests {
     #[test]
     fn the_chain_decides_as_the_table_says() {
         let now = 1_000_000;
-        assert_eq!(decide(Signed, true, now + 100, now), Some(SettledResponseLost));
-        assert_eq!(decide(Unknown, true, 0, now), Some(SettledResponseLost));
-        assert_eq!(decide(Unconfirmed, true, 0, now), Some(Settled));
-        assert_eq!(decide(Signed, false, now + 100, now), None);
-        assert_eq!(decide(Unconfirmed, false, now - 1, now), None, "within the margin");
-        assert_eq!(decide(Signed, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
+        assert_eq!(decide(Signed, true, false, now + 100, now), Some(SettledResponseLost));
+        assert_eq!(decide(Unknown, true, false, 0, now), Some(SettledResponseLost));
+        assert_eq!(decide(Unconfirmed, true, false, 0, now), Some(Settled));
+        assert_eq!(decide(Signed, false, false, now + 100, now), None);
+        assert_eq!(decide(Unconfirmed, false, false, now - 1, now), None, "within the margin");
+        assert_eq!(decide(Signed, false, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
         // An upstream that said "rejected" and settled later: paid, and the agent got an error.
-        assert_eq!(decide(Rejected, true, 0, now), Some(SettledResponseLost));
-        assert_eq!(decide(NotSettled, true, 0, now), Some(Settled));
-        assert_eq!(decide(Rejected, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
-        assert_eq!(decide(NotSettled, false, now + 100, now), None);
+        assert_eq!(decide(Rejected, true, false, 0, now), Some(SettledResponseLost));
+        assert_eq!(decide(NotSettled, true, false, 0, now), Some(Settled));
+        assert_eq!(decide(Rejected, false, false, now - EXPIRY_MARGIN_SECS - 1, now), Some(Expired));
+        assert_eq!(decide(NotSettled, false, false, now + 100, now), None);
+        // Recorded with its answer but unconfirmed by the deadline: served.
+        assert_eq!(decide(Unknown, true, true, 0, now), Some(Settled));
     }
 }

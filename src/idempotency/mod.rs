@@ -294,12 +294,15 @@ fn to_http_status(code: i32) -> u16 {
 /// Keeps an owned row alive while its request runs; stops when dropped.
 pub struct Heartbeat {
     task: tokio::task::JoinHandle<()>,
+    lost: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Heartbeat {
-    /// Refreshes `created_at` of the owned row every `every`, until dropped.
+    /// Refreshes `created_at` of the owned row every `every`, until dropped. When a beat finds
+    /// the lease gone (another attempt took the key over), [`Self::lost`] resolves.
     pub fn start(pool: crate::db::PgPool, own: &Ownership, every: Duration) -> Self {
         let (agent_id, key, lease) = (own.agent_id, own.key.as_str().to_owned(), own.lease);
+        let (tx, lost) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut ticker = tokio::time::interval(every);
             ticker.tick().await; // the first tick is immediate; the claim just set created_at
@@ -312,7 +315,8 @@ impl Heartbeat {
                 match beat.await {
                     Ok(true) => tracing::trace!("idempotency heartbeat"),
                     Ok(false) => {
-                        tracing::warn!(agent_id = %agent_id, "lost the idempotency lease while running; the result will not be recorded");
+                        tracing::warn!(agent_id = %agent_id, "lost the idempotency lease while running; stopping the call");
+                        let _ = tx.send(true);
                         return;
                     }
                     Err(e) => {
@@ -321,7 +325,16 @@ impl Heartbeat {
                 }
             }
         });
-        Self { task }
+        Self { task, lost }
+    }
+
+    /// Resolves once a heartbeat found the lease taken by another attempt (never otherwise).
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        if lost.wait_for(|l| *l).await.is_err() {
+            // The heartbeat task ended without losing the lease: never resolve.
+            std::future::pending::<()>().await;
+        }
     }
 }
 

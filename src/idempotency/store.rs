@@ -238,6 +238,50 @@ pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, 
     Ok(n == 1)
 }
 
+/// Whether `lease` still owns the in-flight key, read under a row lock: a takeover being
+/// committed is waited for and seen. The owner asks this immediately before a payment leaves.
+///
+/// # Errors
+/// Database errors.
+pub async fn lease_held(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "SELECT 1 FROM idempotency_keys \
+          WHERE agent_id = $1 AND key = $2 AND lease = $3 AND status = 'in_flight' FOR NO KEY UPDATE",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(agent_id)
+    .bind::<diesel::sql_types::Text, _>(key)
+    .bind::<diesel::sql_types::Uuid, _>(lease)
+    .prepared()
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+/// Whether the key was finished by `lease` with `receipt_id` and this exact response: what
+/// the owner re-reads after a commit whose acknowledgement was lost.
+///
+/// # Errors
+/// Database errors.
+pub async fn finished_by(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+    lease: Uuid,
+    response_body: &[u8],
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "SELECT 1 FROM idempotency_keys \
+          WHERE agent_id = $1 AND key = $2 AND lease = $3 AND status <> 'in_flight' AND response_body = $4",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(agent_id)
+    .bind::<diesel::sql_types::Text, _>(key)
+    .bind::<diesel::sql_types::Uuid, _>(lease)
+    .bind::<diesel::sql_types::Bytea, _>(response_body)
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
 /// The owner's final transition (DESIGN Fix 2): applies only while `lease` is still the
 /// row's lease and the row is in flight. `false` means we were fenced off.
 ///

@@ -93,8 +93,9 @@ pub struct NewPayment<'a> {
     pub header_value: &'a str,
 }
 
-/// Inserts the intent if, and only if, `lease` still owns the in-flight key and no
-/// intent exists for it yet. `false`: fenced or already present.
+/// Inserts the intent if, and only if, `lease` still owns the in-flight key (its row locked
+/// by the same statement, so a concurrent takeover waits for this transaction) and no intent
+/// exists for it yet. `false`: fenced or already present.
 ///
 /// The requirement and the context come from the upstream's 402 and may hold NUL, which
 /// JSONB refuses: they are stored exactly as bytes, beside a NUL-free JSONB copy for queries.
@@ -105,15 +106,17 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
     let (requirement_json, context_json) = (exact(p.requirement)?, exact(p.context)?);
     let n = diesel::sql_query(
-        "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
+        "WITH owner AS ( \
+              SELECT 1 FROM idempotency_keys \
+               WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' AND request_hash = $21 \
+                 FOR NO KEY UPDATE) \
+         INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, header_value, status, request_hash, \
                                requirement_json, context_json) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
                 $21, $22, $23 \
-          WHERE EXISTS (SELECT 1 FROM idempotency_keys \
-                         WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' \
-                           AND request_hash = $21) \
+          WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
     .bind::<SqlUuid, _>(p.id)
@@ -167,11 +170,14 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
             return Ok(Reservation::OverLimit(refusal));
         }
         let n = diesel::sql_query(
-            "UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
+            "WITH owner AS ( \
+                  SELECT 1 FROM idempotency_keys k, payments q \
+                   WHERE q.id = $1 AND k.agent_id = $7 AND k.key = q.idempotency_key \
+                     AND k.request_hash = q.request_hash AND k.lease = $2 AND k.status = 'in_flight' \
+                     FOR NO KEY UPDATE OF k) \
+             UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
                                    status = $8, attempts = attempts + 1, updated_at = now() \
-              WHERE p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS ( \
-                    SELECT 1 FROM idempotency_keys k WHERE k.agent_id = $7 AND k.key = p.idempotency_key \
-                       AND k.request_hash = p.request_hash AND k.lease = $2 AND k.status = 'in_flight')",
+              WHERE p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",
         )
         .bind::<SqlUuid, _>(r.id)
         .bind::<SqlUuid, _>(r.lease)

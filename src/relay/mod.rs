@@ -31,6 +31,10 @@ pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
 use request::RouteCall;
 
+/// How long after the route deadline a call still waiting for an upstream or the chain is
+/// cut off (the paid path records an arrived answer by the deadline itself).
+const DEADLINE_GRACE: Duration = Duration::from_secs(3);
+
 /// What `/route` answers.
 #[derive(Debug)]
 pub struct RouteResponse {
@@ -105,13 +109,24 @@ async fn run_owned(
     call: RouteCall,
     deadline: Instant,
 ) -> Result<RouteResponse, Error> {
-    let _heartbeat = Heartbeat::start(state.heartbeat_pool.clone(), &own, state.idempotency.timing.heartbeat);
-    let outcome = match tokio::time::timeout_at(deadline.into(), execute(&state, &own, &call, deadline)).await {
-        Ok(Ok(outcome)) => outcome,
-        // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
-        // the key stays in flight and a later retry takes it over and decides.
-        Ok(Err(e)) => return Err(e),
-        Err(_) => pay::past_deadline(&state, &own).await?,
+    let heartbeat = Heartbeat::start(state.heartbeat_pool.clone(), &own, state.idempotency.timing.heartbeat);
+    // The paid path keeps to `deadline` itself once an answer has arrived (it records the
+    // answer with the settlement still `unknown` rather than drop it); this hard stop, a
+    // little later, only cuts what is still waiting for an upstream or the chain.
+    let hard_stop = deadline + DEADLINE_GRACE;
+    let run = tokio::time::timeout_at(hard_stop.into(), execute(&state, &own, &call, deadline));
+    let outcome = tokio::select! {
+        biased;
+        // Another attempt took the key over: stop before any further side effect; the new
+        // owner reads the ledger and the chain and decides.
+        () = heartbeat.lost() => return Err(Error::Superseded),
+        done = run => match done {
+            Ok(Ok(outcome)) => outcome,
+            // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
+            // the key stays in flight and a later retry takes it over and decides.
+            Ok(Err(e)) => return Err(e),
+            Err(_) => pay::past_deadline(&state, &own).await?,
+        },
     };
     record::record(&state, &own, &call, outcome).await
 }
@@ -149,8 +164,12 @@ pub fn remaining(deadline: Instant) -> Duration {
 }
 
 /// The outcome of an exchange that failed before any answer.
+/// A call that may have reached the upstream (timed out, broke off, answered too much) gets
+/// a receipt; one refused by the guard or whose connection never opened does not.
 fn upstream_failure(e: &UpstreamError) -> Outcome {
     let timeout = matches!(e, UpstreamError::Timeout);
     let code = if timeout { Code::UpstreamTimeout } else { Code::UpstreamFailed };
-    Outcome::Failed(Failure::new(code, e.to_string()).timeout(timeout).without_receipt())
+    let failure = Failure::new(code, e.to_string()).timeout(timeout);
+    let reached = !matches!(e, UpstreamError::Blocked(_) | UpstreamError::Unreachable(_));
+    Outcome::Failed(if reached { failure } else { failure.without_receipt() })
 }

@@ -27,6 +27,7 @@ use super::request::RouteCall;
 use super::{Error, Failure, Outcome, PaymentNote, remaining};
 use crate::clock::now_unix;
 use crate::codes::Code;
+use crate::faults::{self, Point};
 use crate::idempotency::Ownership;
 use crate::payments::store::{self, PaymentRow};
 use crate::payments::{Final, PaymentStatus};
@@ -239,7 +240,7 @@ pub async fn pay(
         agent_id = %own.agent_id, payment.network = %chosen.network(), payment.amount = %chosen.amount(),
         payment.nonce = %short(&nonce), "payment signed and recorded; sending the paid request"
     );
-    Ok(exchange(state, own, call, &attempt, deadline).await)
+    exchange(state, own, call, &attempt, deadline).await
 }
 
 /// The outcome of a call cut off by the route deadline. If a payment was signed for the
@@ -260,7 +261,7 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
         Some(PaymentNote { shown, ledger: Some(ledger) })
     });
     let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
-    Ok(Outcome::Failed(Failure::new(code, "route deadline exceeded").timeout(true).payment(payment).without_receipt()))
+    Ok(Outcome::Failed(Failure::new(code, "route deadline exceeded").timeout(true).payment(payment)))
 }
 
 /// Why an existing intent of this request is picked up again.
@@ -369,7 +370,7 @@ pub async fn resume(
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
         Attempt { id: intent.id, ..attempt }
     };
-    Ok(exchange(state, own, call, &attempt, deadline).await)
+    exchange(state, own, call, &attempt, deadline).await
 }
 
 /// Signs `requirement` and builds the header of `version`.
@@ -395,13 +396,27 @@ fn sign(
 
 /// Sends the paid request and turns the answer (or its absence) into an outcome,
 /// confirming settlement on-chain.
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost before the payment left (nothing sent).
 async fn exchange(
     state: &AppState,
     own: &Ownership,
     call: &RouteCall,
     attempt: &Attempt,
     deadline: Instant,
-) -> Outcome {
+) -> Result<Outcome, Error> {
+    faults::at(state.faults.as_ref(), Point::BeforePaidSend).await;
+    // The lease is read under a row lock immediately before the payment leaves: an owner
+    // that was presumed dead and taken over sends nothing.
+    let held = {
+        let mut conn = super::error::conn(&state.pool).await?;
+        crate::idempotency::store::lease_held(&mut conn, own.agent_id, own.key.as_str(), own.lease).await?
+    };
+    if !held {
+        tracing::warn!(agent_id = %own.agent_id, "lease lost before the paid request left; nothing sent");
+        return Err(Error::Superseded);
+    }
     let started = Instant::now();
     let sent = state
         .upstream
@@ -409,7 +424,7 @@ async fn exchange(
         .await;
     state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
     let signed = &attempt.signed;
-    match sent {
+    Ok(match sent {
         Err(e) => lost_answer(state, attempt, &e).await,
         Ok(resp) if resp.status == 402 => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
@@ -441,7 +456,10 @@ async fn exchange(
         Ok(resp) => {
             let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
             let claimed = claim.as_ref().is_some_and(|c| c.success);
-            let (status, tx_hash, note) = confirm(state, signed, claim.as_ref()).await;
+            faults::at(state.faults.as_ref(), Point::BeforeConfirm).await;
+            // The answer has arrived: it is recorded whatever the clock says; a settlement that
+            // cannot be confirmed by the deadline is recorded `unknown` for `reconcile`.
+            let (status, tx_hash, note) = confirm(state, signed, claim.as_ref(), deadline).await;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let shown = attempt.describe(status, tx_hash.as_deref());
@@ -449,7 +467,7 @@ async fn exchange(
             let ledger = Final { id: attempt.id, status, tx_hash, error };
             Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
         }
-    }
+    })
 }
 
 /// The paid request got no answer: whether money moved is the chain's to say.
@@ -478,6 +496,7 @@ async fn confirm(
     state: &AppState,
     s: &SignedAuthorization,
     claim: Option<&x402::SettlementResponse>,
+    deadline: Instant,
 ) -> (PaymentStatus, Option<String>, Option<String>) {
     let claimed = claim.is_some_and(|c| c.success);
     let polls = if claimed { SETTLEMENT_POLLS } else { 1 };
@@ -486,9 +505,23 @@ async fn confirm(
         if i > 0 {
             tokio::time::sleep(SETTLEMENT_POLL_INTERVAL).await;
         }
+        if remaining(deadline).is_zero() {
+            return (
+                PaymentStatus::Unknown,
+                None,
+                Some("settlement not confirmed before the route deadline; reconcile decides from the chain".into()),
+            );
+        }
         used = chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await;
         if matches!(used, Ok(true)) {
             break;
+        }
+        if i + 1 < polls && remaining(deadline) < SETTLEMENT_POLL_INTERVAL {
+            return (
+                PaymentStatus::Unknown,
+                None,
+                Some("settlement not confirmed before the route deadline; reconcile decides from the chain".into()),
+            );
         }
     }
     match used {

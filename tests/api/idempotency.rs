@@ -255,9 +255,11 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
             }
         })
     });
-    let app =
-        spawn_app_on(Arc::clone(&db), AppOptions { hooks: Hooks { after_conflict: Some(hook) }, ..Default::default() })
-            .await;
+    let app = spawn_app_on(
+        Arc::clone(&db),
+        AppOptions { hooks: Hooks { after_conflict: Some(hook), ..Default::default() }, ..Default::default() },
+    )
+    .await;
     let up = TestUpstream::start().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/gc-race")});

@@ -17,5 +17,6 @@ mod idempotency;
 mod money;
 mod operations;
 mod payments;
+mod stalls;
 mod structure;
 mod validation;
