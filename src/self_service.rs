@@ -3,9 +3,10 @@
 //! the authenticated agent's id, so an agent never sees another agent's rows.
 //!
 //! Spend is the same arithmetic the router enforces (`payments::store::agent_spend`): an
-//! intent counts from signing until its state shows it can no longer move money
-//! (`not_settled`, `rejected`, `expired`). The budget and the per-call cap apply to the sum
-//! over the agent's assets, in atomic units; `assets` breaks that sum down.
+//! intent counts from signing until the chain shows it can no longer move money (`expired`,
+//! set by `reconcile`), however old; an upstream's "rejected" or "not settled" releases
+//! nothing. The budget and the per-call cap apply to the sum over the agent's assets (which
+//! share one unit), in atomic units; `assets` breaks that sum down.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
@@ -85,15 +86,18 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
     else {
         return Ok(None);
     };
-    let assets: Vec<AssetSpend> = diesel::sql_query(
+    use crate::payments::{PaymentStatus, sql_list};
+    let spent = sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    let released = sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    let assets: Vec<AssetSpend> = diesel::sql_query(format!(
         "SELECT network, asset, \
-                COALESCE(sum(amount) FILTER (WHERE status IN ('settled', 'settled_response_lost')), 0)::text AS spent, \
-                COALESCE(sum(amount) FILTER (WHERE status NOT IN ('settled', 'settled_response_lost')), 0)::text AS reserved \
+                COALESCE(sum(amount) FILTER (WHERE status IN {spent}), 0)::text AS spent, \
+                COALESCE(sum(amount) FILTER (WHERE status NOT IN {spent}), 0)::text AS reserved \
            FROM payments \
-          WHERE agent_id = $1 AND created_at > now() - interval '24 hours' \
-            AND status NOT IN ('not_settled', 'rejected', 'expired') \
+          WHERE agent_id = $1 AND status NOT IN {released} \
+            AND (status NOT IN {spent} OR created_at > now() - interval '24 hours') \
           GROUP BY network, asset ORDER BY network, asset",
-    )
+    ))
     .bind::<SqlUuid, _>(agent_id)
     .load(conn)
     .await?;

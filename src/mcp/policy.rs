@@ -6,8 +6,8 @@
 //! | 200 (whatever the upstream said) | done |
 //! | 402 `payment_over_max_amount` / `payment_over_budget` / `payment_unsupported` | done; nothing was paid, a new key is safe |
 //! | 409 `idempotency_key_in_flight`, 409 `superseded`, 503, 500, connection lost | retry the **same** key after `Retry-After` |
-//! | 502/504 with `payment` null, or `payment.status` `not_settled` / `rejected` / `expired` | done; a new key is safe |
-//! | 502/504 with any other `payment.status` (`settled_response_lost`, `unknown`, …) | done; a new key is **not** safe |
+//! | 502/504 with `payment` null, or `payment.status` `expired` | done; a new key is safe |
+//! | 502/504 with any other `payment.status` (`rejected`, `not_settled`, `settled_response_lost`, `unknown`, …) | done; a new key is **not** safe until `GET /payments` says `new_key_safe` |
 //! | 409 `already_paid` (the same request re-sent under an expired key; paid before) | done; a new key pays again |
 //! | 400, 401, 403, 404, 409 `idempotency_key_reused`, 413 | fix the request |
 //!
@@ -35,7 +35,7 @@ pub enum Next {
 }
 
 /// Payment states that can no longer move money.
-pub const RELEASED_PAYMENT_STATES: &[&str] = &["not_settled", "rejected", "expired"];
+pub const RELEASED_PAYMENT_STATES: &[&str] = &["expired"];
 
 /// Classifies an answer of `POST /route` (status and JSON body).
 pub fn classify(status: u16, body: &Value) -> Next {
@@ -97,8 +97,11 @@ mod tests {
             (503, json!({"code": "database_unavailable"}), Next::RetrySameKey),
             (500, json!({"code": "internal_error"}), Next::RetrySameKey),
             (502, json!({"code": "upstream_failed", "payment": null}), Next::NewKeySafe),
-            (502, json!({"code": "payment_rejected", "payment": {"status": "rejected"}}), Next::NewKeySafe),
-            (502, json!({"code": "upstream_failed", "payment": {"status": "not_settled"}}), Next::NewKeySafe),
+            // An upstream's "rejected" or "not settled" is its word only: the authorization may
+            // still be submitted until reconcile sees it expire unused.
+            (502, json!({"code": "payment_rejected", "payment": {"status": "rejected"}}), Next::DoNotRekey),
+            (502, json!({"code": "upstream_failed", "payment": {"status": "not_settled"}}), Next::DoNotRekey),
+            (502, json!({"code": "upstream_failed", "payment": {"status": "expired"}}), Next::NewKeySafe),
             (
                 502,
                 json!({"code": "settled_response_lost", "payment": {"status": "settled_response_lost"}}),

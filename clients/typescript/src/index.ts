@@ -102,7 +102,7 @@ export interface Budget {
 }
 
 /** Payment states that can no longer move money. */
-export const RELEASED_PAYMENT_STATES: readonly string[] = ["not_settled", "rejected", "expired"];
+export const RELEASED_PAYMENT_STATES: readonly string[] = ["expired"];
 
 /** The retry table, identical to the router's `mcp::policy::classify`. */
 export function classify(status: number, body: Partial<ErrorBody> | null | undefined): Next {

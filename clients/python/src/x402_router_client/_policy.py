@@ -7,7 +7,7 @@ from typing import Any, Literal, Mapping
 Next = Literal["done", "retry_same_key", "new_key_safe", "do_not_rekey", "fix_request"]
 
 #: Payment states that can no longer move money.
-RELEASED_PAYMENT_STATES = frozenset({"not_settled", "rejected", "expired"})
+RELEASED_PAYMENT_STATES = frozenset({"expired"})
 
 
 def classify(status: int, body: Mapping[str, Any] | None) -> Next:
