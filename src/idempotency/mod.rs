@@ -300,7 +300,12 @@ pub struct Heartbeat {
 impl Heartbeat {
     /// Refreshes `created_at` of the owned row every `every`, until dropped. When a beat finds
     /// the lease gone (another attempt took the key over), [`Self::lost`] resolves.
-    pub fn start(pool: crate::db::PgPool, own: &Ownership, every: Duration) -> Self {
+    pub fn start(
+        pool: crate::db::PgPool,
+        own: &Ownership,
+        every: Duration,
+        faults: Option<crate::faults::Hook>,
+    ) -> Self {
         let (agent_id, key, lease) = (own.agent_id, own.key.as_str().to_owned(), own.lease);
         let (tx, lost) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
@@ -308,6 +313,7 @@ impl Heartbeat {
             ticker.tick().await; // the first tick is immediate; the claim just set created_at
             loop {
                 ticker.tick().await;
+                crate::faults::at(faults.as_ref(), crate::faults::Point::Heartbeat).await;
                 let beat = async {
                     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
                     store::heartbeat(&mut conn, agent_id, &key, lease).await.map_err(|e| e.to_string())

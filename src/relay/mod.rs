@@ -109,7 +109,8 @@ async fn run_owned(
     call: RouteCall,
     deadline: Instant,
 ) -> Result<RouteResponse, Error> {
-    let heartbeat = Heartbeat::start(state.heartbeat_pool.clone(), &own, state.idempotency.timing.heartbeat);
+    let heartbeat =
+        Heartbeat::start(state.heartbeat_pool.clone(), &own, state.idempotency.timing.heartbeat, state.faults.clone());
     // The paid path keeps to `deadline` itself once an answer has arrived (it records the
     // answer with the settlement still `unknown` rather than drop it); this hard stop, a
     // little later, only cuts what is still waiting for an upstream or the chain.
@@ -145,6 +146,7 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
             return pay::resume(state, own, call, intent, deadline, pay::Resume::Takeover).await;
         }
     }
+    crate::faults::at(state.faults.as_ref(), crate::faults::Point::BeforeUpstreamSend).await;
     let started = Instant::now();
     let sent = state.upstream.send(&call.upstream, &[], remaining(deadline).min(state.upstream.timeout())).await;
     state.metrics.upstream_seconds.with_label_values(&["unpaid"]).observe(started.elapsed().as_secs_f64());

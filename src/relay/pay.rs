@@ -107,6 +107,7 @@ pub async fn pay(
     first: UpstreamResponse,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
+    faults::at(state.faults.as_ref(), Point::PaymentRequired).await;
     let required = match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
         Ok(r) => r,
         Err(e) => {
@@ -224,6 +225,7 @@ pub async fn pay(
         header_name: attempt.header.0.as_str(),
         header_value,
     };
+    faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
     let mut conn = super::error::conn(&state.pool).await?;
     match store::reserve(&mut conn, &row).await? {
         store::Reservation::Reserved => {}
@@ -294,6 +296,7 @@ pub async fn resume(
         .map_err(|e| Error::invariant(format!("stored authorization unreadable: {e}")))?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
         .ok_or_else(|| Error::invariant(format!("stored x402 version {}", intent.x402_version)))?;
+    faults::at(state.faults.as_ref(), Point::ResumeStart).await;
     let used = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await {
         Ok(used) => used,
         Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
@@ -356,6 +359,7 @@ pub async fn resume(
             authorization: &auth,
             header_value: header,
         };
+        faults::at(state.faults.as_ref(), Point::BeforeResign).await;
         let mut conn = super::error::conn(&state.pool).await?;
         match store::resign(&mut conn, &resign).await? {
             store::Reservation::Reserved => {}
@@ -417,6 +421,7 @@ async fn exchange(
         tracing::warn!(agent_id = %own.agent_id, "lease lost before the paid request left; nothing sent");
         return Err(Error::Superseded);
     }
+    faults::at(state.faults.as_ref(), Point::PaymentLeaving).await;
     let started = Instant::now();
     let sent = state
         .upstream
@@ -424,6 +429,7 @@ async fn exchange(
         .await;
     state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
     let signed = &attempt.signed;
+    faults::at(state.faults.as_ref(), Point::PaidAnswered).await;
     Ok(match sent {
         Err(e) => lost_answer(state, attempt, &e).await,
         Ok(resp) if resp.status == 402 => {

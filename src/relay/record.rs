@@ -40,6 +40,7 @@ pub async fn record(
     call: &RouteCall,
     outcome: Outcome,
 ) -> Result<RouteResponse, Error> {
+    faults::at(state.faults.as_ref(), Point::BeforeRecord).await;
     let rendered = outcome.render(own, call);
     match write(state, own, &rendered).await? {
         Written::Done => Ok(answer(state, own, rendered.stored).await),

@@ -10,6 +10,7 @@ mod auth;
 mod cli;
 mod concurrency;
 mod deployment;
+mod fault_points;
 mod faults;
 mod gc;
 mod hostile;
