@@ -29,6 +29,9 @@ pub struct RouteStats {
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     routes: Arc<Mutex<BTreeMap<String, RouteStats>>>,
+    /// Requests to `/free` per value of its `op` query parameter (the chaos harness counts
+    /// how often each of its operations reached the upstream).
+    free: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
 #[derive(Serialize)]
@@ -36,6 +39,8 @@ pub struct Snapshot {
     pub routes: BTreeMap<String, RouteStats>,
     /// Sum of `paid` over all routes.
     pub settlements: u64,
+    /// `/free` requests per `op` query value.
+    pub free_by_op: BTreeMap<String, u64>,
 }
 
 impl Stats {
@@ -60,9 +65,16 @@ impl Stats {
         change(self.lock().entry(path.to_owned()).or_default());
     }
 
+    /// Counts one `/free` request tagged `op`.
+    pub fn free_hit(&self, op: &str) {
+        let mut free = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *free.entry(op.to_owned()).or_default() += 1;
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let routes = self.lock().clone();
         let settlements = routes.values().map(|r| r.paid).sum();
-        Snapshot { routes, settlements }
+        let free_by_op = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Snapshot { routes, settlements, free_by_op }
     }
 }

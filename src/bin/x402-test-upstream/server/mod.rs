@@ -151,6 +151,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let mut app = App::new()
             .app_data(web::Data::new(state))
             .route("/free", web::get().to(free))
+            .route("/free", web::post().to(free))
             .route("/_stats", web::get().to(stats_handler))
             .route("/_settle_kept", web::post().to(settle_kept));
         for spec in ROUTES {

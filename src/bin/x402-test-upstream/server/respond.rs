@@ -15,8 +15,17 @@ use crate::wire::{self};
 
 use super::*;
 
-/// `GET /free`: no payment needed.
-pub(super) async fn free() -> HttpResponse {
+/// `GET|POST /free`: no payment needed. Counted per `?op=` tag; a POST's JSON body is echoed.
+pub(super) async fn free(state: web::Data<AppState>, req: HttpRequest, body: Bytes) -> HttpResponse {
+    let op = web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.get("op").cloned())
+        .unwrap_or_default();
+    state.stats.free_hit(&op);
+    if req.method() == actix_web::http::Method::POST {
+        let echo: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        return HttpResponse::Ok().json(json!({ "free": true, "op": op, "echo": echo }));
+    }
     HttpResponse::Ok().json(json!({ "free": true, "message": "no payment needed" }))
 }
 
