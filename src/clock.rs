@@ -6,3 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+/// [`now_unix`] as a signed number, as Postgres' `EXTRACT(EPOCH …)::bigint` gives it.
+pub fn now_unix_i64() -> i64 {
+    i64::try_from(now_unix()).unwrap_or(i64::MAX)
+}

@@ -191,6 +191,8 @@ struct Ctx {
     agents: Vec<(String, String)>,
     client: reqwest::Client,
     direct_db: String,
+    /// The private Redis, not through its proxy.
+    redis_url: String,
     router_bin: PathBuf,
     stop_new: AtomicBool,
     requests: AtomicU64,
@@ -308,7 +310,7 @@ impl Ctx {
             return res;
         }
         if op.reuse_after_gc {
-            match self.collect_key(&op.key).await {
+            match self.collect_key(op).await {
                 Ok(takeovers) => {
                     res.gc_takeovers += takeovers;
                     res.lifetimes += 1;
@@ -325,8 +327,13 @@ impl Ctx {
     }
 
     /// Forces this key's expiry into the past and runs the real `gc` until its row is gone;
-    /// returns the takeovers its row had recorded.
-    async fn collect_key(&self, key: &str) -> anyhow::Result<u64> {
+    /// returns the takeovers its row had recorded. Then the key's cache entry expires too,
+    /// as it does in real time (the router writes it to expire with its row, and never
+    /// caches an expired row): the harness compresses 24 h into a moment, so it waits out
+    /// any late cache write of the old answer (a router frozen between its commit and its
+    /// Redis write, a stalled Redis connection) and deletes the entry.
+    async fn collect_key(&self, op: &Op) -> anyhow::Result<u64> {
+        let key = op.key.as_str();
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut takeovers = 0;
         loop {
@@ -349,12 +356,21 @@ impl Ctx {
                 Ok::<_, anyhow::Error>(left == 0)
             };
             if matches!(attempt.await, Ok(true)) {
+                tokio::time::sleep(LATE_CACHE_WRITES).await;
+                let rkey = format!("chaos:idem:{{{}}}:{key}", self.agents[op.agent].0);
+                let client = redis::Client::open(self.redis_url.as_str())?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("DEL").arg(rkey).query_async::<()>(&mut conn).await?;
                 return Ok(takeovers);
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 }
+
+/// Longest a router can still write an answer to Redis after its commit, in this run: frozen
+/// (abandonment + 2.5 s) and then behind a stalled connection (3 s).
+const LATE_CACHE_WRITES: Duration = Duration::from_secs(10);
 
 fn excerpt(body: &[u8]) -> String {
     String::from_utf8_lossy(&body[..body.len().min(400)]).into_owned()
@@ -682,6 +698,7 @@ async fn chaos(
         agents: agents.clone(),
         client: reqwest::Client::builder().timeout(Duration::from_secs(15)).build()?,
         direct_db: direct_db.clone(),
+        redis_url: world.redis.lock().await.url(),
         router_bin: args.router_bin.clone(),
         stop_new: AtomicBool::new(false),
         requests: AtomicU64::new(0),
@@ -824,6 +841,10 @@ async fn chaos(
             *finals.entry(format!("{s} {}", c.as_deref().unwrap_or(""))).or_default() += 1;
         }
     }
+    let mut startup_exits = 0;
+    for r in &world.routers {
+        startup_exits += r.lock().await.restarts_at_startup;
+    }
     let paid_ops = ops_of(&|r| r.kind.is_some_and(|k| !k.is_free()));
     let used = report.used_nonces.max(1);
     let summary = json!({
@@ -834,6 +855,7 @@ async fn chaos(
         "fault_phase_seconds": (fault_seconds * 10.0).round() / 10.0,
         "injections": made,
         "failed_injections": failed_injections,
+        "router_startup_exits": startup_exits,
         "injections_by_kind": injected,
         "operations": results.len(),
         "operations_paid_routes": paid_ops,

@@ -225,31 +225,63 @@ pub struct Router {
     log: PathBuf,
     child: Option<Child>,
     pub stopped: bool,
+    /// Starts that exited before listening (and were started again).
+    pub restarts_at_startup: u64,
 }
 
 impl Router {
     pub async fn start(bin: &Path, args: Vec<String>, log: PathBuf) -> anyhow::Result<Self> {
-        let mut r = Self { port: free_port()?, bin: bin.to_owned(), args, log, child: None, stopped: false };
+        let mut r = Self {
+            port: free_port()?,
+            bin: bin.to_owned(),
+            args,
+            log,
+            child: None,
+            stopped: false,
+            restarts_at_startup: 0,
+        };
         r.spawn().await?;
         Ok(r)
     }
 
+    /// Starts the process, supervising it like an orchestrator would: a router that exits
+    /// during start-up (its Postgres restarting, a connection dropped mid-migration) is
+    /// started again until it listens (at most 60 s).
     async fn spawn(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let child = Command::new(&self.bin)
-            .arg("serve")
-            .args(&self.args)
-            .args(["--bind", &format!("127.0.0.1:{}", self.port)])
-            .env_clear()
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()?;
-        self.child = Some(child);
-        self.stopped = false;
-        // Start-up needs Postgres, which may be restarting or stalled right now.
-        wait_port(self.port, Duration::from_secs(60)).await
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+            let mut child = Command::new(&self.bin)
+                .arg("serve")
+                .args(&self.args)
+                .args(["--bind", &format!("127.0.0.1:{}", self.port)])
+                .env_clear()
+                .env("RUST_LOG", "warn,x402_router::startup=info,x402_router::commands=info")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()?;
+            self.stopped = false;
+            loop {
+                if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                if child.try_wait()?.is_some() {
+                    self.restarts_at_startup += 1;
+                    break;
+                }
+                if Instant::now() > deadline {
+                    self.child = Some(child);
+                    bail!("router on port {} did not listen within 60 s", self.port);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if Instant::now() > deadline {
+                bail!("router on port {} kept exiting at start-up", self.port);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -1,7 +1,8 @@
 //! Redis side of the idempotency ledger: a hint that makes replays fast, never a lock.
 //!
-//! Key `<prefix>idem:{<agent_id>}:<key>`, TTL 25 h (Postgres rows expire after 24 h, so
-//! the cache never outlives... nor undercuts the source of truth in normal operation).
+//! Key `<prefix>idem:{<agent_id>}:<key>`; an entry expires exactly when the Postgres row it
+//! copies may be garbage-collected (`EXAT` the row's `expires_at`), and is a miss after that
+//! even if Redis kept it: the cache never outlives the source of truth.
 //! Each key is touched with single-key commands only, and the braces are a Redis Cluster
 //! hash tag: every key of one agent lives in one slot (see `redis_link` for cluster and
 //! TLS set-ups). Every call has a short timeout; any failure is a cache miss and the
@@ -27,9 +28,6 @@ use uuid::Uuid;
 
 use super::redis_link::{RedisConn, RedisTarget};
 use super::store::Status;
-
-/// Redis TTL of an entry: 25 hours.
-pub const TTL_SECS: u64 = 25 * 3600;
 
 /// Version tag of the authenticated value format.
 const FORMAT: &str = "v1";
@@ -59,6 +57,12 @@ pub struct Entry {
     pub response: Option<Vec<u8>>,
     #[serde(default)]
     pub receipt_id: Option<Uuid>,
+    /// The expiry of the Postgres row this entry copies (Unix seconds): the entry is written
+    /// to expire then (`EXAT`) and read as a miss afterwards, so it never outlives its row
+    /// and a late write (a router frozen between its commit and its cache write) of a
+    /// collected row's answer cannot answer for the key's next life.
+    #[serde(default)]
+    pub expires_unix: Option<i64>,
 }
 
 /// `Option<Vec<u8>>` as an optional base64 string.
@@ -232,6 +236,8 @@ impl Cache {
             return Lookup::Miss;
         };
         match self.open(&rkey, &raw) {
+            // Expired with its row (Redis may not have evicted it yet): Postgres decides.
+            Some(entry) if entry.expires_unix.is_none_or(|e| e <= crate::clock::now_unix_i64()) => Lookup::Miss,
             Some(entry) => Lookup::Hit(entry),
             None => {
                 tracing::warn!(agent_id = %agent_id, "ignoring a redis idempotency entry that failed authentication");
@@ -240,8 +246,13 @@ impl Cache {
         }
     }
 
-    /// Writes the entry with the 25 h TTL. Failures are logged at debug and ignored.
+    /// Writes the entry to expire with its row. An entry whose row has already expired is
+    /// not written (a late writer never revives a collected answer). Failures are logged at
+    /// debug and ignored.
     pub async fn put(&self, agent_id: Uuid, key: &str, entry: &Entry) {
+        let Some(expires) = entry.expires_unix.filter(|e| *e > crate::clock::now_unix_i64()) else {
+            return;
+        };
         let Some(mut conn) = self.connection() else {
             return;
         };
@@ -249,7 +260,12 @@ impl Cache {
         let Some(value) = self.seal(&rkey, entry) else {
             return;
         };
-        match tokio::time::timeout(self.inner.timeout, conn.set_ex::<_, _, ()>(&rkey, value, TTL_SECS)).await {
+        match tokio::time::timeout(
+            self.inner.timeout,
+            redis::cmd("SET").arg(&rkey).arg(value).arg("EXAT").arg(expires).query_async::<()>(&mut conn),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis set failed");
@@ -302,6 +318,7 @@ mod tests {
             response_status_code: Some(200),
             response: Some(b"{\"body\":\"\\u0000\"}\xff".to_vec()),
             receipt_id: Some(Uuid::nil()),
+            expires_unix: Some(4_000_000_000),
         }
     }
 

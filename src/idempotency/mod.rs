@@ -66,6 +66,9 @@ pub struct Ownership {
     pub lease: Uuid,
     /// True when this request took over an abandoned attempt.
     pub took_over: bool,
+    /// When the row may be garbage-collected (Unix seconds, database clock): the cached
+    /// answer expires with it.
+    pub expires_unix: i64,
 }
 
 /// What to do with a request, decided by the ledger.
@@ -171,17 +174,20 @@ impl Idempotency {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
             let row = match store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
-                store::Claim::Claimed => {
+                store::Claim::Claimed { expires_unix } => {
                     // The in-flight entry only lets Redis refuse a reused key early; the call
                     // does not wait for it (a Redis round trip off every fresh call's path).
                     let (idem, owned_key, hash) = (self.clone(), key.clone(), request_hash.to_owned());
-                    tokio::spawn(async move { idem.warm(agent_id, &owned_key, &hash, Status::InFlight, None).await });
+                    tokio::spawn(async move {
+                        idem.warm(agent_id, &owned_key, &hash, Status::InFlight, None, expires_unix).await;
+                    });
                     let own = Ownership {
                         agent_id,
                         key: key.clone(),
                         request_hash: request_hash.to_owned(),
                         lease,
                         took_over: false,
+                        expires_unix,
                     };
                     return Ok((Decision::Execute(own), Path::Fresh));
                 }
@@ -231,7 +237,7 @@ impl Idempotency {
                     ));
                 };
                 let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
-                self.warm_stored(agent_id, key, request_hash, &stored).await;
+                self.warm_stored(agent_id, key, request_hash, &stored, row.expires_unix).await;
                 Ok((Decision::Replay(stored), Path::ReplayPostgres))
             }
         }
@@ -250,22 +256,38 @@ impl Idempotency {
             return Ok((Decision::InFlight, Path::InFlight));
         }
         let lease = Uuid::new_v4();
-        if !store::take_over(conn, agent_id, key.as_str(), request_hash, lease, self.timing.abandon_after).await? {
+        let taken =
+            store::take_over(conn, agent_id, key.as_str(), request_hash, lease, self.timing.abandon_after).await?;
+        let Some(expires_unix) = taken else {
             // Another retry won the takeover (or the owner finished meanwhile).
             return Ok((Decision::InFlight, Path::InFlight));
-        }
+        };
         tracing::warn!(
             agent_id = %agent_id, idem.age_ms = row.age_ms,
             "another request with this idempotency key was abandoned and is being retried"
         );
-        let own =
-            Ownership { agent_id, key: key.clone(), request_hash: request_hash.to_owned(), lease, took_over: true };
+        let own = Ownership {
+            agent_id,
+            key: key.clone(),
+            request_hash: request_hash.to_owned(),
+            lease,
+            took_over: true,
+            expires_unix,
+        };
         Ok((Decision::Execute(own), Path::Takeover))
     }
 
-    /// Caches a terminal response after it has been committed to Postgres.
-    pub async fn warm_stored(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str, stored: &Stored) {
-        self.warm(agent_id, key, request_hash, stored.status, Some(stored)).await;
+    /// Caches a terminal response after it has been committed to Postgres, until the row's
+    /// expiry `expires_unix`.
+    pub async fn warm_stored(
+        &self,
+        agent_id: Uuid,
+        key: &IdempotencyKey,
+        request_hash: &str,
+        stored: &Stored,
+        expires_unix: i64,
+    ) {
+        self.warm(agent_id, key, request_hash, stored.status, Some(stored), expires_unix).await;
     }
 
     async fn warm(
@@ -275,6 +297,7 @@ impl Idempotency {
         request_hash: &str,
         status: Status,
         stored: Option<&Stored>,
+        expires_unix: i64,
     ) {
         let entry = cache::Entry {
             status,
@@ -282,6 +305,7 @@ impl Idempotency {
             response_status_code: stored.map(|s| i32::from(s.http_status)),
             response: stored.map(|s| s.body.clone()),
             receipt_id: stored.and_then(|s| s.receipt_id),
+            expires_unix: Some(expires_unix),
         };
         self.cache.put(agent_id, key.as_str(), &entry).await;
     }

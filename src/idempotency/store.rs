@@ -55,13 +55,16 @@ pub struct Row {
     pub receipt_id: Option<Uuid>,
     /// Milliseconds since the last claim, takeover or heartbeat (database clock).
     pub age_ms: i64,
+    /// When the row may be garbage-collected (Unix seconds): a cached copy expires with it.
+    pub expires_unix: i64,
 }
 
 /// The columns of a [`Row`], as [`claim`] and [`find`] select them.
 macro_rules! row_columns {
     () => {
         "status, request_hash, response_status_code, response_body, receipt_id, \
-         (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms"
+         (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms, \
+         EXTRACT(EPOCH FROM expires_at)::bigint AS expires_unix"
     };
 }
 
@@ -81,12 +84,16 @@ struct RawRow {
     receipt_id: Option<Uuid>,
     #[diesel(sql_type = Nullable<BigInt>)]
     age_ms: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    expires_unix: Option<i64>,
 }
 
 impl RawRow {
     /// The row, or `None` when there was none (its NOT NULL columns read as NULL).
     fn into_row(self) -> QueryResult<Option<Row>> {
-        let (Some(status), Some(request_hash), Some(age_ms)) = (self.status, self.request_hash, self.age_ms) else {
+        let (Some(status), Some(request_hash), Some(age_ms), Some(expires_unix)) =
+            (self.status, self.request_hash, self.age_ms, self.expires_unix)
+        else {
             return Ok(None);
         };
         let status = Status::parse(&status)
@@ -98,6 +105,7 @@ impl RawRow {
             response_body: self.response_body,
             receipt_id: self.receipt_id,
             age_ms,
+            expires_unix,
         }))
     }
 }
@@ -105,8 +113,9 @@ impl RawRow {
 /// What one claim attempt found.
 #[derive(Debug)]
 pub enum Claim {
-    /// This call inserted the in-flight row: it owns the key.
-    Claimed,
+    /// This call inserted the in-flight row (expiring at the given Unix second): it owns
+    /// the key.
+    Claimed { expires_unix: i64 },
     /// The key exists: its row as of the statement's snapshot.
     Existing(Row),
     /// The insert conflicted with a row that the statement's snapshot does not show: another
@@ -117,8 +126,9 @@ pub enum Claim {
 
 #[derive(QueryableByName)]
 struct ClaimRow {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    claimed: bool,
+    /// The inserted row's expiry; NULL when nothing was inserted.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    claimed_expires: Option<i64>,
     #[diesel(embed)]
     row: RawRow,
 }
@@ -148,8 +158,8 @@ pub async fn claim(
              INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease) \
              SELECT $1, $2, $3, 'in_flight', $4 WHERE NOT EXISTS (SELECT 1 FROM k) \
              ON CONFLICT (agent_id, key) DO NOTHING \
-             RETURNING 1) \
-         SELECT EXISTS (SELECT 1 FROM ins) AS claimed, k.* FROM (SELECT) AS one LEFT JOIN k ON true",
+             RETURNING EXTRACT(EPOCH FROM expires_at)::bigint AS e) \
+         SELECT (SELECT e FROM ins) AS claimed_expires, k.* FROM (SELECT) AS one LEFT JOIN k ON true",
     ))
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
@@ -158,8 +168,8 @@ pub async fn claim(
     .prepared()
     .get_result(conn)
     .await?;
-    if row.claimed {
-        return Ok(Claim::Claimed);
+    if let Some(expires_unix) = row.claimed_expires {
+        return Ok(Claim::Claimed { expires_unix });
     }
     Ok(row.row.into_row()?.map_or(Claim::Unseen, Claim::Existing))
 }
@@ -184,7 +194,8 @@ pub async fn find(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str) -> Qu
 }
 
 /// Takes over an abandoned in-flight row (DESIGN Fix 1). One guarded statement: of
-/// several concurrent retries exactly one matches and becomes the owner with `new_lease`.
+/// several concurrent retries exactly one matches and becomes the owner with `new_lease`;
+/// it gets the row's new expiry (Unix seconds), the others `None`.
 ///
 /// The takeover also moves `expires_at` to at least 24 h from now, like a fresh claim: the
 /// row is live again, and its result must stay replayable (and safe from the GC) as long
@@ -199,14 +210,20 @@ pub async fn take_over(
     request_hash: &str,
     new_lease: Uuid,
     abandon_after: Duration,
-) -> QueryResult<bool> {
+) -> QueryResult<Option<i64>> {
+    #[derive(QueryableByName)]
+    struct Taken {
+        #[diesel(sql_type = BigInt)]
+        expires_unix: i64,
+    }
     let abandon_ms = i64::try_from(abandon_after.as_millis()).unwrap_or(i64::MAX);
-    let n = diesel::sql_query(
+    let taken: Option<Taken> = diesel::sql_query(
         "UPDATE idempotency_keys \
             SET created_at = now(), lease = $3, takeovers = takeovers + 1, \
                 expires_at = GREATEST(expires_at, now() + interval '24 hours') \
           WHERE agent_id = $1 AND key = $2 AND request_hash = $4 AND status = 'in_flight' \
-            AND created_at < now() - make_interval(secs => $5::float8 / 1000)",
+            AND created_at < now() - make_interval(secs => $5::float8 / 1000) \
+          RETURNING EXTRACT(EPOCH FROM expires_at)::bigint AS expires_unix",
     )
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
@@ -214,9 +231,10 @@ pub async fn take_over(
     .bind::<Text, _>(request_hash)
     .bind::<BigInt, _>(abandon_ms)
     .prepared()
-    .execute(conn)
-    .await?;
-    Ok(n == 1)
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(taken.map(|t| t.expires_unix))
 }
 
 /// Refreshes the abandonment clock of a row we still own. `false`: we lost the lease.

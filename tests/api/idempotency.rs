@@ -431,3 +431,50 @@ async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
     let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("x402_router_cache_entries_rejected_total 5"), "{metrics}");
 }
+
+/// Milliseconds until the row of `key` expires (database clock).
+async fn row_expires_in_ms(app: &TestApp, key: &str) -> i64 {
+    count(
+        &app.db,
+        &format!("SELECT (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS n FROM idempotency_keys WHERE key = '{key}'"),
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn a_cached_answer_expires_with_its_row_and_an_expired_row_is_never_cached() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let mut redis =
+        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let key = new_key();
+    let rkey = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
+    let body = json!({"url": up.url("/ok/expiry")});
+    let pttl = async |redis: &mut redis::aio::MultiplexedConnection| -> i64 {
+        redis::cmd("PTTL").arg(&rkey).query_async(redis).await.unwrap()
+    };
+    let close = |a: i64, b: i64| (a - b).abs() < 3_000;
+
+    // Written after the call: it expires when the row may be collected, not a fixed TTL later.
+    assert_eq!(app.route(&key, &body).await.status(), 200);
+    let (cached, row) = (pttl(&mut redis).await, row_expires_in_ms(&app, &key).await);
+    assert!(close(cached, row), "cache expires in {cached} ms, its row in {row} ms");
+
+    // Re-filled from Postgres on a replay: same rule, with the row's own expiry.
+    exec(&app.db, &format!("UPDATE idempotency_keys SET expires_at = now() + interval '1 hour' WHERE key = '{key}'"))
+        .await;
+    let _: () = redis::cmd("DEL").arg(&rkey).query_async(&mut redis).await.unwrap();
+    assert_eq!(app.route(&key, &body).await.headers().get("x-idempotent-replay").unwrap(), "true");
+    let (cached, row) = (pttl(&mut redis).await, row_expires_in_ms(&app, &key).await);
+    assert!(close(cached, row) && row < 3_700_000, "cache expires in {cached} ms, its row in {row} ms");
+
+    // A row past its expiry (about to be collected) is served but never cached again: a copy
+    // could otherwise answer for the key's next life after the GC.
+    exec(&app.db, &format!("UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = '{key}'"))
+        .await;
+    let _: () = redis::cmd("DEL").arg(&rkey).query_async(&mut redis).await.unwrap();
+    assert_eq!(app.route(&key, &body).await.headers().get("x-idempotent-replay").unwrap(), "true");
+    let exists: i64 = redis::cmd("EXISTS").arg(&rkey).query_async(&mut redis).await.unwrap();
+    assert_eq!(exists, 0, "no cache entry for an expired row");
+    assert_eq!(up.hits.get("/ok/expiry"), 1);
+}
