@@ -167,8 +167,9 @@ pub struct UpstreamConfig {
 /// What the router is willing to pay with.
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
-    /// Network → RPC URL. A network without one is never paid on.
-    pub rpc_urls: BTreeMap<Network, Url>,
+    /// Network → its RPC URLs, in order of preference (fallback, see `x402::rpc`). A network
+    /// without one is never paid on.
+    pub rpc_urls: BTreeMap<Network, Vec<Url>>,
     /// Network → token contracts the router pays with.
     pub assets: BTreeMap<Network, Vec<Address>>,
     /// Decimals of the assets that are configured (`@6`) or built in; the others are read
@@ -381,21 +382,25 @@ fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str)
     Ok((network, value.trim()))
 }
 
-/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names).
+/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names). A network may be
+/// listed several times: its URLs, in the order given, are its endpoints (fallback).
 ///
 /// # Errors
-/// A malformed entry or a network listed twice.
-pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Url>, ConfigError> {
-    let mut out = BTreeMap::new();
+/// A malformed entry or the same URL listed twice for a network. Messages never quote a URL
+/// (it may carry an API key); they name the network and the URL's position.
+pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigError> {
+    let mut out: BTreeMap<Network, Vec<Url>> = BTreeMap::new();
     for item in split_list(raw) {
         let (network, url) = split_pair("X402_RPC_URLS", item)?;
-        let parsed = Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| ConfigError::new("X402_RPC_URLS", format!("the URL of {network} is not an http(s) URL")))?;
-        if out.insert(network, parsed).is_some() {
-            return Err(ConfigError::new("X402_RPC_URLS", format!("{network} is listed twice")));
+        let list = out.entry(network).or_default();
+        let position = list.len();
+        let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+            ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is not an http(s) URL"))
+        })?;
+        if list.contains(&parsed) {
+            return Err(ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is listed twice")));
         }
+        list.push(parsed);
     }
     Ok(out)
 }
@@ -480,6 +485,21 @@ mod tests {
             statement_timeout: Duration::from_millis(15000),
             idle_in_transaction_timeout: Duration::from_millis(10000),
         }
+    }
+
+    #[test]
+    fn a_network_listed_again_gets_another_rpc_url_in_order_and_no_url_is_quoted() {
+        let urls = parse_rpc_urls("base-sepolia=http://a:1,eip155:8453=https://b,eip155:84532=http://c:2/k").unwrap();
+        let sepolia: Vec<&str> = urls[&Network::BASE_SEPOLIA].iter().map(Url::as_str).collect();
+        assert_eq!(sepolia, ["http://a:1/", "http://c:2/k"]);
+        assert_eq!(urls[&Network::BASE].len(), 1);
+        let twice = parse_rpc_urls("eip155:84532=http://a/secret,eip155:84532=http://a/secret").unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "invalid setting X402_RPC_URLS (--x402-rpc-urls): URL 1 of eip155:84532 is listed twice"
+        );
+        let bad = parse_rpc_urls("eip155:84532=ftp://a/secret").unwrap_err().to_string();
+        assert!(bad.contains("URL 0 of eip155:84532") && !bad.contains("secret"), "{bad}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod chain;
 pub mod network;
 pub mod nonce;
 pub mod payload;
+pub mod rpc;
 pub mod select;
 pub mod sign;
 pub mod wire;

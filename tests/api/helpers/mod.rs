@@ -12,7 +12,7 @@ pub mod tls_services;
 pub mod upstream;
 
 pub use app::*;
-pub use chain::{Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
+pub use chain::{BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
 pub use db::TestDb;
 pub use services::{PrivateRedis, TcpProxy};
 pub use upstream::TestUpstream;
