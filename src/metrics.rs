@@ -149,15 +149,6 @@ impl Metrics {
         })
     }
 
-    /// The per-RPC-URL metrics, for [`crate::x402::Chain::with_metrics`].
-    pub fn rpc_endpoints(&self) -> crate::x402::rpc::EndpointMetrics {
-        crate::x402::rpc::EndpointMetrics {
-            requests: self.rpc_endpoint_requests.clone(),
-            seconds: self.rpc_endpoint_seconds.clone(),
-            up: self.rpc_endpoint_up.clone(),
-        }
-    }
-
     /// Counts one idempotency decision (`outcome` is the decision path's label).
     pub fn idempotency_outcome(&self, outcome: &str) {
         self.idempotency.with_label_values(&[outcome]).inc();

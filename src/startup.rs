@@ -169,7 +169,12 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         metrics: Arc::clone(&metrics),
     };
     let payments = &config.payments;
-    let chain = Chain::with_metrics(payments.rpc_urls.clone(), payments.rpc_timeout, &metrics);
+    let rpc_metrics = crate::x402::rpc::EndpointMetrics {
+        requests: metrics.rpc_endpoint_requests.clone(),
+        seconds: metrics.rpc_endpoint_seconds.clone(),
+        up: metrics.rpc_endpoint_up.clone(),
+    };
+    let chain = Chain::with_metrics(payments.rpc_urls.clone(), payments.rpc_timeout, rpc_metrics);
     let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
     let supported = Supported::new(payments.rpc_urls.keys().copied(), assets).with_decimals(payments.decimals.clone());
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));

@@ -130,9 +130,9 @@ impl Chain {
     pub fn with_metrics(
         rpc_urls: impl IntoIterator<Item = (Network, Vec<Url>)>,
         timeout: Duration,
-        metrics: &crate::metrics::Metrics,
+        metrics: EndpointMetrics,
     ) -> Self {
-        Self::build(rpc_urls, timeout, Some(&metrics.rpc_endpoints()))
+        Self::build(rpc_urls, timeout, Some(&metrics))
     }
 
     fn build(

@@ -76,8 +76,13 @@ async fn a_url_on_another_chain_never_answers_and_the_others_still_do() {
     let metrics = x402_router::metrics::Metrics::new().unwrap();
     let urls = |list: &[&str]| list.iter().map(|u| u.parse().unwrap()).collect::<Vec<_>>();
     let timeout = Duration::from_secs(5);
+    let rpc_metrics = x402_router::x402::rpc::EndpointMetrics {
+        requests: metrics.rpc_endpoint_requests.clone(),
+        seconds: metrics.rpc_endpoint_seconds.clone(),
+        up: metrics.rpc_endpoint_up.clone(),
+    };
     let mixed =
-        Chain::with_metrics([(Network::BASE_SEPOLIA, urls(&[&other.rpc_url, &chain.rpc_url]))], timeout, &metrics);
+        Chain::with_metrics([(Network::BASE_SEPOLIA, urls(&[&other.rpc_url, &chain.rpc_url]))], timeout, rpc_metrics);
     let wrong_only = Chain::new([(Network::BASE_SEPOLIA, urls(&[&other.rpc_url]))], timeout);
 
     // The token exists only on the right chain: an answer proves which URL gave it.

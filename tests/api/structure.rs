@@ -242,3 +242,46 @@ async fn payment_status_enum_matches_the_check_constraint() {
         x402_router::payments::PaymentStatus::ALL.iter().map(|s| s.as_str().to_owned()).collect();
     assert_eq!(in_db, in_code, "constraint: {}", row.def);
 }
+
+/// Distributed-Postgres readiness: every primary, unique and foreign key of the per-agent
+/// tables leads with `agent_id` (the distribution column), and every foreign key points at
+/// `agents.id` or at a key that leads with `agent_id` too.
+#[actix_web::test]
+async fn every_key_of_the_per_agent_tables_leads_with_agent_id() {
+    #[derive(diesel::QueryableByName, Debug)]
+    struct Key {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        tbl: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        def: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        first: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        target: Option<String>,
+    }
+    let db = crate::helpers::TestDb::new().await;
+    let mut conn = db.conn().await;
+    let keys: Vec<Key> = diesel::sql_query(
+        "SELECT c.conrelid::regclass::text AS tbl, pg_get_constraintdef(c.oid) AS def, a.attname::text AS first, \
+                CASE WHEN c.contype = 'f' THEN c.confrelid::regclass::text || '.' || fa.attname END AS target \
+           FROM pg_constraint c \
+           JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] \
+           LEFT JOIN pg_attribute fa ON fa.attrelid = c.confrelid AND fa.attnum = c.confkey[1] \
+          WHERE c.contype IN ('p', 'u', 'f') \
+            AND c.conrelid::regclass::text IN ('idempotency_keys', 'receipts', 'payments') \
+          ORDER BY 1, 2",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap();
+
+    let tables: BTreeSet<&str> = keys.iter().map(|k| k.tbl.as_str()).collect();
+    assert_eq!(tables, BTreeSet::from(["idempotency_keys", "payments", "receipts"]));
+    for k in &keys {
+        assert_eq!(k.first, "agent_id", "{} {}", k.tbl, k.def);
+        if let Some(target) = &k.target {
+            assert!(target == "agents.id" || target.ends_with(".agent_id"), "{} {}", k.tbl, k.def);
+        }
+    }
+    assert!(keys.len() >= 9, "{keys:#?}");
+}
