@@ -97,9 +97,7 @@ impl DatabaseConfig {
 
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
-        }
+        crate::db::conninfo::ConnInfo::parse(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
@@ -131,9 +129,10 @@ impl DatabaseConfig {
     /// Options already in the URL are kept (later `-c` settings win).
     ///
     /// # Errors
-    /// A `DATABASE_URL` that is not a URL.
+    /// A `DATABASE_URL` that is neither a URL nor key/value pairs.
     pub fn session_url(&self) -> Result<Secret, ConfigError> {
-        let mut url = Url::parse(self.url.expose()).map_err(|_| ConfigError::new("DATABASE_URL", "is not a URL"))?;
+        let mut info =
+            crate::db::conninfo::ConnInfo::parse(self.url.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let ms = |d: Duration| d.as_millis();
         let ours = format!(
             "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
@@ -141,16 +140,8 @@ impl DatabaseConfig {
             ms(self.statement_timeout),
             ms(self.idle_in_transaction_timeout),
         );
-        let mut pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
-        match pairs.iter_mut().find(|(k, _)| k == "options") {
-            Some((_, options)) => *options = format!("{options} {ours}"),
-            None => pairs.push(("options".into(), ours)),
-        }
-        // Form encoding writes spaces as `+`, which libpq-style URL parsers (tokio-postgres
-        // among them) keep as `+`; `%20` is read as a space by all. A literal `+` is `%2B`.
-        let query = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
-        url.set_query(Some(&query.replace('+', "%20")));
-        Ok(Secret::new(url.into()))
+        info.append("options", &ours);
+        Ok(Secret::new(info.to_string()))
     }
 }
 

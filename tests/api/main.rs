@@ -10,6 +10,7 @@ mod auth;
 mod cli;
 mod concurrency;
 mod deployment;
+mod failover;
 mod faults;
 mod gc;
 mod hostile;

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod chain;
 pub mod db;
+pub mod pg_replication;
 pub mod services;
 pub mod tls_services;
 pub mod upstream;
