@@ -163,6 +163,56 @@ impl PgPair {
     }
 }
 
+/// One private Postgres server with extra server options (e.g. a preloaded library),
+/// stopped (immediate) and deleted when dropped.
+pub struct PgServer {
+    pub node: PgNode,
+    bin: PathBuf,
+    _dir: TempDir,
+}
+
+impl PgServer {
+    pub async fn start(extra_options: &str) -> Self {
+        let bin = pg_bin_dir();
+        let dir = TempDir::new("pgsrv");
+        give_to_postgres(&dir.0);
+        let node = PgNode { port: super::app::free_port(), data: dir.0.join("data"), running: false };
+        let mut initdb = pg_command(&bin.join("initdb"));
+        initdb.arg("-D").arg(&node.data).args(["-U", "postgres", "--auth=trust", "--no-sync"]);
+        run(initdb, "initdb");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra_options}",
+            node.port,
+            node.data.display()
+        );
+        let mut cmd = pg_command(&bin.join("pg_ctl"));
+        cmd.arg("-D").arg(&node.data).arg("-l").arg(node.data.join("server.log"));
+        cmd.args(["-w", "-t", "60", "-o", &opts, "start"]);
+        run(cmd, "pg_ctl start");
+        let mut server = Self { node, bin, _dir: dir };
+        server.node.running = true;
+        server
+    }
+
+    /// libpq key/value pairs for database `dbname` on this server.
+    pub fn conninfo(&self, dbname: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname} sslmode=disable", self.node.port)
+    }
+
+    /// Runs one statement in database `dbname`.
+    pub async fn exec(&self, dbname: &str, sql: &str) {
+        let mut conn = x402_router::db::Connector::from_url(&self.conninfo(dbname)).unwrap().connect().await.unwrap();
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query(sql).execute(&mut conn).await.unwrap();
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        stop(&self.bin, &mut self.node);
+    }
+}
+
 fn stop(bin: &std::path::Path, node: &mut PgNode) {
     if !node.running {
         return;
