@@ -508,5 +508,12 @@ mod tests {
                 .expose(),
             format!("postgres://db/app?sslmode=require&options=-c%20search_path%3Dx%2By%20{ours}")
         );
+        // Key/value pairs with several hosts keep their form and their hosts.
+        let kv = database("host=a,b port=5432,5433 dbname=app target_session_attrs=read-write options='-c x=1'");
+        assert_eq!(
+            kv.session_url().unwrap().expose(),
+            "host='a,b' port='5432,5433' dbname='app' target_session_attrs='read-write' options='-c x=1 \
+             -c lock_timeout=5000 -c statement_timeout=15000 -c idle_in_transaction_session_timeout=10000'"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Postgres plumbing: the bb8 pool of diesel-async connections, the embedded migrations
-//! and the schema. No business logic lives here.
+//! and the schema, the connection string in either libpq form (several hosts allowed) and the
+//! pool's failover handling ([`FailoverWatch`]). No business logic lives here.
 
 pub mod conninfo;
 pub mod prepared;
