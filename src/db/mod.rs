@@ -72,8 +72,9 @@ pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
 
 /// Watches a connection for the sign that its server no longer accepts writes: the server
 /// reported `in_hot_standby` or `default_transaction_read_only` on (set by the connection's
-/// driver, see [`tls::Connector::connect`]), or a statement failed as read-only (SQLSTATE
-/// 25006). Such a connection is still open, so the pool would keep handing it out, every
+/// driver, see [`tls::Connector::connect`]; Postgres 14 and later), or, as a second signal,
+/// a statement failed as read-only (SQLSTATE 25006; diesel-async reports the errors of
+/// statements without result rows, not those of a query's row stream). Such a connection is still open, so the pool would keep handing it out, every
 /// write failing, until the old primary went away; the pool's checkout check ([`pool`])
 /// discards it instead, without a round trip.
 #[derive(Debug, Default)]
