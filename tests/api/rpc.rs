@@ -97,3 +97,84 @@ async fn a_url_on_another_chain_never_answers_and_the_others_still_do() {
     let ok = ["network=\"eip155:84532\"", "endpoint=\"1\"", "outcome=\"ok\""];
     assert!(sample(&rendered, "x402_router_rpc_endpoint_requests_total", &ok).unwrap_or(0.0) >= 1.0);
 }
+
+/// An RPC endpoint in front of `target` that answers 429 to its first `reject` requests.
+struct RateLimited {
+    url: String,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl RateLimited {
+    fn start(target: &str, reject: usize) -> Self {
+        use actix_web::{App, HttpResponse, HttpServer, web};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let seen = std::sync::Arc::new(AtomicUsize::new(0));
+        let state = web::Data::new((std::sync::Arc::clone(&seen), target.to_owned(), reqwest::Client::new()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = HttpServer::new(move || {
+            App::new().app_data(state.clone()).default_service(web::to(
+                move |s: web::Data<(std::sync::Arc<AtomicUsize>, String, reqwest::Client)>, body: web::Bytes| async move {
+                    if s.0.fetch_add(1, Ordering::SeqCst) < reject {
+                        return HttpResponse::TooManyRequests().body("rate limited");
+                    }
+                    let answer = s.2.post(&s.1).header("content-type", "application/json").body(body.to_vec()).send();
+                    let bytes = answer.await.unwrap().bytes().await.unwrap();
+                    HttpResponse::Ok().content_type("application/json").body(bytes)
+                },
+            ))
+        })
+        .workers(1)
+        .shutdown_timeout(0)
+        .listen(listener)
+        .unwrap()
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self { url, seen, handle }
+    }
+}
+
+impl Drop for RateLimited {
+    fn drop(&mut self) {
+        let h = self.handle.clone();
+        drop(tokio::spawn(async move { h.stop(false).await }));
+    }
+}
+
+#[actix_web::test]
+async fn a_rate_limited_rpc_answer_is_retried_with_back_off() {
+    let chain = Devnet::start().await;
+    let limited = RateLimited::start(&chain.rpc_url, 2);
+    let reads = Chain::new([(Network::BASE_SEPOLIA, vec![limited.url.parse().unwrap()])], Duration::from_secs(5));
+
+    let decimals = reads.decimals(Network::BASE_SEPOLIA, chain.token).await;
+
+    assert_eq!(decimals.unwrap(), 6);
+    // Two 429s, then the chain-id check and the call itself.
+    assert_eq!(limited.seen.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
+#[actix_web::test]
+async fn a_silent_first_url_leaves_time_for_the_next_within_the_call_timeout() {
+    let chain = Devnet::start().await;
+    // Accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = format!("http://{}", listener.local_addr().unwrap());
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let urls = vec![silent.parse().unwrap(), chain.rpc_url.parse().unwrap()];
+    let reads = Chain::new([(Network::BASE_SEPOLIA, urls)], Duration::from_secs(2));
+
+    let started = std::time::Instant::now();
+    let decimals = reads.decimals(Network::BASE_SEPOLIA, chain.token).await;
+
+    assert_eq!(decimals.unwrap(), 6);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    hold.abort();
+}
