@@ -97,7 +97,8 @@ pub struct ServeArgs {
     /// A file holding the paying wallet's key (hex).
     #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
     pub router_private_key_file: Option<String>,
-    /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`.
+    /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`; a network
+    /// listed again gets another URL (fallback, in the order given).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,
     /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals],…`

@@ -97,9 +97,7 @@ impl DatabaseConfig {
 
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::new("DATABASE_URL", "must start with postgres:// or postgresql://"));
-        }
+        crate::db::conninfo::ConnInfo::parse(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
@@ -131,9 +129,10 @@ impl DatabaseConfig {
     /// Options already in the URL are kept (later `-c` settings win).
     ///
     /// # Errors
-    /// A `DATABASE_URL` that is not a URL.
+    /// A `DATABASE_URL` that is neither a URL nor key/value pairs.
     pub fn session_url(&self) -> Result<Secret, ConfigError> {
-        let mut url = Url::parse(self.url.expose()).map_err(|_| ConfigError::new("DATABASE_URL", "is not a URL"))?;
+        let mut info =
+            crate::db::conninfo::ConnInfo::parse(self.url.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
         let ms = |d: Duration| d.as_millis();
         let ours = format!(
             "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
@@ -141,16 +140,8 @@ impl DatabaseConfig {
             ms(self.statement_timeout),
             ms(self.idle_in_transaction_timeout),
         );
-        let mut pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
-        match pairs.iter_mut().find(|(k, _)| k == "options") {
-            Some((_, options)) => *options = format!("{options} {ours}"),
-            None => pairs.push(("options".into(), ours)),
-        }
-        // Form encoding writes spaces as `+`, which libpq-style URL parsers (tokio-postgres
-        // among them) keep as `+`; `%20` is read as a space by all. A literal `+` is `%2B`.
-        let query = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
-        url.set_query(Some(&query.replace('+', "%20")));
-        Ok(Secret::new(url.into()))
+        info.append("options", &ours);
+        Ok(Secret::new(info.to_string()))
     }
 }
 
@@ -167,8 +158,9 @@ pub struct UpstreamConfig {
 /// What the router is willing to pay with.
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
-    /// Network → RPC URL. A network without one is never paid on.
-    pub rpc_urls: BTreeMap<Network, Url>,
+    /// Network → its RPC URLs, in order of preference (fallback, see `x402::rpc`). A network
+    /// without one is never paid on.
+    pub rpc_urls: BTreeMap<Network, Vec<Url>>,
     /// Network → token contracts the router pays with.
     pub assets: BTreeMap<Network, Vec<Address>>,
     /// Decimals of the assets that are configured (`@6`) or built in; the others are read
@@ -381,21 +373,25 @@ fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str)
     Ok((network, value.trim()))
 }
 
-/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names).
+/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names). A network may be
+/// listed several times: its URLs, in the order given, are its endpoints (fallback).
 ///
 /// # Errors
-/// A malformed entry or a network listed twice.
-pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Url>, ConfigError> {
-    let mut out = BTreeMap::new();
+/// A malformed entry or the same URL listed twice for a network. Messages never quote a URL
+/// (it may carry an API key); they name the network and the URL's position.
+pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigError> {
+    let mut out: BTreeMap<Network, Vec<Url>> = BTreeMap::new();
     for item in split_list(raw) {
         let (network, url) = split_pair("X402_RPC_URLS", item)?;
-        let parsed = Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| ConfigError::new("X402_RPC_URLS", format!("the URL of {network} is not an http(s) URL")))?;
-        if out.insert(network, parsed).is_some() {
-            return Err(ConfigError::new("X402_RPC_URLS", format!("{network} is listed twice")));
+        let list = out.entry(network).or_default();
+        let position = list.len();
+        let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+            ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is not an http(s) URL"))
+        })?;
+        if list.contains(&parsed) {
+            return Err(ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is listed twice")));
         }
+        list.push(parsed);
     }
     Ok(out)
 }
@@ -483,6 +479,21 @@ mod tests {
     }
 
     #[test]
+    fn a_network_listed_again_gets_another_rpc_url_in_order_and_no_url_is_quoted() {
+        let urls = parse_rpc_urls("base-sepolia=http://a:1,eip155:8453=https://b,eip155:84532=http://c:2/k").unwrap();
+        let sepolia: Vec<&str> = urls[&Network::BASE_SEPOLIA].iter().map(Url::as_str).collect();
+        assert_eq!(sepolia, ["http://a:1/", "http://c:2/k"]);
+        assert_eq!(urls[&Network::BASE].len(), 1);
+        let twice = parse_rpc_urls("eip155:84532=http://a/secret,eip155:84532=http://a/secret").unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "invalid setting X402_RPC_URLS (--x402-rpc-urls): URL 1 of eip155:84532 is listed twice"
+        );
+        let bad = parse_rpc_urls("eip155:84532=ftp://a/secret").unwrap_err().to_string();
+        assert!(bad.contains("URL 0 of eip155:84532") && !bad.contains("secret"), "{bad}");
+    }
+
+    #[test]
     fn session_url_bounds_every_wait_and_keeps_what_the_url_had() {
         let ours = "-c%20lock_timeout%3D5000%20-c%20statement_timeout%3D15000\
                     %20-c%20idle_in_transaction_session_timeout%3D10000";
@@ -496,6 +507,13 @@ mod tests {
                 .unwrap()
                 .expose(),
             format!("postgres://db/app?sslmode=require&options=-c%20search_path%3Dx%2By%20{ours}")
+        );
+        // Key/value pairs with several hosts keep their form and their hosts.
+        let kv = database("host=a,b port=5432,5433 dbname=app target_session_attrs=read-write options='-c x=1'");
+        assert_eq!(
+            kv.session_url().unwrap().expose(),
+            "host='a,b' port='5432,5433' dbname='app' target_session_attrs='read-write' options='-c x=1 \
+             -c lock_timeout=5000 -c statement_timeout=15000 -c idle_in_transaction_session_timeout=10000'"
         );
     }
 }

@@ -2,7 +2,8 @@
 //! at `GET /metrics` in the text exposition format.
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// The service's metrics.
@@ -28,6 +29,14 @@ pub struct Metrics {
     pub cache_rejected: IntCounter,
     pub upstream_seconds: HistogramVec,
     pub rpc_seconds: HistogramVec,
+    /// Per RPC URL (labelled by its position among its network's URLs, never by the URL,
+    /// which may carry an API key): `x402_router_rpc_endpoint_requests_total{network,
+    /// endpoint, outcome}` (outcome `ok`, `error`, `timeout`, `wrong_chain`),
+    /// `x402_router_rpc_endpoint_seconds{network, endpoint}` and
+    /// `x402_router_rpc_endpoint_up{network, endpoint}` (1: its last attempt answered).
+    pub rpc_endpoint_requests: IntCounterVec,
+    pub rpc_endpoint_seconds: HistogramVec,
+    pub rpc_endpoint_up: IntGaugeVec,
 }
 
 impl Metrics {
@@ -83,8 +92,24 @@ impl Metrics {
             &["kind"],
         )?;
         let rpc_seconds = HistogramVec::new(
-            HistogramOpts::new("x402_router_rpc_seconds", "Chain RPC latency").buckets(buckets),
+            HistogramOpts::new("x402_router_rpc_seconds", "Chain RPC latency").buckets(buckets.clone()),
             &["method"],
+        )?;
+        let rpc_endpoint_requests = IntCounterVec::new(
+            Opts::new(
+                "x402_router_rpc_endpoint_requests_total",
+                "JSON-RPC attempts per RPC URL (endpoint = its position among the network's URLs) by outcome",
+            ),
+            &["network", "endpoint", "outcome"],
+        )?;
+        let rpc_endpoint_seconds = HistogramVec::new(
+            HistogramOpts::new("x402_router_rpc_endpoint_seconds", "JSON-RPC attempt latency per RPC URL")
+                .buckets(buckets),
+            &["network", "endpoint"],
+        )?;
+        let rpc_endpoint_up = IntGaugeVec::new(
+            Opts::new("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0"),
+            &["network", "endpoint"],
         )?;
         registry.register(Box::new(http_requests.clone()))?;
         registry.register(Box::new(idempotency.clone()))?;
@@ -98,6 +123,9 @@ impl Metrics {
         registry.register(Box::new(paid_not_served.clone()))?;
         registry.register(Box::new(stuck_intents.clone()))?;
         registry.register(Box::new(budget_used.clone()))?;
+        registry.register(Box::new(rpc_endpoint_requests.clone()))?;
+        registry.register(Box::new(rpc_endpoint_seconds.clone()))?;
+        registry.register(Box::new(rpc_endpoint_up.clone()))?;
         // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, … (Linux).
         #[cfg(target_os = "linux")]
         registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
@@ -115,6 +143,9 @@ impl Metrics {
             payments,
             upstream_seconds,
             rpc_seconds,
+            rpc_endpoint_requests,
+            rpc_endpoint_seconds,
+            rpc_endpoint_up,
         })
     }
 

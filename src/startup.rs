@@ -100,11 +100,12 @@ impl Application {
 }
 
 /// Checks the payment networks before serving. Every RPC URL that answers must serve its
-/// network's chain id, else the router refuses to start with one line naming the entry (an
-/// endpoint that does not answer yet is checked on first use, and no payment is made until it
-/// passes). The decimals of assets not given in `X402_ASSETS` are read from the tokens; an
-/// asset whose decimals cannot be read is never paid; assets of different decimals refuse
-/// to start (one budget cannot span them).
+/// network's chain id, else the router refuses to start with one line naming the network and
+/// the URL's position (never the URL: it may carry an API key). A URL that does not answer yet
+/// is logged and checked on first use (no request goes through it until it passes), so one
+/// dead URL among several does not stop the router. The decimals of assets not given in
+/// `X402_ASSETS` are read from the tokens; an asset whose decimals cannot be read is never
+/// paid; assets of different decimals refuse to start (one budget cannot span them).
 ///
 /// # Errors
 /// A chain id mismatch, or assets of different units.
@@ -112,14 +113,17 @@ pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
     let payments = &mut config.payments;
     let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
     for network in chain.networks() {
-        match chain.verify_chain_id(network).await {
-            Ok(()) => {}
-            Err(crate::x402::ChainError::ChainIdMismatch { network, actual }) => anyhow::bail!(
-                "X402_RPC_URLS: the entry for {network} serves chain id {actual}, not {}; refusing to start",
-                network.chain_id()
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "RPC endpoint not reachable at start-up; its chain id is checked on first use")
+        for checked in chain.verify_chain_ids(network).await? {
+            match checked {
+                Ok(()) => {}
+                Err(crate::x402::ChainError::ChainIdMismatch { network, endpoint, actual }) => anyhow::bail!(
+                    "X402_RPC_URLS: URL {endpoint} of {network} serves chain id {actual}, not {}; refusing to start",
+                    network.chain_id()
+                ),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "an RPC URL is not reachable at start-up; its chain id is checked before its first use"
+                ),
             }
         }
     }
@@ -165,7 +169,12 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         metrics: Arc::clone(&metrics),
     };
     let payments = &config.payments;
-    let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
+    let rpc_metrics = crate::x402::rpc::EndpointMetrics {
+        requests: metrics.rpc_endpoint_requests.clone(),
+        seconds: metrics.rpc_endpoint_seconds.clone(),
+        up: metrics.rpc_endpoint_up.clone(),
+    };
+    let chain = Chain::with_metrics(payments.rpc_urls.clone(), payments.rpc_timeout, rpc_metrics);
     let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
     let supported = Supported::new(payments.rpc_urls.keys().copied(), assets).with_decimals(payments.decimals.clone());
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));

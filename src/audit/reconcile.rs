@@ -163,7 +163,7 @@ async fn transition(
               SELECT status, created_at FROM idempotency_keys \
                WHERE agent_id = $2 AND key = $3 FOR SHARE) \
          UPDATE payments p SET status = $5, updated_at = now() \
-          WHERE p.id = $1 AND p.status = $4 \
+          WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $4 \
             AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight' \
                    AND o.created_at >= now() - make_interval(secs => $6::float8 / 1000))",
     )

@@ -1,6 +1,8 @@
 //! Postgres plumbing: the bb8 pool of diesel-async connections, the embedded migrations
-//! and the schema. No business logic lives here.
+//! and the schema, the connection string in either libpq form (several hosts allowed) and the
+//! pool's failover handling ([`FailoverWatch`]). No business logic lives here.
 
+pub mod conninfo;
 pub mod prepared;
 pub mod schema;
 pub mod storable;
@@ -43,6 +45,11 @@ pub struct PoolSettings<'a> {
 /// pool use: a third of the Postgres traffic of a replay (BENCHMARKS.md).
 ///
 /// Connections are opened by the [`Connector`] parsed from `DATABASE_URL` (TLS per `sslmode`).
+///
+/// Failover: a connection whose server stopped accepting writes (a fenced old primary, a
+/// node turned standby) is discarded at its next checkout, like a closed one
+/// ([`FailoverWatch`]); the replacement is opened by the connector, which with several hosts
+/// and `target_session_attrs=read-write` finds the primary.
 pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
     let mut manager_config = ManagerConfig::<AsyncPgConnection>::default();
     let connector = settings.connector.clone();
@@ -51,7 +58,7 @@ pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
         Box::pin(async move { connector.connect().await })
     });
     manager_config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
-        let broken = conn.is_broken();
+        let broken = conn.is_broken() || FailoverWatch::saw_read_only(conn);
         Box::pin(async move { if broken { Err(diesel::result::Error::BrokenTransactionManager) } else { Ok(()) } })
     }));
     let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(settings.url, manager_config);
@@ -61,6 +68,46 @@ pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
         .connection_timeout(settings.acquire_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
         .build_unchecked(manager)
+}
+
+/// Watches a connection for the sign that its server no longer accepts writes: the server
+/// reported `in_hot_standby` or `default_transaction_read_only` on (set by the connection's
+/// driver, see [`tls::Connector::connect`]; Postgres 14 and later), or, as a second signal,
+/// a statement failed as read-only (SQLSTATE 25006; diesel-async reports the errors of
+/// statements without result rows, not those of a query's row stream). Such a connection is still open, so the pool would keep handing it out, every
+/// write failing, until the old primary went away; the pool's checkout check ([`pool`])
+/// discards it instead, without a round trip.
+#[derive(Debug, Default)]
+pub struct FailoverWatch {
+    read_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FailoverWatch {
+    /// The flag the connection's driver sets.
+    pub(crate) fn read_only_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        std::sync::Arc::clone(&self.read_only)
+    }
+
+    /// Whether `conn` (opened by a [`Connector`]) has been seen on a server that does not
+    /// accept writes.
+    pub fn saw_read_only(conn: &mut AsyncPgConnection) -> bool {
+        diesel_async::AsyncConnection::instrumentation(conn)
+            .downcast_ref::<Self>()
+            .is_some_and(|w| w.read_only.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
+impl diesel::connection::Instrumentation for FailoverWatch {
+    fn on_connection_event(&mut self, event: diesel::connection::InstrumentationEvent<'_>) {
+        use diesel::result::{DatabaseErrorKind, Error};
+        if let diesel::connection::InstrumentationEvent::FinishQuery {
+            error: Some(Error::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _)),
+            ..
+        } = event
+        {
+            self.read_only.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 /// Key of the session-level advisory lock held while migrating ("x402mig" in ASCII), so

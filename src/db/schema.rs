@@ -13,7 +13,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    receipts (id) {
+    receipts (agent_id, id) {
         id -> Uuid,
         agent_id -> Uuid,
         idempotency_key -> Text,
@@ -52,7 +52,7 @@ diesel::joinable!(idempotency_keys -> agents (agent_id));
 diesel::joinable!(receipts -> agents (agent_id));
 
 diesel::table! {
-    payments (id) {
+    payments (agent_id, id) {
         id -> Uuid,
         agent_id -> Uuid,
         idempotency_key -> Text,

@@ -15,10 +15,14 @@
 //! are trusted (libpq's `sslrootcert=system`, which is what managed Postgres services
 //! need). `sslrootcert=system` is accepted too. Both parameters are removed from the URL
 //! before it reaches tokio-postgres, which does not know the verifying modes.
+//!
+//! With several hosts (`host=a,b` or `postgres://a,b/db`) the same TLS settings apply to
+//! each; with `verify-full` each server's certificate must name the host it was reached by.
 
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use diesel::ConnectionResult;
 use diesel::result::ConnectionError;
@@ -106,12 +110,29 @@ impl TlsParams {
             let query: Vec<String> = rest.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect();
             parsed.set_query(Some(&query.join("&")));
         }
+        Ok((parsed.into(), Self::resolve(mode, root, default_mode)))
+    }
+
+    /// Removes `sslmode` and `sslrootcert` from a Postgres connection string (either form,
+    /// see [`super::conninfo`]) and returns them.
+    ///
+    /// # Errors
+    /// An unknown `sslmode` or a repeated parameter.
+    pub fn take_from_conninfo(info: &mut super::conninfo::ConnInfo, default_mode: SslMode) -> Result<Self, String> {
+        let mode = info.take("sslmode")?.map(|m| m.parse::<SslMode>()).transpose()?;
+        let root = info
+            .take("sslrootcert")?
+            .map(|v| if v == "system" { RootCerts::System } else { RootCerts::File(PathBuf::from(v)) });
+        Ok(Self::resolve(mode, root, default_mode))
+    }
+
+    fn resolve(mode: Option<SslMode>, root: Option<RootCerts>, default_mode: SslMode) -> Self {
         let mut mode = mode.unwrap_or(default_mode);
         // libpq: "require" with a root certificate file behaves like "verify-ca".
         if mode == SslMode::Require && matches!(root, Some(RootCerts::File(_))) {
             mode = SslMode::VerifyCa;
         }
-        Ok((parsed.into(), Self { mode, root_certs: root.unwrap_or(RootCerts::System) }))
+        Self { mode, root_certs: root.unwrap_or(RootCerts::System) }
     }
 
     /// The trusted roots, read now (so that a missing or empty file fails at start-up).
@@ -267,13 +288,15 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
-    /// Parses a `postgres://` URL with its TLS parameters and reads the root certificates.
+    /// Parses a `postgres://` URL or libpq key/value pairs (several hosts allowed, with
+    /// `target_session_attrs`) with its TLS parameters, and reads the root certificates.
     ///
     /// # Errors
     /// A one-line reason (the caller names the setting).
     pub fn from_url(url: &str) -> Result<Self, String> {
-        let (url, params) = TlsParams::take_from_url(url, SslMode::Prefer)?;
-        let mut config = tokio_postgres::Config::from_str(&url).map_err(|e| e.to_string())?;
+        let mut info = super::conninfo::ConnInfo::parse(url)?;
+        let params = TlsParams::take_from_conninfo(&mut info, SslMode::Prefer)?;
+        let mut config = tokio_postgres::Config::from_str(&info.to_string()).map_err(|e| e.to_string())?;
         config.ssl_mode(match params.mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -288,24 +311,54 @@ impl Connector {
         self.mode
     }
 
-    /// Opens one connection. The connection's driver task runs on the current runtime.
+    /// Opens one connection. The connection's driver task runs on the current runtime and
+    /// watches the server's reported state ([`super::FailoverWatch`], installed as the
+    /// connection's instrumentation).
     ///
     /// # Errors
     /// Connection, TLS or authentication failure, with tokio-postgres's message (which
     /// names the certificate problem, e.g. `invalid peer certificate: UnknownIssuer`).
     pub async fn connect(&self) -> ConnectionResult<AsyncPgConnection> {
         let fail = |e: tokio_postgres::Error| ConnectionError::BadConnection(postgres_error_chain(&e));
-        match &self.tls {
+        let watch = super::FailoverWatch::default();
+        let client = match &self.tls {
             Some(tls) => {
                 let (client, conn) = self.config.connect(tls.clone()).await.map_err(fail)?;
-                AsyncPgConnection::try_from_client_and_connection(client, conn).await
+                tokio::spawn(drive(conn, watch.read_only_flag()));
+                client
             }
             None => {
                 let (client, conn) = self.config.connect(tokio_postgres::NoTls).await.map_err(fail)?;
-                AsyncPgConnection::try_from_client_and_connection(client, conn).await
+                tokio::spawn(drive(conn, watch.read_only_flag()));
+                client
             }
-        }
+        };
+        let mut conn = AsyncPgConnection::try_from(client).await?;
+        diesel_async::AsyncConnection::set_instrumentation(&mut conn, watch);
+        Ok(conn)
     }
+}
+
+/// Drives one connection's socket until it closes (the client side then sees it closed, and
+/// the pool discards it). After every message it reads the server's reported state: since
+/// Postgres 14 a session is told, unasked, when `in_hot_standby` or
+/// `default_transaction_read_only` change (`ParameterStatus`), so a connection whose server
+/// stopped accepting writes is known without a round trip of ours.
+async fn drive<S, T>(mut conn: tokio_postgres::Connection<S, T>, read_only: Arc<AtomicBool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut messages = futures_util::stream::poll_fn(move |cx| {
+        let polled = conn.poll_message(cx);
+        let on = |name: &str| conn.parameter(name) == Some("on");
+        if on("in_hot_standby") || on("default_transaction_read_only") {
+            read_only.store(true, Ordering::Release);
+        }
+        polled
+    });
+    // Notices and notifications are not used; an error ends the connection.
+    while let Some(Ok(_)) = futures_util::StreamExt::next(&mut messages).await {}
 }
 
 /// tokio-postgres's `Display` says only "error performing TLS handshake"; the reason
@@ -364,5 +417,22 @@ mod tests {
         assert!(TlsParams::take_from_url("postgres://db/x?sslmode=allow", SslMode::Prefer).is_err());
         assert!(TlsParams::take_from_url("postgres://db/x?sslmode=require&sslmode=disable", SslMode::Prefer).is_err());
         assert!(Connector::from_url("postgres://db/x?sslmode=verify-full&sslrootcert=/nonexistent.pem").is_err());
+        assert!(Connector::from_url("host=db sslmode=require sslmode=disable").is_err());
+    }
+
+    #[test]
+    fn multi_host_strings_in_both_forms_reach_tokio_postgres_with_their_tls_mode() {
+        let kv = Connector::from_url(
+            "host=127.0.0.1,127.0.0.1 port=5433,5434 user=postgres target_session_attrs=read-write sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(kv.ssl_mode(), SslMode::Disable);
+        assert_eq!(kv.config.get_ports(), [5433, 5434]);
+        assert_eq!(kv.config.get_target_session_attrs(), tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        let url = Connector::from_url("postgres://u@a:5433,b:5434/db?target_session_attrs=read-write&sslmode=require")
+            .unwrap();
+        assert_eq!(url.ssl_mode(), SslMode::Require);
+        assert_eq!(url.config.get_hosts().len(), 2);
+        assert_eq!(url.config.get_target_session_attrs(), tokio_postgres::config::TargetSessionAttrs::ReadWrite);
     }
 }

@@ -162,8 +162,13 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
             return Ok(Reservation::OverLimit("unknown agent".into()));
         };
-        let current: Option<PaymentRow> =
-            payments::table.find(r.id).select(PaymentRow::as_select()).for_update().first(c).await.optional()?;
+        let current: Option<PaymentRow> = payments::table
+            .find((r.agent_id, r.id))
+            .select(PaymentRow::as_select())
+            .for_update()
+            .first(c)
+            .await
+            .optional()?;
         if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired)
             && let Some(refusal) = over_limit(&spend, r.amount)
         {
@@ -172,12 +177,12 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         let n = diesel::sql_query(
             "WITH owner AS ( \
                   SELECT 1 FROM idempotency_keys k, payments q \
-                   WHERE q.id = $1 AND k.agent_id = $7 AND k.key = q.idempotency_key \
+                   WHERE q.agent_id = $7 AND q.id = $1 AND k.agent_id = $7 AND k.key = q.idempotency_key \
                      AND k.request_hash = q.request_hash AND k.lease = $2 AND k.status = 'in_flight' \
                      FOR NO KEY UPDATE OF k) \
              UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
                                    status = $8, attempts = attempts + 1, updated_at = now() \
-              WHERE p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",
+              WHERE p.agent_id = $7 AND p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",
         )
         .bind::<SqlUuid, _>(r.id)
         .bind::<SqlUuid, _>(r.lease)
@@ -238,12 +243,13 @@ pub async fn find(
 /// Database errors.
 pub async fn finalize(
     conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
     id: Uuid,
     status: PaymentStatus,
     tx_hash: Option<&str>,
     error: Option<&str>,
 ) -> QueryResult<()> {
-    diesel::update(payments::table.find(id))
+    diesel::update(payments::table.find((agent_id, id)))
         .set((
             payments::status.eq(status),
             payments::tx_hash.eq(tx_hash),

@@ -1,12 +1,14 @@
-//! On-chain checks through the configured JSON-RPC endpoints (one per network, `X402_RPC_URLS`):
-//! whether an EIP-3009 authorization has been used, which transaction used it, whether a
-//! transaction succeeded, a token's decimals.
+//! On-chain checks through the configured JSON-RPC endpoints (one or more per network,
+//! `X402_RPC_URLS`; see [`super::rpc`] for the fallback and retry between them): whether an
+//! EIP-3009 authorization has been used, which transaction used it, whether a transaction
+//! succeeded, a token's decimals.
 //!
 //! Invariants:
-//! - Chain identity: an endpoint answers nothing until its `eth_chainId` equals its network's
-//!   chain id ([`ChainError::ChainIdMismatch`] otherwise, on every call: no payment decision
-//!   is ever made from another chain's state). The check is made again after any transport
-//!   error, so a reconnect to a different node is checked too.
+//! - Chain identity: each URL answers nothing until its own `eth_chainId` equals its network's
+//!   chain id (no payment decision is ever made from another chain's state); a call that no
+//!   URL could answer while one of them serves another chain is
+//!   [`ChainError::ChainIdMismatch`]. The check is made again after any failure of that URL,
+//!   so a reconnect to a different node is checked too.
 //! - Every call is bounded by the per-call timeout given at construction
 //!   (`tokio::time::timeout`), and a timeout is an error, never an answer.
 //! - A network without an RPC URL is an error ([`ChainError::UnknownNetwork`]), never "false".
@@ -16,11 +18,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use alloy::network::Ethereum;
-use alloy::primitives::{Address, B256};
+use alloy::primitives::{Address, B256, U256};
 use alloy::providers::{Provider, RootProvider};
 use alloy::rpc::types::Filter;
 use alloy::sol;
@@ -28,6 +29,7 @@ use alloy::sol_types::SolEvent;
 use reqwest::Url;
 
 use super::network::Network;
+use super::rpc::{EndpointMetrics, UrlTransport};
 
 sol! {
     /// The EIP-3009 view used to learn whether a nonce has been consumed.
@@ -35,6 +37,7 @@ sol! {
     interface IEIP3009 {
         function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
         function decimals() external view returns (uint8);
+        function balanceOf(address owner) external view returns (uint256);
         event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
     }
 }
@@ -66,10 +69,12 @@ pub enum ChainError {
         address: Address,
     },
     /// The RPC endpoint serves another chain than the one it is configured for.
-    #[error("RPC URL for {network} serves chain id {actual}")]
+    #[error("RPC endpoint {endpoint} of {network} serves chain id {actual}")]
     ChainIdMismatch {
         /// Configured network.
         network: Network,
+        /// Position of the URL among the network's URLs in `X402_RPC_URLS` (from 0).
+        endpoint: usize,
         /// Chain id the endpoint reported.
         actual: u64,
     },
@@ -95,11 +100,14 @@ struct Inner {
 }
 
 struct Endpoint {
+    /// All the network's URLs, behind the fallback and retry layers.
     provider: RootProvider<Ethereum>,
-    /// `eth_chainId` answered the configured network's id since the last transport error.
-    verified: AtomicBool,
-    /// The URL as configured and as normalized, to scrub from error messages.
-    redact: [String; 2],
+    /// The same URLs one by one (start-up checks, mismatch reports).
+    urls: Vec<UrlTransport>,
+    /// Each URL as configured and as normalized, to scrub from error messages.
+    redact: Vec<String>,
+    /// The per-call limit (reported by a call whose every attempt timed out).
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Chain {
@@ -112,20 +120,40 @@ impl std::fmt::Debug for Chain {
 }
 
 impl Chain {
-    /// One HTTP JSON-RPC client per network; nothing is contacted until the first call.
-    /// `timeout` bounds every call.
-    pub fn new(rpc_urls: impl IntoIterator<Item = (Network, Url)>, timeout: Duration) -> Self {
+    /// One JSON-RPC client per network over its URLs (in order of preference); nothing is
+    /// contacted until the first call. `timeout` bounds every call.
+    pub fn new(rpc_urls: impl IntoIterator<Item = (Network, Vec<Url>)>, timeout: Duration) -> Self {
+        Self::build(rpc_urls, timeout, None)
+    }
+
+    /// [`Self::new`], counting every request to every URL in `metrics`.
+    pub fn with_metrics(
+        rpc_urls: impl IntoIterator<Item = (Network, Vec<Url>)>,
+        timeout: Duration,
+        metrics: EndpointMetrics,
+    ) -> Self {
+        Self::build(rpc_urls, timeout, Some(&metrics))
+    }
+
+    fn build(
+        rpc_urls: impl IntoIterator<Item = (Network, Vec<Url>)>,
+        timeout: Duration,
+        metrics: Option<&EndpointMetrics>,
+    ) -> Self {
         let endpoints = rpc_urls
             .into_iter()
-            .map(|(network, url)| {
-                let as_str = url.as_str().to_owned();
-                let trimmed = as_str.trim_end_matches('/').to_owned();
-                let endpoint = Endpoint {
-                    provider: RootProvider::new_http(url),
-                    verified: AtomicBool::new(false),
-                    redact: [as_str, trimmed],
-                };
-                (network, endpoint)
+            .filter(|(_, urls)| !urls.is_empty())
+            .map(|(network, urls)| {
+                let redact = urls
+                    .iter()
+                    .flat_map(|u| {
+                        let s = u.as_str().to_owned();
+                        let trimmed = s.trim_end_matches('/').to_owned();
+                        [s, trimmed]
+                    })
+                    .collect();
+                let (client, urls) = super::rpc::client(network, urls, timeout, metrics);
+                (network, Endpoint { provider: RootProvider::new(client), urls, redact, timeout })
             })
             .collect();
         Self { inner: Arc::new(Inner { endpoints, timeout }) }
@@ -156,7 +184,7 @@ impl Chain {
         authorizer: Address,
         nonce: B256,
     ) -> Result<bool, ChainError> {
-        let endpoint = self.ready(network).await?;
+        let endpoint = self.endpoint(network)?;
         let token = IEIP3009::new(asset, &endpoint.provider);
         let call = token.authorizationState(authorizer, nonce);
         match self.bounded(endpoint, network, call.call()).await? {
@@ -171,11 +199,26 @@ impl Chain {
     /// # Errors
     /// As [`Self::authorization_state`].
     pub async fn decimals(&self, network: Network, asset: Address) -> Result<u8, ChainError> {
-        let endpoint = self.ready(network).await?;
+        let endpoint = self.endpoint(network)?;
         let token = IEIP3009::new(asset, &endpoint.provider);
         let call = token.decimals();
         match self.bounded(endpoint, network, call.call()).await? {
             Ok(d) => Ok(d),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The token's `balanceOf(owner)`.
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`].
+    pub async fn balance_of(&self, network: Network, asset: Address, owner: Address) -> Result<U256, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let token = IEIP3009::new(asset, &endpoint.provider);
+        let call = token.balanceOf(owner);
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(v) => Ok(v),
             Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
             Err(e) => Err(endpoint.rpc_error(network, &e)),
         }
@@ -196,7 +239,7 @@ impl Chain {
         nonce: B256,
         claimed: Option<B256>,
     ) -> Result<Option<B256>, ChainError> {
-        let endpoint = self.ready(network).await?;
+        let endpoint = self.endpoint(network)?;
         let topics = [IEIP3009::AuthorizationUsed::SIGNATURE_HASH, authorizer.into_word(), nonce];
         let matches = |addr: Address, t: &[B256]| addr == asset && t.len() >= 3 && t[..3] == topics;
         if let Some(hash) = claimed {
@@ -234,7 +277,7 @@ impl Chain {
     /// # Errors
     /// [`ChainError::UnknownNetwork`], [`ChainError::Timeout`], [`ChainError::Rpc`].
     pub async fn transaction_status(&self, network: Network, tx_hash: B256) -> Result<Option<bool>, ChainError> {
-        let endpoint = self.ready(network).await?;
+        let endpoint = self.endpoint(network)?;
         let receipt = self
             .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(tx_hash))
             .await?
@@ -242,58 +285,63 @@ impl Chain {
         Ok(receipt.map(|r| r.status()))
     }
 
-    /// Checks that the endpoint of `network` serves that chain (a start-up sanity check).
+    /// Checks each URL of `network` on its own (a start-up check): one result per URL, in
+    /// configuration order. A URL that serves another chain is
+    /// [`ChainError::ChainIdMismatch`]; one that does not answer, [`ChainError::Rpc`] or
+    /// [`ChainError::Timeout`].
     ///
     /// # Errors
-    /// [`ChainError::ChainIdMismatch`], or the errors of any call.
-    pub async fn verify_chain_id(&self, network: Network) -> Result<(), ChainError> {
+    /// [`ChainError::UnknownNetwork`].
+    pub async fn verify_chain_ids(&self, network: Network) -> Result<Vec<Result<(), ChainError>>, ChainError> {
         let endpoint = self.endpoint(network)?;
-        let actual = self
-            .bounded(endpoint, network, endpoint.provider.get_chain_id())
-            .await?
-            .map_err(|e| endpoint.rpc_error(network, &e))?;
-        if actual == network.chain_id() {
-            endpoint.verified.store(true, Ordering::Release);
-            Ok(())
-        } else {
-            endpoint.verified.store(false, Ordering::Release);
-            Err(ChainError::ChainIdMismatch { network, actual })
+        let mut out = Vec::with_capacity(endpoint.urls.len());
+        for url in &endpoint.urls {
+            let checked = match tokio::time::timeout(self.inner.timeout, url.check_chain_id()).await {
+                Err(_) => Err(ChainError::Timeout { network, timeout: self.inner.timeout }),
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(match url.wrong_chain() {
+                    Some(actual) => ChainError::ChainIdMismatch { network, endpoint: url.index(), actual },
+                    None => endpoint.rpc_error(network, &e),
+                }),
+            };
+            out.push(checked);
         }
-    }
-
-    /// The endpoint of `network`, its chain id checked (once per connection).
-    async fn ready(&self, network: Network) -> Result<&Endpoint, ChainError> {
-        let endpoint = self.endpoint(network)?;
-        if !endpoint.verified.load(Ordering::Acquire) {
-            self.verify_chain_id(network).await?;
-        }
-        Ok(endpoint)
+        Ok(out)
     }
 
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {
         self.inner.endpoints.get(&network).ok_or(ChainError::UnknownNetwork(network))
     }
 
-    /// Runs `call` under the per-call timeout. A timeout un-verifies the endpoint: the next
-    /// call checks the chain id again (it may reach another node).
+    /// Runs `call` under the per-call timeout (each URL's attempt has its share of it, and a
+    /// URL whose attempt timed out checks its chain id again before its next answer).
     async fn bounded<F: IntoFuture>(
         &self,
-        endpoint: &Endpoint,
+        _endpoint: &Endpoint,
         network: Network,
         call: F,
     ) -> Result<F::Output, ChainError> {
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, call).await.map_err(|_| {
-            endpoint.verified.store(false, Ordering::Release);
-            ChainError::Timeout { network, timeout }
-        })
+        tokio::time::timeout(timeout, call).await.map_err(|_| ChainError::Timeout { network, timeout })
     }
 }
 
 impl Endpoint {
-    /// A failed call: the message without the URL; the endpoint is checked again next time.
-    fn rpc_error(&self, network: Network, error: &dyn std::error::Error) -> ChainError {
-        self.verified.store(false, Ordering::Release);
+    /// A failed call: [`ChainError::ChainIdMismatch`] when no URL is fit to answer and one
+    /// of them serves another chain, else the message without the URLs.
+    fn rpc_error(&self, network: Network, error: &(dyn std::error::Error + 'static)) -> ChainError {
+        if !self.urls.iter().any(UrlTransport::verified)
+            && let Some((endpoint, actual)) = self.urls.iter().find_map(|u| u.wrong_chain().map(|a| (u.index(), a)))
+        {
+            return ChainError::ChainIdMismatch { network, endpoint, actual };
+        }
+        let mut cause = Some(error);
+        while let Some(e) = cause {
+            if e.downcast_ref::<super::rpc::AttemptTimeout>().is_some() {
+                return ChainError::Timeout { network, timeout: self.timeout };
+            }
+            cause = e.source();
+        }
         let mut message = error.to_string();
         for url in &self.redact {
             if !url.is_empty() {
@@ -309,7 +357,7 @@ mod tests {
     use super::*;
 
     fn chain(url: &str, timeout: Duration) -> Chain {
-        Chain::new([(Network::BASE_SEPOLIA, url.parse().unwrap())], timeout)
+        Chain::new([(Network::BASE_SEPOLIA, vec![url.parse().unwrap()])], timeout)
     }
 
     #[tokio::test]

@@ -15,13 +15,15 @@
 //! 7. [`chain::Chain`]: what the chain says (`authorizationState`, transaction receipts).
 //!
 //! Module map: [`network`] (CAIP-2 ids and v1 names), [`wire`] (message formats), [`select`](mod@select)
-//! (policy), [`nonce`] (HMAC derivations), [`sign`] (EIP-3009/EIP-712), [`chain`] (RPC).
+//! (policy), [`nonce`] (HMAC derivations), [`sign`] (EIP-3009/EIP-712), [`chain`] (RPC reads),
+//! [`rpc`] (several URLs per network: fallback, retry, a chain-id check per URL).
 //! Nothing here touches the database, HTTP routing or configuration loading.
 
 pub mod chain;
 pub mod network;
 pub mod nonce;
 pub mod payload;
+pub mod rpc;
 pub mod select;
 pub mod sign;
 pub mod wire;

@@ -242,3 +242,134 @@ async fn payment_status_enum_matches_the_check_constraint() {
         x402_router::payments::PaymentStatus::ALL.iter().map(|s| s.as_str().to_owned()).collect();
     assert_eq!(in_db, in_code, "constraint: {}", row.def);
 }
+
+/// Distributed-Postgres readiness: every primary, unique and foreign key of the per-agent
+/// tables leads with `agent_id` (the distribution column), and every foreign key points at
+/// `agents.id` or at a key that leads with `agent_id` too.
+#[actix_web::test]
+async fn every_key_of_the_per_agent_tables_leads_with_agent_id() {
+    #[derive(diesel::QueryableByName, Debug)]
+    struct Key {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        tbl: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        def: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        first: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        target: Option<String>,
+    }
+    let db = crate::helpers::TestDb::new().await;
+    let mut conn = db.conn().await;
+    let keys: Vec<Key> = diesel::sql_query(
+        "SELECT c.conrelid::regclass::text AS tbl, pg_get_constraintdef(c.oid) AS def, a.attname::text AS first, \
+                CASE WHEN c.contype = 'f' THEN c.confrelid::regclass::text || '.' || fa.attname END AS target \
+           FROM pg_constraint c \
+           JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] \
+           LEFT JOIN pg_attribute fa ON fa.attrelid = c.confrelid AND fa.attnum = c.confkey[1] \
+          WHERE c.contype IN ('p', 'u', 'f') \
+            AND c.conrelid::regclass::text IN ('idempotency_keys', 'receipts', 'payments') \
+          ORDER BY 1, 2",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap();
+
+    let tables: BTreeSet<&str> = keys.iter().map(|k| k.tbl.as_str()).collect();
+    assert_eq!(tables, BTreeSet::from(["idempotency_keys", "payments", "receipts"]));
+    for k in &keys {
+        assert_eq!(k.first, "agent_id", "{} {}", k.tbl, k.def);
+        if let Some(target) = &k.target {
+            assert!(target == "agents.id" || target.ends_with(".agent_id"), "{} {}", k.tbl, k.def);
+        }
+    }
+    assert!(keys.len() >= 9, "{keys:#?}");
+}
+
+/// Distributed-Postgres readiness, the queries: every statement that the request path
+/// (paid call, replay, free call, receipt read, the agent's own spend) sends to a per-agent
+/// table names `agent_id` in its filter or, for an insert, in its values, so that a sharded
+/// Postgres can route it to one shard. Read from `pg_stat_statements` of a private server.
+/// The only exceptions are the operator gauges that every router refreshes once a minute
+/// (ledger-wide by design, see `audit::gauges`).
+#[actix_web::test]
+async fn every_request_path_statement_on_a_per_agent_table_filters_by_agent_id() {
+    use crate::helpers::pg_replication::PgServer;
+    use crate::helpers::*;
+    use serde_json::json;
+
+    let pg = PgServer::start("-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all").await;
+    pg.exec("postgres", "CREATE DATABASE x4r").await;
+    let url = pg.conninfo("x4r");
+    x402_router::db::run_migrations(&url).await.unwrap();
+    pg.exec("x4r", "CREATE EXTENSION pg_stat_statements").await;
+    let chain = Devnet::start().await;
+    let out = router_command().args(["agents", "create", "--name", "a"]).env("DATABASE_URL", &url).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let agent = Agent {
+        id: line["agent_id"].as_str().unwrap().parse().unwrap(),
+        key: line["api_key"].as_str().unwrap().into(),
+    };
+    let opts = AppOptions { database_url: Some(url.clone()), extra: chain.router_extra(), ..Default::default() };
+    let mut config = config_from(&serve_args(&opts, &url, "test:stmts:", "127.0.0.1:0"));
+    x402_router::startup::preflight(&mut config).await.unwrap();
+    let app = x402_router::startup::Application::build(config, x402_router::startup::Hooks::default()).unwrap();
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let server = app.into_server();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let client = reqwest::Client::new();
+    pg.exec("x4r", "SELECT pg_stat_statements_reset()").await;
+
+    let paid = json!({"url": chain.url("/v2/weather"), "max_amount": "50000"});
+    let key = new_key();
+    let first: serde_json::Value = route_at(&client, &address, &agent, &key, &paid).await.json().await.unwrap();
+    assert_eq!(first["payment"]["status"], "settled", "{first}");
+    let replay = route_at(&client, &address, &agent, &key, &paid).await;
+    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+    let free = route_at(&client, &address, &agent, &new_key(), &json!({"url": chain.url("/free")})).await;
+    assert_eq!(free.status(), 200);
+    let receipt = client
+        .get(format!("{address}/receipts/{}", first["receipt_id"].as_str().unwrap()))
+        .bearer_auth(&agent.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(receipt.status(), 200);
+    let me = client.get(format!("{address}/agents/me")).bearer_auth(&agent.key).send().await.unwrap();
+    assert_eq!(me.status(), 200);
+
+    #[derive(diesel::QueryableByName)]
+    struct Stmt {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        query: String,
+    }
+    let mut conn = x402_router::db::Connector::from_url(&url).unwrap().connect().await.unwrap();
+    let statements: Vec<Stmt> = diesel::sql_query(
+        "SELECT query FROM pg_stat_statements \
+          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'x4r') \
+            AND query ~ '(idempotency_keys|receipts|payments)' AND query NOT LIKE '%pg_stat_statements%'",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap();
+    handle.stop(false).await;
+
+    // The gauges' two ledger-wide counts (no other statement of the router counts `AS n`).
+    let gauges = ["SELECT count(*) AS n FROM"];
+    let checked: Vec<String> = statements
+        .iter()
+        .map(|s| s.query.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|q| !gauges.iter().any(|g| q.contains(g)))
+        .collect();
+    assert!(checked.len() >= 8, "too few statements seen: {checked:#?}");
+    for q in &checked {
+        // Foreign-key checks (Postgres's own statements) spell `=` as an operator.
+        let filters = q.contains("agent_id = ")
+            || q.contains("agent_id\" = ")
+            || q.contains("\"agent_id\" OPERATOR(pg_catalog.=)");
+        let inserts = q.starts_with("INSERT") && q.contains("agent_id");
+        assert!(filters || inserts, "does not filter by agent_id: {q}");
+    }
+}

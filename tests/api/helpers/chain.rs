@@ -39,6 +39,35 @@ fn anvil_bin() -> String {
     })
 }
 
+/// A bare anvil (no token, no upstream) on a chain id of the test's choosing, killed when
+/// dropped: an RPC URL that serves another chain.
+pub struct BareAnvil {
+    pub rpc_url: String,
+    _child: Child,
+}
+
+impl BareAnvil {
+    pub async fn start(chain_id: u64) -> Self {
+        let port = free_port();
+        let child = Command::new(anvil_bin())
+            .args(["--port", &port.to_string(), "--host", "127.0.0.1", "--chain-id", &chain_id.to_string()])
+            .arg("--silent")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
+        let rpc_url = format!("http://127.0.0.1:{port}");
+        let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while alloy::providers::Provider::get_chain_id(&provider).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "anvil did not come up");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Self { rpc_url, _child: child }
+    }
+}
+
 pub struct Devnet {
     pub rpc_url: String,
     pub token: Address,

@@ -8,12 +8,13 @@ pub mod app;
 pub mod chain;
 pub mod db;
 pub mod invariants;
+pub mod pg_replication;
 pub mod services;
 pub mod tls_services;
 pub mod upstream;
 
 pub use app::*;
-pub use chain::{Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
+pub use chain::{BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
 pub use db::TestDb;
 pub use services::{PrivateRedis, TcpProxy};
 pub use upstream::TestUpstream;

@@ -81,7 +81,7 @@ async fn listening(port: u16) -> bool {
     tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
 }
 
-fn pg_bin_dir() -> PathBuf {
+pub fn pg_bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("PG_BIN_DIR") {
         return PathBuf::from(d);
     }
@@ -101,7 +101,7 @@ fn is_root() -> bool {
 }
 
 /// Runs a Postgres binary, as the `postgres` user when we are root (initdb refuses root).
-fn pg_command(bin: &Path) -> Command {
+pub fn pg_command(bin: &Path) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(bin);
@@ -111,7 +111,7 @@ fn pg_command(bin: &Path) -> Command {
     }
 }
 
-fn give_to_postgres(path: &Path) {
+pub fn give_to_postgres(path: &Path) {
     if is_root() {
         let ok = Command::new("chown").args(["-R", "postgres"]).arg(path).status().unwrap().success();
         assert!(ok, "chown postgres {}", path.display());
