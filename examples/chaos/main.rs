@@ -884,7 +884,7 @@ fn print_table(s: &Value) {
     println!("  injections            {:>6}", s["injections"]);
     if let Some(kinds) = s["injections_by_kind"].as_object() {
         for (k, v) in kinds {
-            println!("    {k:<26}{v:>6}");
+            println!("    {k:<28}{v:>4}");
         }
     }
     println!(
