@@ -17,6 +17,7 @@ mod idempotency;
 mod money;
 mod operations;
 mod payments;
+mod properties;
 mod stalls;
 mod structure;
 mod validation;
