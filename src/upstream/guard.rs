@@ -186,12 +186,17 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
 /// 5f00::/16 (SRv6 SIDs), fc00::/7, fe80::/10, fec0::/10, ff00::/8, and unallocated space.
 fn is_public_v6(ip: Ipv6Addr) -> bool {
     let s = ip.segments();
-    (s[0] & 0xe000) == 0x2000
-        && !((s[0] == 0x2001 && s[1] < 0x0200)        // 2001::/23 IETF protocol assignments (Teredo,
-                                                      // benchmarking, ORCHID, anycast, AMT, …)
-            || (s[0] == 0x2001 && s[1] == 0x0db8)     // 2001:db8::/32 documentation
-            || s[0] == 0x2002                         // 2002::/16 6to4 (embeds an arbitrary IPv4)
-            || (s[0] == 0x3fff && s[1] < 0x1000)) // 3fff::/20 documentation
+    let special = match s[0] {
+        // 2001::/23 IETF protocol assignments (Teredo, benchmarking, ORCHID, AMT, …) and
+        // 2001:db8::/32 documentation.
+        0x2001 => s[1] < 0x0200 || s[1] == 0x0db8,
+        // 2002::/16 6to4 (embeds an arbitrary IPv4 address).
+        0x2002 => true,
+        // 3fff::/20 documentation.
+        0x3fff => s[1] < 0x1000,
+        _ => false,
+    };
+    (s[0] & 0xe000) == 0x2000 && !special
 }
 
 #[cfg(test)]

@@ -201,7 +201,7 @@ fn text(d: &Doc, seed: u64) -> String {
 fn route_body(method: &str, url: &str, headers: &[(&str, &str)], body: &str, seed: u64) -> String {
     let mut style = Style(seed ^ 0x5eed);
     let headers: Vec<String> = headers.iter().map(|(n, v)| format!("{n:?}:{v:?}")).collect();
-    let mut members = vec![
+    let mut members = [
         format!("\"url\":{url:?}"),
         format!("\"method\"{}:{method:?}", style.space()),
         format!("\"headers\":{{{}}}", headers.join(",")),
