@@ -12,6 +12,7 @@
 //! written to JSONB carries no NUL.
 #![no_main]
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -20,13 +21,14 @@ use base64::engine::general_purpose::STANDARD;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use uuid::Uuid;
 use x402_router::codes::Code;
 use x402_router::db::storable;
 use x402_router::idempotency::cache::Entry;
 use x402_router::idempotency::redis_link::RedisTarget;
 use x402_router::idempotency::{Cache, IdempotencyKey, Ownership, Status};
-use x402_router::relay::envelope::headers_json;
+use x402_router::relay::envelope::{headers_json, to_value};
 use x402_router::relay::request::RouteCall;
 use x402_router::relay::{Failure, Outcome};
 use x402_router::upstream::UpstreamResponse;
@@ -85,13 +87,17 @@ fuzz_target!(|data: &[u8]| {
     let rendered = outcome.render(&OWNER, &CALL);
     let bytes = rendered.stored.body.clone();
 
-    // Rendering: one JSON object that gives the answer back.
-    let env: Value = serde_json::from_slice(&bytes).expect("the envelope is JSON");
+    // Rendering: one JSON object that gives the answer back. Its members are read one by one
+    // (the body is embedded verbatim and may be JSON that a serde_json Value cannot hold);
+    // `to_value`, what the MCP server reads, must always succeed.
+    let members: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&bytes).expect("the envelope is an object");
+    let env = to_value(&bytes).expect("the envelope reads as a value");
     let env = env.as_object().expect("the envelope is an object");
+    assert_eq!(env.len(), members.len());
     if has_upstream {
         assert_eq!(env["status"], Value::from(status));
         assert_eq!(env["headers"], headers_json(&headers));
-        check_body(&headers, body, &env["body"]);
+        check_body(&headers, body, members["body"].get());
     } else {
         assert_eq!(env["accepts"], accepts);
         assert_eq!(env["error"], Value::String(reason.clone()));
@@ -123,20 +129,26 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// The envelope's `body` member gives back the upstream's body.
-fn check_body(headers: &HeaderMap, body: &[u8], shown: &Value) {
+/// The envelope's `body` member (its JSON text) gives back the upstream's body.
+fn check_body(headers: &HeaderMap, body: &[u8], shown: &str) {
     if body.is_empty() {
-        assert_eq!(shown, &Value::Null);
+        assert_eq!(shown, "null");
         return;
     }
     let is_json = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.to_ascii_lowercase().contains("json"));
-    if is_json && let Ok(v) = serde_json::from_slice::<Value>(body) {
-        assert_eq!(shown, &v);
-    } else if let Ok(text) = std::str::from_utf8(body) {
-        assert_eq!(shown, &serde_json::json!({ "text": text }));
+    if is_json && serde_json::from_slice::<Box<RawValue>>(body).is_ok() {
+        let json_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        let start = body.iter().position(|b| !json_ws(b)).unwrap_or(body.len());
+        let end = body.iter().rposition(|b| !json_ws(b)).map_or(start, |i| i + 1);
+        assert_eq!(shown.as_bytes(), &body[start..end], "JSON is embedded verbatim");
+        return;
+    }
+    let shown: Value = serde_json::from_str(shown).expect("text and base64 forms are plain JSON");
+    if let Ok(text) = std::str::from_utf8(body) {
+        assert_eq!(shown, serde_json::json!({ "text": text }));
     } else {
         let b64 = shown["base64"].as_str().expect("non-UTF-8 bodies are base64");
         assert_eq!(STANDARD.decode(b64).expect("valid base64"), body);
