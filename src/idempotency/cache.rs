@@ -189,8 +189,9 @@ impl Cache {
         mac
     }
 
-    /// The authenticated Redis value of `entry` under `rkey`.
-    fn seal(&self, rkey: &str, entry: &Entry) -> Option<Vec<u8>> {
+    /// The authenticated Redis value of `entry` under `rkey`. Public for the storage
+    /// round-trip fuzz target; the service itself only calls [`Self::put`].
+    pub fn seal(&self, rkey: &str, entry: &Entry) -> Option<Vec<u8>> {
         let json = serde_json::to_vec(entry).ok()?;
         let tag = hex::encode(self.mac(rkey, &json).finalize().into_bytes());
         let mut value = Vec::with_capacity(FORMAT.len() + tag.len() + json.len() + 2);
@@ -202,8 +203,9 @@ impl Cache {
         Some(value)
     }
 
-    /// The entry in a Redis value under `rkey`, if the value is authentic.
-    fn open(&self, rkey: &str, value: &[u8]) -> Option<Entry> {
+    /// The entry in a Redis value under `rkey`, if the value is authentic. Public for the
+    /// storage round-trip fuzz target; the service itself only calls [`Self::get`].
+    pub fn open(&self, rkey: &str, value: &[u8]) -> Option<Entry> {
         let rest = value.strip_prefix(FORMAT.as_bytes())?.strip_prefix(b".")?;
         let (tag, json) = (rest.get(..64)?, rest.get(64..)?.strip_prefix(b".")?);
         let tag = hex::decode(tag).ok()?;

@@ -115,8 +115,8 @@ async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Cal
     let replayed = header("x-idempotent-replay").as_deref() == Some("true");
     let payment_status = header("x-payment-status");
     let bytes = resp.bytes().await.map_err(|e| format!("connection lost while reading the answer: {e}"))?;
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| json!({ "error": String::from_utf8_lossy(&bytes), "code": null }));
+    let body = crate::relay::envelope::to_value(&bytes)
+        .unwrap_or_else(|| json!({ "error": String::from_utf8_lossy(&bytes), "code": null }));
     Ok(Reply { status, body, retry_after, replayed, payment_status })
 }
 
@@ -140,7 +140,7 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
             };
             match relay::handle(state, agent, key, call).await {
                 Ok(r) => {
-                    let body = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+                    let body = crate::relay::envelope::to_value(&r.body).unwrap_or(serde_json::Value::Null);
                     Reply { replayed: r.replay, ..Reply::json(r.http_status, body) }
                 }
                 Err(e) => Reply::error(&ApiError::from(e)),

@@ -112,6 +112,29 @@ pub fn error_envelope(
     env
 }
 
+/// The envelope `bytes` as a [`Value`], for in-process readers (the MCP server).
+///
+/// An envelope is always JSON text, but the upstream body inside it is embedded verbatim and
+/// may be JSON that a `Value` cannot hold: a number beyond the double range (`1e400`), or
+/// nesting deeper than serde_json's limit of 128. Parsing the whole envelope would then fail
+/// and lose the status, payment and receipt with it; instead, such a member is given as
+/// `{"text": <its JSON text>}`, like other text bodies. `None` only if `bytes` is not a JSON
+/// object at all.
+pub fn to_value(bytes: &[u8]) -> Option<Value> {
+    if let Ok(v @ Value::Object(_)) = serde_json::from_slice::<Value>(bytes) {
+        return Some(v);
+    }
+    let members: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(bytes).ok()?;
+    let object = members
+        .into_iter()
+        .map(|(name, raw)| {
+            let value = serde_json::from_str(raw.get()).unwrap_or_else(|_| json!({ "text": raw.get() }));
+            (name, value)
+        })
+        .collect();
+    Some(Value::Object(object))
+}
+
 #[cfg(test)]
 mod tests {
     use reqwest::header::{CONTENT_TYPE, HeaderValue};
@@ -141,6 +164,29 @@ mod tests {
         assert_eq!(body_json(&json_headers(), b"{\"a\":1} trailing").get(), r#"{"text":"{\"a\":1} trailing"}"#);
         assert_eq!(body_json(&HeaderMap::new(), b"a\0b").get(), r#"{"text":"a\u0000b"}"#);
         assert_eq!(body_json(&json_headers(), b"{\"a\":\"\xff\"}").get(), r#"{"base64":"eyJhIjoi/yJ9"}"#);
+    }
+
+    #[test]
+    fn envelopes_with_json_that_a_value_cannot_hold_still_read_as_values() {
+        // Found by the envelope_roundtrip fuzz target: the MCP server parsed the envelope
+        // with serde_json and got `null` (status, payment and receipt lost) for these bodies.
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for body in ["1e400", "[-1e99999]", deep.as_str()] {
+            let resp = UpstreamResponse { status: 200, headers: json_headers(), body: body.as_bytes().to_vec() };
+            let bytes = envelope(&resp, None, Uuid::nil()).to_bytes();
+            assert!(serde_json::from_slice::<Value>(&bytes).is_err(), "{body}: serde_json refuses the envelope");
+            let v = to_value(&bytes).unwrap();
+            assert_eq!(v["status"], 200);
+            assert_eq!(v["receipt_id"], "00000000-0000-0000-0000-000000000000");
+            assert_eq!(v["body"], json!({ "text": body }));
+        }
+        let plain = envelope(
+            &UpstreamResponse { status: 201, headers: json_headers(), body: b"[1]".to_vec() },
+            None,
+            Uuid::nil(),
+        );
+        assert_eq!(to_value(&plain.to_bytes()).unwrap()["body"], json!([1]));
+        assert_eq!(to_value(b"[1]"), None);
     }
 
     #[test]

@@ -83,7 +83,10 @@ impl RouteCall {
                 if method == Method::GET || method == Method::HEAD {
                     return Err(BadRequest(format!("\"body\" is not allowed with {method}")));
                 }
-                Some(serde_json::to_vec(&v).map_err(|e| BadRequest(format!("invalid body: {e}")))?)
+                // The canonical (RFC 8785) form, the very bytes the request hash covers: two
+                // requests with one hash send one body. The agent's own spelling is not kept
+                // (`1.0` and `1` are one JSON value, sent as `1`).
+                Some(serde_jcs::to_vec(&v).map_err(|e| BadRequest(format!("invalid body: {e}")))?)
             }
         };
         let max_amount = parse_amount(req.max_amount.as_ref())?;
@@ -208,6 +211,18 @@ mod tests {
             r#"{"url":"http://x.com/","url":"http://y.com/"}"#,
         ] {
             assert!(parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn requests_with_one_hash_send_the_same_bytes_upstream() {
+        // JSON numbers that are one value (and one hash) in several spellings.
+        for (a, b) in [("1", "1.0"), ("1e2", "100"), ("-0", "0"), ("0.5", "5e-1"), ("[1e21]", "[1E+21]")] {
+            let call =
+                |body: &str| parse(&format!(r#"{{"url":"http://x.com/","method":"POST","body":{body}}}"#)).unwrap();
+            let (a_call, b_call) = (call(a), call(b));
+            assert_eq!(a_call.request_hash, b_call.request_hash, "{a} and {b} are one value");
+            assert_eq!(a_call.upstream.body, b_call.upstream.body, "{a} and {b} hash alike, so must be sent alike");
         }
     }
 

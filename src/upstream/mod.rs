@@ -66,7 +66,8 @@ pub struct UpstreamRequest {
     pub method: Method,
     pub url: Url,
     pub headers: HeaderMap,
-    /// JSON body bytes (sent as `application/json`), if any.
+    /// JSON body bytes (sent as `application/json`), if any: the RFC 8785 canonical form of
+    /// the agent's `body`, so that the request hash covers exactly these bytes.
     pub body: Option<Vec<u8>>,
 }
 
@@ -126,7 +127,16 @@ impl UpstreamClient {
     /// # Errors
     /// If the TLS backend cannot be initialised.
     pub fn new(config: &UpstreamConfig) -> Result<Self, reqwest::Error> {
-        let guard = Arc::new(Guard::new(config.allow_private, config.allow_cidrs.clone()));
+        Self::with_guard(config, Guard::new(config.allow_private, config.allow_cidrs.clone()))
+    }
+
+    /// Builds the client around `guard` instead of the one `config` describes (tests give it
+    /// a guard with their own DNS lookup); the other settings come from `config`.
+    ///
+    /// # Errors
+    /// If the TLS backend cannot be initialised.
+    pub fn with_guard(config: &UpstreamConfig, guard: Guard) -> Result<Self, reqwest::Error> {
+        let guard = Arc::new(guard);
         // Follow redirects only to the same scheme, host and port, at most 5 times.
         let policy = redirect::Policy::custom(|attempt| {
             let same_origin = attempt.previous().last().is_some_and(|prev| {
