@@ -42,6 +42,7 @@ static OWNER: LazyLock<Ownership> = LazyLock::new(|| Ownership {
     request_hash: CALL.request_hash.clone(),
     lease: Uuid::nil(),
     took_over: false,
+    expires_unix: 4_000_000_000,
 });
 static CACHE: LazyLock<Cache> = LazyLock::new(|| {
     // Never connects: seal/open are pure.
@@ -110,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
         response_status_code: Some(i32::from(rendered.stored.http_status)),
         response: Some(bytes.clone()),
         receipt_id: rendered.stored.receipt_id,
+        expires_unix: Some(4_000_000_000),
     };
     let sealed = CACHE.seal("fuzz:k", &entry).expect("an entry always seals");
     let opened = CACHE.open("fuzz:k", &sealed).expect("a sealed entry opens");
