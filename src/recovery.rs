@@ -29,11 +29,13 @@ use url::Url;
 use crate::payments::RecoveryKind;
 use crate::payments::store::{PaymentRow, SentRequest};
 use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
+use crate::x402::chain::Chain;
+use crate::x402::network::Network;
 use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
-use crate::x402::{Chain, Network};
 
-/// Most re-sends of one recovery (the first plus retries after 503).
-pub const MAX_SENDS: u32 = 5;
+/// Most re-sends of one recovery (the first plus retries after 503); the route deadline
+/// bounds them too.
+pub const MAX_SENDS: u32 = 10;
 /// The longest `Retry-After` honoured between two re-sends; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -87,7 +89,9 @@ pub fn can_resend(row: &PaymentRow) -> bool {
     let sent_id = row
         .context_signed()
         .ok()
-        .and_then(|c| c.pointer(&format!("/extensions/{PAYMENT_IDENTIFIER}/info/id")).and_then(Value::as_str).map(str::len))
+        .and_then(|c| {
+            c.pointer(&format!("/extensions/{PAYMENT_IDENTIFIER}/info/id")).and_then(Value::as_str).map(str::len)
+        })
         .is_some_and(|n| n > 0);
     advertised && sent_id
 }

@@ -19,6 +19,7 @@ mod idempotency;
 mod money;
 mod operations;
 mod payments;
+mod recovery;
 mod rpc;
 mod stalls;
 mod structure;
