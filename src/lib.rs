@@ -10,6 +10,7 @@
 //! * `money`, `clock` amounts in atomic units (one parser), the wall clock.
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
+//! * `recovery`      getting back a paid answer that was lost, by a byte-identical re-send; cannot sign.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
 //! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
 //! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
@@ -40,6 +41,7 @@ pub mod money;
 pub mod payments;
 pub mod problem;
 pub mod receipts;
+pub mod recovery;
 pub mod relay;
 pub mod routes;
 pub mod self_service;

@@ -25,6 +25,9 @@ pub struct Metrics {
     pub budget_used: GaugeVec,
     pub idempotency: IntCounterVec,
     pub payments: IntCounterVec,
+    /// Takeovers that found a payment settled and its answer lost:
+    /// `x402_router_recoveries_total{outcome}`, outcome `recovered`, `reaccessed` or `lost`.
+    pub recoveries: IntCounterVec,
     /// Redis idempotency entries ignored because they failed authentication.
     pub cache_rejected: IntCounter,
     pub upstream_seconds: HistogramVec,
@@ -56,6 +59,10 @@ impl Metrics {
         )?;
         let payments =
             IntCounterVec::new(Opts::new("x402_router_payments_total", "Payments by outcome"), &["outcome"])?;
+        let recoveries = IntCounterVec::new(
+            Opts::new("x402_router_recoveries_total", "Recoveries of paid answers that were lost, by outcome"),
+            &["outcome"],
+        )?;
         let http_duration = HistogramVec::new(
             HistogramOpts::new("http_request_duration_seconds", "HTTP request duration by route and status").buckets(
                 vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
@@ -114,6 +121,7 @@ impl Metrics {
         registry.register(Box::new(http_requests.clone()))?;
         registry.register(Box::new(idempotency.clone()))?;
         registry.register(Box::new(payments.clone()))?;
+        registry.register(Box::new(recoveries.clone()))?;
         registry.register(Box::new(cache_rejected.clone()))?;
         registry.register(Box::new(upstream_seconds.clone()))?;
         registry.register(Box::new(rpc_seconds.clone()))?;
@@ -141,6 +149,7 @@ impl Metrics {
             cache_rejected,
             idempotency,
             payments,
+            recoveries,
             upstream_seconds,
             rpc_seconds,
             rpc_endpoint_requests,

@@ -141,6 +141,10 @@ pub struct PaymentView {
     /// The key's idempotency status (`None` once GC removed the row).
     #[diesel(sql_type = Nullable<Text>)]
     pub idempotency_status: Option<String>,
+    /// What recovery of a lost answer tried and came to, when a takeover found the payment
+    /// used: `{"outcome": "recovered" | "reaccessed" | "lost", "attempts": [...]}`.
+    #[diesel(sql_type = Nullable<Jsonb>)]
+    pub recovery: Option<Value>,
 }
 
 /// The column list of [`PaymentView`]: the only way payments leave the database through
@@ -149,7 +153,7 @@ pub(crate) const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_ke
             p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
             p.valid_before, p.context->'resource' AS resource, p.status, p.tx_hash, p.error, \
             p.attempts, p.created_at, p.updated_at, \
-            r.id AS receipt_id, r.outcome AS receipt_outcome, k.status AS idempotency_status \
+            r.id AS receipt_id, r.outcome AS receipt_outcome, k.status AS idempotency_status, p.recovery \
        FROM payments p \
        LEFT JOIN LATERAL ( \
             SELECT r.id, r.outcome FROM receipts r \

@@ -79,6 +79,12 @@ diesel::table! {
         updated_at -> Timestamptz,
         requirement_json -> Nullable<Bytea>,
         context_json -> Nullable<Bytea>,
+        request_method -> Nullable<Text>,
+        request_url -> Nullable<Text>,
+        request_headers -> Nullable<Bytea>,
+        request_body -> Nullable<Bytea>,
+        advertised_extensions -> Nullable<Bytea>,
+        recovery -> Nullable<Jsonb>,
     }
 }
 

@@ -112,6 +112,44 @@ pub struct Final {
     pub status: PaymentStatus,
     pub tx_hash: Option<String>,
     pub error: Option<String>,
+    /// What recovery of a lost answer did (only for a takeover that found the payment used).
+    pub recovery: Option<RecoveryNote>,
+}
+
+/// How recovering a paid answer that was lost ended (the `payments.recovery` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryKind {
+    /// The upstream gave back the original answer (a byte-identical re-send).
+    Recovered,
+    /// A new execution, reached by signing in as the payer (SIWX).
+    Reaccessed,
+    /// Nothing could be recovered: settled, response lost.
+    Lost,
+}
+
+impl RecoveryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Recovered => "recovered",
+            Self::Reaccessed => "reaccessed",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// The ledger's record of a recovery: its ending and every attempt.
+#[derive(Debug, Clone)]
+pub struct RecoveryNote {
+    pub kind: RecoveryKind,
+    /// A JSON array, one object per attempt.
+    pub log: serde_json::Value,
+}
+
+impl RecoveryNote {
+    /// The `payments.recovery` value.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "outcome": self.kind.as_str(), "attempts": self.log })
+    }
 }
 
 #[cfg(test)]

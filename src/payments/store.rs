@@ -44,6 +44,17 @@ pub struct PaymentRow {
     pub requirement_json: Option<Vec<u8>>,
     /// `context` exactly as signed (NULL for intents older than this column).
     pub context_json: Option<Vec<u8>>,
+    /// The paid request as sent (NULL for intents older than these columns): method, full
+    /// URL, the agent's headers (JSON array of `[name, value]`), body bytes (NULL: none).
+    pub request_method: Option<String>,
+    pub request_url: Option<String>,
+    pub request_headers: Option<Vec<u8>>,
+    pub request_body: Option<Vec<u8>>,
+    /// The extensions the 402 advertised, as the exact JSON bytes (NULL: none).
+    pub advertised_extensions: Option<Vec<u8>>,
+    /// What recovery of a lost answer came to: `{"outcome": "recovered" | "reaccessed" |
+    /// "lost", "attempts": [...]}`.
+    pub recovery: Option<Value>,
 }
 
 impl PaymentRow {
@@ -91,6 +102,21 @@ pub struct NewPayment<'a> {
     pub authorization: &'a Value,
     pub header_name: &'a str,
     pub header_value: &'a str,
+    /// The request as it will be sent (see [`SentRequest`]).
+    pub request: &'a SentRequest,
+    /// The 402's `extensions`, exactly as advertised (None: none).
+    pub advertised_extensions: Option<&'a [u8]>,
+}
+
+/// A paid request as sent, in storable form: everything needed to send it again
+/// byte for byte (with the stored payment header), without the agent's `/route` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentRequest {
+    pub method: String,
+    pub url: String,
+    /// JSON array of `[name, value]` pairs, in the order sent.
+    pub headers: Vec<u8>,
+    pub body: Option<Vec<u8>>,
 }
 
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key (its row locked
@@ -113,9 +139,10 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
          INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, header_value, status, request_hash, \
-                               requirement_json, context_json) \
+                               requirement_json, context_json, request_method, request_url, request_headers, \
+                               request_body, advertised_extensions) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                $21, $22, $23 \
+                $21, $22, $23, $24, $25, $26, $27, $28 \
           WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
@@ -142,6 +169,11 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.request_hash)
     .bind::<Bytea, _>(&requirement_json)
     .bind::<Bytea, _>(&context_json)
+    .bind::<Text, _>(&p.request.method)
+    .bind::<Text, _>(&p.request.url)
+    .bind::<Bytea, _>(&p.request.headers)
+    .bind::<Nullable<Bytea>, _>(p.request.body.as_deref())
+    .bind::<Nullable<Bytea>, _>(p.advertised_extensions)
     .prepared()
     .execute(conn)
     .await?;
@@ -241,25 +273,25 @@ pub async fn find(
 ///
 /// # Errors
 /// Database errors.
-pub async fn finalize(
-    conn: &mut AsyncPgConnection,
-    agent_id: Uuid,
-    id: Uuid,
-    status: PaymentStatus,
-    tx_hash: Option<&str>,
-    error: Option<&str>,
-) -> QueryResult<()> {
-    diesel::update(payments::table.find((agent_id, id)))
+pub async fn finalize(conn: &mut AsyncPgConnection, agent_id: Uuid, fin: &super::Final) -> QueryResult<()> {
+    diesel::update(payments::table.find((agent_id, fin.id)))
         .set((
-            payments::status.eq(status),
-            payments::tx_hash.eq(tx_hash),
-            payments::error.eq(error.map(storable::text)),
+            payments::status.eq(fin.status),
+            payments::tx_hash.eq(fin.tx_hash.as_deref()),
+            payments::error.eq(fin.error.as_deref().map(storable::text)),
             payments::updated_at.eq(diesel::dsl::now),
         ))
         .prepared()
         .execute(conn)
-        .await
-        .map(|_| ())
+        .await?;
+    if let Some(r) = &fin.recovery {
+        diesel::update(payments::table.find((agent_id, fin.id)))
+            .set(payments::recovery.eq(storable::json(&r.to_json()).as_ref()))
+            .prepared()
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.

@@ -189,9 +189,26 @@ pub async fn pay(
     let extensions = if required.advertises_payment_identifier() {
         let pid =
             x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
-        x402::wire::payment_extensions(required.extensions.as_ref(), &pid).ok().flatten()
+        match x402::wire::payment_extensions(required.extensions.as_ref(), &pid) {
+            Ok(e) => e,
+            // Our own id is always valid: a payment without it would be a bug (and, when the
+            // upstream requires it, refused); nothing is signed.
+            Err(e) => return Err(Error::invariant(format!("cannot echo payment-identifier: {e}"))),
+        }
     } else {
         None
+    };
+    if required.requires_payment_identifier()
+        && extensions.as_ref().and_then(|e| e.pointer("/payment-identifier/info/id")).is_none()
+    {
+        return Err(Error::invariant("the upstream requires payment-identifier and no id would be sent"));
+    }
+    // Recovery needs the request exactly as sent and what the 402 advertised: both are
+    // committed with the intent, before the payment leaves.
+    let sent = crate::recovery::as_sent(&call.upstream).map_err(Error::invariant)?;
+    let advertised = match required.extensions.as_ref() {
+        Some(e) => Some(serde_json::to_vec(e).map_err(|e| Error::Internal(e.into()))?),
+        None => None,
     };
     let context =
         json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
@@ -224,6 +241,8 @@ pub async fn pay(
         authorization: &authorization,
         header_name: attempt.header.0.as_str(),
         header_value,
+        request: &sent,
+        advertised_extensions: advertised.as_deref(),
     };
     faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
     let mut conn = super::error::conn(&state.pool).await?;
@@ -259,7 +278,7 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
         let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
         let shown = describe(version, &signed, PaymentStatus::Unknown, None);
         let error = Some("route deadline exceeded".into());
-        let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error };
+        let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error, recovery: None };
         Some(PaymentNote { shown, ledger: Some(ledger) })
     });
     let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
@@ -321,11 +340,30 @@ pub async fn resume(
             let shown = describe(version, &signed, intent.status, tx_hash.as_deref());
             return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown });
         }
+        // Paid, and the answer was lost: try to get it back without paying again
+        // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
+        let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
+        let kind = recovery.kind();
+        state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+        let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
+        if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
+            state.metrics.payments.with_label_values(&["recovered"]).inc();
+            tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
+                "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
+            let status = PaymentStatus::Settled;
+            let tx_hash = Some(tx_hash.to_string());
+            let mut shown = describe(version, &signed, status, tx_hash.as_deref());
+            shown["recovery"] = json!(kind.as_str());
+            let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
+            return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
+        }
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
-        tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on-chain: settled, response lost");
+        tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
+            "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
-        let shown = describe(version, &signed, status, tx_hash.as_deref());
-        let ledger = Final { id: intent.id, status, tx_hash, error: None };
+        let mut shown = describe(version, &signed, status, tx_hash.as_deref());
+        shown["recovery"] = json!(kind.as_str());
+        let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
         let payment = Some(PaymentNote { shown, ledger: Some(ledger) });
         return Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(payment)));
@@ -443,7 +481,7 @@ async fn exchange(
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
             let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
-            let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason };
+            let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason, recovery: None };
             let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
             let code = match status {
                 PaymentStatus::Rejected => Code::PaymentRejected,
@@ -470,7 +508,7 @@ async fn exchange(
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let shown = attempt.describe(status, tx_hash.as_deref());
             let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
-            let ledger = Final { id: attempt.id, status, tx_hash, error };
+            let ledger = Final { id: attempt.id, status, tx_hash, error, recovery: None };
             Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
         }
     })
@@ -489,7 +527,7 @@ async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> 
         PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
-    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()) };
+    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()), recovery: None };
     let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
     let code =
         if status == PaymentStatus::SettledResponseLost { Code::SettledResponseLost } else { Code::PaymentUnknown };

@@ -152,15 +152,7 @@ async fn write(state: &AppState, own: &Ownership, rendered: &Rendered) -> Result
                     receipts::store::insert(c, r).await?;
                 }
                 if let Some(p) = payment {
-                    crate::payments::store::finalize(
-                        c,
-                        own.agent_id,
-                        p.id,
-                        p.status,
-                        p.tx_hash.as_deref(),
-                        p.error.as_deref(),
-                    )
-                    .await?;
+                    crate::payments::store::finalize(c, own.agent_id, p).await?;
                 }
                 let applied = crate::idempotency::store::finish(
                     c,

@@ -20,6 +20,7 @@ mod money;
 mod operations;
 mod payments;
 mod properties;
+mod recovery;
 mod rpc;
 mod stalls;
 mod structure;

@@ -221,6 +221,41 @@ fn the_layers_depend_only_downwards() {
     }
 }
 
+/// Recovery of a lost answer (issue 16) re-sends what the ledger holds and can never make a
+/// new payment: neither it nor anything it reaches (transitively) names the signing code,
+/// the application state or the configuration (the holders of the wallet key), and its own
+/// code names no signer. Fails as soon as a path from `recovery` to a signature appears.
+#[test]
+fn recovery_cannot_reach_anything_that_signs() {
+    let graph = module_graph();
+    let m = |p: &str| -> Module { p.split("::").map(str::to_owned).collect() };
+    let forbidden = [m("x402::sign"), m("x402::payload"), m("x402::nonce"), m("state"), m("relay"), m("startup")];
+    // The x402 root re-exports `sign_authorization`, and `Config` holds the wallet key:
+    // recovery names neither (the upstream client below it reads only `UpstreamConfig`).
+    let direct = graph.get(&m("recovery")).cloned().unwrap_or_default();
+    for root in [m("x402"), m("config")] {
+        assert!(!direct.contains(&root), "recovery names `{}`: {direct:?}", root.join("::"));
+    }
+    let mut seen: BTreeSet<Module> = BTreeSet::new();
+    let mut todo = vec![m("recovery")];
+    while let Some(next) = todo.pop() {
+        for dep in graph.get(&next).into_iter().flatten() {
+            // A module's parent file only declares it; follow the named module itself.
+            if seen.insert(dep.clone()) {
+                todo.push(dep.clone());
+            }
+        }
+    }
+    for f in &forbidden {
+        assert!(!seen.contains(f), "recovery reaches `{}` (through {seen:?}): it could sign", f.join("::"));
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/recovery.rs");
+    let code = code_of(&std::fs::read_to_string(src).unwrap());
+    for name in ["sign_authorization", "signer", "Signer", "AppState", "Config", "nonce_secret", "alloy::signers"] {
+        assert!(!code.contains(name), "src/recovery.rs names `{name}`: recovery must not be able to sign");
+    }
+}
+
 /// The enum and the database agree on the set of ledger statuses.
 #[actix_web::test]
 async fn payment_status_enum_matches_the_check_constraint() {

@@ -24,6 +24,13 @@ pub struct RouteStats {
     pub last_transaction: Option<String>,
     /// `extensions["payment-identifier"].info.id` of the last payment that carried one.
     pub last_payment_identifier: Option<String>,
+    /// Payment-identifier cache (`/v2/pid`): re-sends answered with the stored response,
+    /// answered 503 (original still in flight), and answered 409 (same id, other payload).
+    pub pid_replays: u64,
+    pub pid_in_flight: u64,
+    pub pid_conflicts: u64,
+    /// Times the paid handler of `/v2/pid` completed (its answer stored in the cache).
+    pub pid_completed: u64,
 }
 
 #[derive(Clone, Debug, Default)]

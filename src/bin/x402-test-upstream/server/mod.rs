@@ -27,6 +27,7 @@ use crate::stats::Stats;
 use crate::wire::{self};
 
 mod paid_routes;
+mod pid_cache;
 mod respond;
 mod routes;
 
@@ -63,6 +64,8 @@ struct AppState {
     kept: Arc<Mutex<Vec<SignedAuthorization>>>,
     /// 402s served by `/v2/reprice` (its price grows with each).
     reprices: Arc<std::sync::atomic::AtomicU64>,
+    /// The payment-identifier response cache of `/v2/pid` (shared by all workers).
+    pid_cache: pid_cache::PidCache,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -130,6 +133,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let rpc_url = args.rpc_url.clone();
     let kept = Arc::new(Mutex::new(Vec::new()));
     let reprices = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let pid_cache = pid_cache::PidCache::default();
     let server = HttpServer::new(move || {
         // One provider per worker: its connection pool lives on that worker's runtime.
         let chain = Chain::connect(rpc_url.clone(), signer.clone(), rpc_timeout);
@@ -147,6 +151,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             stats: stats.clone(),
             kept: kept.clone(),
             reprices: reprices.clone(),
+            pid_cache: pid_cache.clone(),
         };
         let mut app = App::new()
             .app_data(web::Data::new(state))

@@ -4,7 +4,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::CACHE_CONTROL;
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
 use alloy::primitives::{Address, B256, keccak256};
@@ -36,6 +35,10 @@ pub(super) async fn paid(req: HttpRequest, body: Bytes, state: web::Data<AppStat
     let query = Query::parse(req.query_string());
     let seconds = match spec.behaviour {
         Behaviour::Stall | Behaviour::SlowSettle => match query.seconds() {
+            Ok(seconds) => seconds,
+            Err(message) => return bad_request(&message),
+        },
+        Behaviour::PaymentIdentifier => match query.seconds_or(0) {
             Ok(seconds) => seconds,
             Err(message) => return bad_request(&message),
         },
@@ -89,6 +92,54 @@ pub(super) async fn paid_v2(
     });
     let payer = Address::from_str(&payload.payload.authorization.from).ok();
 
+    // The payment-identifier cache answers before anything is verified.
+    let cached_id = payment_id.filter(|_| spec.behaviour == Behaviour::PaymentIdentifier);
+    if let Some(id) = &cached_id {
+        let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
+        let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), body, header);
+        if let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, query.conflict()) {
+            state.stats.update(spec.path, |s| match hit {
+                pid_cache::Hit::Replay => s.pid_replays += 1,
+                pid_cache::Hit::InFlight => s.pid_in_flight += 1,
+                pid_cache::Hit::Conflict => s.pid_conflicts += 1,
+            });
+            return answer;
+        }
+    }
+    let answer = paid_v2_handle(spec, state, body, seconds, query, &required, &offers, payload, payer).await;
+    if let Some(id) = &cached_id {
+        match &answer {
+            V2Answer::Answered(stored) => {
+                state.pid_cache.finish(id, stored.clone());
+                state.stats.update(spec.path, |s| s.pid_completed += 1);
+            }
+            V2Answer::Other(_) => state.pid_cache.forget(id),
+        }
+    }
+    match answer {
+        V2Answer::Answered(stored) => stored.response(),
+        V2Answer::Other(r) => r,
+    }
+}
+
+/// A v2 paid request's answer: an answer of the route (cacheable), or a refusal or drop.
+enum V2Answer {
+    Answered(pid_cache::StoredAnswer),
+    Other(HttpResponse),
+}
+
+#[expect(clippy::too_many_arguments, reason = "the steps of one request, split for the cache")]
+async fn paid_v2_handle(
+    spec: &'static RouteSpec,
+    state: &AppState,
+    body: &Bytes,
+    seconds: u64,
+    query: &Query,
+    required: &dyn Fn(&str) -> wire::PaymentRequiredV2,
+    offers: &[Offer],
+    payload: PaymentPayloadV2,
+    payer: Option<Address>,
+) -> V2Answer {
     if matches!(spec.behaviour, Behaviour::Reject | Behaviour::RejectHostile) {
         let reason = if spec.behaviour == Behaviour::Reject { query.reason() } else { HOSTILE_REASON.to_owned() };
         let refusal = Refusal::Forced { reason, message: "this route refuses every payment".into() };
@@ -100,13 +151,13 @@ pub(super) async fn paid_v2(
         })
         .unwrap_or_else(|_| json!({}));
         note_refusal(state, spec, &refusal);
-        return payment_required_v2(&required(refusal.reason()), body);
+        return V2Answer::Other(payment_required_v2(&required(refusal.reason()), body));
     }
 
     let prepared = if payload.x402_version != 2 {
         Err(Refusal::InvalidVersion(payload.x402_version))
     } else {
-        match_offer_v2(&offers, &payload.accepted)
+        match_offer_v2(offers, &payload.accepted)
             .and_then(|offer| SignedAuthorization::parse(&payload.payload).map(|auth| (offer.clone(), auth)))
     };
     let outcome = match prepared {
@@ -117,27 +168,27 @@ pub(super) async fn paid_v2(
     match outcome {
         Outcome::Refused(refusal) => {
             note_refusal(state, spec, &refusal);
-            payment_required_v2(&required(refusal.reason()), json!({}))
+            V2Answer::Other(payment_required_v2(&required(refusal.reason()), json!({})))
         }
-        Outcome::Drop => dropped_connection(),
+        Outcome::Drop => V2Answer::Other(dropped_connection()),
         Outcome::Answer { status, body, settlement } => {
-            let mut response = HttpResponse::build(status);
-            if let Some(settled) = settlement {
-                let header = wire::encode_header(&wire::SettlementV2 {
+            let settlement = match settlement {
+                None => None,
+                Some(settled) => match wire::encode_header(&wire::SettlementV2 {
                     success: true,
                     payer: settled.payer.to_checksum(None),
                     transaction: format!("{:#x}", settled.transaction),
                     network: state.settings.network.clone(),
-                });
-                match header {
-                    Ok(header) => {
-                        response.insert_header((wire::PAYMENT_RESPONSE, header));
-                    }
-                    Err(err) => return internal_error(&err),
-                }
-                response.insert_header((CACHE_CONTROL, "private"));
-            }
-            response.json(body)
+                }) {
+                    Ok(header) => Some(header),
+                    Err(err) => return V2Answer::Other(internal_error(&err)),
+                },
+            };
+            let body = match serde_json::to_vec(&body) {
+                Ok(b) => b,
+                Err(err) => return V2Answer::Other(internal_error(&err)),
+            };
+            V2Answer::Answered(pid_cache::StoredAnswer { status, body, settlement })
         }
     }
 }
@@ -244,9 +295,19 @@ pub(super) async fn execute(
     let wait = Duration::from_secs(seconds);
     let payer = auth.from;
     match spec.behaviour {
-        Behaviour::Weather | Behaviour::Multi | Behaviour::PaymentIdentifier => {
-            settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await
-        }
+        Behaviour::Weather | Behaviour::Multi => settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await,
+        // Settles, then (with `?seconds=N`) is still handling the request for N s.
+        Behaviour::PaymentIdentifier => match settle(state, spec, auth, Duration::ZERO).await {
+            Ok(transaction) => {
+                tokio::time::sleep(wait).await;
+                Outcome::Answer {
+                    status: StatusCode::OK,
+                    body: json!({ "handled_for_seconds": seconds, "report": weather(spec) }),
+                    settlement: Some(Settled { transaction, payer }),
+                }
+            }
+            Err(refusal) => Outcome::Refused(refusal),
+        },
         Behaviour::Hostile => {
             let body = json!({ "route": spec.path, "note": HOSTILE_NOTE, "report": weather(spec) });
             settle_then(state, spec, auth, StatusCode::OK, body).await

@@ -83,16 +83,18 @@ pub(super) struct Query {
     seconds: Option<String>,
     reason: Option<String>,
     max_timeout: Option<String>,
+    conflict: bool,
 }
 
 impl Query {
     pub(super) fn parse(raw: &str) -> Self {
-        let mut query = Self { seconds: None, reason: None, max_timeout: None };
+        let mut query = Self { seconds: None, reason: None, max_timeout: None, conflict: false };
         for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*key {
                 "seconds" => query.seconds = Some(value.into_owned()),
                 "reason" => query.reason = Some(value.into_owned()),
                 "max_timeout" => query.max_timeout = Some(value.into_owned()),
+                "conflict" => query.conflict = value == "true",
                 _ => {}
             }
         }
@@ -101,8 +103,13 @@ impl Query {
 
     /// `?seconds=N`, whole seconds, at most an hour.
     pub(super) fn seconds(&self) -> Result<u64, String> {
+        self.seconds_or(DEFAULT_SECONDS)
+    }
+
+    /// `?seconds=N`, or `default` without it.
+    pub(super) fn seconds_or(&self, default: u64) -> Result<u64, String> {
         match &self.seconds {
-            None => Ok(DEFAULT_SECONDS),
+            None => Ok(default),
             Some(raw) => match u64::from_str(raw) {
                 Ok(n) if n <= MAX_SECONDS => Ok(n),
                 _ => Err(format!("seconds must be a whole number from 0 to {MAX_SECONDS}")),
@@ -114,6 +121,11 @@ impl Query {
     /// (a hostile upstream asking for an authorization that lives for centuries).
     pub(super) fn max_timeout(&self) -> Option<u64> {
         self.max_timeout.as_deref().and_then(|v| u64::from_str(v).ok())
+    }
+
+    /// `/v2/pid?conflict=true`: a hostile cache that answers 409 to every re-send of an id.
+    pub(super) fn conflict(&self) -> bool {
+        self.conflict
     }
 
     /// `/v2/reject?reason=…` (letters, digits, `_`, `-`), default `invalid_exact_evm_signature`.

@@ -21,7 +21,10 @@ pub enum Behaviour {
     Echo,
     /// Like `Weather`, with several offers of which one is payable and cheapest among payables.
     Multi,
-    /// Like `Weather`, advertising the payment-identifier extension.
+    /// Like `Weather`, advertising the payment-identifier extension, with the spec's response
+    /// cache ("Recovering a Lost Response", `pid_cache.rs`); `?seconds=N` waits N s after
+    /// settling before answering (the handler still running); `?conflict=true` answers 409
+    /// to every re-send.
     PaymentIdentifier,
     /// 500 and no settlement.
     Error500,
@@ -141,7 +144,7 @@ pub const ROUTES: &[RouteSpec] = &[
         method: Method::Get,
         version: Version::V2,
         behaviour: Behaviour::PaymentIdentifier,
-        description: "Advertises the payment-identifier extension (x402 v2)",
+        description: "Advertises payment-identifier; caches answers by id (x402 v2)",
     },
     RouteSpec {
         path: "/v2/hostile",

@@ -1,0 +1,266 @@
+//! Recovering the upstream's answer to a payment that settled while its answer was lost
+//! (issue 16), **without ever paying again**.
+//!
+//! Used only once the chain shows the payment's nonce used. Everything needed was committed
+//! with the intent before the paid request first left (`payments`: the request as sent, the
+//! payment header, the extensions the 402 advertised), so recovery needs nothing but the
+//! ledger row, an HTTP client and read access to the chain:
+//!
+//! - the upstream advertised `payment-identifier` (and the stored payment carries the id):
+//!   re-send the byte-identical request with the byte-identical payment header. A 200 whose
+//!   `PAYMENT-RESPONSE.transaction` is the transaction the chain shows using this nonce is
+//!   the original answer (`recovered`); 503 is retried a bounded number of times, honouring
+//!   `Retry-After` (the original is still in flight upstream); 409, 402 or anything else stop.
+//! - otherwise nothing is sent: settled, response lost.
+//!
+//! **This module cannot sign.** It takes no application state, configuration or key, names
+//! no signing code (`x402::sign`, `x402::payload`, `x402::nonce`), and only re-sends header
+//! bytes read from the ledger. `tests/api/structure.rs` holds it to that.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use alloy::primitives::{Address, B256};
+use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use serde_json::{Value, json};
+use url::Url;
+
+use crate::payments::RecoveryKind;
+use crate::payments::store::{PaymentRow, SentRequest};
+use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
+use crate::x402::chain::Chain;
+use crate::x402::network::Network;
+use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
+
+/// Most re-sends of one recovery (the first plus retries after 503); the route deadline
+/// bounds them too.
+pub const MAX_SENDS: u32 = 10;
+/// The longest `Retry-After` honoured between two re-sends; a longer one is cut to this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// The request as it is sent to the upstream, in the ledger's storable form.
+///
+/// # Errors
+/// Header values that are not visible ASCII/UTF-8 cannot be stored (never from `/route`,
+/// whose headers come from JSON strings).
+pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, String> {
+    let mut pairs = Vec::with_capacity(req.headers.len());
+    for (name, value) in &req.headers {
+        let value = value.to_str().map_err(|e| format!("header {name} is not storable: {e}"))?;
+        pairs.push(json!([name.as_str(), value]));
+    }
+    let headers = serde_json::to_vec(&pairs).map_err(|e| e.to_string())?;
+    Ok(SentRequest { method: req.method.to_string(), url: req.url.to_string(), headers, body: req.body.clone() })
+}
+
+/// The stored request, ready to be sent again; `None` when the row predates the columns.
+fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, String> {
+    let (Some(method), Some(url), Some(headers)) = (&row.request_method, &row.request_url, &row.request_headers) else {
+        return Ok(None);
+    };
+    let method = Method::from_bytes(method.as_bytes()).map_err(|e| format!("stored method: {e}"))?;
+    let url = Url::parse(url).map_err(|e| format!("stored url: {e}"))?;
+    let pairs: Vec<(String, String)> = serde_json::from_slice(headers).map_err(|e| format!("stored headers: {e}"))?;
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("stored header name: {e}"))?;
+        let value = HeaderValue::from_str(&value).map_err(|e| format!("stored header value: {e}"))?;
+        map.append(name, value);
+    }
+    Ok(Some(UpstreamRequest { method, url, headers: map, body: row.request_body.clone() }))
+}
+
+/// The payment header exactly as stored.
+fn stored_payment_header(row: &PaymentRow) -> Result<(HeaderName, HeaderValue), String> {
+    let name = HeaderName::from_bytes(row.header_name.as_bytes()).map_err(|e| format!("stored header name: {e}"))?;
+    let value = HeaderValue::from_str(&row.header_value).map_err(|e| format!("stored payment header: {e}"))?;
+    Ok((name, value))
+}
+
+/// True when the 402 advertised `payment-identifier` and the stored payment echoes it with
+/// an id (so a re-send is one the upstream can recognise).
+pub fn can_resend(row: &PaymentRow) -> bool {
+    let advertised = row
+        .advertised_extensions
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        .is_some_and(|e| e.get(PAYMENT_IDENTIFIER).is_some());
+    let sent_id = row
+        .context_signed()
+        .ok()
+        .and_then(|c| {
+            c.pointer(&format!("/extensions/{PAYMENT_IDENTIFIER}/info/id")).and_then(Value::as_str).map(str::len)
+        })
+        .is_some_and(|n| n > 0);
+    advertised && sent_id
+}
+
+/// How a recovery ended.
+#[derive(Debug)]
+pub enum Ending {
+    /// The upstream's original answer, proven to carry the settling transaction.
+    Recovered { resp: UpstreamResponse, tx_hash: B256 },
+    /// Nothing recovered.
+    Lost,
+}
+
+/// A recovery's ending and what it tried (one JSON object per attempt).
+#[derive(Debug)]
+pub struct Recovery {
+    pub ending: Ending,
+    pub log: Vec<Value>,
+    /// How many requests were sent to the upstream.
+    pub sends: u32,
+}
+
+impl Recovery {
+    pub fn kind(&self) -> RecoveryKind {
+        match self.ending {
+            Ending::Recovered { .. } => RecoveryKind::Recovered,
+            Ending::Lost => RecoveryKind::Lost,
+        }
+    }
+}
+
+/// The on-chain coordinates of the row's authorization.
+fn coordinates(row: &PaymentRow) -> Result<(Network, Address, Address, B256), String> {
+    let network = Network::parse(&row.network).map_err(|e| format!("network: {e}"))?;
+    let asset = Address::from_str(&row.asset).map_err(|e| format!("asset: {e}"))?;
+    let payer = Address::from_str(&row.payer).map_err(|e| format!("payer: {e}"))?;
+    let nonce = B256::from_str(&row.nonce).map_err(|e| format!("nonce: {e}"))?;
+    Ok((network, asset, payer, nonce))
+}
+
+/// Tries to get back the answer of the paid request recorded in `row`, whose nonce the chain
+/// shows used, by re-sending it byte for byte, within `deadline`. Sends nothing unless
+/// [`can_resend`]. Never signs.
+pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow, deadline: Instant) -> Recovery {
+    let mut log = Vec::new();
+    let mut sends = 0;
+    let lost = |log: Vec<Value>, sends| Recovery { ending: Ending::Lost, log, sends };
+    if !can_resend(row) {
+        log.push(json!({"action": "none", "why": "the upstream did not advertise payment-identifier"}));
+        return lost(log, sends);
+    }
+    let prepared = stored_request(row)
+        .and_then(|r| r.ok_or_else(|| "the request as sent was not recorded".to_owned()))
+        .and_then(|r| Ok((r, stored_payment_header(row)?, coordinates(row)?)));
+    let (request, header, (network, asset, payer, nonce)) = match prepared {
+        Ok(p) => p,
+        Err(why) => {
+            log.push(json!({"action": "none", "why": why}));
+            return lost(log, sends);
+        }
+    };
+    while sends < MAX_SENDS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            log.push(json!({"action": "stop", "why": "route deadline"}));
+            break;
+        }
+        sends += 1;
+        let at = chrono::Utc::now().to_rfc3339();
+        let resp = match upstream.send(&request, std::slice::from_ref(&header), left.min(upstream.timeout())).await {
+            Ok(r) => r,
+            Err(e) => {
+                log.push(json!({"action": "resend", "at": at, "error": e.to_string()}));
+                break;
+            }
+        };
+        let mut entry = json!({"action": "resend", "at": at, "status": resp.status});
+        match resp.status {
+            200 => {
+                let claim = parse_settlement(&resp.headers).ok().flatten();
+                let claimed = claim.as_ref().and_then(|c| c.tx_hash);
+                let proven = match claimed {
+                    Some(c) => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
+                    None => None,
+                };
+                match (claimed, proven) {
+                    (Some(c), Some(p)) if c == p => {
+                        entry["result"] = json!("recovered");
+                        entry["transaction"] = json!(p.to_string());
+                        log.push(entry);
+                        return Recovery { ending: Ending::Recovered { resp, tx_hash: p }, log, sends };
+                    }
+                    _ => {
+                        entry["result"] = json!(
+                            "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment"
+                        );
+                        entry["claimed_transaction"] = json!(claimed.map(|c| c.to_string()));
+                        log.push(entry);
+                        break;
+                    }
+                }
+            }
+            503 => {
+                let wait = retry_after(&resp.headers);
+                entry["result"] = json!("in flight upstream; retrying");
+                entry["retry_after_ms"] = json!(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+                log.push(entry);
+                if sends < MAX_SENDS {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(wait.min(left)).await;
+                }
+            }
+            409 | 402 => {
+                entry["result"] = json!("stopped: the upstream refused the re-sent payment");
+                log.push(entry);
+                break;
+            }
+            _ => {
+                entry["result"] = json!("stopped: unexpected answer");
+                log.push(entry);
+                break;
+            }
+        }
+    }
+    lost(log, sends)
+}
+
+/// `Retry-After` in seconds (an HTTP date is not honoured: 1 s), at most [`MAX_RETRY_AFTER`].
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs)
+        .min(MAX_RETRY_AFTER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_bounded_and_defaults_to_a_second() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), Duration::from_secs(1));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Duration::from_secs(2));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("3600"));
+        assert_eq!(retry_after(&h), MAX_RETRY_AFTER);
+        h.insert(RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert_eq!(retry_after(&h), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_stored_request_reads_back_as_sent() {
+        let mut headers = HeaderMap::new();
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let req = UpstreamRequest {
+            method: Method::POST,
+            url: Url::parse("http://example.test/p?q=1&q=2").unwrap(),
+            headers,
+            body: Some(b"{\"a\":1}".to_vec()),
+        };
+        let sent = as_sent(&req).unwrap();
+        let pairs: Vec<(String, String)> = serde_json::from_slice(&sent.headers).unwrap();
+        assert_eq!(pairs.len(), 3);
+        assert_eq!(sent.method, "POST");
+        assert_eq!(sent.url, "http://example.test/p?q=1&q=2");
+    }
+}
