@@ -576,7 +576,7 @@ async fn settle_kept(client: &reqwest::Client, upstream: &str) -> anyhow::Result
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -598,15 +598,17 @@ async fn main() -> anyhow::Result<()> {
     match outcome {
         Ok(0) => {
             let _ = std::fs::remove_dir_all(&run_dir);
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
+        // Returning (not `process::exit`) lets the runtime drop every task, and with them
+        // the processes this run started (Postgres is stopped by its `Drop`).
         Ok(violations) => {
             eprintln!("chaos: {violations} violations; logs kept in {}", run_dir.display());
-            std::process::exit(1)
+            Ok(std::process::ExitCode::from(1))
         }
         Err(e) => {
             eprintln!("chaos: {e:#}; logs kept in {}", run_dir.display());
-            std::process::exit(2)
+            Ok(std::process::ExitCode::from(2))
         }
     }
 }
