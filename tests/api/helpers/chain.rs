@@ -48,24 +48,34 @@ pub struct BareAnvil {
 
 impl BareAnvil {
     pub async fn start(chain_id: u64) -> Self {
-        let port = free_port();
-        let child = Command::new(anvil_bin())
-            .args(["--port", &port.to_string(), "--host", "127.0.0.1", "--chain-id", &chain_id.to_string()])
-            .arg("--silent")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
-        let rpc_url = format!("http://127.0.0.1:{port}");
-        let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while alloy::providers::Provider::get_chain_id(&provider).await.is_err() {
-            assert!(std::time::Instant::now() < deadline, "anvil did not come up");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let (child, rpc_url, _) = start_anvil(chain_id, Duration::from_secs(10)).await;
         Self { rpc_url, _child: child }
     }
+}
+
+/// Starts anvil on a free port with `chain_id` and waits (at most `limit`) until it answers:
+/// the process (killed when dropped), its RPC URL and a provider on it.
+async fn start_anvil(chain_id: u64, limit: Duration) -> (Child, String, RootProvider) {
+    let port = free_port();
+    let mut child = Command::new(anvil_bin())
+        .args(["--port", &port.to_string(), "--host", "127.0.0.1", "--chain-id", &chain_id.to_string()])
+        .arg("--silent")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
+    let rpc_url = format!("http://127.0.0.1:{port}");
+    let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
+    let deadline = std::time::Instant::now() + limit;
+    while alloy::providers::Provider::get_chain_id(&provider).await.is_err() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill().await;
+            panic!("anvil did not come up");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (child, rpc_url, provider)
 }
 
 pub struct Devnet {
@@ -81,28 +91,7 @@ pub struct Devnet {
 impl Devnet {
     /// anvil + token (1000 USDC minted to the router) + the x402 test upstream.
     pub async fn start() -> Self {
-        let port = free_port();
-        let mut anvil = Command::new(anvil_bin())
-            .args(["--port", &port.to_string(), "--host", "127.0.0.1", "--chain-id", "84532", "--silent"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
-        let rpc_url = format!("http://127.0.0.1:{port}");
-        let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
-        let mut up = false;
-        for _ in 0..200 {
-            if alloy::providers::Provider::get_chain_id(&provider).await.is_ok() {
-                up = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        if !up {
-            let _ = anvil.kill().await;
-            panic!("anvil did not come up");
-        }
+        let (anvil, rpc_url, provider) = start_anvil(84532, Duration::from_secs(5)).await;
 
         let deploy = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
             .args(["deploy", "--rpc-url", &rpc_url, "--deployer-key", FACILITATOR_KEY])
