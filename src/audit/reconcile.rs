@@ -5,7 +5,8 @@
 //! did not show yet). An upstream that said "rejected" or answered without settling
 //! (`rejected`, `not_settled`) may still hold the signed authorization and submit it later.
 //! All of these keep the agent's budget reserved until the chain decides. Reconcile asks the
-//! chain (`authorizationState(payer, nonce)`) for each such intent:
+//! chain for each such intent (EIP-3009: `authorizationState(payer, nonce)` on the token;
+//! Permit2, `exact` or `upto`: bit `nonce & 0xff` of Permit2's `nonceBitmap(payer, nonce >> 8)`):
 //!
 //! | chain says | old status | new status |
 //! |---|---|---|
@@ -23,7 +24,10 @@
 //!   re-checks "no live owner" while holding a share lock on the idempotency row, so a
 //!   takeover that starts meanwhile either waits for the update or makes it a no-op. Running
 //!   reconcile twice, or from two cron hosts at once, is harmless.
-//! - Nothing is signed or sent: reconcile only reads the chain and writes statuses.
+//! - Nothing is signed or sent: reconcile only reads the chain and writes statuses (and, for
+//!   a used `upto` authorization, lowers the reserved maximum to the amount the settling
+//!   transaction's `Transfer` logs show moved; when that transaction cannot be found, the
+//!   maximum stays charged).
 //! - "Older than the grace period" is measured from `updated_at` (the intent's last write,
 //!   e.g. a re-signing), not from its creation.
 
@@ -40,8 +44,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::Cursor;
+use crate::money::Amount;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*};
-use crate::x402::{Chain, Network};
+use crate::x402::{Chain, Network, SignedPayment};
 
 /// Intents read per batch.
 const BATCH: i64 = 200;
@@ -98,6 +103,9 @@ struct Candidate {
     payer: String,
     #[diesel(sql_type = Text)]
     nonce: String,
+    /// The stored signed record (EIP-3009 or Permit2).
+    #[diesel(sql_type = diesel::sql_types::Jsonb)]
+    signed_authorization: serde_json::Value,
     #[diesel(sql_type = BigInt)]
     valid_before: i64,
     #[diesel(sql_type = Text)]
@@ -122,7 +130,7 @@ async fn candidates(
     after: Option<Cursor>,
 ) -> QueryResult<Vec<Candidate>> {
     diesel::sql_query(format!(
-        "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, \
+        "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, p.signed_authorization, \
                 p.valid_before, p.status, p.created_at, \
                 EXISTS (SELECT 1 FROM receipts r WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
                            AND r.request_hash = p.request_hash AND r.outcome = 'completed') AS served \
@@ -186,6 +194,18 @@ fn now_unix() -> i64 {
     i64::try_from(crate::clock::now_unix()).unwrap_or(i64::MAX)
 }
 
+/// The intent's signed record, checked against its columns (a record that disagrees with
+/// the row it is stored in is not trusted).
+fn signed_record(c: &Candidate) -> Result<SignedPayment, String> {
+    let signed: SignedPayment =
+        serde_json::from_value(c.signed_authorization.clone()).map_err(|e| format!("stored authorization: {e}"))?;
+    let (network, asset, payer, nonce) = coordinates(c)?;
+    if (signed.network(), signed.asset(), signed.payer(), signed.nonce()) != (network, asset, payer, nonce) {
+        return Err("stored authorization disagrees with its row".into());
+    }
+    Ok(signed)
+}
+
 /// The on-chain coordinates of an intent, parsed from its stored text.
 fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), String> {
     let network = Network::parse(&c.network).map_err(|e| format!("network: {e}"))?;
@@ -222,11 +242,10 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
         after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
             report.checked += 1;
-            let used = match coordinates(c) {
-                Err(e) => Err(e),
-                Ok((network, asset, payer, nonce)) => {
-                    chain.authorization_state(network, asset, payer, nonce).await.map_err(|e| e.to_string())
-                }
+            let signed = signed_record(c);
+            let used = match &signed {
+                Err(e) => Err(e.clone()),
+                Ok(signed) => chain.payment_used(signed).await.map_err(|e| e.to_string()),
             };
             let used = match used {
                 Ok(used) => used,
@@ -241,6 +260,20 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
                 report.pending += 1;
                 continue;
             };
+            if let (Ok(signed), true) = (&signed, used && signed.as_ref().is_ok_and(|s| s.is_upto())) {
+                // What the settling transaction moved; unknown ⇒ the maximum stays charged.
+                match chain.payment_tx(signed, None).await {
+                    Ok(Some(p)) => {
+                        if let Some(moved) = p.transferred {
+                            payments::store::record_charged(conn, c.agent_id, c.id, Amount::from_u256(moved)).await?;
+                        }
+                    }
+                    Ok(None) => tracing::warn!(payment.id = %c.id,
+                        "upto authorization used on-chain, its transaction not found: the maximum stays charged"),
+                    Err(e) => tracing::warn!(payment.id = %c.id, error = %e,
+                        "upto authorization used on-chain, its transaction unreadable: the maximum stays charged"),
+                }
+            }
             if !transition(conn, c, new, settings.abandon_after).await? {
                 report.pending += 1;
                 tracing::info!(payment.id = %c.id, "payment intent changed meanwhile; left to its owner");

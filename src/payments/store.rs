@@ -425,3 +425,30 @@ fn over_limit(spend: &Spend, amount: Amount) -> Option<String> {
     }
     None
 }
+
+/// Lowers an intent's `amount` (what it reserves, or once spent, what it charged) to
+/// `charged`, the amount the chain shows an `upto` authorization moved. Only ever lowers:
+/// the signed maximum stays in `signed_authorization`. The caller has proven on-chain that
+/// the authorization's nonce is used, so nothing more can move under it; the write is a
+/// fact of the chain and needs no lease.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_charged(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    id: Uuid,
+    charged: Amount,
+) -> QueryResult<()> {
+    diesel::sql_query(
+        "UPDATE payments SET amount = $3::numeric, updated_at = now() \
+          WHERE agent_id = $1 AND id = $2 AND amount > $3::numeric",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<SqlUuid, _>(id)
+    .bind::<Text, _>(charged.to_string())
+    .prepared()
+    .execute(conn)
+    .await?;
+    Ok(())
+}

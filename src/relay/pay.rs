@@ -33,7 +33,7 @@ use crate::payments::store::{self, PaymentRow};
 use crate::payments::{Final, PaymentStatus};
 use crate::state::AppState;
 use crate::upstream::{UpstreamError, UpstreamResponse};
-use crate::x402::{self, Network, Requirement, SignedAuthorization, X402Version};
+use crate::x402::{self, Network, Requirement, SignedPayment, X402Version};
 
 /// A stored authorization with less validity left than this is re-signed, not resent
 /// (the official facilitator wants `validBefore ≥ now + 6 s`).
@@ -46,7 +46,7 @@ const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 struct Attempt {
     id: Uuid,
     version: X402Version,
-    signed: SignedAuthorization,
+    signed: SignedPayment,
     header: (HeaderName, HeaderValue),
 }
 
@@ -57,20 +57,43 @@ impl Attempt {
     }
 }
 
-fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
-    let auth = signed.authorization();
-    json!({
+fn describe(version: X402Version, signed: &SignedPayment, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+    let mut shown = json!({
         "x402_version": version.number(),
-        "scheme": "exact",
+        "scheme": signed.scheme(),
         "network": signed.network().caip2(),
         "asset": signed.asset().to_checksum(None),
-        "amount": auth.value.to_string(),
-        "pay_to": auth.to.to_checksum(None),
-        "payer": auth.from.to_checksum(None),
-        "nonce": auth.nonce.to_string(),
+        "amount": signed.amount().to_string(),
+        "pay_to": signed.pay_to().to_checksum(None),
+        "payer": signed.payer().to_checksum(None),
+        "nonce": signed.nonce().to_string(),
         "tx_hash": tx_hash,
         "status": status.as_str(),
-    })
+    });
+    if let SignedPayment::Permit2(_) = signed {
+        shown["asset_transfer_method"] = json!(signed.transfer_method());
+    }
+    if signed.is_upto() {
+        // Until the chain shows what moved, the whole signed maximum is what may be charged.
+        shown["max_amount"] = json!(signed.amount().to_string());
+    }
+    shown
+}
+
+/// [`describe`] with what the chain shows was charged (upto: `amount` becomes the amount
+/// moved, `max_amount` stays the signed maximum).
+fn describe_charged(
+    version: X402Version,
+    signed: &SignedPayment,
+    status: PaymentStatus,
+    tx_hash: Option<&str>,
+    charged: Option<alloy::primitives::U256>,
+) -> Value {
+    let mut shown = describe(version, signed, status, tx_hash);
+    if let Some(charged) = charged.filter(|_| signed.is_upto()) {
+        shown["amount"] = json!(charged.to_string());
+    }
+    shown
 }
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
@@ -156,15 +179,19 @@ pub async fn pay(
         return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
     }
 
-    let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
+    let eip3009_nonce =
+        x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
+    let permit2_nonce = x402::permit2_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
+    let nonce = if x402::permit2::scheme_of(&chosen).is_some() { B256::from(permit2_nonce) } else { eip3009_nonce };
     let payer = state.config.signer.address();
     // Never pay a request twice, even if our own records were lost: ask every token this
-    // nonce could have been used on (an earlier attempt may have chosen another asset).
-    match used_anywhere(state, payer, nonce).await {
+    // nonce could have been used on, and every network's Permit2 (an earlier attempt may
+    // have chosen another asset or transfer method).
+    match used_anywhere(state, payer, eip3009_nonce, permit2_nonce).await {
         Ok(None) => {}
         Ok(Some((network, asset))) => {
             let payment = json!({
-                "x402_version": required.version.number(), "scheme": "exact", "network": network.caip2(),
+                "x402_version": required.version.number(), "scheme": chosen.scheme(), "network": network.caip2(),
                 "asset": asset.to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
                 "status": PaymentStatus::SettledResponseLost.as_str(),
             });
@@ -234,8 +261,8 @@ pub async fn pay(
         pay_to: &chosen.pay_to().to_checksum(None),
         payer: &payer.to_checksum(None),
         nonce: &nonce.to_string(),
-        valid_after: to_i64(attempt.signed.authorization().valid_after),
-        valid_before: to_i64(attempt.signed.authorization().valid_before),
+        valid_after: to_i64(attempt.signed.valid_after()),
+        valid_before: to_i64(attempt.signed.valid_before()),
         requirement: &chosen.raw_json(),
         context: &context,
         authorization: &authorization,
@@ -274,7 +301,7 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
     let mut conn = super::error::conn(&state.pool).await?;
     let intent = store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
     let payment = intent.and_then(|row| {
-        let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization).ok()?;
+        let signed: SignedPayment = serde_json::from_value(row.signed_authorization).ok()?;
         let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
         let shown = describe(version, &signed, PaymentStatus::Unknown, None);
         let error = Some("route deadline exceeded".into());
@@ -311,12 +338,12 @@ pub async fn resume(
     deadline: Instant,
     mode: Resume,
 ) -> Result<Outcome, Error> {
-    let signed: SignedAuthorization = serde_json::from_value(intent.signed_authorization.clone())
+    let signed: SignedPayment = serde_json::from_value(intent.signed_authorization.clone())
         .map_err(|e| Error::invariant(format!("stored authorization unreadable: {e}")))?;
     let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
         .ok_or_else(|| Error::invariant(format!("stored x402 version {}", intent.x402_version)))?;
     faults::at(state.faults.as_ref(), Point::ResumeStart).await;
-    let used = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await {
+    let used = match chain_used(state, &signed).await {
         Ok(used) => used,
         Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
         Err(e) => {
@@ -327,9 +354,10 @@ pub async fn resume(
         }
     };
     if used {
-        let s = &signed;
-        let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), None).await;
-        let tx_hash = proven.ok().flatten().map(|h| h.to_string()).or(intent.tx_hash.clone());
+        let proven = state.chain.payment_tx(&signed, None).await.ok().flatten();
+        let charged = proven.and_then(|p| p.transferred);
+        record_charged(state, own.agent_id, intent.id, &signed, charged).await?;
+        let tx_hash = proven.map(|p| p.tx_hash.to_string()).or(intent.tx_hash.clone());
         if mode == Resume::KeyReused {
             state.metrics.payments.with_label_values(&["already_paid"]).inc();
             let previous_receipt = {
@@ -337,7 +365,7 @@ pub async fn resume(
                 crate::receipts::store::latest_for_request(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash)
                     .await?
             };
-            let shown = describe(version, &signed, intent.status, tx_hash.as_deref());
+            let shown = describe_charged(version, &signed, intent.status, tx_hash.as_deref(), charged);
             return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown });
         }
         // Paid, and the answer was lost: try to get it back without paying again
@@ -352,7 +380,7 @@ pub async fn resume(
                 "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
             let status = PaymentStatus::Settled;
             let tx_hash = Some(tx_hash.to_string());
-            let mut shown = describe(version, &signed, status, tx_hash.as_deref());
+            let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
             shown["recovery"] = json!(kind.as_str());
             let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
             return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
@@ -361,7 +389,7 @@ pub async fn resume(
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
-        let mut shown = describe(version, &signed, status, tx_hash.as_deref());
+        let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
         shown["recovery"] = json!(kind.as_str());
         let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
@@ -386,14 +414,14 @@ pub async fn resume(
         let attempt = sign(state, version, &requirement, &context, signed.nonce()).map_err(Error::invariant)?;
         let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
         let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
-        let a = attempt.signed.authorization();
+        let a = &attempt.signed;
         let resign = store::Resign {
             id: intent.id,
             agent_id: own.agent_id,
             lease: own.lease,
             amount: requirement.amount(),
-            valid_after: to_i64(a.valid_after),
-            valid_before: to_i64(a.valid_before),
+            valid_after: to_i64(a.valid_after()),
+            valid_before: to_i64(a.valid_before()),
             authorization: &auth,
             header_value: header,
         };
@@ -424,7 +452,7 @@ fn sign(
     nonce: B256,
 ) -> Result<Attempt, String> {
     let max_auth = state.config.payments.max_auth_secs;
-    let signed = x402::sign_authorization(&state.config.signer, requirement, nonce, now_unix(), max_auth)
+    let signed = x402::sign_payment(&state.config.signer, requirement, nonce, now_unix(), max_auth)
         .map_err(|e| format!("cannot sign the payment: {e}"))?;
     let resource = context.get("resource").filter(|v| !v.is_null());
     let extensions = context.get("extensions").filter(|v| !v.is_null());
@@ -472,8 +500,7 @@ async fn exchange(
         Err(e) => lost_answer(state, attempt, &e).await,
         Ok(resp) if resp.status == 402 => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
-            let status = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await
-            {
+            let status = match chain_used(state, signed).await {
                 Ok(true) => PaymentStatus::Settled,
                 Ok(false) => PaymentStatus::Rejected,
                 Err(_) => PaymentStatus::Unknown,
@@ -503,10 +530,11 @@ async fn exchange(
             faults::at(state.faults.as_ref(), Point::BeforeConfirm).await;
             // The answer has arrived: it is recorded whatever the clock says; a settlement that
             // cannot be confirmed by the deadline is recorded `unknown` for `reconcile`.
-            let (status, tx_hash, note) = confirm(state, signed, claim.as_ref(), deadline).await;
+            let (status, tx_hash, note, charged) = confirm(state, signed, claim.as_ref(), deadline).await;
+            record_charged(state, own.agent_id, attempt.id, signed, charged).await?;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
-            let shown = attempt.describe(status, tx_hash.as_deref());
+            let shown = describe_charged(attempt.version, signed, status, tx_hash.as_deref(), charged);
             let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
             let ledger = Final { id: attempt.id, status, tx_hash, error, recovery: None };
             Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
@@ -516,8 +544,7 @@ async fn exchange(
 
 /// The paid request got no answer: whether money moved is the chain's to say.
 async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> Outcome {
-    let s = &attempt.signed;
-    let status = match chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await {
+    let status = match chain_used(state, &attempt.signed).await {
         Ok(true) => PaymentStatus::SettledResponseLost,
         // Not (yet) used: the upstream still holds a valid authorization until validBefore.
         _ => PaymentStatus::Unknown,
@@ -534,77 +561,137 @@ async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> 
     Outcome::Failed(Failure::new(code, msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
 }
 
+/// What [`confirm`] found: the status, the proven transaction, a note for the ledger, and
+/// (Permit2) the amount the chain shows moved.
+type Confirmed = (PaymentStatus, Option<String>, Option<String>, Option<alloy::primitives::U256>);
+
 /// Asks the chain whether the authorization was consumed. A claimed success is given a
 /// moment to appear; a claimed transaction must exist and have succeeded to be recorded.
+/// An `upto` answer whose claim charges nothing is not waited for: nothing is expected to
+/// move, and the authorization stays reserved until the chain shows it used or expired.
 async fn confirm(
     state: &AppState,
-    s: &SignedAuthorization,
+    s: &SignedPayment,
     claim: Option<&x402::SettlementResponse>,
     deadline: Instant,
-) -> (PaymentStatus, Option<String>, Option<String>) {
+) -> Confirmed {
     let claimed = claim.is_some_and(|c| c.success);
-    let polls = if claimed { SETTLEMENT_POLLS } else { 1 };
+    let claims_nothing = s.is_upto() && claim.and_then(|c| c.amount).is_some_and(|a| a.is_zero());
+    let polls = if claimed && !claims_nothing { SETTLEMENT_POLLS } else { 1 };
+    let unknown = || {
+        (
+            PaymentStatus::Unknown,
+            None,
+            Some("settlement not confirmed before the route deadline; reconcile decides from the chain".into()),
+            None,
+        )
+    };
     let mut used = Ok(false);
     for i in 0..polls {
         if i > 0 {
             tokio::time::sleep(SETTLEMENT_POLL_INTERVAL).await;
         }
         if remaining(deadline).is_zero() {
-            return (
-                PaymentStatus::Unknown,
-                None,
-                Some("settlement not confirmed before the route deadline; reconcile decides from the chain".into()),
-            );
+            return unknown();
         }
-        used = chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await;
+        used = chain_used(state, s).await;
         if matches!(used, Ok(true)) {
             break;
         }
         if i + 1 < polls && remaining(deadline) < SETTLEMENT_POLL_INTERVAL {
-            return (
-                PaymentStatus::Unknown,
-                None,
-                Some("settlement not confirmed before the route deadline; reconcile decides from the chain".into()),
-            );
+            return unknown();
         }
     }
     match used {
         Ok(true) => {
             // Record only the transaction the chain shows consuming this nonce, whatever the
-            // upstream claims.
+            // upstream claims, and (Permit2) the amount its logs show moving.
             let claimed_hash = claim.and_then(|c| c.tx_hash);
-            let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), claimed_hash).await;
-            let (tx, note) = match proven {
-                Ok(Some(h)) if Some(h) == claimed_hash || claimed_hash.is_none() => (Some(h.to_string()), None),
-                Ok(Some(h)) => (
-                    Some(h.to_string()),
+            let proven = state.chain.payment_tx(s, claimed_hash).await;
+            let charged = proven.as_ref().ok().and_then(|p| p.as_ref()?.transferred);
+            let claimed_amount = claim.and_then(|c| c.amount);
+            let (tx, mut note) = match proven {
+                Ok(Some(p)) if Some(p.tx_hash) == claimed_hash || claimed_hash.is_none() => {
+                    (Some(p.tx_hash.to_string()), None)
+                }
+                Ok(Some(p)) => (
+                    Some(p.tx_hash.to_string()),
                     claimed_hash.map(|c| format!("the claimed transaction {c} did not use this authorization")),
                 ),
                 Ok(None) => (None, Some("the transaction that used the authorization was not found".to_owned())),
                 Err(e) => (None, Some(format!("the settling transaction could not be found: {e}"))),
             };
-            (PaymentStatus::Settled, tx, note)
+            if let (Some(moved), Some(said)) = (charged, claimed_amount)
+                && moved != said.as_u256()
+                && note.is_none()
+            {
+                note = Some(format!("the upstream claimed it charged {said}; the chain shows {moved} moved"));
+            }
+            (PaymentStatus::Settled, tx, note, charged)
         }
+        Ok(false) if claims_nothing => (
+            PaymentStatus::NotSettled,
+            None,
+            Some("upto: the upstream charged nothing; the authorization stays reserved until its deadline".into()),
+            None,
+        ),
         Ok(false) if claimed => (
             PaymentStatus::Unconfirmed,
             None,
             Some("the upstream claimed settlement, but the authorization is unused on-chain".into()),
+            None,
         ),
-        Ok(false) => (PaymentStatus::NotSettled, None, None),
-        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
+        Ok(false) => (PaymentStatus::NotSettled, None, None, None),
+        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}")), None),
     }
 }
 
-/// The first configured `(network, asset)` on which `nonce` of `payer` is used, if any.
-/// Any unreadable chain is an error: nothing is signed without every answer.
+/// Lowers the reservation of an `upto` intent to what the chain shows it moved (the nonce is
+/// used, so nothing more can ever move under it). Nothing for other payments, or when the
+/// amount moved is unknown: the signed maximum stays reserved.
+///
+/// # Errors
+/// [`Error`] when the ledger cannot be written.
+async fn record_charged(
+    state: &AppState,
+    agent_id: Uuid,
+    id: Uuid,
+    signed: &SignedPayment,
+    charged: Option<alloy::primitives::U256>,
+) -> Result<(), Error> {
+    let Some(charged) = charged.filter(|_| signed.is_upto()) else { return Ok(()) };
+    let mut conn = super::error::conn(&state.pool).await?;
+    store::record_charged(&mut conn, agent_id, id, crate::money::Amount::from_u256(charged)).await?;
+    Ok(())
+}
+
+/// The first configured `(network, asset)` on which the request's EIP-3009 nonce, or its
+/// Permit2 nonce (asset: Permit2), is used, if any. Any unreadable chain is an error: nothing
+/// is signed without every answer. A network without Permit2 code has used no Permit2 nonce.
 async fn used_anywhere(
     state: &AppState,
     payer: Address,
-    nonce: B256,
+    eip3009_nonce: B256,
+    permit2_nonce: alloy::primitives::U256,
 ) -> Result<Option<(Network, Address)>, x402::ChainError> {
     for (network, asset) in state.supported.payable_assets() {
-        if chain_used(state, network, asset, payer, nonce).await? {
+        if eip3009_used(state, network, asset, payer, eip3009_nonce).await? {
             return Ok(Some((network, asset)));
+        }
+    }
+    let mut networks: Vec<Network> = state.supported.payable_assets().map(|(n, _)| n).collect();
+    networks.dedup();
+    for network in networks {
+        let started = Instant::now();
+        let r = state.chain.permit2_nonce_used(network, payer, permit2_nonce).await;
+        state.metrics.rpc_seconds.with_label_values(&["nonceBitmap"]).observe(started.elapsed().as_secs_f64());
+        match r {
+            Ok(true) => return Ok(Some((network, x402::permit2::PERMIT2))),
+            Ok(false) | Err(x402::ChainError::NoContract { .. }) => {}
+            Err(e) => {
+                state.metrics.rpc_errors.with_label_values(&["nonceBitmap"]).inc();
+                return Err(e);
+            }
         }
     }
     Ok(None)
@@ -655,7 +742,23 @@ fn wrong_chain() -> Error {
     )
 }
 
-async fn chain_used(
+/// Whether the signed payment's nonce is used on-chain (EIP-3009 `authorizationState`,
+/// Permit2 `nonceBitmap`).
+async fn chain_used(state: &AppState, signed: &SignedPayment) -> Result<bool, x402::ChainError> {
+    let method = match signed {
+        SignedPayment::Eip3009(_) => "authorizationState",
+        SignedPayment::Permit2(_) => "nonceBitmap",
+    };
+    let started = Instant::now();
+    let r = state.chain.payment_used(signed).await;
+    state.metrics.rpc_seconds.with_label_values(&[method]).observe(started.elapsed().as_secs_f64());
+    if r.is_err() {
+        state.metrics.rpc_errors.with_label_values(&[method]).inc();
+    }
+    r
+}
+
+async fn eip3009_used(
     state: &AppState,
     network: Network,
     asset: Address,

@@ -31,6 +31,9 @@ use reqwest::Url;
 use super::network::Network;
 use super::rpc::{EndpointMetrics, UrlTransport};
 
+mod permit2;
+pub use permit2::{PaymentSettlement, Permit2Settlement, nonce_position};
+
 sol! {
     /// The EIP-3009 view used to learn whether a nonce has been consumed.
     #[sol(rpc)]

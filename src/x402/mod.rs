@@ -1,5 +1,6 @@
 //! x402 payments, client side: everything the router needs to pay an upstream that answers
-//! `402 Payment Required`, for protocol v1 and v2, scheme `exact` on EVM networks.
+//! `402 Payment Required`, for protocol v1 and v2, on EVM networks: scheme `exact` with
+//! EIP-3009 ([`sign`]) or Permit2 ([`permit2`], v2 only), and scheme `upto` (Permit2).
 //!
 //! The paid path, in the order a caller uses this module:
 //! 1. [`wire::parse_payment_required`]: the upstream's 402 → [`PaymentRequired`].
@@ -23,14 +24,18 @@ pub mod chain;
 pub mod network;
 pub mod nonce;
 pub mod payload;
+pub mod permit2;
 pub mod rpc;
 pub mod select;
 pub mod sign;
+pub mod signed;
 pub mod wire;
 
 pub use chain::{Chain, ChainError};
 pub use network::{Network, NetworkError};
-pub use nonce::{deterministic_nonce, payment_identifier_id};
+pub use nonce::{deterministic_nonce, payment_identifier_id, permit2_nonce};
+pub use permit2::SignedPermit2;
 pub use select::{RejectReason, Rejection, Supported, select};
 pub use sign::{Authorization, SignError, SignedAuthorization, sign_authorization};
+pub use signed::{SignedPayment, sign_payment};
 pub use wire::{EntryError, PaymentRequired, RefusalReasons, Requirement, SettlementResponse, WireError, X402Version};

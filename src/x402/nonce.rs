@@ -15,16 +15,18 @@
 //! |---|---|
 //! | [`deterministic_nonce`] | `uuid ‖ 0x00 ‖ key ‖ 0x00 ‖ hash` |
 //! | [`payment_identifier_id`] | `"payment-identifier" ‖ 0x00 ‖ uuid ‖ 0x00 ‖ key ‖ 0x00 ‖ hash` |
+//! | [`permit2_nonce`] | `"permit2" ‖ 0x00 ‖ uuid ‖ 0x00 ‖ key ‖ 0x00 ‖ hash` (big-endian uint256) |
 //!
 //! where `uuid` is the 36 ASCII bytes of the canonical lowercase hyphenated form
 //! (`67e55044-10b1-426f-9247-bb680e5fe0c8`), `key` the UTF-8 bytes of the idempotency key and
 //! `hash` the 64 ASCII bytes of the lowercase hex request hash.
 //! The key is visible ASCII (0x21–0x7E) and so never contains 0x00; the uuid text has a
-//! fixed length and never equals the label, so the two messages can never coincide.
+//! fixed length and starts with a hex digit, never with a label's first letter, so the
+//! three messages can never coincide.
 //!
 //! Changing any of this changes every nonce: it is part of the at-most-once contract.
 
-use alloy::primitives::{B256, hex};
+use alloy::primitives::{B256, U256, hex};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use uuid::Uuid;
@@ -33,6 +35,9 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Domain-separation label of [`payment_identifier_id`].
 const PAYMENT_IDENTIFIER_LABEL: &[u8] = b"payment-identifier";
+
+/// Domain-separation label of [`permit2_nonce`].
+const PERMIT2_LABEL: &[u8] = b"permit2";
 
 /// Prefix of payment-identifier ids (the convention of the official x402 tooling).
 /// Deliberately not the API-key prefix: these ids are not secrets.
@@ -78,6 +83,26 @@ pub fn payment_identifier_id(secret: &[u8], agent_id: Uuid, idempotency_key: &st
     ];
     let mac = hmac_sha256(secret, &parts);
     format!("{PAYMENT_ID_PREFIX}{}", hex::encode(mac))
+}
+
+/// The Permit2 nonce for this agent's request under its idempotency key: the big-endian
+/// uint256 of `HMAC-SHA256(secret, "permit2" ‖ 0x00 ‖ uuid ‖ 0x00 ‖ key ‖ 0x00 ‖ hash)`.
+///
+/// Deterministic like [`deterministic_nonce`] (every Permit2 signature for a request under a
+/// key carries it, and Permit2's nonce bitmap accepts it once per owner), and derived apart
+/// from it, so the EIP-3009 and the Permit2 nonce of a request are unrelated values.
+pub fn permit2_nonce(secret: &[u8], agent_id: Uuid, idempotency_key: &str, request_hash: &str) -> U256 {
+    let uuid = hyphenated(agent_id);
+    let parts: [&[u8]; 7] = [
+        PERMIT2_LABEL,
+        &[0x00],
+        uuid.as_bytes(),
+        &[0x00],
+        idempotency_key.as_bytes(),
+        &[0x00],
+        request_hash.as_bytes(),
+    ];
+    U256::from_be_bytes(hmac_sha256(secret, &parts))
 }
 
 fn hyphenated(agent_id: Uuid) -> String {
@@ -145,6 +170,22 @@ mod tests {
         let nonce = deterministic_nonce(SECRET, agent(), "key-0000000000000001", H1);
         assert!(!id.contains(&hex::encode(nonce)));
         assert_ne!(id, payment_identifier_id(SECRET, agent(), "key-0000000000000002", H1));
+    }
+
+    #[test]
+    fn permit2_nonce_is_deterministic_and_apart_from_the_eip3009_nonce() {
+        let a = permit2_nonce(SECRET, agent(), "key-0000000000000001", H1);
+        assert_eq!(a, permit2_nonce(SECRET, agent(), "key-0000000000000001", H1));
+        assert_ne!(a, permit2_nonce(SECRET, agent(), "key-0000000000000002", H1));
+        assert_ne!(a, permit2_nonce(SECRET, agent(), "key-0000000000000001", H2));
+        let eip3009 = deterministic_nonce(SECRET, agent(), "key-0000000000000001", H1);
+        assert_ne!(B256::from(a), eip3009);
+        // Computed independently with Python: int.from_bytes(hmac.new(b"secret",
+        // b"permit2\x00" + b"00000000-0000-0000-0000-000000000000" + b"\x00k\x00h", sha256).digest(), "big")
+        assert_eq!(
+            permit2_nonce(b"secret", Uuid::nil(), "k", "h").to_string(),
+            "131216431477653836849741943416250366326445906497415104367879592637545049196"
+        );
     }
 
     #[test]

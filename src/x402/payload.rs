@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::sign::SignedAuthorization;
+use super::signed::SignedPayment;
 use super::wire::{Requirement, WireError, X402Version};
 
 /// The JSON payment payload for `requirement`, ready to be stored in the payments ledger and
@@ -15,15 +15,18 @@ use super::wire::{Requirement, WireError, X402Version};
 /// - v1: `{x402Version: 1, scheme, network: <the original v1 name>, payload: {signature,
 ///   authorization}}`; `resource` and `extensions` do not exist in v1 and are ignored.
 ///
+/// The scheme payload is `{authorization, signature}` (EIP-3009) or `{signature,
+/// permit2Authorization}` (Permit2).
+///
 /// # Errors
 /// [`WireError::AuthorizationMismatch`] when `signed` is not an authorization for exactly
-/// this requirement (network, asset, recipient, amount): a guard that the option signed is the
+/// this requirement (transfer method, network, asset, recipient, amount): a guard that the option signed is the
 /// option sent.
 pub fn payment_payload(
     version: X402Version,
     requirement: &Requirement,
     resource: Option<&Value>,
-    signed: &SignedAuthorization,
+    signed: &SignedPayment,
     extensions: Option<&Value>,
 ) -> Result<Value, WireError> {
     check_matches(requirement, signed)?;
@@ -52,18 +55,24 @@ pub fn payment_payload(
     Ok(message)
 }
 
-fn check_matches(requirement: &Requirement, signed: &SignedAuthorization) -> Result<(), WireError> {
-    let auth = signed.authorization();
+fn check_matches(requirement: &Requirement, signed: &SignedPayment) -> Result<(), WireError> {
+    let method = match signed {
+        SignedPayment::Eip3009(_) => None,
+        SignedPayment::Permit2(p) => Some(p.scheme()),
+    };
+    if method != super::permit2::scheme_of(requirement) {
+        return Err(WireError::AuthorizationMismatch("scheme or assetTransferMethod"));
+    }
     if signed.network() != requirement.network() {
         return Err(WireError::AuthorizationMismatch("network"));
     }
     if signed.asset() != requirement.asset() {
         return Err(WireError::AuthorizationMismatch("asset"));
     }
-    if auth.to != requirement.pay_to() {
+    if signed.pay_to() != requirement.pay_to() {
         return Err(WireError::AuthorizationMismatch("payTo"));
     }
-    if auth.value != requirement.amount().as_u256() {
+    if signed.amount() != requirement.amount().as_u256() {
         return Err(WireError::AuthorizationMismatch("amount"));
     }
     Ok(())
@@ -85,7 +94,8 @@ mod tests {
         let req = &pr.accepts[0];
         let nonce = B256::repeat_byte(0x11);
         let signed = sign_authorization(&signer(), req, nonce, 1_796_203_347, 3600).unwrap();
-        let payload = payment_payload(pr.version, req, pr.resource.as_ref(), &signed, None).unwrap();
+        let payload =
+            payment_payload(pr.version, req, pr.resource.as_ref(), &SignedPayment::from(signed.clone()), None).unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "payment-signature");
         // Standard padded base64 of JSON.
@@ -120,7 +130,9 @@ mod tests {
         let pr = v1_402(&body).unwrap();
         let req = &pr.accepts[0];
         let signed = sign_authorization(&signer(), req, B256::ZERO, 1_796_202_752 + 600, 3600).unwrap();
-        let payload = payment_payload(pr.version, req, None, &signed, Some(&json!({"x": {}}))).unwrap();
+        let payload =
+            payment_payload(pr.version, req, None, &SignedPayment::from(signed.clone()), Some(&json!({"x": {}})))
+                .unwrap();
         let (name, value) = encode_payment_header(pr.version, &payload).unwrap();
         assert_eq!(name, "x-payment");
         let sent = decode_payment_header(&value).unwrap();
@@ -139,7 +151,8 @@ mod tests {
     fn refuses_to_send_an_authorization_for_another_option() {
         let pr = v2_with_entries(json!([v2_entry("10"), v2_entry("20")])).unwrap();
         let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000, 3600).unwrap();
-        let err = payment_payload(pr.version, &pr.accepts[1], None, &signed, None).unwrap_err();
+        let err =
+            payment_payload(pr.version, &pr.accepts[1], None, &SignedPayment::from(signed.clone()), None).unwrap_err();
         assert!(matches!(err, WireError::AuthorizationMismatch("amount")));
     }
 
@@ -166,7 +179,9 @@ mod tests {
         assert_eq!(ext["bazaar"], declared["bazaar"]);
 
         let signed = sign_authorization(&signer(), &pr.accepts[0], B256::ZERO, 1_800_000_000, 3600).unwrap();
-        let payload = payment_payload(pr.version, &pr.accepts[0], None, &signed, Some(&ext)).unwrap();
+        let payload =
+            payment_payload(pr.version, &pr.accepts[0], None, &SignedPayment::from(signed.clone()), Some(&ext))
+                .unwrap();
         assert_eq!(payload["extensions"]["payment-identifier"]["info"]["id"], id);
 
         assert!(matches!(payment_extensions(pr.extensions.as_ref(), "short"), Err(WireError::InvalidPaymentId)));

@@ -1,10 +1,14 @@
 //! Requirement selection: which of an upstream's payment options, if any, the router pays.
 //!
 //! Rules (DESIGN §6), all of which an option must pass:
-//! scheme `exact`; network configured (has an RPC URL); asset configured for that network;
-//! `extra.name` and `extra.version` present (the EIP-712 domain); `payTo` not the zero address;
+//! scheme `exact` (transfer method `eip3009`, the default, or `permit2`) or `upto` (Permit2
+//! only, with a non-zero `extra.facilitatorAddress`); Permit2 only in x402 v2;
+//! network configured (has an RPC URL); asset configured for that network;
+//! for EIP-3009, `extra.name` and `extra.version` present (the token's EIP-712 domain; Permit2
+//! has its own); `payTo` not the zero address;
 //! amount > 0; `maxTimeoutSeconds` > 0; amount ≤ the agent's `max_amount`; amount ≤ the
-//! agent's limit (per-call cap and/or what remains of its budget), when given.
+//! agent's limit (per-call cap and/or what remains of its budget), when given. For `upto` the
+//! amount is the signed maximum: it is what is checked and reserved.
 //! Among the passing options the cheapest wins; ties go to the earliest in `accepts`.
 //!
 //! Fail closed: with no passing option the answer is a [`Rejection`] that says, per option,
@@ -20,8 +24,10 @@ use crate::money::Amount;
 use super::network::Network;
 use super::wire::{PaymentRequired, Requirement};
 
-/// The only scheme the router pays with.
+/// The fixed-price scheme.
 pub const EXACT: &str = "exact";
+/// The metered scheme (Permit2 only): the amount is a maximum.
+pub const UPTO: &str = super::permit2::UPTO;
 
 /// What the router is configured to pay with: networks that have an RPC URL, the
 /// `(network, token)` pairs of `X402_ASSETS`, and each token's decimals.
@@ -90,8 +96,19 @@ impl Supported {
 /// Why one option was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RejectReason {
-    /// Not the `exact` scheme.
+    /// Neither `exact` nor `upto`.
     UnsupportedScheme(String),
+    /// An `extra.assetTransferMethod` the router does not pay with for this scheme.
+    UnsupportedTransferMethod {
+        /// The scheme.
+        scheme: String,
+        /// The method as sent.
+        method: String,
+    },
+    /// A Permit2 payment (`upto`, or `exact` via Permit2) offered in an x402 v1 message.
+    Permit2RequiresV2,
+    /// An `upto` option without a valid, non-zero `extra.facilitatorAddress`.
+    MissingFacilitator,
     /// Network without RPC URL, or not an EVM network at all (the upstream's string).
     UnsupportedNetwork(String),
     /// Token not configured for that network.
@@ -149,8 +166,15 @@ impl fmt::Display for RejectReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::UnsupportedScheme(s) => {
-                write!(f, "scheme {s:?} is not supported (only \"exact\")")
+                write!(f, "scheme {s:?} is not supported (only \"exact\" and \"upto\")")
             }
+            Self::UnsupportedTransferMethod { scheme, method } => write!(
+                f,
+                "assetTransferMethod {method:?} is not supported for scheme {scheme:?} (exact: \"eip3009\" or \
+                 \"permit2\"; upto: \"permit2\")"
+            ),
+            Self::Permit2RequiresV2 => f.write_str("Permit2 payments are only made with x402 version 2"),
+            Self::MissingFacilitator => f.write_str("upto option without a valid extra.facilitatorAddress"),
             Self::UnsupportedNetwork(n) => write!(f, "network {n:?} is not configured"),
             Self::UnsupportedAsset { network, asset } => {
                 write!(f, "asset {asset} is not configured for {network}")
@@ -235,19 +259,39 @@ pub fn check(
     max_amount: Amount,
     agent_limit: Option<Amount>,
 ) -> Option<RejectReason> {
+    use super::permit2::{EIP3009_METHOD, PERMIT2_METHOD};
     let network = requirement.network();
     let amount = requirement.amount();
+    let scheme = requirement.scheme();
+    let method = requirement.asset_transfer_method();
+    // `Some(true)`: Permit2; `Some(false)`: EIP-3009; `None`: a method we do not pay with.
+    let permit2 = match (scheme, method) {
+        (EXACT, None) => Some(false),
+        (EXACT, Some(m)) if m == EIP3009_METHOD => Some(false),
+        (EXACT | UPTO, Some(m)) if m == PERMIT2_METHOD => Some(true),
+        (UPTO, None) => Some(true),
+        _ => None,
+    };
     let has_domain = requirement.extra_name().is_some_and(|s| !s.is_empty())
         && requirement.extra_version().is_some_and(|s| !s.is_empty());
-    let reason = if requirement.scheme() != EXACT {
-        RejectReason::UnsupportedScheme(requirement.scheme().to_owned())
+    let reason = if scheme != EXACT && scheme != UPTO {
+        RejectReason::UnsupportedScheme(scheme.to_owned())
+    } else if permit2.is_none() {
+        RejectReason::UnsupportedTransferMethod {
+            scheme: scheme.to_owned(),
+            method: super::wire::primitives::truncate(method.unwrap_or(""), 64),
+        }
+    } else if permit2 == Some(true) && requirement.version() != super::wire::X402Version::V2 {
+        RejectReason::Permit2RequiresV2
+    } else if scheme == UPTO && requirement.facilitator_address().is_none_or(|a| a.is_zero()) {
+        RejectReason::MissingFacilitator
     } else if !supported.has_network(network) {
         RejectReason::UnsupportedNetwork(requirement.network_raw().to_owned())
     } else if !supported.allows_asset(network, requirement.asset()) {
         RejectReason::UnsupportedAsset { network, asset: requirement.asset() }
     } else if supported.unit().is_none() || supported.decimals(network, requirement.asset()) != supported.unit() {
         RejectReason::UnknownUnit { network, asset: requirement.asset() }
-    } else if !has_domain {
+    } else if permit2 == Some(false) && !has_domain {
         RejectReason::MissingEip712Domain
     } else if requirement.pay_to() == Address::ZERO {
         RejectReason::ZeroPayTo
@@ -416,7 +460,7 @@ mod tests {
         let mut no_extra = entry("eip155:84532", USDC_SEPOLIA, "10");
         no_extra.as_object_mut().unwrap().remove("extra");
         let mut upto = entry("eip155:84532", USDC_SEPOLIA, "10");
-        upto["scheme"] = json!("upto");
+        upto["scheme"] = json!("streaming");
         let mut zero_timeout = entry("eip155:84532", USDC_SEPOLIA, "10");
         zero_timeout["maxTimeoutSeconds"] = json!(0);
         let mut zero_pay_to = entry("eip155:84532", USDC_SEPOLIA, "10");
@@ -438,7 +482,7 @@ mod tests {
         assert_eq!(
             reasons,
             vec![
-                RejectReason::UnsupportedScheme("upto".into()),
+                RejectReason::UnsupportedScheme("streaming".into()),
                 RejectReason::UnsupportedNetwork("eip155:137".into()),
                 RejectReason::UnsupportedAsset { network: Network::BASE_SEPOLIA, asset: USDC_BASE },
                 RejectReason::MissingEip712Domain,
@@ -454,8 +498,56 @@ mod tests {
         assert!(rejection.is_over_budget());
         assert_eq!(rejection.cheapest_over_budget(), Some(amount(5000)));
         let message = rejection.to_string();
-        assert!(message.starts_with("no acceptable payment option: option #0: scheme \"upto\""), "{message}");
+        assert!(message.starts_with("no acceptable payment option: option #0: scheme \"streaming\""), "{message}");
         assert!(message.contains("option #9: amount 5000 exceeds max_amount 1000"), "{message}");
+    }
+
+    #[test]
+    fn permit2_exact_and_upto_are_selected_only_when_well_formed() {
+        const FACILITATOR: &str = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266";
+        let with = |scheme: &str, extra: Value, amount: &str| {
+            let mut e = entry("eip155:84532", USDC_SEPOLIA, amount);
+            e["scheme"] = json!(scheme);
+            e["extra"] = extra;
+            e
+        };
+        let accepts = parse(vec![
+            with("exact", json!({"assetTransferMethod": "permit2"}), "10"),
+            with("upto", json!({"assetTransferMethod": "permit2", "facilitatorAddress": FACILITATOR}), "20"),
+            with("upto", json!({"assetTransferMethod": "permit2"}), "1"),
+            with("upto", json!({"facilitatorAddress": Address::ZERO.to_string()}), "1"),
+            with("upto", json!({"assetTransferMethod": "eip3009", "facilitatorAddress": FACILITATOR}), "1"),
+            with("exact", json!({"name": "USD Coin", "version": "2", "assetTransferMethod": "erc7710"}), "1"),
+            with("upto", json!({"assetTransferMethod": "permit2", "facilitatorAddress": FACILITATOR}), "5000"),
+        ]);
+        // Permit2 needs no token domain; the cheapest acceptable option wins.
+        assert_eq!(select(&accepts, &supported(), amount(1000), None).unwrap().index(), 0);
+        assert_eq!(select(&accepts[1..], &supported(), amount(1000), None).unwrap().index(), 1);
+        let rejection = select(&accepts[2..], &supported(), amount(1000), None).unwrap_err();
+        let reasons: Vec<_> = rejection.options.iter().map(|o| o.reason.clone()).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                RejectReason::MissingFacilitator,
+                RejectReason::MissingFacilitator,
+                RejectReason::UnsupportedTransferMethod { scheme: "upto".into(), method: "eip3009".into() },
+                RejectReason::UnsupportedTransferMethod { scheme: "exact".into(), method: "erc7710".into() },
+                // The maximum of an upto option is its price for the limits.
+                RejectReason::OverMaxAmount { amount: amount(5000), max_amount: amount(1000) },
+            ]
+        );
+        assert!(rejection.to_string().contains("assetTransferMethod \"erc7710\" is not supported"), "{rejection}");
+        // Permit2 in a v1 message is refused.
+        let v1 = Requirement::from_json(
+            X402Version::V1,
+            0,
+            &json!({"scheme": "upto", "network": "base-sepolia", "maxAmountRequired": "10",
+                    "asset": USDC_SEPOLIA.to_string(), "payTo": PAY_TO, "maxTimeoutSeconds": 60,
+                    "extra": {"facilitatorAddress": FACILITATOR}}),
+        )
+        .unwrap();
+        let rejection = select(std::slice::from_ref(&v1), &supported(), amount(1000), None).unwrap_err();
+        assert_eq!(rejection.options[0].reason, RejectReason::Permit2RequiresV2);
     }
 
     #[test]

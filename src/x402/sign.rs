@@ -59,6 +59,12 @@ pub enum SignError {
     /// The stored signature does not recover to an address.
     #[error("signature does not recover: {0}")]
     Recover(#[from] alloy::primitives::SignatureError),
+    /// Asked to sign a Permit2 authorization for a requirement that is not a Permit2 one.
+    #[error("requirement is not a Permit2 requirement")]
+    NotPermit2,
+    /// An `upto` requirement without a valid `extra.facilitatorAddress`.
+    #[error("upto requirement has no extra.facilitatorAddress")]
+    MissingFacilitator,
 }
 
 /// The EIP-3009 authorization fields, with their wire names and wire encodings
@@ -259,29 +265,29 @@ fn eip712_domain(name: &str, version: &str, network: Network, asset: Address) ->
 
 /// Address as EIP-55 checksummed hex, as the official clients send it (alloy's own serde
 /// writes lowercase). Reading requires `0x` + 40 hex digits, checksum-valid when mixed-case.
-mod checksummed {
+pub(crate) mod checksummed {
     use super::*;
     use crate::x402::wire::primitives::parse_address;
 
-    pub(super) fn serialize<S: Serializer>(a: &Address, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(a: &Address, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&a.to_checksum(None))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Address, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Address, D::Error> {
         let s = String::deserialize(d)?;
         parse_address(&s).ok_or_else(|| serde::de::Error::custom("expected a 0x-hex EVM address"))
     }
 }
 
 /// `U256` as a canonical decimal string.
-mod decimal_u256 {
+pub(crate) mod decimal_u256 {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(v: &U256, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &U256, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(v)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<U256, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<U256, D::Error> {
         let s = String::deserialize(d)?;
         Amount::parse(&s)
             .map(Amount::as_u256)
@@ -290,14 +296,14 @@ mod decimal_u256 {
 }
 
 /// `u64` as a canonical decimal string.
-mod decimal_u64 {
+pub(crate) mod decimal_u64 {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(v)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         let s = String::deserialize(d)?;
         Amount::parse(&s)
             .ok()
@@ -306,15 +312,42 @@ mod decimal_u64 {
     }
 }
 
+/// The serde helpers, shared with [`super::permit2`].
+pub(crate) mod serde_helpers {
+    pub(crate) use super::{checksummed, decimal_u64, decimal_u256, signature_hex};
+
+    /// An optional address, checksummed; absent when `None`.
+    pub(crate) mod checksummed_opt {
+        use alloy::primitives::Address;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(a: &Option<Address>, s: S) -> Result<S::Ok, S::Error> {
+            match a {
+                Some(a) => super::checksummed::serialize(a, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Address>, D::Error> {
+            let s = Option::<String>::deserialize(d)?;
+            s.map(|s| {
+                crate::x402::wire::primitives::parse_address(&s)
+                    .ok_or_else(|| serde::de::Error::custom("expected a 0x-hex EVM address"))
+            })
+            .transpose()
+        }
+    }
+}
+
 /// 65-byte signature as 0x-hex, `v` = 27/28.
-mod signature_hex {
+pub(crate) mod signature_hex {
     use super::*;
 
-    pub(super) fn serialize<S: Serializer>(sig: &Signature, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(sig: &Signature, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&hex::encode_prefixed(sig.as_bytes()))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Signature, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Signature, D::Error> {
         let s = String::deserialize(d)?;
         let bytes = s
             .strip_prefix("0x")

@@ -16,6 +16,7 @@ use crate::x402::network::Network;
 /// always agree: what is selected, signed and sent is the same option.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Requirement {
+    version: X402Version,
     index: usize,
     scheme: String,
     network: Network,
@@ -67,6 +68,7 @@ impl Requirement {
             Some(_) => return Err(EntryError::BadExtra),
         };
         Ok(Self {
+            version,
             index,
             scheme: scheme.to_owned(),
             network,
@@ -131,6 +133,20 @@ impl Requirement {
     /// The entry as the upstream sent it, as a JSON value (v2 `accepted`).
     pub fn raw_json(&self) -> Value {
         Value::Object(self.raw.clone())
+    }
+
+    /// The protocol version of the message this entry came from.
+    pub fn version(&self) -> X402Version {
+        self.version
+    }
+    /// `extra.assetTransferMethod` (`eip3009` when absent; `permit2` for Permit2 payments).
+    pub fn asset_transfer_method(&self) -> Option<&str> {
+        self.extra_str("assetTransferMethod")
+    }
+    /// `extra.facilitatorAddress` (`upto`: the facilitator allowed to settle), when it is an
+    /// EVM address.
+    pub fn facilitator_address(&self) -> Option<Address> {
+        parse_address(self.extra_str("facilitatorAddress")?)
     }
 
     fn extra_str(&self, key: &str) -> Option<&str> {

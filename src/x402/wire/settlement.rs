@@ -26,6 +26,9 @@ pub struct SettlementResponse {
     pub payer: Option<Address>,
     /// `errorReason` as sent (bounded).
     pub error_reason: Option<String>,
+    /// `amount` (upto: what the upstream says it charged), when a canonical decimal string.
+    /// A claim only: the ledger records what the chain shows moved.
+    pub amount: Option<crate::money::Amount>,
 }
 
 impl SettlementResponse {
@@ -60,6 +63,7 @@ pub fn parse_settlement(headers: &HeaderMap) -> Result<Option<SettlementResponse
         network: reason_field(obj, "network"),
         payer: obj.get("payer").and_then(Value::as_str).and_then(parse_address),
         error_reason: reason_field(obj, "errorReason"),
+        amount: obj.get("amount").and_then(Value::as_str).and_then(|a| crate::money::Amount::parse(a).ok()),
     }))
 }
 

@@ -1,0 +1,249 @@
+//! On-chain checks of Permit2 payments: whether a Permit2 nonce is used (`nonceBitmap`), and
+//! which transaction used it and how much it moved.
+//!
+//! Permit2 emits no event when a signature transfer consumes a nonce; the proof that a
+//! transaction consumed *this* authorization is: it succeeded, it is a call to the x402 proxy
+//! the authorization names as spender, and its calldata is that proxy's `settle` with this
+//! owner, token, recipient and nonce (Permit2 reverts on a used nonce, so a successful call
+//! used it). The amount moved is the sum of the token's `Transfer(payer → payTo)` logs of that
+//! transaction — never an upstream's claim. An upstream's claimed hash is only a hint.
+
+use alloy::primitives::{Address, B256, U256};
+use alloy::providers::Provider;
+use alloy::rpc::types::{Filter, TransactionTrait};
+use alloy::sol;
+use alloy::sol_types::{SolCall, SolEvent};
+
+use super::{Chain, ChainError, LOG_LOOKBACK_BLOCKS};
+use crate::x402::network::Network;
+use crate::x402::permit2::{PERMIT2, Permit2Scheme, SignedPermit2};
+use crate::x402::signed::SignedPayment;
+
+sol! {
+    /// Permit2's unordered-nonce bitmap.
+    #[sol(rpc)]
+    interface IPermit2Nonces {
+        function nonceBitmap(address owner, uint256 wordPos) external view returns (uint256);
+    }
+
+    /// ERC-20 `Transfer`.
+    interface IErc20Transfer {
+        event Transfer(address indexed from, address indexed to, uint256 value);
+    }
+
+    /// Permit2's `PermitTransferFrom` as the proxies take it.
+    struct ProxyTokenPermissions { address token; uint256 amount; }
+    struct ProxyPermitTransferFrom { ProxyTokenPermissions permitted; uint256 nonce; uint256 deadline; }
+    struct ExactProxyWitness { address to; uint256 validAfter; }
+    struct UptoProxyWitness { address to; address facilitator; uint256 validAfter; }
+
+    /// The x402 exact Permit2 proxy's `settle`.
+    interface IExactProxySettle {
+        function settle(ProxyPermitTransferFrom permit, address owner, ExactProxyWitness witness, bytes signature) external;
+    }
+
+    /// The x402 upto Permit2 proxy's `settle`.
+    interface IUptoProxySettle {
+        function settle(ProxyPermitTransferFrom permit, uint256 amount, address owner, UptoProxyWitness witness, bytes signature) external;
+    }
+}
+
+/// Most candidate transactions examined when searching the logs.
+const MAX_CANDIDATES: usize = 32;
+
+/// The transaction that used a Permit2 authorization, and what it moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permit2Settlement {
+    /// The settling transaction.
+    pub tx_hash: B256,
+    /// Sum of the token's `Transfer(payer → payTo)` logs in it.
+    pub transferred: U256,
+}
+
+/// The transaction that used a signed payment (of either method), and, when known, what it
+/// moved (Permit2: from the transaction's logs; EIP-3009: `None`, the authorization's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentSettlement {
+    /// The settling transaction.
+    pub tx_hash: B256,
+    /// The amount moved to `payTo`, from the logs (Permit2 only).
+    pub transferred: Option<U256>,
+}
+
+/// `(wordPos, bit)` of a Permit2 unordered nonce.
+pub fn nonce_position(nonce: U256) -> (U256, usize) {
+    let bit = usize::try_from(nonce & U256::from(0xffu8)).unwrap_or(0);
+    (nonce >> 8usize, bit)
+}
+
+impl Chain {
+    /// True when the payment's nonce is used on-chain: EIP-3009 `authorizationState` on the
+    /// token, Permit2 `nonceBitmap`.
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`] and [`Chain::permit2_nonce_used`].
+    pub async fn payment_used(&self, signed: &SignedPayment) -> Result<bool, ChainError> {
+        match signed {
+            SignedPayment::Eip3009(s) => self.authorization_state(s.network(), s.asset(), s.payer(), s.nonce()).await,
+            SignedPayment::Permit2(s) => self.permit2_nonce_used(s.network(), s.payer(), s.nonce()).await,
+        }
+    }
+
+    /// The transaction the chain shows using the payment (the upstream's `claimed` hash is
+    /// only a hint): [`Chain::authorization_tx`] or [`Chain::permit2_settlement`].
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`].
+    pub async fn payment_tx(
+        &self,
+        signed: &SignedPayment,
+        claimed: Option<B256>,
+    ) -> Result<Option<PaymentSettlement>, ChainError> {
+        Ok(match signed {
+            SignedPayment::Eip3009(s) => self
+                .authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), claimed)
+                .await?
+                .map(|tx_hash| PaymentSettlement { tx_hash, transferred: None }),
+            SignedPayment::Permit2(s) => self
+                .permit2_settlement(s, claimed)
+                .await?
+                .map(|p| PaymentSettlement { tx_hash: p.tx_hash, transferred: Some(p.transferred) }),
+        })
+    }
+
+    /// True when Permit2's nonce bitmap has `nonce` of `owner` set (used, or invalidated).
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`]; [`ChainError::NoContract`] when there is no Permit2
+    /// on the network.
+    pub async fn permit2_nonce_used(&self, network: Network, owner: Address, nonce: U256) -> Result<bool, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let (word, bit) = nonce_position(nonce);
+        let permit2 = IPermit2Nonces::new(PERMIT2, &endpoint.provider);
+        let call = permit2.nonceBitmap(owner, word);
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(bitmap) => Ok(bitmap.bit(bit)),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: PERMIT2 }),
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The transaction that used `signed` (see the module docs for the proof) and the amount
+    /// it moved: `claimed` first, then the transactions of the recent `Transfer(payer → payTo)`
+    /// logs of the token. `None`: not found.
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`].
+    pub async fn permit2_settlement(
+        &self,
+        signed: &SignedPermit2,
+        claimed: Option<B256>,
+    ) -> Result<Option<Permit2Settlement>, ChainError> {
+        let network = signed.network();
+        let endpoint = self.endpoint(network)?;
+        let mut candidates: Vec<B256> = claimed.into_iter().collect();
+        if let Some(found) = self.permit2_check(signed, claimed).await? {
+            return Ok(Some(found));
+        }
+        let latest = self
+            .bounded(endpoint, network, endpoint.provider.get_block_number())
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        let filter = Filter::new()
+            .address(signed.asset())
+            .event_signature(IErc20Transfer::Transfer::SIGNATURE_HASH)
+            .topic1(signed.payer().into_word())
+            .topic2(signed.pay_to().into_word())
+            .from_block(latest.saturating_sub(LOG_LOOKBACK_BLOCKS));
+        let logs = self
+            .bounded(endpoint, network, endpoint.provider.get_logs(&filter))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        for hash in logs.iter().filter_map(|l| l.transaction_hash) {
+            if candidates.contains(&hash) {
+                continue;
+            }
+            if candidates.len() >= MAX_CANDIDATES {
+                break;
+            }
+            candidates.push(hash);
+            if let Some(found) = self.permit2_check(signed, Some(hash)).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether transaction `hash` settled `signed` (module docs), and what it moved.
+    async fn permit2_check(
+        &self,
+        signed: &SignedPermit2,
+        hash: Option<B256>,
+    ) -> Result<Option<Permit2Settlement>, ChainError> {
+        let Some(hash) = hash else { return Ok(None) };
+        let network = signed.network();
+        let endpoint = self.endpoint(network)?;
+        let receipt = self
+            .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(hash))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        let Some(receipt) = receipt.filter(|r| r.status()) else { return Ok(None) };
+        let tx = self
+            .bounded(endpoint, network, endpoint.provider.get_transaction_by_hash(hash))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        let Some(tx) = tx else { return Ok(None) };
+        let a = signed.authorization();
+        if tx.to() != Some(a.spender) || !settles(signed, tx.input()) {
+            return Ok(None);
+        }
+        let mut transferred = U256::ZERO;
+        for log in receipt.inner.logs() {
+            let t = log.topics();
+            if log.address() == signed.asset()
+                && t.len() == 3
+                && t[0] == IErc20Transfer::Transfer::SIGNATURE_HASH
+                && t[1] == signed.payer().into_word()
+                && t[2] == signed.pay_to().into_word()
+            {
+                let value = U256::try_from_be_slice(&log.data().data).unwrap_or(U256::MAX);
+                transferred = transferred.saturating_add(value);
+            }
+        }
+        Ok(Some(Permit2Settlement { tx_hash: hash, transferred }))
+    }
+}
+
+/// True when `input` is the proxy's `settle` of exactly this authorization (owner, token,
+/// nonce, recipient; for upto also the facilitator).
+fn settles(signed: &SignedPermit2, input: &[u8]) -> bool {
+    let a = signed.authorization();
+    match signed.scheme() {
+        Permit2Scheme::Exact => IExactProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
+            c.owner == a.from
+                && c.permit.nonce == a.nonce
+                && c.permit.permitted.token == a.permitted.token
+                && c.witness.to == a.witness.to
+        }),
+        Permit2Scheme::Upto => IUptoProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
+            c.owner == a.from
+                && c.permit.nonce == a.nonce
+                && c.permit.permitted.token == a.permitted.token
+                && c.witness.to == a.witness.to
+                && Some(c.witness.facilitator) == a.witness.facilitator
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonce_positions_split_word_and_bit() {
+        assert_eq!(nonce_position(U256::ZERO), (U256::ZERO, 0));
+        assert_eq!(nonce_position(U256::from(255u16)), (U256::ZERO, 255));
+        assert_eq!(nonce_position(U256::from(256u16)), (U256::from(1u8), 0));
+        assert_eq!(nonce_position(U256::MAX), (U256::MAX >> 8usize, 255));
+    }
+}
