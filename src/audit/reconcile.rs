@@ -245,7 +245,7 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
             let signed = signed_record(c);
             let used = match &signed {
                 Err(e) => Err(e.clone()),
-                Ok(signed) => chain.payment_used(signed).await.map_err(|e| e.to_string()),
+                Ok(signed) => signed.used_on(chain).await.map_err(|e| e.to_string()),
             };
             let used = match used {
                 Ok(used) => used,
@@ -262,7 +262,7 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
             };
             if let (Ok(signed), true) = (&signed, used && signed.as_ref().is_ok_and(|s| s.is_upto())) {
                 // What the settling transaction moved; unknown ⇒ the maximum stays charged.
-                match chain.payment_tx(signed, None).await {
+                match signed.settlement_on(chain, None).await {
                     Ok(Some(p)) => {
                         if let Some(moved) = p.transferred {
                             payments::store::record_charged(conn, c.agent_id, c.id, Amount::from_u256(moved)).await?;

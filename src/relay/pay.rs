@@ -354,7 +354,7 @@ pub async fn resume(
         }
     };
     if used {
-        let proven = state.chain.payment_tx(&signed, None).await.ok().flatten();
+        let proven = signed.settlement_on(&state.chain, None).await.ok().flatten();
         let charged = proven.and_then(|p| p.transferred);
         record_charged(state, own.agent_id, intent.id, &signed, charged).await?;
         let tx_hash = proven.map(|p| p.tx_hash.to_string()).or(intent.tx_hash.clone());
@@ -534,7 +534,11 @@ async fn exchange(
             record_charged(state, own.agent_id, attempt.id, signed, charged).await?;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
-            let shown = describe_charged(attempt.version, signed, status, tx_hash.as_deref(), charged);
+            let mut shown = describe_charged(attempt.version, signed, status, tx_hash.as_deref(), charged);
+            if let Some(said) = claim.as_ref().and_then(|c| c.amount).filter(|_| signed.is_upto()) {
+                // The upstream's word, beside what the chain shows (`amount`).
+                shown["claimed_amount"] = json!(said.to_string());
+            }
             let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
             let ledger = Final { id: attempt.id, status, tx_hash, error, recovery: None };
             Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
@@ -607,7 +611,7 @@ async fn confirm(
             // Record only the transaction the chain shows consuming this nonce, whatever the
             // upstream claims, and (Permit2) the amount its logs show moving.
             let claimed_hash = claim.and_then(|c| c.tx_hash);
-            let proven = state.chain.payment_tx(s, claimed_hash).await;
+            let proven = s.settlement_on(&state.chain, claimed_hash).await;
             let charged = proven.as_ref().ok().and_then(|p| p.as_ref()?.transferred);
             let claimed_amount = claim.and_then(|c| c.amount);
             let (tx, mut note) = match proven {
@@ -750,7 +754,7 @@ async fn chain_used(state: &AppState, signed: &SignedPayment) -> Result<bool, x4
         SignedPayment::Permit2(_) => "nonceBitmap",
     };
     let started = Instant::now();
-    let r = state.chain.payment_used(signed).await;
+    let r = signed.used_on(&state.chain).await;
     state.metrics.rpc_seconds.with_label_values(&[method]).observe(started.elapsed().as_secs_f64());
     if r.is_err() {
         state.metrics.rpc_errors.with_label_values(&[method]).inc();

@@ -32,7 +32,7 @@ use super::network::Network;
 use super::rpc::{EndpointMetrics, UrlTransport};
 
 mod permit2;
-pub use permit2::{PaymentSettlement, Permit2Settlement, nonce_position};
+pub use permit2::{PERMIT2, Permit2Settlement, Permit2Terms, nonce_position};
 
 sol! {
     /// The EIP-3009 view used to learn whether a nonce has been consumed.

@@ -32,12 +32,12 @@ use alloy::sol_types::{Eip712Domain, SolStruct};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::chain::Permit2Terms;
 use super::network::Network;
 use super::sign::{SignError, VALID_AFTER_SKEW_SECS, serde_helpers};
 use super::wire::Requirement;
 
-/// Uniswap Permit2, at the same address on every EVM chain (CREATE2).
-pub const PERMIT2: Address = address!("0x000000000022D473030F116dDEE9F6B43aC78BA3");
+pub use super::chain::PERMIT2;
 /// The x402 exact Permit2 proxy (`x402ExactPermit2ProxyAddress` of @x402/evm 2.27.0).
 pub const EXACT_PROXY: Address = address!("0x402085c248EeA27D92E8b30b2C58ed07f9E20001");
 /// The x402 upto Permit2 proxy (`x402UptoPermit2ProxyAddress` of @x402/evm 2.27.0).
@@ -254,6 +254,19 @@ impl SignedPermit2 {
     /// The Permit2 nonce.
     pub fn nonce(&self) -> U256 {
         self.permit2_authorization.nonce
+    }
+    /// What the chain checks need to know about this authorization.
+    pub fn terms(&self) -> Permit2Terms {
+        let a = &self.permit2_authorization;
+        Permit2Terms {
+            network: self.network,
+            owner: a.from,
+            token: a.permitted.token,
+            pay_to: a.witness.to,
+            spender: a.spender,
+            nonce: a.nonce,
+            facilitator: a.witness.facilitator,
+        }
     }
     /// The 65-byte signature as 0x-hex. Do not log it.
     pub fn signature_hex(&self) -> String {

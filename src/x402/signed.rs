@@ -13,6 +13,7 @@ use alloy::signers::local::PrivateKeySigner;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::chain::{Chain, ChainError};
 use super::network::Network;
 use super::permit2::{self, SignedPermit2};
 use super::sign::{SignError, SignedAuthorization, sign_authorization};
@@ -138,6 +139,52 @@ impl SignedPayment {
             Self::Eip3009(s) => s.is_valid_at(now_unix, min_remaining_secs),
             Self::Permit2(s) => s.is_valid_at(now_unix, min_remaining_secs),
         }
+    }
+}
+
+/// The transaction that used a signed payment, and, when known, what it moved (Permit2:
+/// from the transaction's logs; EIP-3009: `None`, the authorization's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentSettlement {
+    /// The settling transaction.
+    pub tx_hash: B256,
+    /// The amount moved to `payTo`, from the logs (Permit2 only).
+    pub transferred: Option<U256>,
+}
+
+impl SignedPayment {
+    /// True when the payment's nonce is used on-chain: EIP-3009 `authorizationState` on the
+    /// token, Permit2 `nonceBitmap`.
+    ///
+    /// # Errors
+    /// [`ChainError`] (a network without Permit2 is [`ChainError::NoContract`]).
+    pub async fn used_on(&self, chain: &Chain) -> Result<bool, ChainError> {
+        match self {
+            Self::Eip3009(s) => chain.authorization_state(s.network(), s.asset(), s.payer(), s.nonce()).await,
+            Self::Permit2(s) => chain.permit2_nonce_used(s.network(), s.payer(), s.nonce()).await,
+        }
+    }
+
+    /// The transaction the chain shows using the payment (the upstream's `claimed` hash is
+    /// only a hint): [`Chain::authorization_tx`] or [`Chain::permit2_settlement`].
+    ///
+    /// # Errors
+    /// [`ChainError`].
+    pub async fn settlement_on(
+        &self,
+        chain: &Chain,
+        claimed: Option<B256>,
+    ) -> Result<Option<PaymentSettlement>, ChainError> {
+        Ok(match self {
+            Self::Eip3009(s) => chain
+                .authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), claimed)
+                .await?
+                .map(|tx_hash| PaymentSettlement { tx_hash, transferred: None }),
+            Self::Permit2(s) => chain
+                .permit2_settlement(&s.terms(), claimed)
+                .await?
+                .map(|p| PaymentSettlement { tx_hash: p.tx_hash, transferred: Some(p.transferred) }),
+        })
     }
 }
 

@@ -19,6 +19,7 @@ mod idempotency;
 mod money;
 mod operations;
 mod payments;
+mod permit2;
 mod properties;
 mod recovery;
 mod rpc;

@@ -109,6 +109,11 @@ impl Chain {
         C::abi_decode_returns(&out).map_err(|source| ChainError::Decode { method: C::SIGNATURE, source })
     }
 
+    /// `eth_call` of a prepared transaction: the raw return data, or the revert as an error.
+    pub async fn simulate(&self, tx: TransactionRequest) -> Result<Bytes, ChainError> {
+        self.bounded("eth_call", self.provider.call(tx)).await
+    }
+
     /// Sends `tx` from the sender with the next pending nonce and returns its hash without
     /// waiting. Callers that send concurrently must serialise calls to this (see
     /// `payment::Settler`): the nonce is read, not reserved.

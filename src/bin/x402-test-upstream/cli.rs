@@ -22,7 +22,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deploy TestToken, install Multicall3 with anvil_setCode, mint; print {"token", "chain_id"}.
+    /// Deploy TestToken, install Multicall3, Permit2 and the x402 Permit2 proxies with
+    /// anvil_setCode, mint, approve Permit2; print {"token", "chain_id"}.
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
     Serve(ServeArgs),
@@ -39,6 +40,10 @@ pub struct DeployArgs {
     /// Mint AMOUNT atomic units (decimal) to ADDR; repeatable.
     #[arg(long = "mint", value_name = "ADDR=AMOUNT", value_parser = parse_mint)]
     pub mints: Vec<Mint>,
+    /// Hex private key of a payer that approves Permit2 for the token (unlimited), sending
+    /// the approval itself; repeatable. A payer left out has no Permit2 allowance.
+    #[arg(long = "approve-permit2", value_name = "KEY", value_parser = parse_key)]
+    pub approve_permit2: Vec<Key>,
 }
 
 #[derive(Debug, Args)]

@@ -1,4 +1,6 @@
-//! `deploy`: TestToken from the embedded fixture, Multicall3 via `anvil_setCode`, then mints.
+//! `deploy`: TestToken from the embedded fixture; Multicall3, Permit2 and the two x402 Permit2
+//! proxies via `anvil_setCode` at their canonical addresses; then mints, and approves Permit2
+//! from each `--approve-permit2` key.
 //! Prints one JSON line `{"token": "0x…", "chain_id": N}` on stdout.
 
 use std::io::Write;
@@ -43,6 +45,11 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         .context("installing Multicall3 (is this an anvil node?)")?;
     tracing::info!(address = %fixtures::MULTICALL3, "Multicall3 installed");
 
+    for (address, code) in fixtures::permit2_runtime_codes()? {
+        chain.set_code(address, code).await.with_context(|| format!("installing code at {address}"))?;
+    }
+    tracing::info!(permit2 = %crate::permit2::PERMIT2, "Permit2 and the x402 Permit2 proxies installed");
+
     for mint in &args.mints {
         let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
         chain
@@ -50,6 +57,14 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("minting {} to {}", mint.amount, mint.to))?;
         tracing::info!(to = %mint.to, amount = %mint.amount, "minted");
+    }
+
+    for key in &args.approve_permit2 {
+        let payer = Chain::connect(args.rpc_url.clone(), key.0.clone(), RPC_TIMEOUT);
+        crate::permit2::approve_permit2(&payer, token, MINE_TIMEOUT)
+            .await
+            .with_context(|| format!("approving Permit2 from {}", payer.sender()))?;
+        tracing::info!(payer = %payer.sender(), "Permit2 approved");
     }
 
     let line = serde_json::to_string(&Deployed { token: token.to_checksum(None), chain_id })?;

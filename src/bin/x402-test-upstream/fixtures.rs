@@ -9,6 +9,11 @@ pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976
 
 const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/TestToken.json"));
 const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Multicall.json"));
+const PERMIT2_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Permit2.json"));
+const EXACT_PROXY_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/X402ExactPermit2Proxy.json"));
+const UPTO_PROXY_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/X402UptoPermit2Proxy.json"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {
@@ -50,6 +55,16 @@ pub fn multicall_runtime_code() -> Result<Bytes, FixtureError> {
     artifact("Multicall.json", MULTICALL_JSON).map(|a| a.deployed_bytecode)
 }
 
+/// Runtime code of our Permit2, the exact proxy and the upto proxy, with the canonical
+/// address of each, for `anvil_setCode` (none has constructor state).
+pub fn permit2_runtime_codes() -> Result<[(Address, Bytes); 3], FixtureError> {
+    Ok([
+        (crate::permit2::PERMIT2, artifact("Permit2.json", PERMIT2_JSON)?.deployed_bytecode),
+        (crate::permit2::EXACT_PROXY, artifact("X402ExactPermit2Proxy.json", EXACT_PROXY_JSON)?.deployed_bytecode),
+        (crate::permit2::UPTO_PROXY, artifact("X402UptoPermit2Proxy.json", UPTO_PROXY_JSON)?.deployed_bytecode),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +73,6 @@ mod tests {
     fn embedded_fixtures_parse() {
         assert!(test_token_creation_code().unwrap().len() > 100);
         assert!(multicall_runtime_code().unwrap().len() > 100);
+        assert!(permit2_runtime_codes().unwrap().iter().all(|(_, code)| code.len() > 100));
     }
 }

@@ -3,10 +3,13 @@
 //!
 //! * `deploy` deploys `contracts/TestToken.sol` (bytecode embedded from
 //!   `tests/fixtures/TestToken.json`), installs the Multicall fixture's runtime code at
-//!   Multicall3's canonical address, mints, and prints `{"token": "0x…", "chain_id": N}`.
+//!   Multicall3's canonical address, our own Permit2 and x402 Permit2 proxies
+//!   (`contracts/Permit2.sol`, `contracts/X402*Permit2Proxy.sol`) at their canonical addresses,
+//!   mints, approves Permit2 from the `--approve-permit2` keys, and prints `{"token": "0x…", "chain_id": N}`.
 //! * `serve` runs an actix-web x402 server (v1 and v2 wire formats) that verifies payments
 //!   itself, settles them on chain with `transferWithAuthorization` from a facilitator key, and
-//!   misbehaves on purpose on some routes (`server::ROUTES` is the table). It prints
+//!   misbehaves on purpose on some routes (`server::ROUTES` is the table); `/v2/permit2` and
+//!   `/v2/upto` take Permit2 payments and settle them through the proxies (`permit2.rs`). It prints
 //!   `{"listening": "127.0.0.1:PORT"}` once bound.
 //!
 //! This binary deliberately shares no code with the crate's own `src/x402` module: a fixture
@@ -18,6 +21,7 @@ mod cli;
 mod deploy;
 mod fixtures;
 mod payment;
+mod permit2;
 mod server;
 mod stats;
 mod wire;

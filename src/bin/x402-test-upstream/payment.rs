@@ -264,6 +264,21 @@ impl Facilitator {
         Self { chain, token, network, domain, settle_timeout, send_lock }
     }
 
+    /// The chain client (its sender is the facilitator's key).
+    pub fn chain(&self) -> &Chain {
+        &self.chain
+    }
+
+    /// The lock that serialises simulate + send across workers.
+    pub fn send_lock(&self) -> &Arc<Mutex<()>> {
+        &self.send_lock
+    }
+
+    /// How long a settlement may take to be mined.
+    pub fn settle_timeout(&self) -> Duration {
+        self.settle_timeout
+    }
+
     /// Whether this server can settle `offer` at all (network, asset, scheme).
     ///
     /// # Errors

@@ -16,8 +16,9 @@ use alloy::sol_types::{SolCall, SolEvent};
 
 use super::{Chain, ChainError, LOG_LOOKBACK_BLOCKS};
 use crate::x402::network::Network;
-use crate::x402::permit2::{PERMIT2, Permit2Scheme, SignedPermit2};
-use crate::x402::signed::SignedPayment;
+
+/// Uniswap Permit2, at the same address on every EVM chain (CREATE2).
+pub const PERMIT2: Address = alloy::primitives::address!("0x000000000022D473030F116dDEE9F6B43aC78BA3");
 
 sol! {
     /// Permit2's unordered-nonce bitmap.
@@ -60,14 +61,24 @@ pub struct Permit2Settlement {
     pub transferred: U256,
 }
 
-/// The transaction that used a signed payment (of either method), and, when known, what it
-/// moved (Permit2: from the transaction's logs; EIP-3009: `None`, the authorization's value).
+/// What a Permit2 authorization allows, as the chain checks need it (plain data: this module
+/// names nothing that signs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PaymentSettlement {
-    /// The settling transaction.
-    pub tx_hash: B256,
-    /// The amount moved to `payTo`, from the logs (Permit2 only).
-    pub transferred: Option<U256>,
+pub struct Permit2Terms {
+    /// Network.
+    pub network: Network,
+    /// Owner of the tokens (the payer).
+    pub owner: Address,
+    /// Token contract.
+    pub token: Address,
+    /// Recipient (the witness's `to`).
+    pub pay_to: Address,
+    /// The x402 proxy named as spender.
+    pub spender: Address,
+    /// Permit2 nonce.
+    pub nonce: U256,
+    /// upto: the facilitator in the witness (None: exact).
+    pub facilitator: Option<Address>,
 }
 
 /// `(wordPos, bit)` of a Permit2 unordered nonce.
@@ -77,40 +88,6 @@ pub fn nonce_position(nonce: U256) -> (U256, usize) {
 }
 
 impl Chain {
-    /// True when the payment's nonce is used on-chain: EIP-3009 `authorizationState` on the
-    /// token, Permit2 `nonceBitmap`.
-    ///
-    /// # Errors
-    /// As [`Chain::authorization_state`] and [`Chain::permit2_nonce_used`].
-    pub async fn payment_used(&self, signed: &SignedPayment) -> Result<bool, ChainError> {
-        match signed {
-            SignedPayment::Eip3009(s) => self.authorization_state(s.network(), s.asset(), s.payer(), s.nonce()).await,
-            SignedPayment::Permit2(s) => self.permit2_nonce_used(s.network(), s.payer(), s.nonce()).await,
-        }
-    }
-
-    /// The transaction the chain shows using the payment (the upstream's `claimed` hash is
-    /// only a hint): [`Chain::authorization_tx`] or [`Chain::permit2_settlement`].
-    ///
-    /// # Errors
-    /// As [`Chain::authorization_state`].
-    pub async fn payment_tx(
-        &self,
-        signed: &SignedPayment,
-        claimed: Option<B256>,
-    ) -> Result<Option<PaymentSettlement>, ChainError> {
-        Ok(match signed {
-            SignedPayment::Eip3009(s) => self
-                .authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), claimed)
-                .await?
-                .map(|tx_hash| PaymentSettlement { tx_hash, transferred: None }),
-            SignedPayment::Permit2(s) => self
-                .permit2_settlement(s, claimed)
-                .await?
-                .map(|p| PaymentSettlement { tx_hash: p.tx_hash, transferred: Some(p.transferred) }),
-        })
-    }
-
     /// True when Permit2's nonce bitmap has `nonce` of `owner` set (used, or invalidated).
     ///
     /// # Errors
@@ -136,10 +113,10 @@ impl Chain {
     /// As [`Chain::authorization_state`].
     pub async fn permit2_settlement(
         &self,
-        signed: &SignedPermit2,
+        signed: &Permit2Terms,
         claimed: Option<B256>,
     ) -> Result<Option<Permit2Settlement>, ChainError> {
-        let network = signed.network();
+        let network = signed.network;
         let endpoint = self.endpoint(network)?;
         let mut candidates: Vec<B256> = claimed.into_iter().collect();
         if let Some(found) = self.permit2_check(signed, claimed).await? {
@@ -150,10 +127,10 @@ impl Chain {
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
         let filter = Filter::new()
-            .address(signed.asset())
+            .address(signed.token)
             .event_signature(IErc20Transfer::Transfer::SIGNATURE_HASH)
-            .topic1(signed.payer().into_word())
-            .topic2(signed.pay_to().into_word())
+            .topic1(signed.owner.into_word())
+            .topic2(signed.pay_to.into_word())
             .from_block(latest.saturating_sub(LOG_LOOKBACK_BLOCKS));
         let logs = self
             .bounded(endpoint, network, endpoint.provider.get_logs(&filter))
@@ -177,11 +154,11 @@ impl Chain {
     /// Whether transaction `hash` settled `signed` (module docs), and what it moved.
     async fn permit2_check(
         &self,
-        signed: &SignedPermit2,
+        signed: &Permit2Terms,
         hash: Option<B256>,
     ) -> Result<Option<Permit2Settlement>, ChainError> {
         let Some(hash) = hash else { return Ok(None) };
-        let network = signed.network();
+        let network = signed.network;
         let endpoint = self.endpoint(network)?;
         let receipt = self
             .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(hash))
@@ -193,18 +170,17 @@ impl Chain {
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
         let Some(tx) = tx else { return Ok(None) };
-        let a = signed.authorization();
-        if tx.to() != Some(a.spender) || !settles(signed, tx.input()) {
+        if tx.to() != Some(signed.spender) || !settles(signed, tx.input()) {
             return Ok(None);
         }
         let mut transferred = U256::ZERO;
         for log in receipt.inner.logs() {
             let t = log.topics();
-            if log.address() == signed.asset()
+            if log.address() == signed.token
                 && t.len() == 3
                 && t[0] == IErc20Transfer::Transfer::SIGNATURE_HASH
-                && t[1] == signed.payer().into_word()
-                && t[2] == signed.pay_to().into_word()
+                && t[1] == signed.owner.into_word()
+                && t[2] == signed.pay_to.into_word()
             {
                 let value = U256::try_from_be_slice(&log.data().data).unwrap_or(U256::MAX);
                 transferred = transferred.saturating_add(value);
@@ -214,23 +190,19 @@ impl Chain {
     }
 }
 
-/// True when `input` is the proxy's `settle` of exactly this authorization (owner, token,
-/// nonce, recipient; for upto also the facilitator).
-fn settles(signed: &SignedPermit2, input: &[u8]) -> bool {
-    let a = signed.authorization();
-    match signed.scheme() {
-        Permit2Scheme::Exact => IExactProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
-            c.owner == a.from
-                && c.permit.nonce == a.nonce
-                && c.permit.permitted.token == a.permitted.token
-                && c.witness.to == a.witness.to
+/// True when `input` is the proxy's `settle` of exactly these terms (owner, token, nonce,
+/// recipient; for upto also the facilitator).
+fn settles(t: &Permit2Terms, input: &[u8]) -> bool {
+    match t.facilitator {
+        None => IExactProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
+            c.owner == t.owner && c.permit.nonce == t.nonce && c.permit.permitted.token == t.token && c.witness.to == t.pay_to
         }),
-        Permit2Scheme::Upto => IUptoProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
-            c.owner == a.from
-                && c.permit.nonce == a.nonce
-                && c.permit.permitted.token == a.permitted.token
-                && c.witness.to == a.witness.to
-                && Some(c.witness.facilitator) == a.witness.facilitator
+        Some(facilitator) => IUptoProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
+            c.owner == t.owner
+                && c.permit.nonce == t.nonce
+                && c.permit.permitted.token == t.token
+                && c.witness.to == t.pay_to
+                && c.witness.facilitator == facilitator
         }),
     }
 }

@@ -27,6 +27,7 @@ use crate::stats::Stats;
 use crate::wire::{self};
 
 mod paid_routes;
+mod permit2_routes;
 mod pid_cache;
 mod respond;
 mod routes;
@@ -119,7 +120,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         token_name: domain.name,
         token_version: domain.version,
     });
-    let stats = Stats::with_routes(ROUTES.iter().map(|r| r.path));
+    let permit2_paths = [permit2_routes::PERMIT2_PATH, permit2_routes::UPTO_PATH];
+    let stats = Stats::with_routes(ROUTES.iter().map(|r| r.path).chain(permit2_paths));
     let send_lock = Arc::new(Mutex::new(()));
     tracing::info!(
         network = %settings.network,
@@ -158,7 +160,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .route("/free", web::get().to(free))
             .route("/free", web::post().to(free))
             .route("/_stats", web::get().to(stats_handler))
-            .route("/_settle_kept", web::post().to(settle_kept));
+            .route("/_settle_kept", web::post().to(settle_kept))
+            .route(permit2_routes::PERMIT2_PATH, web::get().to(permit2_routes::permit2_paid))
+            .route(permit2_routes::UPTO_PATH, web::get().to(permit2_routes::permit2_paid));
         for spec in ROUTES {
             let method = match spec.method {
                 Method::Get => web::get(),

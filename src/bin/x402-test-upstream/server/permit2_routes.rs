@@ -1,0 +1,217 @@
+//! The Permit2 routes (x402 v2 only):
+//!
+//! - `GET /v2/permit2`: `exact` via Permit2 (`extra.assetTransferMethod: "permit2"`): verifies,
+//!   settles the price through the exact proxy, answers 200 with `PAYMENT-RESPONSE`.
+//! - `GET /v2/upto?used=N`: `upto`, maximum = the price, `extra.facilitatorAddress` = this
+//!   server's facilitator key; settles N ≤ maximum through the upto proxy (N absent: the
+//!   maximum; 0: no transaction) and claims `PAYMENT-RESPONSE.amount = N`. Hostile:
+//!   `&claim=M` claims M whatever was settled.
+//!
+//! Both take `?seconds=S`: answer S seconds after settling (the handler still running).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use actix_web::web::{self};
+use actix_web::{HttpRequest, HttpResponse};
+use alloy::primitives::{Address, U256};
+use serde_json::{Value, json};
+
+use crate::permit2::{self, Expected, Permit2Payment, Refused};
+use crate::wire;
+
+use super::*;
+
+/// Path of the exact-via-Permit2 route.
+pub(super) const PERMIT2_PATH: &str = "/v2/permit2";
+/// Path of the upto route.
+pub(super) const UPTO_PATH: &str = "/v2/upto";
+
+struct P2Query {
+    used: Option<U256>,
+    claim: Option<U256>,
+    seconds: u64,
+}
+
+fn parse_query(raw: &str) -> Result<P2Query, String> {
+    let mut q = P2Query { used: None, claim: None, seconds: 0 };
+    let uint = |v: &str, name: &str| {
+        if v.is_empty() || v.len() > 78 || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("{name} must be a decimal amount"));
+        }
+        U256::from_str_radix(v, 10).map_err(|_| format!("{name} overflows"))
+    };
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match &*key {
+            "used" => q.used = Some(uint(&value, "used")?),
+            "claim" => q.claim = Some(uint(&value, "claim")?),
+            "seconds" => {
+                q.seconds = u64::from_str(&value)
+                    .ok()
+                    .filter(|s| *s <= MAX_SECONDS)
+                    .ok_or_else(|| format!("seconds must be 0..={MAX_SECONDS}"))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+/// `GET /v2/permit2` and `GET /v2/upto`.
+pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let path: &'static str = if req.path() == UPTO_PATH { UPTO_PATH } else { PERMIT2_PATH };
+    let upto = path == UPTO_PATH;
+    state.stats.update(path, |s| s.requests += 1);
+    let query = match parse_query(req.query_string()) {
+        Ok(q) => q,
+        Err(message) => return bad_request(&message),
+    };
+    let s = &state.settings;
+    let facilitator_address = state.facilitator.chain().sender();
+    let used = query.used.unwrap_or(s.price);
+    if !upto && query.used.is_some() {
+        return bad_request("used is for /v2/upto only");
+    }
+    if used > s.price {
+        return bad_request("used must not exceed the maximum (the price)");
+    }
+    let mut extra = json!({
+        "name": s.token_name, "version": s.token_version, "assetTransferMethod": "permit2",
+    });
+    if upto && let Some(map) = extra.as_object_mut() {
+        map.insert("facilitatorAddress".into(), json!(facilitator_address.to_checksum(None)));
+    }
+    let requirement = wire::RequirementV2 {
+        scheme: if upto { "upto".into() } else { "exact".into() },
+        network: s.network.clone(),
+        amount: s.price.to_string(),
+        asset: s.token.to_checksum(None),
+        pay_to: s.pay_to.to_checksum(None),
+        max_timeout_seconds: s.max_timeout_seconds,
+        extra,
+    };
+    let url = resource_url(&req);
+    let required = |error: &str| wire::PaymentRequiredV2 {
+        x402_version: 2,
+        error: error.to_owned(),
+        resource: wire::ResourceInfo {
+            url: url.clone(),
+            description: if upto { "Metered answer (upto, Permit2)" } else { "Weather (exact via Permit2)" }.into(),
+            mime_type: "application/json".into(),
+        },
+        accepts: vec![requirement.clone()],
+        extensions: None,
+    };
+    let Some(payload) =
+        req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<Value>(h.as_bytes()))
+    else {
+        return payment_required_v2(&required("Payment required"), json!({}));
+    };
+    state.stats.update(path, |st| st.payment_attempts += 1);
+    let refused = |r: Refused| {
+        tracing::info!(route = path, reason = r.reason, error = %r.message, "payment refused");
+        state.stats.update(path, |st| st.refused += 1);
+        payment_required_v2(&required(r.reason), json!({}))
+    };
+    if payload.get("x402Version").and_then(Value::as_u64) != Some(2) {
+        return refused(Refused { reason: "invalid_x402_version", message: "x402Version must be 2".into() });
+    }
+    if !accepted_matches(payload.get("accepted"), &requirement) {
+        return refused(Refused { reason: "No matching payment requirements", message: "accepted differs".into() });
+    }
+    let payment = match payload.get("payload").ok_or_else(|| Refused {
+        reason: "invalid_payload",
+        message: "no payload".into(),
+    }) {
+        Ok(p) => match Permit2Payment::parse(p) {
+            Ok(p) => p,
+            Err(r) => return refused(r),
+        },
+        Err(r) => return refused(r),
+    };
+    let chain_id = chain_id_of(&s.network).unwrap_or_default();
+    let expected = Expected {
+        upto,
+        chain_id,
+        token: s.token,
+        amount: s.price,
+        pay_to: s.pay_to,
+        facilitator: facilitator_address,
+    };
+    if let Err(r) = permit2::verify(&state.facilitator, &payment, &expected).await {
+        return refused(r);
+    }
+    let moved = if upto { used } else { s.price };
+    let transaction = if moved.is_zero() {
+        None
+    } else {
+        match settle_in_task(&state, path, payment.clone(), moved).await {
+            Ok(tx) => Some(tx),
+            Err(r) => return refused(r),
+        }
+    };
+    if query.seconds > 0 {
+        tokio::time::sleep(Duration::from_secs(query.seconds)).await;
+    }
+    let claimed = query.claim.unwrap_or(moved);
+    if claimed != moved {
+        tracing::warn!(route = path, %moved, %claimed, "claiming another amount than was settled");
+    }
+    let settlement = json!({
+        "success": true,
+        "transaction": transaction.map(|t| format!("{t:#x}")).unwrap_or_default(),
+        "network": s.network,
+        "payer": payment.from.to_checksum(None),
+        "amount": claimed.to_string(),
+    });
+    match wire::encode_header(&settlement) {
+        Ok(header) => HttpResponse::Ok().insert_header((wire::PAYMENT_RESPONSE, header)).json(json!({
+            "route": path, "city": "Paris", "forecast": "sunny", "charged": claimed.to_string(),
+        })),
+        Err(err) => internal_error(&err),
+    }
+}
+
+/// The client's `accepted` is the offer (addresses compared as addresses).
+fn accepted_matches(accepted: Option<&Value>, offer: &wire::RequirementV2) -> bool {
+    let Some(a) = accepted else { return false };
+    let field = |k: &str| a.get(k).and_then(Value::as_str);
+    let same_address = |k: &str, want: &str| {
+        field(k).and_then(|v| Address::from_str(v).ok()).is_some_and(|v| Address::from_str(want).ok() == Some(v))
+    };
+    field("scheme") == Some(offer.scheme.as_str())
+        && field("network") == Some(offer.network.as_str())
+        && field("amount") == Some(offer.amount.as_str())
+        && same_address("asset", &offer.asset)
+        && same_address("payTo", &offer.pay_to)
+}
+
+/// Settles in a task of its own, so that a client hanging up cannot cancel it half way.
+async fn settle_in_task(
+    state: &AppState,
+    path: &'static str,
+    payment: Permit2Payment,
+    amount: U256,
+) -> Result<alloy::primitives::B256, Refused> {
+    let facilitator = state.facilitator.clone();
+    let stats = state.stats.clone();
+    let task = actix_rt::spawn(async move {
+        let result = permit2::settle(&facilitator, &payment, amount).await;
+        match &result {
+            Ok(tx) => {
+                tracing::info!(route = path, payer = %payment.from, %amount, %tx, "settled through the Permit2 proxy");
+                stats.update(path, |s| {
+                    s.paid += 1;
+                    s.last_paid_amount = Some(amount.to_string());
+                    s.last_transaction = Some(format!("{tx:#x}"));
+                });
+            }
+            Err(r) => tracing::warn!(route = path, reason = r.reason, error = %r.message, "settlement failed"),
+        }
+        result
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(join) => Err(Refused { reason: "unexpected_settle_error", message: format!("settlement task: {join}") }),
+    }
+}

@@ -1,0 +1,316 @@
+//! Paying with Permit2 (issue 15): `exact` via Permit2 and `upto`, on real anvil with the
+//! project's own Permit2 and x402 proxies at their canonical addresses, the project's token
+//! (approved for Permit2 by the router's wallet in the deploy step) and the test upstream's
+//! `/v2/permit2` and `/v2/upto` routes. Money is counted on-chain.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use alloy::network::TransactionBuilder;
+use alloy::primitives::{Address, B256, Bytes, U256, address};
+use alloy::providers::{Provider, ProviderBuilder};
+use alloy::rpc::types::TransactionRequest;
+use alloy::sol;
+use alloy::sol_types::SolCall;
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::helpers::tls_services::wait_until;
+use crate::helpers::*;
+
+const OPERATOR: &str = "permit2-test-operator-token";
+/// anvil #3: a third party with ETH for gas and no stake in the payment.
+const THIRD_PARTY: Address = address!("0x90F79bf6EB2c4f870365E785982E1f101E93b906");
+const EXACT_PROXY: Address = address!("0x402085c248EeA27D92E8b30b2C58ed07f9E20001");
+
+sol! {
+    #[sol(rpc)]
+    interface IPermit2 {
+        function nonceBitmap(address owner, uint256 wordPos) external view returns (uint256);
+    }
+    struct TokenPermissions { address token; uint256 amount; }
+    struct PermitTransferFrom { TokenPermissions permitted; uint256 nonce; uint256 deadline; }
+    struct ExactWitness { address to; uint256 validAfter; }
+    interface IExactProxy {
+        function settle(PermitTransferFrom permit, address owner, ExactWitness witness, bytes signature) external;
+    }
+}
+
+async fn paid_app(chain: &Devnet) -> TestApp {
+    let extra = [chain.router_extra(), vec![("operator-token".into(), OPERATOR.into())]].concat();
+    spawn_app_with(AppOptions { extra, ..Default::default() }).await
+}
+
+async fn balances(chain: &Devnet) -> (U256, U256) {
+    (chain.balance(ROUTER_ADDRESS).await, chain.balance(PAY_TO).await)
+}
+
+/// Whether Permit2's bitmap has `nonce` (the envelope's 0x-hex) of the router set.
+async fn permit2_nonce_used(chain: &Devnet, nonce: &str) -> bool {
+    let provider = ProviderBuilder::new().connect_http(chain.rpc_url.parse().unwrap());
+    let nonce = U256::from_be_bytes(B256::from_str(nonce).unwrap().0);
+    let bitmap = IPermit2::new(x402_router::x402::permit2::PERMIT2, &provider)
+        .nonceBitmap(ROUTER_ADDRESS, nonce >> 8usize)
+        .call()
+        .await
+        .unwrap();
+    bitmap.bit(usize::try_from(nonce & U256::from(0xffu8)).unwrap())
+}
+
+async fn get(app: &TestApp, path: &str) -> Value {
+    let resp = app.client.get(format!("{}{path}", app.address)).bearer_auth(&app.agent.key).send().await.unwrap();
+    resp.json().await.unwrap()
+}
+
+async fn ledger_amount(app: &TestApp) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        amount: String,
+    }
+    use diesel_async::RunQueryDsl;
+    let mut conn = app.db.conn().await;
+    let row: Row = diesel::sql_query("SELECT amount::text AS amount FROM payments").get_result(&mut conn).await.unwrap();
+    row.amount
+}
+
+#[actix_web::test]
+async fn permit2_exact_moves_exactly_the_price_through_the_proxy() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"});
+
+    let resp = app.route(&key, &body).await;
+
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    let p = &env["payment"];
+    assert_eq!(p["status"], "settled", "{env}");
+    assert_eq!(p["scheme"], "exact");
+    assert_eq!(p["asset_transfer_method"], "permit2");
+    assert_eq!(p["amount"], PRICE.to_string());
+    assert_eq!(p["tx_hash"], chain.stats().await["/v2/permit2"]["last_transaction"], "the chain's transaction");
+    assert!(permit2_nonce_used(&chain, p["nonce"].as_str().unwrap()).await);
+    let price = U256::from(PRICE);
+    assert_eq!(balances(&chain).await, (router0 - price, pay_to0 + price));
+    // The nonce is the router's deterministic Permit2 nonce of (agent, key, request).
+    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
+    let expected = x402_router::x402::permit2_nonce(
+        &x402_router::x402::nonce::nonce_secret(&signer),
+        app.agent.id,
+        &key,
+        &request_hash(&body),
+    );
+    assert_eq!(p["nonce"], B256::from(expected).to_string());
+
+    // A replay of the key moves nothing.
+    let replay: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(replay, env);
+    assert_eq!(balances(&chain).await, (router0 - price, pay_to0 + price));
+    assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+}
+
+#[actix_web::test]
+async fn upto_signs_the_maximum_moves_the_used_amount_and_releases_the_rest() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 1000000 WHERE id = '{}'", app.agent.id)).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let body = json!({"url": chain.url("/v2/upto?used=2500"), "max_amount": "50000"});
+
+    let resp = app.route(&new_key(), &body).await;
+
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    let p = &env["payment"];
+    assert_eq!(p["status"], "settled", "{env}");
+    assert_eq!(p["scheme"], "upto");
+    assert_eq!(p["max_amount"], PRICE.to_string(), "the signed maximum");
+    assert_eq!(p["amount"], "2500", "what the chain shows moved");
+    assert_eq!(p["claimed_amount"], "2500");
+    assert_eq!(balances(&chain).await, (router0 - U256::from(2500u64), pay_to0 + U256::from(2500u64)));
+    // The stored authorization signed the maximum; the ledger charges what moved.
+    let signed: Value = serde_json::from_str(
+        &text_of(&app, "SELECT signed_authorization::text AS t FROM payments").await,
+    )
+    .unwrap();
+    assert_eq!(signed["permit2Authorization"]["permitted"]["amount"], PRICE.to_string());
+    assert_eq!(ledger_amount(&app).await, "2500");
+    // The budget is charged the used amount only.
+    let me = get(&app, "/agents/me").await;
+    assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some("2500"), Some("0")), "{me}");
+    assert_eq!(me["remaining"], (1_000_000 - 2500).to_string());
+    // The receipt shows both.
+    let receipt = get(&app, &format!("/receipts/{}", env["receipt_id"].as_str().unwrap())).await;
+    assert_eq!(receipt["payment"]["amount"], "2500");
+    assert_eq!(receipt["payment"]["max_amount"], PRICE.to_string());
+    assert_eq!(receipt["payment"]["scheme"], "upto");
+}
+
+#[actix_web::test]
+async fn upto_with_nothing_used_moves_nothing_succeeds_and_stays_reserved_until_reconcile_expires_it() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let (router0, pay_to0) = balances(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/upto?used=0"), "max_amount": "50000"});
+
+    let resp = app.route(&key, &body).await;
+
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["status"], 200);
+    let p = &env["payment"];
+    assert_eq!(p["scheme"], "upto");
+    assert_eq!(p["claimed_amount"], "0");
+    assert_eq!(p["tx_hash"], Value::Null);
+    assert_eq!(p["status"], "not_settled", "{env}");
+    assert!(!permit2_nonce_used(&chain, p["nonce"].as_str().unwrap()).await, "nothing consumed the nonce");
+    assert_eq!(balances(&chain).await, (router0, pay_to0));
+    assert_eq!(chain.stats().await["/v2/upto"]["paid"], 0);
+    // The upstream still holds a valid authorization for the maximum: it stays reserved.
+    let me = get(&app, "/agents/me").await;
+    assert_eq!(me["reserved"], PRICE.to_string(), "{me}");
+
+    // Once its deadline is past (the recorded deadline moved back, as time would), reconcile
+    // finds the nonce unused on-chain and releases the reservation.
+    exec(
+        &app.db,
+        "UPDATE payments SET valid_before = extract(epoch from now())::bigint - 300, \
+                updated_at = now() - interval '5 minutes'",
+    )
+    .await;
+    let out = router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["expired"], 1, "{report}");
+    let me = get(&app, "/agents/me").await;
+    assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some("0"), Some("0")), "{me}");
+}
+
+#[actix_web::test]
+async fn a_hostile_upto_upstream_claiming_less_than_it_took_is_charged_what_moved() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let body = json!({"url": chain.url("/v2/upto?used=6000&claim=1000"), "max_amount": "50000"});
+
+    let env: Value = app.route(&new_key(), &body).await.json().await.unwrap();
+
+    let p = &env["payment"];
+    assert_eq!(p["status"], "settled", "{env}");
+    assert_eq!(p["claimed_amount"], "1000", "the upstream's word");
+    assert_eq!(p["amount"], "6000", "the chain's logs");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(6000u64));
+    assert_eq!(ledger_amount(&app).await, "6000");
+    let me = get(&app, "/agents/me").await;
+    assert_eq!(me["spent"], "6000", "{me}");
+    let error = text_of(&app, "SELECT coalesce(error, '') AS t FROM payments").await;
+    assert!(error.contains("claimed it charged 1000"), "{error}");
+}
+
+#[actix_web::test]
+async fn a_replayed_permit2_payload_is_refused_by_the_chain() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let env: Value =
+        app.route(&new_key(), &json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"})).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    let after_first = balances(&chain).await;
+
+    // A third party submits the very payload the router sent, straight to the proxy.
+    let header = text_of(&app, "SELECT header_value AS t FROM payments").await;
+    let sent: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap();
+    let a = &sent["payload"]["permit2Authorization"];
+    let addr = |v: &Value| Address::from_str(v.as_str().unwrap()).unwrap();
+    let uint = |v: &Value| U256::from_str_radix(v.as_str().unwrap(), 10).unwrap();
+    let call = IExactProxy::settleCall {
+        permit: PermitTransferFrom {
+            permitted: TokenPermissions { token: addr(&a["permitted"]["token"]), amount: uint(&a["permitted"]["amount"]) },
+            nonce: uint(&a["nonce"]),
+            deadline: uint(&a["deadline"]),
+        },
+        owner: addr(&a["from"]),
+        witness: ExactWitness { to: addr(&a["witness"]["to"]), validAfter: uint(&a["witness"]["validAfter"]) },
+        signature: Bytes::from_str(sent["payload"]["signature"].as_str().unwrap()).unwrap(),
+    };
+    let provider = ProviderBuilder::new().connect_http(chain.rpc_url.parse().unwrap());
+    let tx = TransactionRequest::default()
+        .with_from(THIRD_PARTY)
+        .with_to(EXACT_PROXY)
+        .with_input(call.abi_encode())
+        .with_gas_limit(500_000);
+    assert!(provider.call(tx.clone()).await.is_err(), "the simulation reverts: the nonce is used");
+    let receipt = provider.send_transaction(tx).await.unwrap().get_receipt().await.unwrap();
+    assert!(!receipt.status(), "the replay reverts on-chain");
+    assert_eq!(balances(&chain).await, after_first, "nothing moved twice");
+}
+
+#[actix_web::test]
+async fn a_router_killed_after_a_permit2_settlement_never_pays_again_on_retry() {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "permit2-crash").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions {
+        abandon_ms: 1500,
+        heartbeat_ms: 300,
+        deadline_ms: 30_000,
+        extra: chain.router_extra(),
+        ..Default::default()
+    };
+    let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let client = reqwest::Client::new();
+    let key = new_key();
+    // The upstream settles, then keeps handling for 3 s: router A dies meanwhile.
+    let body = json!({"url": chain.url("/v2/permit2?seconds=3"), "max_amount": "10000"});
+    let call = spawn_route(&client, &a.address, &agent, &key, &body);
+    wait_until("the upstream to settle", Duration::from_secs(20), async || {
+        chain.stats().await["/v2/permit2"]["paid"] == 1
+    })
+    .await;
+    a.kill9().await;
+    assert!(call.await.unwrap().is_err(), "the killed router never answered");
+
+    // Retry on router B until the key is abandoned and taken over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let (status, env) = loop {
+        let resp = route_at(&client, &b.address, &agent, &key, &body).await;
+        let status = resp.status().as_u16();
+        if status != 409 {
+            break (status, resp.json::<Value>().await.unwrap());
+        }
+        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    assert_eq!(status, 502, "{env}");
+    assert_eq!(env["code"], "settled_response_lost");
+    assert_eq!(env["payment"]["status"], "settled_response_lost");
+    assert_eq!(env["payment"]["tx_hash"], chain.stats().await["/v2/permit2"]["last_transaction"], "found on-chain");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(PRICE), "paid exactly once");
+    assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM payments").await, 1);
+    assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 1, "never re-signed");
+}
+
+async fn text_of(app: &TestApp, sql: &str) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        t: String,
+    }
+    use diesel_async::RunQueryDsl;
+    let mut conn = app.db.conn().await;
+    let row: Row = diesel::sql_query(sql).get_result(&mut conn).await.unwrap();
+    row.t
+}
