@@ -21,6 +21,7 @@ pub mod cursor;
 pub mod gauges;
 pub mod reconcile;
 pub mod store;
+pub mod upto;
 pub mod verify;
 
 use std::collections::HashMap;

@@ -66,3 +66,11 @@ pub async fn spend(state: web::Data<AppState>, _: Operator, id: web::Path<String
         .map(|s| HttpResponse::Ok().json(s))
         .ok_or(ApiError::NotFound)
 }
+
+/// GET /audit/upto — per upstream, its settled `upto` payments and how many took the whole
+/// signed maximum: `{"upstreams": [{"upstream", "settled", "at_max", "charged", "maximum"}]}`.
+pub async fn upto(state: web::Data<AppState>, _: Operator) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
+    Ok(HttpResponse::Ok().json(json!({ "upstreams": upstreams })))
+}

@@ -36,6 +36,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/idempotency", |r| r.to(audit::idempotency)),
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
+    (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),

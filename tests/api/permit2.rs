@@ -70,7 +70,8 @@ async fn ledger_amount(app: &TestApp) -> String {
     }
     use diesel_async::RunQueryDsl;
     let mut conn = app.db.conn().await;
-    let row: Row = diesel::sql_query("SELECT amount::text AS amount FROM payments").get_result(&mut conn).await.unwrap();
+    let row: Row =
+        diesel::sql_query("SELECT amount::text AS amount FROM payments").get_result(&mut conn).await.unwrap();
     row.amount
 }
 
@@ -132,10 +133,8 @@ async fn upto_signs_the_maximum_moves_the_used_amount_and_releases_the_rest() {
     assert_eq!(p["claimed_amount"], "2500");
     assert_eq!(balances(&chain).await, (router0 - U256::from(2500u64), pay_to0 + U256::from(2500u64)));
     // The stored authorization signed the maximum; the ledger charges what moved.
-    let signed: Value = serde_json::from_str(
-        &text_of(&app, "SELECT signed_authorization::text AS t FROM payments").await,
-    )
-    .unwrap();
+    let signed: Value =
+        serde_json::from_str(&text_of(&app, "SELECT signed_authorization::text AS t FROM payments").await).unwrap();
     assert_eq!(signed["permit2Authorization"]["permitted"]["amount"], PRICE.to_string());
     assert_eq!(ledger_amount(&app).await, "2500");
     // The budget is charged the used amount only.
@@ -220,20 +219,28 @@ async fn a_hostile_upto_upstream_claiming_less_than_it_took_is_charged_what_move
 async fn a_replayed_permit2_payload_is_refused_by_the_chain() {
     let chain = Devnet::start().await;
     let app = paid_app(&chain).await;
-    let env: Value =
-        app.route(&new_key(), &json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"})).await.json().await.unwrap();
+    let env: Value = app
+        .route(&new_key(), &json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(env["payment"]["status"], "settled", "{env}");
     let after_first = balances(&chain).await;
 
     // A third party submits the very payload the router sent, straight to the proxy.
     let header = text_of(&app, "SELECT header_value AS t FROM payments").await;
-    let sent: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap();
+    let sent: Value =
+        serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap();
     let a = &sent["payload"]["permit2Authorization"];
     let addr = |v: &Value| Address::from_str(v.as_str().unwrap()).unwrap();
     let uint = |v: &Value| U256::from_str_radix(v.as_str().unwrap(), 10).unwrap();
     let call = IExactProxy::settleCall {
         permit: PermitTransferFrom {
-            permitted: TokenPermissions { token: addr(&a["permitted"]["token"]), amount: uint(&a["permitted"]["amount"]) },
+            permitted: TokenPermissions {
+                token: addr(&a["permitted"]["token"]),
+                amount: uint(&a["permitted"]["amount"]),
+            },
             nonce: uint(&a["nonce"]),
             deadline: uint(&a["deadline"]),
         },
@@ -313,4 +320,111 @@ async fn text_of(app: &TestApp, sql: &str) -> String {
     let mut conn = app.db.conn().await;
     let row: Row = diesel::sql_query(sql).get_result(&mut conn).await.unwrap();
     row.t
+}
+
+#[actix_web::test]
+async fn the_audit_api_shows_an_upstream_that_takes_the_whole_maximum() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    for path in ["/v2/upto", "/v2/upto?used=100", "/v2/upto", "/v2/upto?used=0"] {
+        let env: Value =
+            app.route(&new_key(), &json!({"url": chain.url(path), "max_amount": "50000"})).await.json().await.unwrap();
+        assert_eq!(env["status"], 200, "{env}");
+    }
+
+    let resp = app.client.get(format!("{}/audit/upto", app.address)).bearer_auth(OPERATOR).send().await.unwrap();
+
+    assert_eq!(resp.status(), 200);
+    let audit: Value = resp.json().await.unwrap();
+    let origin = chain.upstream.clone();
+    assert_eq!(
+        audit["upstreams"],
+        json!([{"upstream": origin, "settled": 3, "at_max": 2,
+                "charged": (2 * PRICE + 100).to_string(), "maximum": (3 * PRICE).to_string()}]),
+        "the unused one is not settled"
+    );
+    let agent = app.client.get(format!("{}/audit/upto", app.address)).bearer_auth(&app.agent.key).send().await.unwrap();
+    assert_eq!(agent.status(), 403, "operators only");
+}
+
+/// The owner of a Permit2 call commits its intent and is frozen for good just before the
+/// payment leaves; another router process takes the key over. `max_auth` bounds the
+/// authorization's lifetime (the takeover resends a stored authorization with ≥ 30 s left,
+/// and re-signs with the same nonce otherwise).
+async fn take_over_an_unsent_permit2_intent(
+    path: &str,
+    max_auth: &str,
+) -> (Devnet, std::sync::Arc<TestDb>, Value, U256) {
+    use x402_router::faults::{Hook, Inject, Point};
+    use x402_router::startup::Hooks;
+    let chain = Devnet::start().await;
+    let db = std::sync::Arc::new(TestDb::new().await);
+    let timing = |hooks| AppOptions {
+        abandon_ms: 1000,
+        heartbeat_ms: 200,
+        deadline_ms: 20_000,
+        extra: [chain.router_extra(), vec![("x402-max-auth-seconds".into(), max_auth.into())]].concat(),
+        hooks,
+        ..Default::default()
+    };
+    // Once the point is reached, every point blocks for good: the call and its heartbeats
+    // (a crashed owner).
+    let reached = std::sync::Arc::new(tokio::sync::Notify::new());
+    let crashed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (r, c) = (reached.clone(), crashed.clone());
+    let hook: Hook = std::sync::Arc::new(move |p| {
+        let (r, c) = (r.clone(), c.clone());
+        Box::pin(async move {
+            if p == Point::PaymentLeaving && !c.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                r.notify_one();
+            }
+            if c.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            Inject::Nothing
+        })
+    });
+    let owner = spawn_app_on(db.clone(), timing(Hooks { at: Some(hook), ..Default::default() })).await;
+    let retrier = RouterProcess::spawn(&db.url, &timing(Hooks::default()), "permit2:").await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let key = new_key();
+    let body = json!({"url": chain.url(path), "max_amount": "50000"});
+    let _first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
+    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner signed and stopped");
+    assert_eq!(chain.stats().await[path.split('?').next().unwrap()]["payment_attempts"], 0, "nothing was sent");
+
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let env = loop {
+        let resp = route_at(&client, &retrier.address, &owner.agent, &key, &body).await;
+        if resp.status() != 409 {
+            assert_eq!(resp.status(), 200);
+            break resp.json::<Value>().await.unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop(owner);
+    (chain, db, env, router0)
+}
+
+#[actix_web::test]
+async fn a_takeover_resends_the_stored_permit2_payload_while_it_is_valid() {
+    let (chain, db, env, router0) = take_over_an_unsent_permit2_intent("/v2/permit2", "300").await;
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(PRICE));
+    assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+    assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 1, "resent, not re-signed");
+}
+
+#[actix_web::test]
+async fn a_takeover_re_signs_an_expiring_permit2_intent_with_the_same_nonce() {
+    // 20 s of validity: less than the 30 s a resend needs, so the takeover re-signs.
+    let (chain, db, env, router0) = take_over_an_unsent_permit2_intent("/v2/upto?used=700", "20").await;
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["amount"], "700");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(700u64));
+    assert_eq!(chain.stats().await["/v2/upto"]["paid"], 1);
+    assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed once");
+    assert!(permit2_nonce_used(&chain, env["payment"]["nonce"].as_str().unwrap()).await, "the same nonce");
 }

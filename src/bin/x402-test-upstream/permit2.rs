@@ -104,12 +104,16 @@ impl Permit2Payment {
     /// # Errors
     /// `invalid_payload` naming the first field that does not parse.
     pub fn parse(payload: &Value) -> Result<Self, Refused> {
-        let a = payload.get("permit2Authorization").ok_or_else(|| refuse("invalid_payload", "no permit2Authorization"))?;
+        let a =
+            payload.get("permit2Authorization").ok_or_else(|| refuse("invalid_payload", "no permit2Authorization"))?;
         let text = |v: Option<&Value>, name: &str| {
-            v.and_then(Value::as_str).map(str::to_owned).ok_or_else(|| refuse("invalid_payload", format!("{name} missing")))
+            v.and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| refuse("invalid_payload", format!("{name} missing")))
         };
         let address = |v: Option<&Value>, name: &str| {
-            Address::from_str(&text(v, name)?).map_err(|_| refuse("invalid_payload", format!("{name} is not an address")))
+            Address::from_str(&text(v, name)?)
+                .map_err(|_| refuse("invalid_payload", format!("{name} is not an address")))
         };
         let uint = |v: Option<&Value>, name: &str| {
             let raw = text(v, name)?;
@@ -174,7 +178,8 @@ impl Permit2Payment {
         if self.spender != proxy {
             return Err(refuse("invalid_permit2_spender", format!("spender {} is not {proxy}", self.spender)));
         }
-        let sig = Signature::from_raw(&self.signature).map_err(|_| refuse("invalid_permit2_signature", "bad signature"))?;
+        let sig =
+            Signature::from_raw(&self.signature).map_err(|_| refuse("invalid_permit2_signature", "bad signature"))?;
         let signer = sig.recover_address_from_prehash(&self.signing_hash(e.chain_id)).ok();
         if signer != Some(self.from) {
             return Err(refuse("invalid_permit2_signature", "the signature does not recover to from"));

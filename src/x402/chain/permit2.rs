@@ -195,7 +195,10 @@ impl Chain {
 fn settles(t: &Permit2Terms, input: &[u8]) -> bool {
     match t.facilitator {
         None => IExactProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
-            c.owner == t.owner && c.permit.nonce == t.nonce && c.permit.permitted.token == t.token && c.witness.to == t.pay_to
+            c.owner == t.owner
+                && c.permit.nonce == t.nonce
+                && c.permit.permitted.token == t.token
+                && c.witness.to == t.pay_to
         }),
         Some(facilitator) => IUptoProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
             c.owner == t.owner

@@ -202,9 +202,14 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let signing_time = (now as i64 + valid_before_offset - req.max_timeout_seconds() as i64) as u64;
     let signed = sign_authorization(&signer, req, router_nonce(app.agent.id, key, body), signing_time, 86_400).unwrap();
-    let payload =
-        x402_router::x402::payload::payment_payload(X402Version::V2, req, required.resource.as_ref(), &signed.clone().into(), None)
-            .unwrap();
+    let payload = x402_router::x402::payload::payment_payload(
+        X402Version::V2,
+        req,
+        required.resource.as_ref(),
+        &signed.clone().into(),
+        None,
+    )
+    .unwrap();
     let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
     let auth = signed.authorization();
     exec(

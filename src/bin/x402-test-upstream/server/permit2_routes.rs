@@ -119,16 +119,15 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     if !accepted_matches(payload.get("accepted"), &requirement) {
         return refused(Refused { reason: "No matching payment requirements", message: "accepted differs".into() });
     }
-    let payment = match payload.get("payload").ok_or_else(|| Refused {
-        reason: "invalid_payload",
-        message: "no payload".into(),
-    }) {
-        Ok(p) => match Permit2Payment::parse(p) {
-            Ok(p) => p,
+    let payment =
+        match payload.get("payload").ok_or_else(|| Refused { reason: "invalid_payload", message: "no payload".into() })
+        {
+            Ok(p) => match Permit2Payment::parse(p) {
+                Ok(p) => p,
+                Err(r) => return refused(r),
+            },
             Err(r) => return refused(r),
-        },
-        Err(r) => return refused(r),
-    };
+        };
     let chain_id = chain_id_of(&s.network).unwrap_or_default();
     let expected = Expected {
         upto,
