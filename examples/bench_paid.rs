@@ -80,7 +80,7 @@ async fn pay_once(c: &Client) -> anyhow::Result<()> {
             .map_err(|r| anyhow::anyhow!("no payable requirement: {r}"))?;
     let mut nonce = [0u8; 32];
     getrandom::getrandom(&mut nonce)?;
-    let signed = x402::sign_authorization(&c.signer, chosen, B256::from(nonce), now_unix(), 300)?;
+    let signed = x402::sign_payment(&c.signer, chosen, B256::from(nonce), now_unix(), 300)?;
     let payload = x402::payload::payment_payload(required.version, chosen, required.resource.as_ref(), &signed, None)?;
     let (name, value) = x402::wire::encode_payment_header(required.version, &payload)?;
     let paid = c.http.get(&c.url).header(name, value).send().await?;
