@@ -1,5 +1,7 @@
 // A local x402 facilitator made of the official packages: @x402/core's x402Facilitator with
-// @x402/evm's "exact" EVM schemes, for x402 v2 (CAIP-2 "eip155:84532") and v1 ("base-sepolia").
+// @x402/evm's "exact" EVM schemes, for x402 v2 (CAIP-2 "eip155:84532") and v1 ("base-sepolia"),
+// and its "upto" scheme (v2). Permit2 payments settle through the Permit2 and x402 proxy
+// contracts that the deploy step installs at their canonical addresses.
 // It verifies payments and settles them on a local chain (anvil) with anvil's dev account #0 as
 // the transaction sender. Used by scripts/interop; binds 127.0.0.1 only.
 //
@@ -18,6 +20,7 @@ import { x402Facilitator } from "@x402/core/facilitator";
 import { toFacilitatorEvmSigner } from "@x402/evm";
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { ExactEvmSchemeV1 } from "@x402/evm/exact/v1/facilitator";
+import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 
 // anvil's well-known dev account #0 (public test key): submits the settlements and pays gas.
 const GAS_PAYER_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
@@ -65,6 +68,7 @@ const signer = toFacilitatorEvmSigner(
 const facilitator = new x402Facilitator()
   .register(NETWORK_V2, new ExactEvmScheme(signer))
   .registerV1(NETWORK_V1, new ExactEvmSchemeV1(signer));
+facilitator.register(NETWORK_V2, new UptoEvmScheme(signer));
 
 const emit = (obj) => process.stdout.write(`${JSON.stringify({ at: new Date().toISOString(), ...obj })}\n`);
 

@@ -1,6 +1,8 @@
 // An x402-protected express resource server made of the official middlewares, used by
 // scripts/interop as the upstream that x402-router must pay:
-//   - x402 v2 routes through @x402/express (PAYMENT-REQUIRED / PAYMENT-SIGNATURE / PAYMENT-RESPONSE)
+//   - x402 v2 routes through @x402/express (PAYMENT-REQUIRED / PAYMENT-SIGNATURE / PAYMENT-RESPONSE),
+//     "exact" with EIP-3009, "exact" via Permit2 (/v2/permit2) and "upto" (/v2/upto?used=N: the
+//     handler charges N of the authorized maximum with setSettlementOverrides)
 //   - x402 v1 routes through the legacy x402-express (402 JSON body / X-PAYMENT / X-PAYMENT-RESPONSE)
 // Both ask the facilitator given on the command line to verify and settle. Binds 127.0.0.1 only.
 //
@@ -13,9 +15,15 @@
 // so that a failed interop check can show exactly what the client sent and what it was told.
 import { parseArgs } from "node:util";
 import express from "express";
-import { paymentMiddlewareFromHTTPServer, x402HTTPResourceServer, x402ResourceServer } from "@x402/express";
+import {
+  paymentMiddlewareFromHTTPServer,
+  setSettlementOverrides,
+  x402HTTPResourceServer,
+  x402ResourceServer,
+} from "@x402/express";
 import { HTTPFacilitatorClient } from "@x402/core/server";
 import { ExactEvmScheme } from "@x402/evm/exact/server";
+import { UptoEvmScheme } from "@x402/evm/upto/server";
 import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
 
 const NETWORK_V2 = "eip155:84532";
@@ -49,21 +57,29 @@ const ROUTES = [
   { method: "GET", path: "/v2/weather", x402_version: 2, amount: "10000", description: "Weather report (x402 v2)" },
   { method: "POST", path: "/v2/echo", x402_version: 2, amount: "20000", description: "Echoes the JSON body (x402 v2)" },
   { method: "GET", path: "/v1/weather", x402_version: 1, amount: "10000", description: "Weather report (x402 v1)" },
+  {
+    method: "GET", path: "/v2/permit2", x402_version: 2, amount: "10000", scheme: "exact", transfer: "permit2",
+    description: "Weather report, exact via Permit2 (x402 v2)",
+  },
+  {
+    method: "GET", path: "/v2/upto", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
+    description: "Metered: authorize the amount, charged ?used=N (x402 v2)",
+  },
 ];
 
 // ---- v2: an x402ResourceServer with the EVM "exact" scheme; prices given as token amounts.
 const v2Routes = {};
 for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
+  const extra = r.transfer ? { ...domain, assetTransferMethod: r.transfer } : { ...domain };
   v2Routes[`${r.method} ${r.path}`] = {
-    accepts: { scheme: "exact", network: NETWORK_V2, payTo: PAY_TO, price: { amount: r.amount, asset, extra: { ...domain } } },
+    accepts: { scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: PAY_TO, price: { amount: r.amount, asset, extra } },
     description: r.description,
     mimeType: "application/json",
   };
 }
-const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: facilitatorUrl })).register(
-  NETWORK_V2,
-  new ExactEvmScheme(),
-);
+const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: facilitatorUrl }))
+  .register(NETWORK_V2, new ExactEvmScheme())
+  .register(NETWORK_V2, new UptoEvmScheme());
 const v2Http = new x402HTTPResourceServer(resourceServer, v2Routes);
 
 // ---- v1: the legacy middleware; price = atomic amount of an explicit asset.
@@ -153,6 +169,12 @@ const forecast = (x402Version) => ({ x402Version, city: "Interop", sky: "clear",
 app.get("/v2/weather", (_req, res) => res.json(forecast(2)));
 app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
 app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
+app.get("/v2/permit2", (_req, res) => res.json({ ...forecast(2), via: "permit2" }));
+app.get("/v2/upto", (req, res) => {
+  const used = typeof req.query.used === "string" && /^[0-9]{1,20}$/.test(req.query.used) ? req.query.used : "1234";
+  setSettlementOverrides(res, { amount: used });
+  res.json({ x402Version: 2, upto: true, charged: used });
+});
 
 // Sync with the facilitator (GET /supported) and validate the v2 routes before saying ready.
 try {
@@ -170,7 +192,9 @@ const server = app.listen(port, "127.0.0.1", () => {
       pay_to: PAY_TO,
       asset,
       facilitator: facilitatorUrl,
-      routes: ROUTES.map(({ method, path, x402_version, amount }) => ({ method, path, x402_version, amount })),
+      routes: ROUTES.map(({ method, path, x402_version, amount, scheme }) => ({
+        method, path, x402_version, amount, scheme: scheme ?? "exact",
+      })),
     })}\n`,
   );
 });
