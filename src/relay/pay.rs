@@ -531,7 +531,10 @@ async fn exchange(
             // The answer has arrived: it is recorded whatever the clock says; a settlement that
             // cannot be confirmed by the deadline is recorded `unknown` for `reconcile`.
             let (status, tx_hash, note, charged) = confirm(state, signed, claim.as_ref(), deadline).await;
-            record_charged(state, own.agent_id, attempt.id, signed, charged).await?;
+            if let Err(e) = record_charged(state, own.agent_id, attempt.id, signed, charged).await {
+                // The answer is recorded regardless; the maximum stays charged (never less).
+                tracing::warn!(agent_id = %own.agent_id, error = %e, "could not lower an upto reservation to what moved");
+            }
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let mut shown = describe_charged(attempt.version, signed, status, tx_hash.as_deref(), charged);

@@ -136,7 +136,8 @@ impl Chain {
             .bounded(endpoint, network, endpoint.provider.get_logs(&filter))
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
-        for hash in logs.iter().filter_map(|l| l.transaction_hash) {
+        // Newest first: the settlement is recent, older transfers to the same payee are not it.
+        for hash in logs.iter().rev().filter_map(|l| l.transaction_hash) {
             if candidates.contains(&hash) {
                 continue;
             }
