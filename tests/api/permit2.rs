@@ -428,3 +428,32 @@ async fn a_takeover_re_signs_an_expiring_permit2_intent_with_the_same_nonce() {
     assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed once");
     assert!(permit2_nonce_used(&chain, env["payment"]["nonce"].as_str().unwrap()).await, "the same nonce");
 }
+
+#[actix_web::test]
+async fn with_every_record_lost_the_chain_still_refuses_to_pay_a_permit2_request_twice() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"});
+    let env: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    let after_first = balances(&chain).await;
+    // Postgres (and Redis) forget everything about the call.
+    exec(&app.db, "DELETE FROM receipts").await;
+    exec(&app.db, "DELETE FROM payments").await;
+    exec(&app.db, "DELETE FROM idempotency_keys").await;
+    let mut r =
+        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let cached = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
+    let removed: i64 = redis::cmd("DEL").arg(cached).query_async(&mut r).await.unwrap();
+    assert_eq!(removed, 1, "the key's Redis entry existed");
+
+    let resp = app.route(&key, &body).await;
+
+    assert_eq!(resp.status(), 502);
+    let again: Value = resp.json().await.unwrap();
+    assert_eq!(again["code"], "settled_response_lost", "the Permit2 nonce is used on-chain: {again}");
+    assert_eq!(balances(&chain).await, after_first, "nothing paid twice");
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0, "nothing signed");
+    assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+}
