@@ -355,7 +355,7 @@ async fn take_over_an_unsent_permit2_intent(
     path: &str,
     max_auth: &str,
 ) -> (Devnet, std::sync::Arc<TestDb>, Value, U256) {
-    use x402_router::faults::{Hook, Inject, Point};
+    use x402_router::faults::Point;
     use x402_router::startup::Hooks;
     let chain = Devnet::start().await;
     let db = std::sync::Arc::new(TestDb::new().await);
@@ -367,23 +367,7 @@ async fn take_over_an_unsent_permit2_intent(
         hooks,
         ..Default::default()
     };
-    // Once the point is reached, every point blocks for good: the call and its heartbeats
-    // (a crashed owner).
-    let reached = std::sync::Arc::new(tokio::sync::Notify::new());
-    let crashed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (r, c) = (reached.clone(), crashed.clone());
-    let hook: Hook = std::sync::Arc::new(move |p| {
-        let (r, c) = (r.clone(), c.clone());
-        Box::pin(async move {
-            if p == Point::PaymentLeaving && !c.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                r.notify_one();
-            }
-            if c.load(std::sync::atomic::Ordering::SeqCst) {
-                std::future::pending::<()>().await;
-            }
-            Inject::Nothing
-        })
-    });
+    let (hook, reached) = crash_at(Point::PaymentLeaving);
     let owner = spawn_app_on(db.clone(), timing(Hooks { at: Some(hook), ..Default::default() })).await;
     let retrier = RouterProcess::spawn(&db.url, &timing(Hooks::default()), "permit2:").await;
     let router0 = chain.balance(ROUTER_ADDRESS).await;
@@ -456,4 +440,78 @@ async fn with_every_record_lost_the_chain_still_refuses_to_pay_a_permit2_request
     assert_eq!(balances(&chain).await, after_first, "nothing paid twice");
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0, "nothing signed");
     assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+}
+
+/// A hook that, once `target` is reached, blocks every point for good (the call and its
+/// heartbeats): an owner crashed there. Notifies when reached.
+fn crash_at(target: x402_router::faults::Point) -> (x402_router::faults::Hook, std::sync::Arc<tokio::sync::Notify>) {
+    use x402_router::faults::{Hook, Inject};
+    let reached = std::sync::Arc::new(tokio::sync::Notify::new());
+    let crashed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (r, c) = (reached.clone(), crashed.clone());
+    let hook: Hook = std::sync::Arc::new(move |p| {
+        let (r, c) = (r.clone(), c.clone());
+        Box::pin(async move {
+            if p == target && !c.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                r.notify_one();
+            }
+            if c.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            Inject::Nothing
+        })
+    });
+    (hook, reached)
+}
+
+#[actix_web::test]
+async fn reconcile_charges_a_crashed_upto_payment_what_its_transaction_moved() {
+    use x402_router::faults::Point;
+    use x402_router::startup::Hooks;
+    let chain = Devnet::start().await;
+    let (hook, reached) = crash_at(Point::PaidAnswered);
+    let extra = chain.router_extra();
+    let owner = spawn_app_with(AppOptions {
+        abandon_ms: 1000,
+        heartbeat_ms: 200,
+        extra,
+        hooks: Hooks { at: Some(hook), ..Default::default() },
+        ..Default::default()
+    })
+    .await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let body = json!({"url": chain.url("/v2/upto?used=3000&claim=10"), "max_amount": "50000"});
+    let _call = spawn_route(&owner.client, &owner.address, &owner.agent, &new_key(), &body);
+    // The upstream settled and answered; the router died before it looked at the chain.
+    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner was answered");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(3000u64));
+    assert_eq!(ledger_amount(&owner).await, PRICE.to_string(), "the maximum is reserved");
+
+    let reconcile = || {
+        let out = router_command()
+            .arg("reconcile")
+            .env("DATABASE_URL", &owner.db.url)
+            .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+            .env("RECONCILE_OLDER_THAN_SECS", "0")
+            .env("IDEMPOTENCY_ABANDON_AFTER_MS", "1000")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // Until the owner's heartbeat is older than the abandonment threshold, it is left alone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = reconcile();
+        if report["settled_response_lost"] == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never reconciled: {report}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    assert_eq!(text_of(&owner, "SELECT status AS t FROM payments").await, "settled_response_lost");
+    assert_eq!(ledger_amount(&owner).await, "3000", "what the transaction moved, not the claim nor the maximum");
+    let me = get(&owner, "/agents/me").await;
+    assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some("3000"), Some("0")), "{me}");
 }
