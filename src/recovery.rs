@@ -29,7 +29,7 @@ use url::Url;
 use crate::payments::RecoveryKind;
 use crate::payments::store::{PaymentRow, SentRequest};
 use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
-use crate::x402::chain::Chain;
+use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
 use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
 
@@ -173,9 +173,16 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
             200 => {
                 let claim = parse_settlement(&resp.headers).ok().flatten();
                 let claimed = claim.as_ref().and_then(|c| c.tx_hash);
-                let proven = match claimed {
-                    Some(c) => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
-                    None => None,
+                // The chain names the transaction that used this payment: EIP-3009's event,
+                // or (Permit2) the proxy call of these terms.
+                let proven = match (claimed, Permit2Terms::from_record(&row.signed_authorization)) {
+                    (Some(c), Some(terms)) => {
+                        chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash)
+                    }
+                    (Some(c), None) => {
+                        chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten()
+                    }
+                    (None, _) => None,
                 };
                 match (claimed, proven) {
                     (Some(c), Some(p)) if c == p => {

@@ -515,3 +515,59 @@ async fn reconcile_charges_a_crashed_upto_payment_what_its_transaction_moved() {
     let me = get(&owner, "/agents/me").await;
     assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some("3000"), Some("0")), "{me}");
 }
+
+#[actix_web::test]
+async fn a_lost_permit2_answer_is_recovered_from_a_payment_identifier_upstream_without_paying_again() {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "permit2-recovery").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions {
+        abandon_ms: 1500,
+        heartbeat_ms: 300,
+        deadline_ms: 30_000,
+        extra: chain.router_extra(),
+        ..Default::default()
+    };
+    let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let client = reqwest::Client::new();
+    let key = new_key();
+    // upto with payment-identifier: settles 4000 of the maximum, then handles for 2 s more.
+    let body = json!({"url": chain.url("/v2/upto?used=4000&seconds=2&pid=1"), "max_amount": "50000"});
+    let call = spawn_route(&client, &a.address, &agent, &key, &body);
+    wait_until("the upstream to settle", Duration::from_secs(20), async || {
+        chain.stats().await["/v2/upto"]["paid"] == 1
+    })
+    .await;
+    a.kill9().await;
+    assert!(call.await.unwrap().is_err(), "the killed router never answered");
+    wait_until("the upstream to finish the original", Duration::from_secs(20), async || {
+        chain.stats().await["/v2/upto"]["pid_completed"] == 1
+    })
+    .await;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let (status, env) = loop {
+        let resp = route_at(&client, &b.address, &agent, &key, &body).await;
+        let status = resp.status().as_u16();
+        if status != 409 {
+            break (status, resp.json::<Value>().await.unwrap());
+        }
+        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["body"]["handled_for_seconds"], 2, "the original answer: {env}");
+    let p = &env["payment"];
+    assert_eq!((p["status"].as_str(), p["recovery"].as_str()), (Some("settled"), Some("recovered")), "{env}");
+    assert_eq!(p["amount"], "4000", "what the transaction moved");
+    assert_eq!(p["tx_hash"], chain.stats().await["/v2/upto"]["last_transaction"]);
+    let stats = chain.stats().await["/v2/upto"].clone();
+    assert_eq!((stats["paid"].as_u64(), stats["pid_replays"].as_u64()), (Some(1), Some(1)), "{stats}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(4000u64), "paid once");
+    assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 1, "never re-signed");
+    assert_eq!(count(&db, "SELECT amount::bigint AS n FROM payments").await, 4000);
+}

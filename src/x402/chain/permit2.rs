@@ -81,6 +81,35 @@ pub struct Permit2Terms {
     pub facilitator: Option<Address>,
 }
 
+impl Permit2Terms {
+    /// The terms of a stored Permit2 record (the ledger's `signed_authorization`:
+    /// `{"network", "permit2Authorization": {from, permitted: {token}, spender, nonce,
+    /// witness: {to, facilitator?}}}`), read as plain data, without its signature. `None` for
+    /// any other record (an EIP-3009 one) or an unreadable field.
+    pub fn from_record(record: &serde_json::Value) -> Option<Self> {
+        use std::str::FromStr;
+        let a = record.get("permit2Authorization")?;
+        fn text(v: Option<&serde_json::Value>) -> Option<&str> {
+            v.and_then(serde_json::Value::as_str)
+        }
+        let address = |v: Option<&serde_json::Value>| Address::from_str(text(v)?).ok();
+        let witness = a.get("witness")?;
+        let facilitator = match witness.get("facilitator") {
+            None => None,
+            some => Some(address(some)?),
+        };
+        Some(Self {
+            network: Network::parse(text(record.get("network"))?).ok()?,
+            owner: address(a.get("from"))?,
+            token: address(a.get("permitted").and_then(|p| p.get("token")))?,
+            pay_to: address(witness.get("to"))?,
+            spender: address(a.get("spender"))?,
+            nonce: U256::from_str_radix(text(a.get("nonce"))?, 10).ok()?,
+            facilitator,
+        })
+    }
+}
+
 /// `(wordPos, bit)` of a Permit2 unordered nonce.
 pub fn nonce_position(nonce: U256) -> (U256, usize) {
     let bit = usize::try_from(nonce & U256::from(0xffu8)).unwrap_or(0);

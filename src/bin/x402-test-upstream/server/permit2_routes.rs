@@ -7,7 +7,9 @@
 //!   maximum; 0: no transaction) and claims `PAYMENT-RESPONSE.amount = N`. Hostile:
 //!   `&claim=M` claims M whatever was settled.
 //!
-//! Both take `?seconds=S`: answer S seconds after settling (the handler still running).
+//! Both take `?seconds=S`: answer S seconds after settling (the handler still running), and
+//! `?pid=1`: advertise `payment-identifier` and answer a re-send of the same id and payment
+//! from the response cache (503 while the original is still running), like `/v2/pid`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -31,10 +33,11 @@ struct P2Query {
     used: Option<U256>,
     claim: Option<U256>,
     seconds: u64,
+    pid: bool,
 }
 
 fn parse_query(raw: &str) -> Result<P2Query, String> {
-    let mut q = P2Query { used: None, claim: None, seconds: 0 };
+    let mut q = P2Query { used: None, claim: None, seconds: 0, pid: false };
     let uint = |v: &str, name: &str| {
         if v.is_empty() || v.len() > 78 || !v.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("{name} must be a decimal amount"));
@@ -45,6 +48,7 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
         match &*key {
             "used" => q.used = Some(uint(&value, "used")?),
             "claim" => q.claim = Some(uint(&value, "claim")?),
+            "pid" => q.pid = value == "1",
             "seconds" => {
                 q.seconds = u64::from_str(&value)
                     .ok()
@@ -100,7 +104,7 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
             mime_type: "application/json".into(),
         },
         accepts: vec![requirement.clone()],
-        extensions: None,
+        extensions: query.pid.then(wire::payment_identifier_declaration),
     };
     let Some(payload) =
         req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<Value>(h.as_bytes()))
@@ -108,25 +112,72 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
         return payment_required_v2(&required("Payment required"), json!({}));
     };
     state.stats.update(path, |st| st.payment_attempts += 1);
+    let pid = payload
+        .pointer("/extensions/payment-identifier/info/id")
+        .and_then(Value::as_str)
+        .filter(|_| query.pid)
+        .map(str::to_owned);
+    if let Some(id) = &pid {
+        let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
+        let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), b"", header);
+        if let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, false) {
+            state.stats.update(path, |st| match hit {
+                pid_cache::Hit::Replay => st.pid_replays += 1,
+                pid_cache::Hit::InFlight => st.pid_in_flight += 1,
+                pid_cache::Hit::Conflict => st.pid_conflicts += 1,
+            });
+            return answer;
+        }
+    }
+    let outcome = handle_paid(&state, path, &query, &payload, &requirement, &required).await;
+    match (outcome, pid) {
+        (Ok(stored), Some(id)) => {
+            state.pid_cache.finish(&id, stored.clone());
+            state.stats.update(path, |st| st.pid_completed += 1);
+            stored.response()
+        }
+        (Ok(stored), None) => stored.response(),
+        (Err(r), Some(id)) => {
+            state.pid_cache.forget(&id);
+            r
+        }
+        (Err(r), None) => r,
+    }
+}
+
+/// Verifies and settles a decoded payment: the answer to store, or a refusal.
+async fn handle_paid(
+    state: &AppState,
+    path: &'static str,
+    query: &P2Query,
+    payload: &Value,
+    requirement: &wire::RequirementV2,
+    required: &dyn Fn(&str) -> wire::PaymentRequiredV2,
+) -> Result<pid_cache::StoredAnswer, HttpResponse> {
+    let upto = path == UPTO_PATH;
+    let s = &state.settings;
+    let facilitator_address = state.facilitator.chain().sender();
+    let used = query.used.unwrap_or(s.price);
     let refused = |r: Refused| {
         tracing::info!(route = path, reason = r.reason, error = %r.message, "payment refused");
         state.stats.update(path, |st| st.refused += 1);
         payment_required_v2(&required(r.reason), json!({}))
     };
     if payload.get("x402Version").and_then(Value::as_u64) != Some(2) {
-        return refused(Refused { reason: "invalid_x402_version", message: "x402Version must be 2".into() });
+        return Err(refused(Refused { reason: "invalid_x402_version", message: "x402Version must be 2".into() }));
     }
-    if !accepted_matches(payload.get("accepted"), &requirement) {
-        return refused(Refused { reason: "No matching payment requirements", message: "accepted differs".into() });
+    if !accepted_matches(payload.get("accepted"), requirement) {
+        let r = Refused { reason: "No matching payment requirements", message: "accepted differs".into() };
+        return Err(refused(r));
     }
     let payment =
         match payload.get("payload").ok_or_else(|| Refused { reason: "invalid_payload", message: "no payload".into() })
         {
             Ok(p) => match Permit2Payment::parse(p) {
                 Ok(p) => p,
-                Err(r) => return refused(r),
+                Err(r) => return Err(refused(r)),
             },
-            Err(r) => return refused(r),
+            Err(r) => return Err(refused(r)),
         };
     let chain_id = chain_id_of(&s.network).unwrap_or_default();
     let expected = Expected {
@@ -138,15 +189,15 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
         facilitator: facilitator_address,
     };
     if let Err(r) = permit2::verify(&state.facilitator, &payment, &expected).await {
-        return refused(r);
+        return Err(refused(r));
     }
     let moved = if upto { used } else { s.price };
     let transaction = if moved.is_zero() {
         None
     } else {
-        match settle_in_task(&state, path, payment.clone(), moved).await {
+        match settle_in_task(state, path, payment.clone(), moved).await {
             Ok(tx) => Some(tx),
-            Err(r) => return refused(r),
+            Err(r) => return Err(refused(r)),
         }
     };
     if query.seconds > 0 {
@@ -163,12 +214,13 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
         "payer": payment.from.to_checksum(None),
         "amount": claimed.to_string(),
     });
-    match wire::encode_header(&settlement) {
-        Ok(header) => HttpResponse::Ok().insert_header((wire::PAYMENT_RESPONSE, header)).json(json!({
-            "route": path, "city": "Paris", "forecast": "sunny", "charged": claimed.to_string(),
-        })),
-        Err(err) => internal_error(&err),
-    }
+    let header = wire::encode_header(&settlement).map_err(|err| internal_error(&err))?;
+    let body = json!({
+        "route": path, "city": "Paris", "forecast": "sunny", "charged": claimed.to_string(),
+        "handled_for_seconds": query.seconds,
+    });
+    let body = serde_json::to_vec(&body).map_err(|err| internal_error(&err))?;
+    Ok(pid_cache::StoredAnswer { status: actix_web::http::StatusCode::OK, body, settlement: Some(header) })
 }
 
 /// The client's `accepted` is the offer (addresses compared as addresses).
