@@ -43,16 +43,16 @@ const SETTLEMENT_POLLS: u32 = 10;
 const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// An authorization ready to send: the ledger row id, the signed message and its header.
-struct Attempt {
-    id: Uuid,
-    version: X402Version,
-    signed: SignedAuthorization,
-    header: (HeaderName, HeaderValue),
+pub(super) struct Attempt {
+    pub(super) id: Uuid,
+    pub(super) version: X402Version,
+    pub(super) signed: SignedAuthorization,
+    pub(super) header: (HeaderName, HeaderValue),
 }
 
 impl Attempt {
     /// The envelope's `payment` object.
-    fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+    pub(super) fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
         describe(self.version, &self.signed, status, tx_hash)
     }
 }
@@ -470,7 +470,12 @@ async fn exchange(
     faults::at(state.faults.as_ref(), Point::PaidAnswered).await;
     Ok(match sent {
         Err(e) => lost_answer(state, attempt, &e).await,
-        Ok(resp) if resp.status == 402 => {
+        // A 402 carrying a settlement claim (`settlement_pending`) is no refusal: the money may
+        // still move. The chain decides, within the deadline (relay/pending.rs).
+        Ok(resp) if resp.status == 402 && super::pending::claims_settlement(&resp) => {
+            super::pending::unanswered(state, own, attempt, resp, deadline).await
+        }
+        Ok(resp) if resp.status == 402 || super::allowance::needs_permit2(&resp) => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
             let status = match chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()).await
             {
@@ -480,10 +485,16 @@ async fn exchange(
             };
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
-            let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
+            let permit2 = reasons.names(x402::wire::PERMIT2_ALLOWANCE_REQUIRED);
+            let msg = if permit2 && status == PaymentStatus::Rejected {
+                super::allowance::message(signed)
+            } else {
+                format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"))
+            };
             let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason, recovery: None };
             let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
             let code = match status {
+                PaymentStatus::Rejected if permit2 => Code::Permit2AllowanceRequired,
                 PaymentStatus::Rejected => Code::PaymentRejected,
                 PaymentStatus::Settled => Code::SettledResponseLost,
                 _ => Code::PaymentUnknown,
@@ -543,7 +554,16 @@ async fn confirm(
     deadline: Instant,
 ) -> (PaymentStatus, Option<String>, Option<String>) {
     let claimed = claim.is_some_and(|c| c.success);
-    let polls = if claimed { SETTLEMENT_POLLS } else { 1 };
+    // `settlement_pending` beside an answer: broadcast, maybe not mined yet; watch it until the
+    // deadline (then `unknown`, for reconcile), never call it unsettled after one look.
+    let pending = claim.is_some_and(x402::SettlementResponse::is_pending);
+    let polls = if pending {
+        u32::MAX
+    } else if claimed {
+        SETTLEMENT_POLLS
+    } else {
+        1
+    };
     let mut used = Ok(false);
     for i in 0..polls {
         if i > 0 {
@@ -655,7 +675,7 @@ fn wrong_chain() -> Error {
     )
 }
 
-async fn chain_used(
+pub(super) async fn chain_used(
     state: &AppState,
     network: Network,
     asset: Address,
