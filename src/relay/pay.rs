@@ -43,16 +43,16 @@ const SETTLEMENT_POLLS: u32 = 10;
 const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// An authorization ready to send: the ledger row id, the signed message and its header.
-pub(super) struct Attempt {
-    pub(super) id: Uuid,
-    pub(super) version: X402Version,
-    pub(super) signed: SignedAuthorization,
-    pub(super) header: (HeaderName, HeaderValue),
+struct Attempt {
+    id: Uuid,
+    version: X402Version,
+    signed: SignedAuthorization,
+    header: (HeaderName, HeaderValue),
 }
 
 impl Attempt {
     /// The envelope's `payment` object.
-    pub(super) fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
+    fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
         describe(self.version, &self.signed, status, tx_hash)
     }
 }
@@ -473,7 +473,13 @@ async fn exchange(
         // A 402 carrying a settlement claim (`settlement_pending`) is no refusal: the money may
         // still move. The chain decides, within the deadline (relay/pending.rs).
         Ok(resp) if resp.status == 402 && super::pending::claims_settlement(&resp) => {
-            super::pending::unanswered(state, own, attempt, resp, deadline).await
+            let paid = super::pending::Paid {
+                id: attempt.id,
+                signed,
+                used: || chain_used(state, signed.network(), signed.asset(), signed.payer(), signed.nonce()),
+                describe: |status, tx: Option<&str>| attempt.describe(status, tx),
+            };
+            super::pending::unanswered(state, own, paid, resp, deadline).await
         }
         Ok(resp) if resp.status == 402 || super::allowance::needs_permit2(&resp) => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
@@ -675,7 +681,7 @@ fn wrong_chain() -> Error {
     )
 }
 
-pub(super) async fn chain_used(
+async fn chain_used(
     state: &AppState,
     network: Network,
     asset: Address,

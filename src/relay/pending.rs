@@ -23,9 +23,9 @@
 use std::time::{Duration, Instant};
 
 use alloy::primitives::B256;
-use serde_json::json;
+use serde_json::{Value, json};
+use uuid::Uuid;
 
-use super::pay::{Attempt, chain_used};
 use super::{Failure, Outcome, PaymentNote, remaining};
 use crate::codes::Code;
 use crate::idempotency::Ownership;
@@ -46,6 +46,18 @@ pub(super) fn claims_settlement(resp: &UpstreamResponse) -> bool {
         .any(|h| resp.headers.contains_key(*h))
 }
 
+/// The payment that was sent, as the paid flow knows it (`relay::pay` passes its own chain
+/// read and envelope description in, so this module depends on nothing above it).
+pub(super) struct Paid<'a, U, D> {
+    /// The ledger row.
+    pub id: Uuid,
+    pub signed: &'a SignedAuthorization,
+    /// Whether the chain shows the authorization used.
+    pub used: U,
+    /// The envelope's `payment` object for a status and a proven transaction.
+    pub describe: D,
+}
+
 /// What the chain said while it was watched.
 enum Watched {
     /// The authorization is used.
@@ -58,10 +70,20 @@ enum Watched {
 
 /// Watches the authorization until it is used, the claimed transaction is mined without
 /// using it, or the deadline leaves no time for another look.
-async fn watch(state: &AppState, s: &SignedAuthorization, hint: Option<B256>, deadline: Instant) -> Watched {
+async fn watch<U, F>(
+    state: &AppState,
+    s: &SignedAuthorization,
+    used: &U,
+    hint: Option<B256>,
+    deadline: Instant,
+) -> Watched
+where
+    U: Fn() -> F,
+    F: Future<Output = Result<bool, x402::ChainError>>,
+{
     let mut pause = FIRST_PAUSE;
     loop {
-        let last_error = match chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await {
+        let last_error = match used().await {
             Ok(true) => return Watched::Used,
             Ok(false) => {
                 if let Some(hash) = hint
@@ -69,7 +91,7 @@ async fn watch(state: &AppState, s: &SignedAuthorization, hint: Option<B256>, de
                 {
                     // Mined: it either used the authorization (read again: it may have been
                     // mined between the two reads) or it never will.
-                    return match chain_used(state, s.network(), s.asset(), s.payer(), s.nonce()).await {
+                    return match used().await {
                         Ok(true) => Watched::Used,
                         Ok(false) => Watched::ClaimFailed(hash),
                         Err(e) => Watched::Deadline(Some(e.to_string())),
@@ -88,21 +110,26 @@ async fn watch(state: &AppState, s: &SignedAuthorization, hint: Option<B256>, de
 }
 
 /// The outcome of a 402 that carries a settlement claim.
-pub(super) async fn unanswered(
+pub(super) async fn unanswered<U, F, D>(
     state: &AppState,
     own: &Ownership,
-    attempt: &Attempt,
+    paid: Paid<'_, U, D>,
     resp: UpstreamResponse,
     deadline: Instant,
-) -> Outcome {
+) -> Outcome
+where
+    U: Fn() -> F,
+    F: Future<Output = Result<bool, x402::ChainError>>,
+    D: Fn(PaymentStatus, Option<&str>) -> Value,
+{
     let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
     let hint = claim.as_ref().and_then(|c| c.tx_hash);
     let reason = claim.as_ref().and_then(|c| c.error_reason.clone());
     let said = reason.as_deref().unwrap_or("no errorReason");
-    let s = &attempt.signed;
+    let s = paid.signed;
     tracing::warn!(agent_id = %own.agent_id, upstream.status = resp.status, payment.claimed_tx = ?hint,
         "the upstream answered the paid request with a settlement claim and no answer; watching the chain");
-    let watched = watch(state, s, hint, deadline).await;
+    let watched = watch(state, s, &paid.used, hint, deadline).await;
     let (status, code, tx_hash, msg, error) = match watched {
         Watched::Used => {
             let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), hint).await;
@@ -143,11 +170,11 @@ pub(super) async fn unanswered(
     };
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
     tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), "settlement claim decided");
-    let mut shown = attempt.describe(status, tx_hash.as_deref());
+    let mut shown = (paid.describe)(status, tx_hash.as_deref());
     if let Some(h) = hint {
         shown["claimed_tx_hash"] = json!(h.to_string());
     }
-    let ledger = Final { id: attempt.id, status, tx_hash, error: Some(error), recovery: None };
+    let ledger = Final { id: paid.id, status, tx_hash, error: Some(error), recovery: None };
     Outcome::Failed(
         Failure::new(code, msg)
             .upstream(resp)
