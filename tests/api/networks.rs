@@ -41,6 +41,11 @@ async fn a_router_pays_on_a_chain_of_any_id_given_by_its_caip2_id() {
 #[actix_web::test]
 async fn a_412_permit2_allowance_required_names_the_approval_and_after_it_a_new_call_pays() {
     let chain = Devnet::start().await;
+    // Whatever the test chain was set up with, the router's wallet starts without an approval
+    // (`--amount 0` revokes one).
+    let token = chain.token.to_string();
+    let out = approve(&chain, &["--network", "eip155:84532", "--asset", &token, "--amount", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
     let before = chain.balance(PAY_TO).await;
     let key = new_key();
@@ -58,7 +63,7 @@ async fn a_412_permit2_allowance_required_names_the_approval_and_after_it_a_new_
     assert_eq!(chain.stats().await["/v2/permit2-gate"]["permit2_required"], 1);
 
     assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::ZERO);
-    let out = approve(&chain, &["--network", "eip155:84532", "--asset", &chain.token.to_string()]);
+    let out = approve(&chain, &["--network", "eip155:84532", "--asset", &token]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let done: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::MAX);
