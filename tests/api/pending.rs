@@ -204,3 +204,57 @@ async fn a_made_up_pending_settlement_moves_nothing_and_keeps_the_reservation_un
     assert_eq!(stat(&chain, "/v2/pending-lie", "payment_attempts").await, 1);
     assert_eq!(chain.authorizations_used_by(ROUTER_ADDRESS).await, 1);
 }
+
+/// A hostile upstream names a real, mined transaction that did not use the authorization:
+/// decided at once (no wait for the deadline), `rejected`, nothing moved, still reserved.
+#[actix_web::test]
+async fn a_pending_claim_naming_a_mined_transaction_that_moved_nothing_is_rejected_and_stays_reserved() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain, 50_000).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/pending-wrong-tx"), "max_amount": "50000"});
+    let started = Instant::now();
+    let err: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20), "decided from the receipt, not by the deadline");
+    assert_eq!(err["code"], "payment_rejected", "{err}");
+    assert_eq!(err["payment"]["status"], "rejected");
+    assert_eq!(err["payment"]["tx_hash"], Value::Null);
+    assert_eq!(err["payment"]["claimed_tx_hash"], stat(&chain, "/v2/pending-wrong-tx", "last_transaction").await);
+    assert_eq!(chain.balance(PAY_TO).await, before);
+    assert_eq!(spent_and_reserved(&app).await, ("0".to_owned(), PRICE.to_string()));
+    assert_eq!(chain.authorizations_used_by(ROUTER_ADDRESS).await, 0);
+}
+
+/// An answer served beside `settlement_pending`: the router serves it and records the
+/// payment once the chain shows it (not mined by the deadline: `unknown`, and reconcile
+/// calls it `settled`, since the agent had the answer).
+#[actix_web::test]
+async fn an_answer_beside_a_pending_settlement_is_served_and_its_payment_confirmed_from_the_chain() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain, 4_000).await;
+    let env: Value = app
+        .route(&new_key(), &json!({"url": chain.url("/v2/pending-answered"), "max_amount": "50000"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(env["status"], 200, "{env}");
+    assert_eq!(env["body"]["forecast"], "sunny");
+    assert_eq!(env["payment"]["status"], "settled", "mined at once: confirmed");
+    assert_eq!(env["payment"]["tx_hash"], stat(&chain, "/v2/pending-answered", "last_transaction").await);
+
+    chain.rpc("evm_setAutomine", json!([false])).await;
+    let env: Value = app
+        .route(&new_key(), &json!({"url": chain.url("/v2/pending-answered"), "max_amount": "50000"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(env["status"], 200, "{env}");
+    assert_eq!(env["payment"]["status"], "unknown", "not mined by the deadline: undecided, the answer served");
+    chain.rpc("evm_mine", json!([])).await;
+    chain.rpc("evm_setAutomine", json!([true])).await;
+    assert_eq!(reconcile_now(&app.db, &chain)["settled"], 1);
+    assert_eq!(chain.authorizations_used_by(ROUTER_ADDRESS).await, 2);
+}

@@ -333,6 +333,24 @@ impl Facilitator {
         self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))
     }
 
+    /// Sends 0 ETH from the facilitator to itself and waits for it to be mined: a real
+    /// transaction that moves no token (for a hostile claim).
+    ///
+    /// # Errors
+    /// `SettleRpc` when the chain does not take or mine it.
+    pub async fn send_unrelated(&self) -> Result<B256, Refusal> {
+        let hash = {
+            let _turn = self.send_lock.lock().await;
+            let tx = TransactionRequest::default().with_to(self.chain.sender());
+            self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))?
+        };
+        self.chain
+            .wait_for_receipt(hash, self.settle_timeout)
+            .await
+            .map_err(|e| Refusal::SettleRpc(error_chain(&e)))?;
+        Ok(hash)
+    }
+
     /// The token's ERC-20 `allowance(owner, spender)`.
     ///
     /// # Errors

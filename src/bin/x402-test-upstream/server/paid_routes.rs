@@ -27,6 +27,8 @@ pub(super) enum Outcome {
     Pending(Settled),
     /// 412 with this reason as the requirements' `error`.
     Precondition(&'static str),
+    /// 200 with the report and a settlement header `settlement_pending`.
+    AnsweredPending(Settled, Value),
 }
 
 pub(super) struct Settled {
@@ -181,6 +183,9 @@ async fn paid_v2_handle(
         Outcome::Drop => V2Answer::Other(dropped_connection()),
         Outcome::Pending(settled) => V2Answer::Other(super::pending_routes::pending_v2(state, &settled)),
         Outcome::Precondition(reason) => V2Answer::Other(super::pending_routes::precondition_v2(&required(reason))),
+        Outcome::AnsweredPending(settled, body) => {
+            V2Answer::Other(super::pending_routes::answered_pending_v2(state, &settled, &body))
+        }
         Outcome::Answer { status, body, settlement } => {
             let settlement = match settlement {
                 None => None,
@@ -255,6 +260,7 @@ pub(super) async fn paid_v1(
         Outcome::Drop => dropped_connection(),
         Outcome::Pending(settled) => super::pending_routes::pending_v1(state, &settled),
         Outcome::Precondition(reason) => super::pending_routes::precondition_v1(&required(reason, payer)),
+        Outcome::AnsweredPending(settled, body) => super::pending_routes::answered_pending_v1(state, &settled, &body),
         Outcome::Answer { status, body, settlement } => {
             let mut response = HttpResponse::build(status);
             if let Some(settled) = settlement {
@@ -397,6 +403,13 @@ pub(super) async fn execute(
         Behaviour::SettlementPending => super::pending_routes::broadcast_then_pending(state, spec, auth).await,
         Behaviour::SettlementPendingLie => super::pending_routes::pending_lie(state, spec, auth).await,
         Behaviour::Permit2Gate => super::pending_routes::permit2_gate(state, spec, auth).await,
+        Behaviour::SettlementPendingWrongTx => super::pending_routes::pending_wrong_tx(state, spec, auth).await,
+        Behaviour::SettlementPendingAnswered => {
+            match super::pending_routes::broadcast_then_pending(state, spec, auth).await {
+                Outcome::Pending(settled) => Outcome::AnsweredPending(settled, weather(spec)),
+                other => other,
+            }
+        }
         Behaviour::Reject => Outcome::Refused(Refusal::Forced {
             reason: "invalid_exact_evm_signature".into(),
             message: "this route refuses every payment".into(),

@@ -65,6 +65,24 @@ pub(super) async fn pending_lie(state: &AppState, spec: &'static RouteSpec, auth
     Outcome::Pending(Settled { transaction: made_up, payer })
 }
 
+/// `SettlementPendingWrongTx`: keep the authorization, name a mined transaction that did
+/// not use it.
+pub(super) async fn pending_wrong_tx(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization) -> Outcome {
+    let payer = auth.from;
+    let unrelated = match state.facilitator.send_unrelated().await {
+        Ok(hash) => hash,
+        Err(refusal) => return Outcome::Refused(refusal),
+    };
+    tracing::warn!(route = spec.path, payer = %payer, tx = %unrelated, "keeping the authorization; naming an unrelated tx");
+    state.stats.update(spec.path, |s| {
+        s.pending += 1;
+        s.kept += 1;
+        s.last_transaction = Some(format!("{unrelated:#x}"));
+    });
+    state.kept.lock().await.push(auth);
+    Outcome::Pending(Settled { transaction: unrelated, payer })
+}
+
 /// `Permit2Gate`: 412 unless the payer's Permit2 allowance covers the price.
 pub(super) async fn permit2_gate(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization) -> Outcome {
     match state.facilitator.allowance(auth.from, PERMIT2).await {
@@ -94,6 +112,36 @@ pub(super) fn pending_v2(state: &AppState, settled: &Settled) -> HttpResponse {
             .insert_header((wire::PAYMENT_RESPONSE, h))
             .insert_header((CACHE_CONTROL, "no-store"))
             .json(json!({})),
+        Err(err) => internal_error(&err),
+    }
+}
+
+/// 200 with `body` and `PAYMENT-RESPONSE` `settlement_pending` (v2).
+pub(super) fn answered_pending_v2(state: &AppState, settled: &Settled, body: &serde_json::Value) -> HttpResponse {
+    let header = wire::encode_header(&FailedSettlementV2 {
+        success: false,
+        error_reason: SETTLEMENT_PENDING,
+        payer: settled.payer.to_checksum(None),
+        transaction: format!("{:#x}", settled.transaction),
+        network: state.settings.network.clone(),
+    });
+    match header {
+        Ok(h) => HttpResponse::Ok().insert_header((wire::PAYMENT_RESPONSE, h)).json(body),
+        Err(err) => internal_error(&err),
+    }
+}
+
+/// 200 with `body` and `X-PAYMENT-RESPONSE` `settlement_pending` (v1).
+pub(super) fn answered_pending_v1(state: &AppState, settled: &Settled, body: &serde_json::Value) -> HttpResponse {
+    let header = wire::encode_header(&FailedSettlementV2 {
+        success: false,
+        error_reason: SETTLEMENT_PENDING,
+        payer: settled.payer.to_checksum(None),
+        transaction: format!("{:#x}", settled.transaction),
+        network: state.settings.network_v1.clone(),
+    });
+    match header {
+        Ok(h) => HttpResponse::Ok().insert_header((wire::X_PAYMENT_RESPONSE, h)).json(body),
         Err(err) => internal_error(&err),
     }
 }

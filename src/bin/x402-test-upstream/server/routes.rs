@@ -62,6 +62,12 @@ pub enum Behaviour {
     /// Hostile: verify, keep the authorization (for `POST /_settle_kept`), answer
     /// `settlement_pending` naming a made-up transaction; nothing is broadcast.
     SettlementPendingLie,
+    /// Hostile: verify, keep the authorization, send an unrelated transaction (0 ETH to
+    /// itself) and answer `settlement_pending` naming that mined transaction.
+    SettlementPendingWrongTx,
+    /// Broadcast without waiting, then answer 200 with the report and a `PAYMENT-RESPONSE`
+    /// `settlement_pending` (an answer served while the transfer is still pending).
+    SettlementPendingAnswered,
     /// Takes payment only from a payer that approved Uniswap Permit2 for the token, read on
     /// chain (`allowance(payer, Permit2)` of the token): without it, 412 with
     /// `PAYMENT-REQUIRED.error` `permit2_allowance_required`, as the official facilitator
@@ -215,6 +221,20 @@ pub const ROUTES: &[RouteSpec] = &[
         version: Version::V2,
         behaviour: Behaviour::SettlementPendingLie,
         description: "Hostile: keeps the authorization, answers 402 settlement_pending with a made-up hash (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending-wrong-tx",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPendingWrongTx,
+        description: "Hostile: keeps the authorization, answers settlement_pending naming an unrelated mined tx (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending-answered",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPendingAnswered,
+        description: "Broadcasts the transfer, answers 200 with settlement_pending and its hash (x402 v2)",
     },
     RouteSpec {
         path: "/v2/permit2-gate",
