@@ -377,7 +377,19 @@ pub async fn resume(
     if let Some((code, why)) = still_allowed(state, own.agent_id, &requirement).await? {
         return Ok(declined(state, code, None, &why, Value::Array(vec![raw_requirement])));
     }
-    let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
+    let now = now_unix();
+    let valid_before = signed.authorization().valid_before;
+    if now < valid_before && now.saturating_add(MIN_VALIDITY_SECS) >= valid_before {
+        // Too little validity left to resend, but the earlier authorization may still settle
+        // (e.g. a `settlement_pending` transaction): nothing is signed until its validBefore has
+        // passed unused (the same nonce would make a second transfer impossible anyway).
+        tracing::info!(agent_id = %own.agent_id, "an earlier authorization may still settle; deferring the re-sign");
+        return Err(Error::PaymentNetworkUnavailable(
+            "an earlier authorization of this call may still settle until its validBefore; nothing was signed; \
+             retry the same key later",
+        ));
+    }
+    let attempt = if signed.is_valid_at(now, MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
         let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");

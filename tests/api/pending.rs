@@ -258,3 +258,40 @@ async fn an_answer_beside_a_pending_settlement_is_served_and_its_payment_confirm
     assert_eq!(reconcile_now(&app.db, &chain)["settled"], 1);
     assert_eq!(chain.authorizations_used_by(ROUTER_ADDRESS).await, 2);
 }
+
+/// A takeover finds a recorded authorization with too little validity left to resend, but
+/// not expired (it may still settle, e.g. broadcast and pending): nothing is signed until
+/// its validBefore has passed unused; then the same nonce is re-signed and paid once.
+#[actix_web::test]
+async fn a_takeover_never_re_signs_while_the_earlier_authorization_may_still_settle() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain, 50_000).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, 8).await;
+
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_network_unavailable");
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 1, "nothing re-signed");
+    assert_eq!(stat(&chain, "/v2/weather", "payment_attempts").await, 0, "nothing sent");
+
+    // Once validBefore has passed (and the key's owner is abandoned), a retry re-signs.
+    let valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
+    let wait_until = Instant::now() + Duration::from_secs(30);
+    while x402_router::clock::now_unix_i64() <= valid_before {
+        assert!(Instant::now() < wait_until);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec(
+        &app.db,
+        &format!("UPDATE idempotency_keys SET created_at = now() - interval '300 seconds' WHERE key = '{key}'"),
+    )
+    .await;
+    let env: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["nonce"], router_nonce(app.agent.id, &key, &body).to_string());
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed once");
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(PRICE));
+}
