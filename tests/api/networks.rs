@@ -104,3 +104,24 @@ async fn approve_permit2_sets_the_amount_and_refuses_what_the_router_does_not_pa
     }
     assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::from(12_345u64), "nothing else was sent");
 }
+
+/// A network given an RPC URL and no token pays its built-in USDC only: on a chain with OP
+/// Mainnet's id (10, not among the Base defaults) the router offers Circle's OP USDC and
+/// refuses the test token, signing nothing.
+#[actix_web::test]
+async fn a_network_without_a_configured_token_pays_only_its_built_in_usdc() {
+    let chain = Devnet::start_on(10).await;
+    let extra = vec![("x402-rpc-urls".to_owned(), format!("eip155:10={}", chain.rpc_url))];
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        known["networks"],
+        json!([{"network": "eip155:10", "assets": ["0x0b2c639c533813f4aa9d7837caf62653d097ff85"]}])
+    );
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 402);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_unsupported");
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0);
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+}
