@@ -129,12 +129,13 @@ pub async fn approve_permit2(
     }
     let provider = chosen.ok_or_else(|| anyhow::anyhow!("no RPC URL of {} serves its chain", request.network))?;
     let token = IErc20Allowance::new(request.asset, &provider);
-    let bounded = async |what: &str, fut: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<U256>> + '_>>| {
-        tokio::time::timeout(timeout, fut).await.map_err(|_| anyhow::anyhow!("{what} timed out"))?
+    let allowance = async || -> anyhow::Result<U256> {
+        tokio::time::timeout(timeout, token.allowance(owner, PERMIT2).call())
+            .await
+            .map_err(|_| anyhow::anyhow!("reading the allowance timed out"))?
+            .map_err(|e| scrub(&e))
     };
-    let previous =
-        bounded("allowance", Box::pin(async { token.allowance(owner, PERMIT2).call().await.map_err(|e| scrub(&e)) }))
-            .await?;
+    let previous = allowance().await?;
     let pending = tokio::time::timeout(timeout, token.approve(PERMIT2, request.amount).send())
         .await
         .map_err(|_| anyhow::anyhow!("sending the approval timed out"))?
@@ -153,9 +154,7 @@ pub async fn approve_permit2(
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     anyhow::ensure!(receipt.status(), "the approval {hash} reverted");
-    let now =
-        bounded("allowance", Box::pin(async { token.allowance(owner, PERMIT2).call().await.map_err(|e| scrub(&e)) }))
-            .await?;
+    let now = allowance().await?;
     tracing::info!(payment.network = %request.network, payment.asset = %request.asset, tx = %hash, "Permit2 approved");
     Ok(Approved {
         network: request.network.caip2(),
