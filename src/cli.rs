@@ -28,6 +28,8 @@ pub enum Command {
     Reconcile(ReconcileArgs),
     /// Offline receipt tools.
     Receipts(ReceiptsArgs),
+    /// Transactions from the router's own wallet (ROUTER_PRIVATE_KEY).
+    Wallet(WalletArgs),
     /// Serve the MCP tools (fetch, get_receipt, get_budget) on stdin/stdout, as a client of
     /// a running router (no database access).
     Mcp(McpArgs),
@@ -232,6 +234,51 @@ pub struct ReconcileArgs {
     /// (the routers' IDEMPOTENCY_ABANDON_AFTER_MS).
     #[arg(long, env = "IDEMPOTENCY_ABANDON_AFTER_MS", default_value = "60000")]
     pub abandon_after_ms: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WalletArgs {
+    #[command(subcommand)]
+    pub command: WalletCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WalletCommand {
+    /// Let Uniswap Permit2 move a configured token from the router's wallet (ERC-20
+    /// `approve`), for upstreams that answer 412 `permit2_allowance_required`; waits for the
+    /// receipt and prints one JSON line with the transaction hash and the new allowance.
+    ApprovePermit2(ApprovePermit2Args),
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovePermit2Args {
+    /// The network (CAIP-2 id or v1 name); it must have an RPC URL in X402_RPC_URLS.
+    #[arg(long)]
+    pub network: String,
+    /// The token: one the router pays with on that network (X402_ASSETS, or the built-in USDC).
+    #[arg(long)]
+    pub asset: String,
+    /// The allowance, in the token's atomic units, or `max` (2^256-1, never decremented).
+    #[arg(long, default_value = "max")]
+    pub amount: String,
+    /// The paying wallet's secp256k1 key, hex. Prefer --router-private-key-file.
+    #[arg(long, env = "ROUTER_PRIVATE_KEY", hide_env_values = true)]
+    pub router_private_key: Option<String>,
+    /// A file holding the paying wallet's key (hex).
+    #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
+    pub router_private_key_file: Option<String>,
+    /// Networks and their RPC URLs: `eip155:84532=http://…,…` (the routers' setting).
+    #[arg(long, env = "X402_RPC_URLS", default_value = "")]
+    pub x402_rpc_urls: String,
+    /// Token contracts per network (the routers' setting).
+    #[arg(long, env = "X402_ASSETS", default_value = "")]
+    pub x402_assets: String,
+    /// Timeout of each chain RPC call, in ms.
+    #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
+    pub x402_rpc_timeout_ms: String,
+    /// How long to wait for the approval to be mined, in seconds.
+    #[arg(long, default_value = "120")]
+    pub wait_secs: String,
 }
 
 #[derive(Debug, Args)]

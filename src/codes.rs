@@ -71,6 +71,11 @@ pub enum Code {
     /// reused for the same request); nothing was paid now. `previous_receipt_id` points at
     /// the payment's receipt. A new key buys again.
     AlreadyPaid,
+    /// 502: the upstream (its facilitator) wants the router's wallet to have approved Uniswap
+    /// Permit2 for the token first (HTTP 412 `permit2_allowance_required`); nothing moved. An
+    /// operator runs `x402-router wallet approve-permit2`; the signed authorization stays
+    /// reserved until `reconcile` sees it expire unused (do not re-key before).
+    Permit2AllowanceRequired,
 }
 
 impl Code {
@@ -100,6 +105,7 @@ impl Code {
         Code::SettledResponseLost,
         Code::PaymentUnknown,
         Code::AlreadyPaid,
+        Code::Permit2AllowanceRequired,
     ];
 
     /// The wire form.
@@ -129,6 +135,7 @@ impl Code {
             Self::SettledResponseLost => "settled_response_lost",
             Self::PaymentUnknown => "payment_unknown",
             Self::AlreadyPaid => "already_paid",
+            Self::Permit2AllowanceRequired => "permit2_allowance_required",
         }
     }
 

@@ -166,6 +166,26 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `wallet approve-permit2`: one ERC-20 `approve(Permit2, amount)` from the router's
+/// wallet for a configured network and asset; prints one JSON line once it is mined.
+///
+/// # Errors
+/// A missing or malformed setting, a network or asset the router does not pay with, or the
+/// transaction failing (the RPC URL and the key are never printed).
+pub async fn wallet(args: &crate::cli::WalletArgs) -> anyhow::Result<()> {
+    let crate::cli::WalletCommand::ApprovePermit2(a) = &args.command;
+    let rpc_urls = config::parse_rpc_urls(&a.x402_rpc_urls)?;
+    let (assets, _) = config::configured_assets(&a.x402_assets, &rpc_urls)?;
+    let signer = config::signer_from(a.router_private_key.as_deref(), a.router_private_key_file.as_deref())?;
+    let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &a.x402_rpc_timeout_ms)?;
+    let wait: u64 = a.wait_secs.trim().parse().ok().filter(|w| *w > 0).context("--wait-secs: expected seconds > 0")?;
+    let request = crate::approve::Request::parse(&a.network, &a.asset, &a.amount, &rpc_urls, &assets)?;
+    crate::telemetry::init(false);
+    let done = crate::approve::approve_permit2(&request, signer, timeout, std::time::Duration::from_secs(wait)).await?;
+    println!("{}", serde_json::to_string(&done)?);
+    Ok(())
+}
+
 /// `receipts verify FILE|-`: prints `valid: signed by 0x…` (exit 0) or `invalid: <reason>`
 /// (exit 1); a file that cannot be read is `error: …` on stderr (exit 2).
 pub fn receipts(args: &ReceiptsArgs) -> std::process::ExitCode {

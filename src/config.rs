@@ -228,11 +228,47 @@ pub struct Config {
 pub const DEFAULT_ASSETS: &str = "eip155:8453=0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913,\
 eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e";
 
-/// Assets whose decimals are known without asking the chain: Circle's USDC (6).
-const KNOWN_DECIMALS: [(Network, &str, u8); 2] = [
-    (Network::BASE, "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", 6),
-    (Network::BASE_SEPOLIA, "0x036CbD53842c5426634e7929541eC2318f3dCF7e", 6),
+/// Circle's USDC (EIP-3009, 6 decimals) by chain id: the asset paid on a network of
+/// `X402_RPC_URLS` for which `X402_ASSETS` names none, and assets whose decimals are known
+/// without asking the chain. From `DEFAULT_ASSETS` of the official `@x402/evm` 2.27.0 (OP
+/// Mainnet, which that table lacks: Circle's list of USDC contract addresses).
+pub const BUILT_IN_USDC: [(u64, &str); 8] = [
+    (8453, "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"),    // Base
+    (84_532, "0x036CbD53842c5426634e7929541eC2318f3dCF7e"),  // Base Sepolia
+    (1, "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48"),       // Ethereum
+    (137, "0x3c499c542cEF5E3811e1192ce70d8cC03d5c3359"),     // Polygon PoS
+    (42_161, "0xaf88d065e77c8cC2239327C5EDb3A432268e5831"),  // Arbitrum One
+    (421_614, "0x75faf114eafb1BDbe2F0316DF893fd58CE46AA4d"), // Arbitrum Sepolia
+    (10, "0x0b2C639c533813f4Aa9D7837CAf62653d097Ff85"),      // OP Mainnet
+    (43_114, "0xB97EF9Ef8734C71904D8002F8b6Bc66Dd9c48a6E"),  // Avalanche C-Chain
 ];
+/// Decimals of every built-in USDC.
+const USDC_DECIMALS: u8 = 6;
+
+/// The built-in USDC of `network`, if it has one.
+pub fn built_in_usdc(network: Network) -> Option<Address> {
+    BUILT_IN_USDC.iter().find(|(id, _)| *id == network.chain_id()).and_then(|(_, a)| Address::from_str(a).ok())
+}
+
+/// The assets the router pays with: `X402_ASSETS` (empty: USDC on Base and Base Sepolia),
+/// plus the built-in USDC of every network of `rpc_urls` that `X402_ASSETS` gives no asset
+/// for. A network with neither gets nothing (it is never paid on).
+///
+/// # Errors
+/// A malformed `X402_ASSETS`.
+pub fn configured_assets(raw: &str, rpc_urls: &BTreeMap<Network, Vec<Url>>) -> Result<Assets, ConfigError> {
+    let raw = if raw.trim().is_empty() { DEFAULT_ASSETS } else { raw };
+    let (mut assets, mut decimals) = parse_assets(raw)?;
+    for network in rpc_urls.keys() {
+        if !assets.contains_key(network)
+            && let Some(usdc) = built_in_usdc(*network)
+        {
+            assets.insert(*network, vec![usdc]);
+            decimals.insert((*network, usdc), USDC_DECIMALS);
+        }
+    }
+    Ok((assets, decimals))
+}
 
 impl Config {
     /// Builds the typed configuration.
@@ -250,8 +286,7 @@ impl Config {
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(args)?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
-        let assets_raw = if args.x402_assets.trim().is_empty() { DEFAULT_ASSETS } else { &args.x402_assets };
-        let (assets, decimals) = parse_assets(assets_raw)?;
+        let (assets, decimals) = configured_assets(&args.x402_assets, &rpc_urls)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) if t.len() < 16 => {
@@ -396,7 +431,8 @@ pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigEr
     Ok(out)
 }
 
-type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>);
+/// Assets per network, and the decimals known of them.
+pub type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>);
 
 /// `X402_ASSETS`: `network=0x…[@decimals],…`. Decimals given here win; built-in USDC is known.
 fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
@@ -415,10 +451,7 @@ fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
         };
         let asset = Address::from_str(addr)
             .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
-        let known = KNOWN_DECIMALS
-            .iter()
-            .find(|(n, a, _)| *n == network && Address::from_str(a).is_ok_and(|k| k == asset))
-            .map(|(_, _, d)| *d);
+        let known = (built_in_usdc(network) == Some(asset)).then_some(USDC_DECIMALS);
         if let Some(d) = dec.or(known) {
             decimals.insert((network, asset), d);
         }
@@ -441,8 +474,16 @@ fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
 }
 
 fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
-    let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
-        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
+    signer_from(args.router_private_key.as_deref(), args.router_private_key_file.as_deref())
+}
+
+/// The paying wallet from `ROUTER_PRIVATE_KEY` or the file `ROUTER_PRIVATE_KEY_FILE` names.
+///
+/// # Errors
+/// Neither or both given, an unreadable file, or not a key (the key is never quoted).
+pub fn signer_from(key: Option<&str>, file: Option<&str>) -> Result<PrivateKeySigner, ConfigError> {
+    let (env, raw) = match (key, file) {
+        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.to_owned()),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
@@ -491,6 +532,30 @@ mod tests {
         );
         let bad = parse_rpc_urls("eip155:84532=ftp://a/secret").unwrap_err().to_string();
         assert!(bad.contains("URL 0 of eip155:84532") && !bad.contains("secret"), "{bad}");
+    }
+
+    #[test]
+    fn a_network_without_an_asset_pays_its_built_in_usdc_and_any_chain_id_is_a_network() {
+        let rpc = parse_rpc_urls("eip155:10=http://a,arbitrum=http://b,eip155:4242=http://c,base=http://d").unwrap();
+        let mine: Address = "0x5FbDB2315678afecb367f032d93F642f64180aa3".parse().unwrap();
+        let (assets, decimals) = configured_assets(&format!("eip155:4242={mine}@6"), &rpc).unwrap();
+        let op = Network::parse("eip155:10").unwrap();
+        let arbitrum = Network::parse("eip155:42161").unwrap();
+        let any = Network::parse("eip155:4242").unwrap();
+        assert_eq!(assets[&op], vec![built_in_usdc(op).unwrap()]);
+        assert_eq!(assets[&arbitrum], vec!["0xaf88d065e77c8cC2239327C5EDb3A432268e5831".parse::<Address>().unwrap()]);
+        assert_eq!(assets[&Network::BASE], vec![built_in_usdc(Network::BASE).unwrap()]);
+        assert_eq!(assets[&any], vec![mine], "a configured asset is not joined by a built-in one");
+        assert_eq!(decimals[&(op, built_in_usdc(op).unwrap())], 6);
+        assert_eq!(decimals[&(any, mine)], 6);
+        // Without X402_ASSETS: USDC on Base and Base Sepolia, and on every listed network that has one.
+        let (assets, _) = configured_assets("", &rpc).unwrap();
+        assert!(assets.contains_key(&Network::BASE_SEPOLIA) && assets.contains_key(&op));
+        assert!(!assets.contains_key(&any), "no built-in asset for an unknown chain");
+        for (id, addr) in BUILT_IN_USDC {
+            let a: Address = addr.parse().unwrap();
+            assert_eq!(a.to_checksum(None), addr, "{id}: checksummed as written");
+        }
     }
 
     #[test]

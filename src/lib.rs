@@ -19,10 +19,12 @@
 //! * `gc`            deletion of expired idempotency rows.
 //! * `faults`        deterministic fault points for tests (no hook in production).
 //! * `wallet`        the paying wallet's balance gauge.
+//! * `approve`       `wallet approve-permit2`: the one transaction the router's wallet sends itself.
 //! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
 //! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
+pub mod approve;
 pub mod audit;
 pub mod auth;
 pub mod cli;

@@ -14,6 +14,7 @@ async fn main() -> std::process::ExitCode {
         Command::Agents(args) => commands::agents(args).await,
         Command::Reconcile(args) => commands::reconcile(args).await,
         Command::Mcp(args) => commands::mcp(args).await,
+        Command::Wallet(args) => commands::wallet(args).await,
         // Prints its own verdict and chooses its exit code (0 valid, 1 invalid, 2 unreadable).
         Command::Receipts(args) => return commands::receipts(args),
     };

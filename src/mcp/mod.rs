@@ -68,9 +68,10 @@ nor more than your per-call cap or remaining daily budget (see get_budget).
 RETRIES: this tool already retries transient failures with the same key. Every result carries \
 idempotency_key and next. If next is retry_same_key, call fetch again with the SAME arguments \
 AND that idempotency_key. Never make up a new idempotency_key to retry a call, and never \
-retry after next = do_not_rekey (settled_response_lost, payment_unknown, payment_rejected, already_paid): a new key can pay a \
-second time. Calling fetch without idempotency_key starts a new call (and may pay again); do \
-that only when next was done or new_key_safe and you want the resource again.";
+retry after next = do_not_rekey (settled_response_lost, payment_unknown, payment_rejected, already_paid, \
+permit2_allowance_required: an operator must approve Permit2 first): a new key can pay a second \
+time. Calling fetch without idempotency_key starts a new call (and may pay again); do that only \
+when next was done or new_key_safe and you want the resource again.";
 
 const RECEIPT_DESCRIPTION: &str = "\
 Read one of your signed receipts by receipt_id (from a fetch result): what was called, the \

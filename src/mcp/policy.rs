@@ -108,6 +108,11 @@ mod tests {
                 Next::DoNotRekey,
             ),
             (504, json!({"code": "payment_unknown", "payment": {"status": "unknown"}}), Next::DoNotRekey),
+            // settlement_pending not decided by the deadline: the broadcast may still land.
+            (502, json!({"code": "payment_unknown", "payment": {"status": "unknown"}}), Next::DoNotRekey),
+            // A 412 permit2_allowance_required: the upstream holds a signed authorization; an
+            // operator approves Permit2, and the call waits for reconcile, not a new key.
+            (502, json!({"code": "permit2_allowance_required", "payment": {"status": "rejected"}}), Next::DoNotRekey),
             (504, json!({"code": "upstream_timeout"}), Next::NewKeySafe),
             (400, json!({"code": "bad_request"}), Next::FixRequest),
             (401, json!({"code": "unauthorized"}), Next::FixRequest),

@@ -11,10 +11,12 @@
 //! half-way (between a payment and its record). Every way a call can end is an
 //! [`Outcome`]; errors of the router itself are [`Error`].
 
+mod allowance;
 pub mod envelope;
 pub mod error;
 pub mod outcome;
 pub mod pay;
+mod pending;
 pub mod record;
 pub mod request;
 

@@ -405,7 +405,19 @@ pub async fn resume(
     if let Some((code, why)) = still_allowed(state, own.agent_id, &requirement).await? {
         return Ok(declined(state, code, None, &why, Value::Array(vec![raw_requirement])));
     }
-    let attempt = if signed.is_valid_at(now_unix(), MIN_VALIDITY_SECS) {
+    let now = now_unix();
+    let valid_before = signed.valid_before();
+    if now < valid_before && now.saturating_add(MIN_VALIDITY_SECS) >= valid_before {
+        // Too little validity left to resend, but the earlier authorization may still settle
+        // (e.g. a `settlement_pending` transaction): nothing is signed until its validBefore has
+        // passed unused (the same nonce would make a second transfer impossible anyway).
+        tracing::info!(agent_id = %own.agent_id, "an earlier authorization may still settle; deferring the re-sign");
+        return Err(Error::PaymentNetworkUnavailable(
+            "an earlier authorization of this call may still settle until its validBefore; nothing was signed; \
+             retry the same key later",
+        ));
+    }
+    let attempt = if signed.is_valid_at(now, MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
         let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
@@ -498,7 +510,18 @@ async fn exchange(
     faults::at(state.faults.as_ref(), Point::PaidAnswered).await;
     Ok(match sent {
         Err(e) => lost_answer(state, attempt, &e).await,
-        Ok(resp) if resp.status == 402 => {
+        // A 402 carrying a settlement claim (`settlement_pending`) is no refusal: the money may
+        // still move. The chain decides, within the deadline (relay/pending.rs).
+        Ok(resp) if resp.status == 402 && super::pending::claims_settlement(&resp) => {
+            let paid = super::pending::Paid {
+                id: attempt.id,
+                signed,
+                used: || chain_used(state, signed),
+                describe: |status, tx: Option<&str>| attempt.describe(status, tx),
+            };
+            super::pending::unanswered(state, own, paid, resp, deadline).await
+        }
+        Ok(resp) if resp.status == 402 || super::allowance::needs_permit2(&resp) => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
             let status = match chain_used(state, signed).await {
                 Ok(true) => PaymentStatus::Settled,
@@ -507,10 +530,16 @@ async fn exchange(
             };
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
-            let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
+            let permit2 = reasons.names(x402::wire::PERMIT2_ALLOWANCE_REQUIRED);
+            let msg = if permit2 && status == PaymentStatus::Rejected {
+                super::allowance::message(signed)
+            } else {
+                format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"))
+            };
             let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason, recovery: None };
             let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
             let code = match status {
+                PaymentStatus::Rejected if permit2 => Code::Permit2AllowanceRequired,
                 PaymentStatus::Rejected => Code::PaymentRejected,
                 PaymentStatus::Settled => Code::SettledResponseLost,
                 _ => Code::PaymentUnknown,
@@ -584,7 +613,16 @@ async fn confirm(
 ) -> Confirmed {
     let claimed = claim.is_some_and(|c| c.success);
     let claims_nothing = s.is_upto() && claim.and_then(|c| c.amount).is_some_and(|a| a.is_zero());
-    let polls = if claimed && !claims_nothing { SETTLEMENT_POLLS } else { 1 };
+    // `settlement_pending` beside an answer: broadcast, maybe not mined yet; watch it until the
+    // deadline (then `unknown`, for reconcile), never call it unsettled after one look.
+    let pending = claim.is_some_and(x402::SettlementResponse::is_pending);
+    let polls = if pending {
+        u32::MAX
+    } else if claimed && !claims_nothing {
+        SETTLEMENT_POLLS
+    } else {
+        1
+    };
     let unknown = || {
         (
             PaymentStatus::Unknown,

@@ -11,7 +11,7 @@
 //!   payment must echo it byte for byte.
 //!
 //! The v1 name table follows `EVM_NETWORK_CHAIN_ID_MAP` of the official `@x402/evm` package
-//! (v1 compatibility), plus three aliases that upstreams use in the wild (`mainnet`,
+//! (v1 compatibility; checked against 2.27.0), plus three aliases that upstreams use in the wild (`mainnet`,
 //! `optimism`, `arbitrum`). [`Network::v1_name`] only ever returns official names.
 
 use std::fmt;
@@ -47,6 +47,10 @@ const V1_NAMES: &[(&str, u64)] = &[
     ("skale-base-sepolia", 324_705_682),
     ("megaeth", 4326),
     ("monad", 143),
+    ("stable", 988),
+    ("stable-testnet", 2201),
+    ("celo", 42_220),
+    ("flare", 14),
 ];
 
 /// Names accepted when parsing but never produced: they are not in the official v1 table.
@@ -251,6 +255,11 @@ mod tests {
             ("iotex", 4689),
             ("sei", 1329),
             ("sei-testnet", 1328),
+            ("monad", 143),
+            ("stable", 988),
+            ("stable-testnet", 2201),
+            ("celo", 42_220),
+            ("flare", 14),
         ];
         for (name, chain_id) in cases {
             let n = Network::parse(name).unwrap();

@@ -166,6 +166,7 @@ def test_the_retry_table() -> None:
     assert classify(503, {"code": "database_unavailable"}) == "retry_same_key"
     assert classify(502, {"code": "upstream_failed", "payment": None}) == "new_key_safe"
     assert classify(502, {"code": "payment_rejected", "payment": {"status": "rejected"}}) == "do_not_rekey"
+    assert classify(502, {"code": "permit2_allowance_required", "payment": {"status": "rejected"}}) == "do_not_rekey"
     assert classify(502, {"code": "upstream_failed", "payment": {"status": "expired"}}) == "new_key_safe"
     assert classify(502, {"code": "settled_response_lost", "payment": {"status": "settled_response_lost"}}) == "do_not_rekey"
     assert classify(504, {"code": "payment_unknown", "payment": {"status": "unknown"}}) == "do_not_rekey"

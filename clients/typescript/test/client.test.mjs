@@ -148,6 +148,7 @@ describe("routerFetch against a real router", () => {
     assert.equal(classify(503, { code: "database_unavailable" }), "retry_same_key");
     assert.equal(classify(502, { code: "upstream_failed", payment: null }), "new_key_safe");
     assert.equal(classify(502, { code: "payment_rejected", payment: { status: "rejected" } }), "do_not_rekey");
+    assert.equal(classify(502, { code: "permit2_allowance_required", payment: { status: "rejected" } }), "do_not_rekey");
     assert.equal(classify(502, { code: "upstream_failed", payment: { status: "expired" } }), "new_key_safe");
     assert.equal(classify(502, { code: "settled_response_lost", payment: { status: "settled_response_lost" } }), "do_not_rekey");
     assert.equal(classify(504, { code: "payment_unknown", payment: { status: "unknown" } }), "do_not_rekey");

@@ -26,6 +26,7 @@ sol! {
         );
         function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
         function balanceOf(address account) external view returns (uint256);
+        function allowance(address owner, address spender) external view returns (uint256);
         function mint(address to, uint256 value) external returns (bool);
         function transferWithAuthorization(
             address from,

@@ -324,21 +324,55 @@ impl Facilitator {
     /// `NonceAlreadyUsed`/`InsufficientBalance`/`SimulationFailed` when the simulation
     /// reverts, `TransactionFailed` when the mined transaction reverted, `SettleRpc` otherwise.
     pub async fn settle(&self, auth: &SignedAuthorization) -> Result<B256, Refusal> {
-        let call = auth.transfer_call();
-        let hash = {
-            let _turn = self.send_lock.lock().await;
-            if let Err(err) = self.chain.call(self.token, &call).await {
-                return Err(self.explain_failed_simulation(auth, &err).await);
-            }
-            let tx = TransactionRequest::default().with_to(self.token).with_input(call.abi_encode());
-            self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))?
-        };
+        let hash = self.broadcast(auth).await?;
         let receipt = self
             .chain
             .wait_for_receipt(hash, self.settle_timeout)
             .await
             .map_err(|e| Refusal::SettleRpc(error_chain(&e)))?;
         if receipt.status() { Ok(hash) } else { Err(Refusal::TransactionFailed(hash)) }
+    }
+
+    /// Simulates and sends `transferWithAuthorization(…, v, r, s)` under the send lock and
+    /// returns the transaction hash without waiting for it to be mined.
+    ///
+    /// # Errors
+    /// As [`Self::settle`], before anything is sent.
+    pub async fn broadcast(&self, auth: &SignedAuthorization) -> Result<B256, Refusal> {
+        let call = auth.transfer_call();
+        let _turn = self.send_lock.lock().await;
+        if let Err(err) = self.chain.call(self.token, &call).await {
+            return Err(self.explain_failed_simulation(auth, &err).await);
+        }
+        let tx = TransactionRequest::default().with_to(self.token).with_input(call.abi_encode());
+        self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))
+    }
+
+    /// Sends 0 ETH from the facilitator to itself and waits for it to be mined: a real
+    /// transaction that moves no token (for a hostile claim).
+    ///
+    /// # Errors
+    /// `SettleRpc` when the chain does not take or mine it.
+    pub async fn send_unrelated(&self) -> Result<B256, Refusal> {
+        let hash = {
+            let _turn = self.send_lock.lock().await;
+            let tx = TransactionRequest::default().with_to(self.chain.sender());
+            self.chain.send(tx).await.map_err(|e| Refusal::SettleRpc(error_chain(&e)))?
+        };
+        self.chain
+            .wait_for_receipt(hash, self.settle_timeout)
+            .await
+            .map_err(|e| Refusal::SettleRpc(error_chain(&e)))?;
+        Ok(hash)
+    }
+
+    /// The token's ERC-20 `allowance(owner, spender)`.
+    ///
+    /// # Errors
+    /// `VerifyRpc` when the chain does not answer.
+    pub async fn allowance(&self, owner: Address, spender: Address) -> Result<U256, Refusal> {
+        let call = ITestToken::allowanceCall { owner, spender };
+        self.chain.call(self.token, &call).await.map_err(|e| Refusal::VerifyRpc(error_chain(&e)))
     }
 
     /// Names why a simulation reverted, like the official facilitator does with Multicall3.

@@ -18,6 +18,10 @@ pub struct RouteStats {
     pub paid: u64,
     /// Authorizations kept by a hostile route (not settled when received).
     pub kept: u64,
+    /// Answers `402 settlement_pending` sent (after a broadcast, or made up).
+    pub pending: u64,
+    /// Answers `412 permit2_allowance_required` sent.
+    pub permit2_required: u64,
     /// Amount (atomic units) of the last settlement.
     pub last_paid_amount: Option<String>,
     /// Transaction hash of the last settlement.

@@ -43,7 +43,10 @@ use super::network::NetworkError;
 
 pub use payment::{decode_payment_header, encode_payment_header, payment_extensions};
 pub use requirements::{PaymentRequired, Requirement, parse_payment_required};
-pub use settlement::{RefusalReasons, SettlementResponse, parse_settlement, refusal_reasons};
+pub use settlement::{
+    PERMIT2_ALLOWANCE_REQUIRED, RefusalReasons, SETTLEMENT_PENDING, SettlementResponse, parse_settlement,
+    refusal_reasons,
+};
 
 /// v2: requirements sent by the upstream with its 402.
 pub const PAYMENT_REQUIRED_HEADER: &str = "payment-required";

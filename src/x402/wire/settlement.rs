@@ -31,7 +31,19 @@ pub struct SettlementResponse {
     pub amount: Option<crate::money::Amount>,
 }
 
+/// `errorReason` of a settlement that the facilitator broadcast but did not see mined in time
+/// (the upstream answers 402 with this in `PAYMENT-RESPONSE`): the money may still move.
+pub const SETTLEMENT_PENDING: &str = "settlement_pending";
+/// The reason (`PAYMENT-REQUIRED.error` of a 412) of an upstream whose facilitator takes payment
+/// only from a wallet that approved Uniswap Permit2 for the token.
+pub const PERMIT2_ALLOWANCE_REQUIRED: &str = "permit2_allowance_required";
+
 impl SettlementResponse {
+    /// True for an unsuccessful claim whose reason is [`SETTLEMENT_PENDING`].
+    pub fn is_pending(&self) -> bool {
+        !self.success && self.error_reason.as_deref() == Some(SETTLEMENT_PENDING)
+    }
+
     /// The network, parsed, when it is one we know.
     pub fn parsed_network(&self) -> Option<Network> {
         Network::parse(self.network.as_deref()?).ok()
@@ -85,6 +97,11 @@ pub struct RefusalReasons {
 }
 
 impl RefusalReasons {
+    /// True when any of the reasons is exactly `reason`.
+    pub fn names(&self, reason: &str) -> bool {
+        [&self.error, &self.invalid_reason, &self.error_reason].iter().any(|r| r.as_deref() == Some(reason))
+    }
+
     /// True when the upstream gave no reason at all.
     pub fn is_empty(&self) -> bool {
         self.error.is_none() && self.invalid_reason.is_none() && self.error_reason.is_none()

@@ -399,3 +399,25 @@ fn version_numbers_and_header_names() {
     assert_eq!(serde_json::to_value(X402Version::V2).unwrap(), json!(2));
     assert_eq!(X402Version::from_number(3), None);
 }
+
+#[test]
+fn settlement_pending_and_the_permit2_412_are_recognised() {
+    // As the official middleware sends it after a failed receipt wait (PROTOCOL.md).
+    let pending = b64(
+        r#"{"success":false,"errorReason":"settlement_pending","transaction":"0xe686de9143674dbea9dbc997017fec64f3d7de0767f4c6b37ca3f23170ed9515","payer":"0x70997970C51812dc3A010C7d01b50e0d17dc79C8","network":"eip155:84532"}"#,
+    );
+    let s = parse_settlement(&headers(&[("PAYMENT-RESPONSE", &pending)])).unwrap().unwrap();
+    assert!(s.is_pending());
+    assert!(s.tx_hash.is_some());
+    let ok = parse_settlement(&headers(&[("PAYMENT-RESPONSE", V2_SETTLEMENT)])).unwrap().unwrap();
+    assert!(!ok.is_pending());
+    // A "success" that also says pending is a success, not a pending claim.
+    let odd = b64(r#"{"success":true,"errorReason":"settlement_pending"}"#);
+    assert!(!parse_settlement(&headers(&[("PAYMENT-RESPONSE", &odd)])).unwrap().unwrap().is_pending());
+
+    let required = V2_REQUIRED.replace("Payment required", PERMIT2_ALLOWANCE_REQUIRED);
+    let r = refusal_reasons(&headers(&[("payment-required", &b64(&required))]), b"{}");
+    assert!(r.names(PERMIT2_ALLOWANCE_REQUIRED));
+    assert!(!r.names("permit2"), "whole reasons only");
+    assert!(!RefusalReasons::default().names(PERMIT2_ALLOWANCE_REQUIRED));
+}

@@ -21,6 +21,8 @@ sol! {
     interface ITestToken {
         function balanceOf(address who) external view returns (uint256);
         function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
+        function allowance(address owner, address spender) external view returns (uint256);
+        event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
     }
 }
 
@@ -80,6 +82,8 @@ async fn start_anvil(chain_id: u64, limit: Duration) -> (Child, String, RootProv
 
 pub struct Devnet {
     pub rpc_url: String,
+    /// The chain id anvil runs with (the router's network is `eip155:<chain_id>`).
+    pub chain_id: u64,
     pub token: Address,
     /// Base URL of the x402 test upstream.
     pub upstream: String,
@@ -91,7 +95,12 @@ pub struct Devnet {
 impl Devnet {
     /// anvil + token (1000 USDC minted to the router) + the x402 test upstream.
     pub async fn start() -> Self {
-        let (anvil, rpc_url, provider) = start_anvil(84532, Duration::from_secs(5)).await;
+        Self::start_on(84532).await
+    }
+
+    /// [`Self::start`] on a chain of any id.
+    pub async fn start_on(chain_id: u64) -> Self {
+        let (anvil, rpc_url, provider) = start_anvil(chain_id, Duration::from_secs(5)).await;
 
         let deploy = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
             .args(["deploy", "--rpc-url", &rpc_url, "--deployer-key", FACILITATOR_KEY])
@@ -114,6 +123,10 @@ impl Devnet {
                 FACILITATOR_KEY,
                 "--price",
                 &PRICE.to_string(),
+                "--network",
+                &format!("eip155:{chain_id}"),
+                "--network-v1",
+                x402_router::x402::Network::from_chain_id(chain_id).unwrap().v1_name().unwrap_or("local-test-chain"),
             ])
             .stdout(Stdio::piped())
             .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
@@ -127,15 +140,35 @@ impl Devnet {
         let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
         // Keep draining stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { rpc_url, token, upstream, anvil: Some(anvil), server: Some(server), provider }
+        Self { rpc_url, chain_id, token, upstream, anvil: Some(anvil), server: Some(server), provider }
     }
 
     /// Router options that pay on this chain with this token.
     pub fn router_extra(&self) -> Vec<(String, String)> {
         vec![
-            ("x402-rpc-urls".into(), format!("eip155:84532={}", self.rpc_url)),
-            ("x402-assets".into(), format!("eip155:84532={}@6", self.token)),
+            ("x402-rpc-urls".into(), format!("eip155:{}={}", self.chain_id, self.rpc_url)),
+            ("x402-assets".into(), format!("eip155:{}={}@6", self.chain_id, self.token)),
         ]
+    }
+
+    /// A JSON-RPC call to anvil (`evm_setAutomine`, `evm_mine`, …).
+    pub async fn rpc(&self, method: &'static str, params: Value) -> Value {
+        alloy::providers::Provider::raw_request::<_, Value>(&self.provider, method.into(), params).await.unwrap()
+    }
+
+    /// The token's `allowance(owner, spender)`.
+    pub async fn allowance(&self, owner: Address, spender: Address) -> U256 {
+        ITestToken::new(self.token, &self.provider).allowance(owner, spender).call().await.unwrap()
+    }
+
+    /// How many `AuthorizationUsed` events of `payer` the token emitted (each one moved money).
+    pub async fn authorizations_used_by(&self, payer: Address) -> usize {
+        let filter = alloy::rpc::types::Filter::new()
+            .address(self.token)
+            .event_signature(<ITestToken::AuthorizationUsed as alloy::sol_types::SolEvent>::SIGNATURE_HASH)
+            .topic1(payer.into_word())
+            .from_block(0u64);
+        alloy::providers::Provider::get_logs(&self.provider, &filter).await.unwrap().len()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -27,6 +27,7 @@ use crate::stats::Stats;
 use crate::wire::{self};
 
 mod paid_routes;
+mod pending_routes;
 mod permit2_routes;
 mod pid_cache;
 mod respond;

@@ -16,9 +16,19 @@ use super::*;
 
 /// What the paid part of a request came to, before it is put in a wire format.
 pub(super) enum Outcome {
-    Answer { status: StatusCode, body: Value, settlement: Option<Settled> },
+    Answer {
+        status: StatusCode,
+        body: Value,
+        settlement: Option<Settled>,
+    },
     Refused(Refusal),
     Drop,
+    /// 402 carrying a settlement header `settlement_pending` (no answer).
+    Pending(Settled),
+    /// 412 with this reason as the requirements' `error`.
+    Precondition(&'static str),
+    /// 200 with the report and a settlement header `settlement_pending`.
+    AnsweredPending(Settled, Value),
 }
 
 pub(super) struct Settled {
@@ -171,6 +181,11 @@ async fn paid_v2_handle(
             V2Answer::Other(payment_required_v2(&required(refusal.reason()), json!({})))
         }
         Outcome::Drop => V2Answer::Other(dropped_connection()),
+        Outcome::Pending(settled) => V2Answer::Other(super::pending_routes::pending_v2(state, &settled)),
+        Outcome::Precondition(reason) => V2Answer::Other(super::pending_routes::precondition_v2(&required(reason))),
+        Outcome::AnsweredPending(settled, body) => {
+            V2Answer::Other(super::pending_routes::answered_pending_v2(state, &settled, &body))
+        }
         Outcome::Answer { status, body, settlement } => {
             let settlement = match settlement {
                 None => None,
@@ -243,6 +258,9 @@ pub(super) async fn paid_v1(
             payment_required_v1(&required(refusal.reason(), payer))
         }
         Outcome::Drop => dropped_connection(),
+        Outcome::Pending(settled) => super::pending_routes::pending_v1(state, &settled),
+        Outcome::Precondition(reason) => super::pending_routes::precondition_v1(&required(reason, payer)),
+        Outcome::AnsweredPending(settled, body) => super::pending_routes::answered_pending_v1(state, &settled, &body),
         Outcome::Answer { status, body, settlement } => {
             let mut response = HttpResponse::build(status);
             if let Some(settled) = settlement {
@@ -382,6 +400,16 @@ pub(super) async fn execute(
             reason: HOSTILE_REASON.into(),
             message: "this route refuses every payment".into(),
         }),
+        Behaviour::SettlementPending => super::pending_routes::broadcast_then_pending(state, spec, auth).await,
+        Behaviour::SettlementPendingLie => super::pending_routes::pending_lie(state, spec, auth).await,
+        Behaviour::Permit2Gate => super::pending_routes::permit2_gate(state, spec, auth).await,
+        Behaviour::SettlementPendingWrongTx => super::pending_routes::pending_wrong_tx(state, spec, auth).await,
+        Behaviour::SettlementPendingAnswered => {
+            match super::pending_routes::broadcast_then_pending(state, spec, auth).await {
+                Outcome::Pending(settled) => Outcome::AnsweredPending(settled, weather(spec)),
+                other => other,
+            }
+        }
         Behaviour::Reject => Outcome::Refused(Refusal::Forced {
             reason: "invalid_exact_evm_signature".into(),
             message: "this route refuses every payment".into(),

@@ -53,6 +53,26 @@ pub enum Behaviour {
     Hostile,
     /// Always refuses the payment with a reason that holds a NUL character.
     RejectHostile,
+    /// Verify, broadcast the transfer without waiting for it to be mined, and answer like the
+    /// official middleware when the facilitator's receipt wait failed: 402, body `{}`, a
+    /// `PAYMENT-RESPONSE` with `success: false`, `errorReason: "settlement_pending"` and the
+    /// broadcast hash. (On anvil with automine the transfer is mined at once; with automine
+    /// off it waits for `evm_mine`.)
+    SettlementPending,
+    /// Hostile: verify, keep the authorization (for `POST /_settle_kept`), answer
+    /// `settlement_pending` naming a made-up transaction; nothing is broadcast.
+    SettlementPendingLie,
+    /// Hostile: verify, keep the authorization, send an unrelated transaction (0 ETH to
+    /// itself) and answer `settlement_pending` naming that mined transaction.
+    SettlementPendingWrongTx,
+    /// Broadcast without waiting, then answer 200 with the report and a `PAYMENT-RESPONSE`
+    /// `settlement_pending` (an answer served while the transfer is still pending).
+    SettlementPendingAnswered,
+    /// Takes payment only from a payer that approved Uniswap Permit2 for the token, read on
+    /// chain (`allowance(payer, Permit2)` of the token): without it, 412 with
+    /// `PAYMENT-REQUIRED.error` `permit2_allowance_required`, as the official facilitator
+    /// answers a Permit2 requirement; with it, settles (EIP-3009) and answers like `Weather`.
+    Permit2Gate,
 }
 
 /// The NUL-bearing strings of the hostile routes.
@@ -187,6 +207,41 @@ pub const ROUTES: &[RouteSpec] = &[
         version: Version::V2,
         behaviour: Behaviour::KeepThenAnswer,
         description: "Hostile: keeps the signed authorization and answers 200 without settling (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPending,
+        description: "Broadcasts the transfer, then answers 402 settlement_pending with its hash (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending-lie",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPendingLie,
+        description: "Hostile: keeps the authorization, answers 402 settlement_pending with a made-up hash (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending-wrong-tx",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPendingWrongTx,
+        description: "Hostile: keeps the authorization, answers settlement_pending naming an unrelated mined tx (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pending-answered",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::SettlementPendingAnswered,
+        description: "Broadcasts the transfer, answers 200 with settlement_pending and its hash (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/permit2-gate",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Permit2Gate,
+        description: "412 permit2_allowance_required unless the payer approved Permit2 (x402 v2)",
     },
     RouteSpec {
         path: "/v2/reprice",

@@ -1,0 +1,127 @@
+//! Breadth on EVM (issue 15): any chain by its CAIP-2 id, the 412
+//! `permit2_allowance_required` and `x402-router wallet approve-permit2`. Real anvil.
+
+use alloy::primitives::{Address, U256, address};
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+const PERMIT2: Address = address!("0x000000000022D473030F116dDEE9F6B43aC78BA3");
+
+fn approve(chain: &Devnet, args: &[&str]) -> std::process::Output {
+    router_command()
+        .args(["wallet", "approve-permit2"])
+        .args(args)
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .env("X402_RPC_URLS", format!("eip155:{}={}", chain.chain_id, chain.rpc_url))
+        .env("X402_ASSETS", format!("eip155:{}={}@6", chain.chain_id, chain.token))
+        .output()
+        .unwrap()
+}
+
+/// A chain no table knows, configured by its CAIP-2 id only: the router pays on it.
+#[actix_web::test]
+async fn a_router_pays_on_a_chain_of_any_id_given_by_its_caip2_id() {
+    let chain = Devnet::start_on(4242).await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "50000"});
+    let env: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(env["status"], 200, "{env}");
+    assert_eq!(env["payment"]["network"], "eip155:4242");
+    assert_eq!(env["payment"]["status"], "settled");
+    assert!(chain.authorization_used(ROUTER_ADDRESS, router_nonce(app.agent.id, &key, &body)).await);
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(PRICE));
+}
+
+/// An upstream whose facilitator needs a Permit2 approval answers 412 (a real check of the
+/// router's allowance on-chain): its own code, the command in the message, nothing moved;
+/// after `wallet approve-permit2` a new call pays.
+#[actix_web::test]
+async fn a_412_permit2_allowance_required_names_the_approval_and_after_it_a_new_call_pays() {
+    let chain = Devnet::start().await;
+    // Whatever the test chain was set up with, the router's wallet starts without an approval
+    // (`--amount 0` revokes one).
+    let token = chain.token.to_string();
+    let out = approve(&chain, &["--network", "eip155:84532", "--asset", &token, "--amount", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/permit2-gate"), "max_amount": "50000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 502);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["code"], "permit2_allowance_required", "{err}");
+    assert_eq!(err["status"], 412);
+    assert_eq!(err["payment"]["status"], "rejected");
+    let command = format!("x402-router wallet approve-permit2 --network eip155:84532 --asset {}", chain.token);
+    assert!(err["error"].as_str().unwrap().contains(&command), "{err}");
+    assert!(!chain.authorization_used(ROUTER_ADDRESS, router_nonce(app.agent.id, &key, &body)).await);
+    assert_eq!(chain.balance(PAY_TO).await, before);
+    assert_eq!(chain.stats().await["/v2/permit2-gate"]["permit2_required"], 1);
+
+    assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::ZERO);
+    let out = approve(&chain, &["--network", "eip155:84532", "--asset", &token]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::MAX);
+    assert_eq!(done["allowance"], U256::MAX.to_string());
+    assert_eq!(done["previous_allowance"], "0");
+    assert_eq!(done["spender"], PERMIT2.to_checksum(None));
+    assert!(done["tx_hash"].as_str().unwrap().starts_with("0x"));
+
+    let env: Value = app.route(&new_key(), &body).await.json().await.unwrap();
+    assert_eq!(env["status"], 200, "{env}");
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(PRICE));
+}
+
+/// The command approves exactly the amount asked, and refuses a network or token the
+/// router does not pay with, before any transaction; it never prints the key.
+#[actix_web::test]
+async fn approve_permit2_sets_the_amount_and_refuses_what_the_router_does_not_pay_with() {
+    let chain = Devnet::start().await;
+    let token = chain.token.to_string();
+    let out = approve(&chain, &["--network", "base-sepolia", "--asset", &token, "--amount", "12345"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::from(12_345u64));
+
+    let other = "0x0000000000000000000000000000000000000001";
+    let refusals: [(&[&str], &str); 4] = [
+        (&["--network", "eip155:8453", "--asset", &token], "no RPC URL"),
+        (&["--network", "eip155:84532", "--asset", other], "not a token the router pays with"),
+        (&["--network", "eip155:84532", "--asset", &token, "--amount", "1.5"], "--amount"),
+        (&["--network", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp", "--asset", &token], "--network"),
+    ];
+    for (args, named) in refusals {
+        let out = approve(&chain, args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(!stderr.contains(ROUTER_KEY.trim_start_matches("0x")));
+    }
+    assert_eq!(chain.allowance(ROUTER_ADDRESS, PERMIT2).await, U256::from(12_345u64), "nothing else was sent");
+}
+
+/// A network given an RPC URL and no token pays its built-in USDC only: on a chain with OP
+/// Mainnet's id (10, not among the Base defaults) the router offers Circle's OP USDC and
+/// refuses the test token, signing nothing.
+#[actix_web::test]
+async fn a_network_without_a_configured_token_pays_only_its_built_in_usdc() {
+    let chain = Devnet::start_on(10).await;
+    let extra = vec![("x402-rpc-urls".to_owned(), format!("eip155:10={}", chain.rpc_url))];
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        known["networks"],
+        json!([{"network": "eip155:10", "assets": ["0x0b2c639c533813f4aa9d7837caf62653d097ff85"]}])
+    );
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 402);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_unsupported");
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0);
+    assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+}
