@@ -15,6 +15,7 @@ pub mod envelope;
 pub mod error;
 pub mod outcome;
 pub mod pay;
+pub mod reaccess;
 pub mod record;
 pub mod request;
 

@@ -344,9 +344,9 @@ pub async fn resume(
         // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
         let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
         let kind = recovery.kind();
-        state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
         if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
+            state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
             state.metrics.payments.with_label_values(&["recovered"]).inc();
             tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                 "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
@@ -357,6 +357,29 @@ pub async fn resume(
             let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
             return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
         }
+        // Nothing came back: for a GET/HEAD whose 402 advertised sign-in-with-x, sign in as
+        // the payer and run the request again (a new execution, never a payment).
+        let mut log = match note.log {
+            Value::Array(log) => log,
+            other => vec![other],
+        };
+        let again = super::reaccess::reaccess(state, &intent, deadline).await;
+        log.extend(again.log);
+        if let Some(resp) = again.answer {
+            let kind = crate::payments::RecoveryKind::Reaccessed;
+            state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+            state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
+            tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
+                "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
+            let status = PaymentStatus::Settled;
+            let mut shown = describe(version, &signed, status, tx_hash.as_deref());
+            shown["recovery"] = json!(kind.as_str());
+            let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+            let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
+            return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
+        }
+        let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+        state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
