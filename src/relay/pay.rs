@@ -331,6 +331,29 @@ pub async fn resume(
         let proven = state.chain.authorization_tx(s.network(), s.asset(), s.payer(), s.nonce(), None).await;
         let tx_hash = proven.ok().flatten().map(|h| h.to_string()).or(intent.tx_hash.clone());
         if mode == Resume::KeyReused {
+            // Paid before the key expired. If that call was never served (its answer lost),
+            // a sign-in may still re-access what was paid for; a served one is never re-run.
+            let unserved = matches!(
+                intent.status,
+                PaymentStatus::SettledResponseLost
+                    | PaymentStatus::Signed
+                    | PaymentStatus::Unknown
+                    | PaymentStatus::Rejected
+            );
+            if unserved {
+                let mut log = intent
+                    .recovery
+                    .as_ref()
+                    .and_then(|r| r.get("attempts"))
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let again = super::reaccess::reaccess(state, &intent, deadline).await;
+                log.extend(again.log);
+                if let Some(resp) = again.answer {
+                    return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
+                }
+            }
             state.metrics.payments.with_label_values(&["already_paid"]).inc();
             let previous_receipt = {
                 let mut conn = super::error::conn(&state.pool).await?;
@@ -366,17 +389,7 @@ pub async fn resume(
         let again = super::reaccess::reaccess(state, &intent, deadline).await;
         log.extend(again.log);
         if let Some(resp) = again.answer {
-            let kind = crate::payments::RecoveryKind::Reaccessed;
-            state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
-            state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
-            tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
-                "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
-            let status = PaymentStatus::Settled;
-            let mut shown = describe(version, &signed, status, tx_hash.as_deref());
-            shown["recovery"] = json!(kind.as_str());
-            let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
-            let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
-            return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
+            return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
         }
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
         state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
@@ -436,6 +449,32 @@ pub async fn resume(
         Attempt { id: intent.id, ..attempt }
     };
     exchange(state, own, call, &attempt, deadline).await
+}
+
+/// A settled payment whose answer was lost, served again by signing in as the payer: a new
+/// execution, recorded as a completed call whose payment says `recovery: "reaccessed"`.
+#[expect(clippy::too_many_arguments, reason = "the parts of one recorded re-access")]
+fn reaccessed(
+    state: &AppState,
+    own: &Ownership,
+    version: X402Version,
+    signed: &SignedAuthorization,
+    id: Uuid,
+    tx_hash: Option<String>,
+    resp: UpstreamResponse,
+    log: Vec<Value>,
+) -> Outcome {
+    let kind = crate::payments::RecoveryKind::Reaccessed;
+    state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+    state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
+    tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
+        "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
+    let status = PaymentStatus::Settled;
+    let mut shown = describe(version, signed, status, tx_hash.as_deref());
+    shown["recovery"] = json!(kind.as_str());
+    let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+    let ledger = Final { id, status, tx_hash, error: None, recovery: Some(note) };
+    Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
 }
 
 /// Signs `requirement` and builds the header of `version`.

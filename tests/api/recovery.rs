@@ -27,6 +27,8 @@ struct Crashed {
     client: reqwest::Client,
     router0: U256,
     path: &'static str,
+    /// The routers' Redis key prefix.
+    prefix: String,
 }
 
 /// Sends `query` of `/v2/pid`-like `path` through router A, waits until the upstream settled
@@ -70,7 +72,7 @@ async fn kill_router_while_the_upstream_handles_a(method: Method, path: &'static
     a.kill9().await;
     assert!(call.await.unwrap().is_err(), "the killed router never answered");
     assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
-    Crashed { chain, db, agent, key, body, retrier, client, router0, path }
+    Crashed { chain, db, agent, key, body, retrier, client, router0, path, prefix }
 }
 
 impl Crashed {
@@ -87,6 +89,18 @@ impl Crashed {
             assert!(Instant::now() < deadline, "the key stayed in flight");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Forgets the key, as GC does once it expired (Postgres row and Redis entry).
+    async fn forget_key(&self) {
+        exec(&self.db, &format!("DELETE FROM idempotency_keys WHERE key = '{}'", self.key)).await;
+        let client = redis::Client::open(redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(format!("{}idem:{{{}}}:{}", self.prefix, self.agent.id, self.key))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     }
 
     async fn stats(&self) -> Value {
@@ -398,4 +412,36 @@ async fn a_siwx_upstream_that_refuses_the_sign_in_leaves_the_payment_settled_res
     assert_eq!(log["attempts"].as_array().unwrap().last().unwrap()["status"], 402, "{log}");
     assert_eq!(crashed.metric("lost").await, 1.0);
     assert_eq!(crashed.paid_not_served().await.len(), 1);
+}
+
+#[actix_web::test]
+async fn the_same_request_under_an_expired_key_whose_answer_was_lost_is_re_accessed_not_paid_again() {
+    // The router died after the upstream settled; `reconcile` marked the payment
+    // `settled_response_lost` and the key was later collected (as GC would once it is terminal).
+    let crashed = kill_router_while_the_upstream_handles("/v2/siwx", "?seconds=1").await;
+    wait_until("the upstream to finish the paid handler", Duration::from_secs(20), async || {
+        crashed.stats().await["siwx_handled"] == 1
+    })
+    .await;
+    exec(&crashed.db, "UPDATE payments SET status = 'settled_response_lost'").await;
+    crashed.forget_key().await;
+
+    let resp = route_at(&crashed.client, &crashed.retrier.address, &crashed.agent, &crashed.key, &crashed.body).await;
+
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["recovery"], "reaccessed", "{env}");
+    assert_eq!(env["body"]["reaccessed"], true, "{env}");
+    let stats = crashed.stats().await;
+    assert_eq!(stats["siwx_reaccess"], 1, "{stats}");
+    assert_eq!(stats["payment_attempts"], 1, "{stats}");
+    crashed.assert_paid_once().await;
+    assert_eq!(count(&crashed.db, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await, 1);
+    // Served now: the same request under the key expired again is `already_paid`, never re-run.
+    crashed.forget_key().await;
+    let again = route_at(&crashed.client, &crashed.retrier.address, &crashed.agent, &crashed.key, &crashed.body).await;
+    assert_eq!(again.status(), 409);
+    assert_eq!(again.json::<Value>().await.unwrap()["code"], "already_paid");
+    assert_eq!(crashed.stats().await["siwx_reaccess"], 1);
+    crashed.assert_paid_once().await;
 }
