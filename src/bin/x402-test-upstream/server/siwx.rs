@@ -305,12 +305,12 @@ mod tests {
         let state = SiwxState::default();
         let signer = PrivateKeySigner::random();
         state.record_payment("/v2/siwx", signer.address());
-        let tampers: Vec<Box<dyn Fn(&mut Value)>> = vec![
-            Box::new(|p| p["nonce"] = json!("0000000000000000")),
-            Box::new(|p| p["issuedAt"] = json!("2020-01-01T00:00:00.000Z")),
-            Box::new(|p| p["chainId"] = json!("eip155:1")),
-            Box::new(|p| p["uri"] = json!("http://127.0.0.1:9/v2/other")),
-            Box::new(|p| p["address"] = json!(Address::repeat_byte(1).to_checksum(None))),
+        let tampers: [fn(&mut Value); 5] = [
+            |p| p["nonce"] = json!("0000000000000000"),
+            |p| p["issuedAt"] = json!("2020-01-01T00:00:00.000Z"),
+            |p| p["chainId"] = json!("eip155:1"),
+            |p| p["uri"] = json!("http://127.0.0.1:9/v2/other"),
+            |p| p["address"] = json!(Address::repeat_byte(1).to_checksum(None)),
         ];
         for tamper in tampers {
             let decl = state.declaration("127.0.0.1:9", "http", "/v2/siwx", NETWORK, Variant::Honest);
