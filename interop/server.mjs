@@ -5,6 +5,11 @@
 //     handler charges N of the authorized maximum with setSettlementOverrides)
 //   - x402 v1 routes through the legacy x402-express (402 JSON body / X-PAYMENT / X-PAYMENT-RESPONSE)
 // Both ask the facilitator given on the command line to verify and settle. Binds 127.0.0.1 only.
+// GET /v2/siwx is also protected by the official sign-in-with-x extension (@x402/extensions
+// 2.27.0: declareSIWxExtension + createSIWxResourceServerExtension, in-memory storage): a payer
+// whose payment settled may re-access it by sending SIGN-IN-WITH-X instead of paying. Its
+// handler waits ?ms=N (at most 10000) before answering, so that the driver can kill the router
+// that paid while the handler runs; GET /_stats counts handler runs and the extension's events.
 //
 //   node interop/server.mjs --token 0x… --facilitator-url http://127.0.0.1:PORT [--port 0]
 //   (or INTEROP_TOKEN / INTEROP_FACILITATOR_URL / INTEROP_SERVER_PORT; port 0 = any free port)
@@ -25,6 +30,13 @@ import { HTTPFacilitatorClient } from "@x402/core/server";
 import { ExactEvmScheme } from "@x402/evm/exact/server";
 import { UptoEvmScheme } from "@x402/evm/upto/server";
 import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
+import {
+  InMemorySIWxStorage,
+  createSIWxResourceServerExtension,
+  declareSIWxExtension,
+} from "@x402/extensions/sign-in-with-x";
+import { randomUUID } from "node:crypto";
+import { once } from "node:events";
 
 const NETWORK_V2 = "eip155:84532";
 const NETWORK_V1 = "base-sepolia"; // the same chain, by its v1 name
@@ -65,7 +77,18 @@ const ROUTES = [
     method: "GET", path: "/v2/upto", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
     description: "Metered: authorize the amount, charged ?used=N (x402 v2)",
   },
+  {
+    method: "GET", path: "/v2/siwx", x402_version: 2, amount: "10000", siwx: true,
+    description: "Weather report; payers may re-access it with sign-in-with-x (x402 v2)",
+  },
 ];
+
+// Listen first: the sign-in-with-x extension binds its challenges to this server's origin.
+const app = express();
+const server = app.listen(port, "127.0.0.1");
+server.on("error", (err) => fail(err.message));
+await once(server, "listening");
+const origin = `http://127.0.0.1:${server.address().port}`;
 
 // ---- v2: an x402ResourceServer with the EVM "exact" scheme; prices given as token amounts.
 const v2Routes = {};
@@ -75,11 +98,26 @@ for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
     accepts: { scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: PAY_TO, price: { amount: r.amount, asset, extra } },
     description: r.description,
     mimeType: "application/json",
+    ...(r.siwx
+      ? { extensions: declareSIWxExtension({ statement: "Sign in to re-access what you paid for", expirationSeconds: 300 }) }
+      : {}),
   };
 }
+// Counters of the sign-in-with-x route and extension, for GET /_stats.
+const siwxStats = { handler_runs: 0, handler_runs_signed_in: 0, payment_recorded: 0, access_granted: 0, validation_failed: 0, nonce_reused: 0 };
 const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: facilitatorUrl }))
   .register(NETWORK_V2, new ExactEvmScheme())
-  .register(NETWORK_V2, new UptoEvmScheme());
+  .register(NETWORK_V2, new UptoEvmScheme())
+  .registerExtension(
+    createSIWxResourceServerExtension({
+      origin,
+      storage: new InMemorySIWxStorage(),
+      onEvent: (event) => {
+        if (event.type in siwxStats) siwxStats[event.type] += 1;
+        emit({ siwx_event: event });
+      },
+    }),
+  );
 const v2Http = new x402HTTPResourceServer(resourceServer, v2Routes);
 
 // ---- v1: the legacy middleware; price = atomic amount of an explicit asset.
@@ -156,12 +194,12 @@ function wireLog(req, res, next) {
   next();
 }
 
-const app = express();
 app.disable("x-powered-by");
 app.use(express.json({ limit: "256kb" }));
 app.use(wireLog);
 app.get("/healthz", (_req, res) => res.json({ ok: true }));
 app.get("/free", (_req, res) => res.json({ free: true }));
+app.get("/_stats", (_req, res) => res.json({ siwx: siwxStats }));
 app.use(v1PaymentMiddleware(PAY_TO, v1Routes, { url: facilitatorUrl }));
 app.use(paymentMiddlewareFromHTTPServer(v2Http));
 
@@ -175,6 +213,17 @@ app.get("/v2/upto", (req, res) => {
   setSettlementOverrides(res, { amount: used });
   res.json({ x402Version: 2, upto: true, charged: used });
 });
+// Paid, or re-accessed by a signed-in payer (the extension granted access: no payment).
+app.get("/v2/siwx", async (req, res) => {
+  const ms = Math.max(0, Math.min(Number.parseInt(String(req.query.ms ?? "0"), 10) || 0, 10000));
+  const signedIn = req.header("sign-in-with-x") !== undefined;
+  const answerId = randomUUID();
+  emit({ handling: "/v2/siwx", answer_id: answerId, signed_in: signedIn, ms });
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  siwxStats.handler_runs += 1;
+  if (signedIn) siwxStats.handler_runs_signed_in += 1;
+  res.json({ ...forecast(2), answer_id: answerId, signed_in: signedIn });
+});
 
 // Sync with the facilitator (GET /supported) and validate the v2 routes before saying ready.
 try {
@@ -183,22 +232,18 @@ try {
   fail(`cannot initialise against the facilitator at ${facilitatorUrl}: ${err instanceof Error ? err.message : err}`);
 }
 
-const server = app.listen(port, "127.0.0.1", () => {
-  const url = `http://127.0.0.1:${server.address().port}`;
-  process.stdout.write(
-    `${JSON.stringify({
-      ready: "server",
-      url,
-      pay_to: PAY_TO,
-      asset,
-      facilitator: facilitatorUrl,
-      routes: ROUTES.map(({ method, path, x402_version, amount, scheme }) => ({
-        method, path, x402_version, amount, scheme: scheme ?? "exact",
-      })),
-    })}\n`,
-  );
-});
-server.on("error", (err) => fail(err.message));
+process.stdout.write(
+  `${JSON.stringify({
+    ready: "server",
+    url: origin,
+    pay_to: PAY_TO,
+    asset,
+    facilitator: facilitatorUrl,
+    routes: ROUTES.map(({ method, path, x402_version, amount, scheme }) => ({
+      method, path, x402_version, amount, scheme: scheme ?? "exact",
+    })),
+  })}\n`,
+);
 for (const sig of ["SIGTERM", "SIGINT"]) {
   process.on(sig, () => {
     server.close(() => process.exit(0));

@@ -13,6 +13,10 @@
 //!   `Retry-After` (the original is still in flight upstream); 409, 402 or anything else stop.
 //! - otherwise nothing is sent: settled, response lost.
 //!
+//! When this recovers nothing, `relay` may still re-access the resource by signing in as
+//! the payer (Sign-In-With-X, `relay/reaccess.rs`): a new execution, and a signature, which is
+//! why it lives there and not here.
+//!
 //! **This module cannot sign.** It takes no application state, configuration or key, names
 //! no signing code (`x402::sign`, `x402::payload`, `x402::nonce`), and only re-sends header
 //! bytes read from the ledger. `tests/api/structure.rs` holds it to that.
@@ -55,7 +59,10 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, String> {
 }
 
 /// The stored request, ready to be sent again; `None` when the row predates the columns.
-fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, String> {
+///
+/// # Errors
+/// A stored part that no longer parses (never for rows this version wrote).
+pub fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, String> {
     let (Some(method), Some(url), Some(headers)) = (&row.request_method, &row.request_url, &row.request_headers) else {
         return Ok(None);
     };

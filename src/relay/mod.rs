@@ -17,6 +17,7 @@ pub mod error;
 pub mod outcome;
 pub mod pay;
 mod pending;
+pub mod reaccess;
 pub mod record;
 pub mod request;
 

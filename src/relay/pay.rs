@@ -359,6 +359,29 @@ pub async fn resume(
         record_charged(state, own.agent_id, intent.id, &signed, charged).await?;
         let tx_hash = proven.map(|p| p.tx_hash.to_string()).or(intent.tx_hash.clone());
         if mode == Resume::KeyReused {
+            // Paid before the key expired. If that call was never served (its answer lost),
+            // a sign-in may still re-access what was paid for; a served one is never re-run.
+            let unserved = matches!(
+                intent.status,
+                PaymentStatus::SettledResponseLost
+                    | PaymentStatus::Signed
+                    | PaymentStatus::Unknown
+                    | PaymentStatus::Rejected
+            );
+            if unserved {
+                let mut log = intent
+                    .recovery
+                    .as_ref()
+                    .and_then(|r| r.get("attempts"))
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let again = super::reaccess::reaccess(state, &intent, deadline).await;
+                log.extend(again.log);
+                if let Some(resp) = again.answer {
+                    return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
+                }
+            }
             state.metrics.payments.with_label_values(&["already_paid"]).inc();
             let previous_receipt = {
                 let mut conn = super::error::conn(&state.pool).await?;
@@ -372,9 +395,9 @@ pub async fn resume(
         // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
         let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
         let kind = recovery.kind();
-        state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
         if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
+            state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
             state.metrics.payments.with_label_values(&["recovered"]).inc();
             tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                 "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
@@ -385,6 +408,19 @@ pub async fn resume(
             let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
             return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
         }
+        // Nothing came back: for a GET/HEAD whose 402 advertised sign-in-with-x, sign in as
+        // the payer and run the request again (a new execution, never a payment).
+        let mut log = match note.log {
+            Value::Array(log) => log,
+            other => vec![other],
+        };
+        let again = super::reaccess::reaccess(state, &intent, deadline).await;
+        log.extend(again.log);
+        if let Some(resp) = again.answer {
+            return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
+        }
+        let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+        state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
@@ -453,6 +489,32 @@ pub async fn resume(
         Attempt { id: intent.id, ..attempt }
     };
     exchange(state, own, call, &attempt, deadline).await
+}
+
+/// A settled payment whose answer was lost, served again by signing in as the payer: a new
+/// execution, recorded as a completed call whose payment says `recovery: "reaccessed"`.
+#[expect(clippy::too_many_arguments, reason = "the parts of one recorded re-access")]
+fn reaccessed(
+    state: &AppState,
+    own: &Ownership,
+    version: X402Version,
+    signed: &SignedPayment,
+    id: Uuid,
+    tx_hash: Option<String>,
+    resp: UpstreamResponse,
+    log: Vec<Value>,
+) -> Outcome {
+    let kind = crate::payments::RecoveryKind::Reaccessed;
+    state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+    state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
+    tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
+        "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
+    let status = PaymentStatus::Settled;
+    let mut shown = describe(version, signed, status, tx_hash.as_deref());
+    shown["recovery"] = json!(kind.as_str());
+    let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+    let ledger = Final { id, status, tx_hash, error: None, recovery: Some(note) };
+    Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
 }
 
 /// Signs `requirement` and builds the header of `version`.

@@ -14,9 +14,12 @@
 //!    [`nonce::payment_identifier_id`] when the upstream advertises `payment-identifier`.
 //! 6. [`wire::parse_settlement`] / [`wire::refusal_reasons`]: what the upstream claims.
 //! 7. [`chain::Chain`]: what the chain says (`authorizationState`, transaction receipts).
+//! 8. [`siwx`]: Sign-In-With-X, re-accessing a resource already paid for when its answer was
+//!    lost (a sign-in message signed with EIP-191; it cannot sign a payment).
 //!
 //! Module map: [`network`] (CAIP-2 ids and v1 names), [`wire`] (message formats), [`select`](mod@select)
-//! (policy), [`nonce`] (HMAC derivations), [`sign`] (EIP-3009/EIP-712), [`chain`] (RPC reads),
+//! (policy), [`nonce`] (HMAC derivations), [`sign`] (EIP-3009/EIP-712), [`siwx`] (sign-in messages),
+//! [`chain`] (RPC reads),
 //! [`rpc`] (several URLs per network: fallback, retry, a chain-id check per URL).
 //! Nothing here touches the database, HTTP routing or configuration loading.
 
@@ -29,6 +32,7 @@ pub mod rpc;
 pub mod select;
 pub mod sign;
 pub mod signed;
+pub mod siwx;
 pub mod wire;
 
 pub use chain::{Chain, ChainError};

@@ -224,12 +224,16 @@ fn the_layers_depend_only_downwards() {
 /// Recovery of a lost answer (issue 16) re-sends what the ledger holds and can never make a
 /// new payment: neither it nor anything it reaches (transitively) names the signing code,
 /// the application state or the configuration (the holders of the wallet key), and its own
-/// code names no signer. Fails as soon as a path from `recovery` to a signature appears.
+/// code names no signer (neither the payment signer nor the sign-in signer of `x402::siwx`).
+/// Fails as soon as a path from `recovery` to a signature appears.
 #[test]
 fn recovery_cannot_reach_anything_that_signs() {
     let graph = module_graph();
     let m = |p: &str| -> Module { p.split("::").map(str::to_owned).collect() };
-    let forbidden = [m("x402::sign"), m("x402::payload"), m("x402::nonce"), m("state"), m("relay"), m("startup")];
+    // `x402::siwx` signs sign-in messages (re-access, issue 16): relay calls it, recovery must
+    // not reach it either.
+    let forbidden =
+        [m("x402::sign"), m("x402::siwx"), m("x402::payload"), m("x402::nonce"), m("state"), m("relay"), m("startup")];
     // The x402 root re-exports `sign_authorization`, and `Config` holds the wallet key:
     // recovery names neither (the upstream client below it reads only `UpstreamConfig`).
     let direct = graph.get(&m("recovery")).cloned().unwrap_or_default();
@@ -251,7 +255,19 @@ fn recovery_cannot_reach_anything_that_signs() {
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/recovery.rs");
     let code = code_of(&std::fs::read_to_string(src).unwrap());
-    for name in ["sign_authorization", "signer", "Signer", "AppState", "Config", "nonce_secret", "alloy::signers"] {
+    for name in [
+        "sign_authorization",
+        "sign_in",
+        "siwx",
+        "signer",
+        "Signer",
+        "sign_hash",
+        "sign_message",
+        "AppState",
+        "Config",
+        "nonce_secret",
+        "alloy::signers",
+    ] {
         assert!(!code.contains(name), "src/recovery.rs names `{name}`: recovery must not be able to sign");
     }
 }

@@ -35,6 +35,14 @@ pub struct RouteStats {
     pub pid_conflicts: u64,
     /// Times the paid handler of `/v2/pid` completed (its answer stored in the cache).
     pub pid_completed: u64,
+    /// Sign-in-with-x routes: paid handler runs that completed; requests carrying
+    /// `SIGN-IN-WITH-X`; sign-ins refused; handler runs granted by a sign-in (re-access).
+    pub siwx_handled: u64,
+    pub siwx_sign_ins: u64,
+    pub siwx_refused: u64,
+    pub siwx_reaccess: u64,
+    /// `answer_id` of the last answer of a sign-in-with-x route (paid or re-accessed).
+    pub last_answer_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]

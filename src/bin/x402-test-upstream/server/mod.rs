@@ -32,6 +32,7 @@ mod permit2_routes;
 mod pid_cache;
 mod respond;
 mod routes;
+mod siwx;
 
 use paid_routes::*;
 use respond::*;
@@ -68,6 +69,8 @@ struct AppState {
     reprices: Arc<std::sync::atomic::AtomicU64>,
     /// The payment-identifier response cache of `/v2/pid` (shared by all workers).
     pid_cache: pid_cache::PidCache,
+    /// Sign-in-with-x challenges and payers of `/v2/siwx` and `/v2/pid-siwx`.
+    siwx: siwx::SiwxState,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -137,6 +140,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let kept = Arc::new(Mutex::new(Vec::new()));
     let reprices = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let pid_cache = pid_cache::PidCache::default();
+    let siwx_state = siwx::SiwxState::default();
     let server = HttpServer::new(move || {
         // One provider per worker: its connection pool lives on that worker's runtime.
         let chain = Chain::connect(rpc_url.clone(), signer.clone(), rpc_timeout);
@@ -155,6 +159,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             kept: kept.clone(),
             reprices: reprices.clone(),
             pid_cache: pid_cache.clone(),
+            siwx: siwx_state.clone(),
         };
         let mut app = App::new()
             .app_data(web::Data::new(state))

@@ -48,7 +48,7 @@ pub(super) async fn paid(req: HttpRequest, body: Bytes, state: web::Data<AppStat
             Ok(seconds) => seconds,
             Err(message) => return bad_request(&message),
         },
-        Behaviour::PaymentIdentifier => match query.seconds_or(0) {
+        Behaviour::PaymentIdentifier | Behaviour::Siwx | Behaviour::PidSiwx => match query.seconds_or(0) {
             Ok(seconds) => seconds,
             Err(message) => return bad_request(&message),
         },
@@ -71,6 +71,10 @@ pub(super) async fn paid_v2(
     query: &Query,
 ) -> HttpResponse {
     let offers = state.offers(spec.behaviour);
+    let (scheme, host) = {
+        let info = req.connection_info();
+        (info.scheme().to_owned(), info.host().to_owned())
+    };
     let required = |error: &str| wire::PaymentRequiredV2 {
         x402_version: 2,
         error: error.to_owned(),
@@ -80,8 +84,36 @@ pub(super) async fn paid_v2(
             mime_type: "application/json".into(),
         },
         accepts: offers.iter().map(|o| state.requirement_v2(o, query.max_timeout())).collect(),
-        extensions: (spec.behaviour == Behaviour::PaymentIdentifier).then(wire::payment_identifier_declaration),
+        extensions: extensions_of(spec, state, &scheme, &host, req.query_string()),
     };
+
+    // A signed-in payer of a sign-in-with-x route re-accesses it without paying.
+    if spec.behaviour.siwx()
+        && let Some(header) = req.headers().get("sign-in-with-x")
+    {
+        state.stats.update(spec.path, |s| s.siwx_sign_ins += 1);
+        let verdict = if siwx::refuses(req.query_string()) {
+            Err("this route refuses every sign-in (?siwx=refuse)".to_owned())
+        } else {
+            state.siwx.verify(header.as_bytes(), &host, &scheme, spec.path, &state.settings.network)
+        };
+        return match verdict {
+            Ok(address) => {
+                let answer_id = uuid::Uuid::new_v4().to_string();
+                tracing::info!(route = spec.path, %address, answer_id, "re-accessed by a signed-in payer");
+                state.stats.update(spec.path, |s| {
+                    s.siwx_reaccess += 1;
+                    s.last_answer_id = Some(answer_id.clone());
+                });
+                HttpResponse::Ok().json(json!({ "reaccessed": true, "answer_id": answer_id, "report": weather(spec) }))
+            }
+            Err(why) => {
+                tracing::info!(route = spec.path, why, "sign-in refused");
+                state.stats.update(spec.path, |s| s.siwx_refused += 1);
+                payment_required_v2(&required("sign-in refused"), json!({}))
+            }
+        };
+    }
 
     // Like the official v2 server: no header, or one that does not decode, is no payment.
     let payload =
@@ -103,7 +135,7 @@ pub(super) async fn paid_v2(
     let payer = Address::from_str(&payload.payload.authorization.from).ok();
 
     // The payment-identifier cache answers before anything is verified.
-    let cached_id = payment_id.filter(|_| spec.behaviour == Behaviour::PaymentIdentifier);
+    let cached_id = payment_id.filter(|_| spec.behaviour.payment_identifier());
     if let Some(id) = &cached_id {
         let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
         let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), body, header);
@@ -130,6 +162,24 @@ pub(super) async fn paid_v2(
         V2Answer::Answered(stored) => stored.response(),
         V2Answer::Other(r) => r,
     }
+}
+
+/// The `extensions` a v2 route advertises (a fresh sign-in-with-x challenge with every 402).
+fn extensions_of(spec: &RouteSpec, state: &AppState, scheme: &str, host: &str, query: &str) -> Option<Value> {
+    let mut ext = serde_json::Map::new();
+    if spec.behaviour.payment_identifier()
+        && let Value::Object(pid) = wire::payment_identifier_declaration()
+    {
+        ext.extend(pid);
+    }
+    if spec.behaviour.siwx() {
+        let variant = siwx::Variant::of(query);
+        let decl = state.siwx.declaration(host, scheme, spec.path, &state.settings.network, variant);
+        if let Value::Object(decl) = decl {
+            ext.extend(decl);
+        }
+    }
+    (!ext.is_empty()).then_some(Value::Object(ext))
 }
 
 /// A v2 paid request's answer: an answer of the route (cacheable), or a refusal or drop.
@@ -315,17 +365,30 @@ pub(super) async fn execute(
     match spec.behaviour {
         Behaviour::Weather | Behaviour::Multi => settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await,
         // Settles, then (with `?seconds=N`) is still handling the request for N s.
-        Behaviour::PaymentIdentifier => match settle(state, spec, auth, Duration::ZERO).await {
-            Ok(transaction) => {
-                tokio::time::sleep(wait).await;
-                Outcome::Answer {
-                    status: StatusCode::OK,
-                    body: json!({ "handled_for_seconds": seconds, "report": weather(spec) }),
-                    settlement: Some(Settled { transaction, payer }),
+        Behaviour::PaymentIdentifier | Behaviour::Siwx | Behaviour::PidSiwx => {
+            match settle(state, spec, auth, Duration::ZERO).await {
+                Ok(transaction) => {
+                    // Settled: this payer may sign in to re-access the path from now on.
+                    if spec.behaviour.siwx() {
+                        state.siwx.record_payment(spec.path, payer);
+                    }
+                    tokio::time::sleep(wait).await;
+                    let answer_id = uuid::Uuid::new_v4().to_string();
+                    if spec.behaviour.siwx() {
+                        state.stats.update(spec.path, |s| {
+                            s.siwx_handled += 1;
+                            s.last_answer_id = Some(answer_id.clone());
+                        });
+                    }
+                    Outcome::Answer {
+                        status: StatusCode::OK,
+                        body: json!({ "handled_for_seconds": seconds, "answer_id": answer_id, "report": weather(spec) }),
+                        settlement: Some(Settled { transaction, payer }),
+                    }
                 }
+                Err(refusal) => Outcome::Refused(refusal),
             }
-            Err(refusal) => Outcome::Refused(refusal),
-        },
+        }
         Behaviour::Hostile => {
             let body = json!({ "route": spec.path, "note": HOSTILE_NOTE, "report": weather(spec) });
             settle_then(state, spec, auth, StatusCode::OK, body).await

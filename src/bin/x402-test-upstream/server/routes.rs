@@ -26,6 +26,12 @@ pub enum Behaviour {
     /// settling before answering (the handler still running); `?conflict=true` answers 409
     /// to every re-send.
     PaymentIdentifier,
+    /// Like `PaymentIdentifier` without the cache, advertising `sign-in-with-x` (`siwx.rs`):
+    /// settles, records the payer for the path, waits `?seconds=N`, answers 200 with a unique
+    /// `answer_id`; a valid `SIGN-IN-WITH-X` of a payer runs the handler again without payment.
+    Siwx,
+    /// Both extensions: the payment-identifier cache and sign-in-with-x.
+    PidSiwx,
     /// 500 and no settlement.
     Error500,
     /// Settle first, then 500 carrying the settlement header.
@@ -73,6 +79,18 @@ pub enum Behaviour {
     /// `PAYMENT-REQUIRED.error` `permit2_allowance_required`, as the official facilitator
     /// answers a Permit2 requirement; with it, settles (EIP-3009) and answers like `Weather`.
     Permit2Gate,
+}
+
+impl Behaviour {
+    /// Advertises payment-identifier and answers re-sends from its cache.
+    pub fn payment_identifier(self) -> bool {
+        matches!(self, Self::PaymentIdentifier | Self::PidSiwx)
+    }
+
+    /// Advertises sign-in-with-x and accepts sign-ins of payers.
+    pub fn siwx(self) -> bool {
+        matches!(self, Self::Siwx | Self::PidSiwx)
+    }
 }
 
 /// The NUL-bearing strings of the hostile routes.
@@ -165,6 +183,27 @@ pub const ROUTES: &[RouteSpec] = &[
         version: Version::V2,
         behaviour: Behaviour::PaymentIdentifier,
         description: "Advertises payment-identifier; caches answers by id (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/siwx",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::Siwx,
+        description: "Advertises sign-in-with-x; payers may re-access by signing in (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/siwx-post",
+        method: Method::Post,
+        version: Version::V2,
+        behaviour: Behaviour::Siwx,
+        description: "POST, advertises sign-in-with-x (x402 v2)",
+    },
+    RouteSpec {
+        path: "/v2/pid-siwx",
+        method: Method::Get,
+        version: Version::V2,
+        behaviour: Behaviour::PidSiwx,
+        description: "Advertises payment-identifier (cached) and sign-in-with-x (x402 v2)",
     },
     RouteSpec {
         path: "/v2/hostile",
