@@ -7,7 +7,7 @@
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
 //! * `payments/`     the payment intent ledger: statuses, spend, storage.
 //! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,
-//!                  Sign-In-With-X sign-in messages (`x402::siwx`, used by `relay/reaccess.rs`).
+//!   Sign-In-With-X sign-in messages (`x402::siwx`, used by `relay/reaccess.rs`).
 //! * `money`, `clock` amounts in atomic units (one parser), the wall clock.
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
