@@ -115,6 +115,11 @@ pub struct Recovery {
 }
 
 impl Recovery {
+    /// Nothing tried, for the reason given.
+    pub fn skipped(why: &str) -> Self {
+        Self { ending: Ending::Lost, log: vec![json!({"action": "none", "why": why})], sends: 0 }
+    }
+
     pub fn kind(&self) -> RecoveryKind {
         match self.ending {
             Ending::Recovered { .. } => RecoveryKind::Recovered,
@@ -219,6 +224,21 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
     lost(log, sends)
 }
 
+/// Whether a recovery that ended lost with `log` may be worth trying again later: it was cut
+/// short while the upstream might still answer (its last attempt was a 503 "still in
+/// flight", a transport error, or the deadline). A refusal (409, 402), a wrong or
+/// unexpected answer, or nothing to re-send are final.
+pub fn worth_retrying(log: &[Value]) -> bool {
+    let Some(last) = log.last() else {
+        return false;
+    };
+    match last.get("action").and_then(Value::as_str) {
+        Some("resend") => last.get("error").is_some() || last.get("status").and_then(Value::as_u64) == Some(503),
+        Some("stop") => true,
+        _ => false,
+    }
+}
+
 /// `Retry-After` in seconds (an HTTP date is not honoured: 1 s), at most [`MAX_RETRY_AFTER`].
 fn retry_after(headers: &HeaderMap) -> Duration {
     headers
@@ -243,6 +263,20 @@ mod tests {
         assert_eq!(retry_after(&h), MAX_RETRY_AFTER);
         h.insert(RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after(&h), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_a_recovery_cut_short_is_worth_retrying() {
+        let retry = |log: Value| worth_retrying(log.as_array().unwrap());
+        assert!(!retry(json!([])));
+        assert!(!retry(json!([{"action": "none", "why": "not advertised"}])));
+        assert!(!retry(json!([{"action": "resend", "status": 409}])));
+        assert!(!retry(json!([{"action": "resend", "status": 402}])));
+        assert!(!retry(json!([{"action": "resend", "status": 200, "result": "refused"}])));
+        assert!(!retry(json!([{"action": "resend", "status": 503}, {"action": "resend", "status": 500}])));
+        assert!(retry(json!([{"action": "resend", "status": 503}])));
+        assert!(retry(json!([{"action": "resend", "error": "connection refused"}])));
+        assert!(retry(json!([{"action": "resend", "status": 503}, {"action": "stop", "why": "route deadline"}])));
     }
 
     #[test]

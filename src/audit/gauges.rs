@@ -1,7 +1,8 @@
 //! The payment ledger as Prometheus gauges, for the alert rules in `deploy/prometheus/`:
-//! paid-not-served payments, stuck intents, and how much of each agent's daily budget is
-//! used. A background task of every router reads them every [`REFRESH`] on one pooled
-//! connection (three read-only statements over the last 24 h of the ledger); a failed read
+//! paid-not-served payments, stuck intents, how recovery of lost answers ended, and how much
+//! of each agent's daily budget is used. A background task of every router reads them every
+//! [`REFRESH`] on one pooled connection (four read-only statements over the last 24 h of the
+//! ledger); a failed read
 //! keeps the last values and is logged at debug. The gauges only report.
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
 use crate::metrics::Metrics;
+use crate::payments::RecoveryKind;
 use crate::state::AppState;
 
 /// How often the ledger is read.
@@ -23,6 +25,14 @@ pub const STUCK_AFTER_SECS: i64 = 900;
 
 #[derive(QueryableByName)]
 struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct Outcome {
+    #[diesel(sql_type = Text)]
+    outcome: String,
     #[diesel(sql_type = BigInt)]
     n: i64,
 }
@@ -64,7 +74,19 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     )
     .load(conn)
     .await?;
+    let recoveries: Vec<Outcome> = diesel::sql_query(
+        "SELECT recovery->>'outcome' AS outcome, count(*) AS n FROM payments \
+          WHERE recovery IS NOT NULL AND updated_at > now() - interval '24 hours' \
+          GROUP BY 1",
+    )
+    .load(conn)
+    .await?;
     metrics.paid_not_served.set(paid_not_served.n as f64);
+    // Every outcome is reported, 0 included, so that a rate or an alert has a series.
+    for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
+        let n = recoveries.iter().find(|r| r.outcome == kind.as_str()).map_or(0, |r| r.n);
+        metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
+    }
     metrics.stuck_intents.set(stuck.n as f64);
     metrics.budget_used.reset();
     for b in budgets {

@@ -73,6 +73,19 @@ fn describe(version: X402Version, signed: &SignedAuthorization, status: PaymentS
     })
 }
 
+/// The envelope's `payment` object for a stored intent, in `status` (for answers recorded
+/// outside a route call, e.g. by `reconcile`).
+///
+/// # Errors
+/// A stored authorization or version that cannot be read.
+pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<Value, String> {
+    let signed: SignedAuthorization = serde_json::from_value(row.signed_authorization.clone())
+        .map_err(|e| format!("stored authorization unreadable: {e}"))?;
+    let version = X402Version::from_number(u64::try_from(row.x402_version).unwrap_or(0))
+        .ok_or_else(|| format!("stored x402 version {}", row.x402_version))?;
+    Ok(describe(version, &signed, status, tx_hash))
+}
+
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
 /// the 402 is the envelope's known part, and the call gets its receipt.
 fn stopped_after_402(
@@ -342,7 +355,11 @@ pub async fn resume(
         }
         // Paid, and the answer was lost: try to get it back without paying again
         // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
-        let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
+        let recovery = if state.config.recover_lost_answers {
+            crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await
+        } else {
+            crate::recovery::Recovery::skipped("recovery is disabled (RECOVER_LOST_ANSWERS=false)")
+        };
         let kind = recovery.kind();
         state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
