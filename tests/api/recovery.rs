@@ -525,3 +525,67 @@ async fn a_router_with_recovery_disabled_re_sends_nothing_at_takeover() {
     assert_eq!(err["payment"]["recovery"], "lost");
     assert_eq!(chain.stats().await["/v2/pid"]["payment_attempts"], 1, "nothing re-sent");
 }
+
+#[actix_web::test]
+async fn two_reconciles_at_once_re_send_and_record_a_lost_answer_once() {
+    let (cut, first) = cut_by_the_route_deadline("/v2/pid", "?seconds=4").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        cut.stats().await["pid_completed"] == 1
+    })
+    .await;
+
+    let spawn = || {
+        router_command()
+            .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true"])
+            .env("DATABASE_URL", &cut.db.url)
+            .env("X402_RPC_URLS", format!("eip155:84532={}", cut.chain.rpc_url))
+            .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let reports: Vec<Value> =
+        [a, b].into_iter().map(|c| serde_json::from_slice(&c.wait_with_output().unwrap().stdout).unwrap()).collect();
+
+    let sum = |field: &str| reports.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("recovered"), sum("resends")), (1, 1), "{reports:?}");
+    assert_eq!(cut.stats().await["payment_attempts"], 2, "one re-send in all");
+    cut.assert_recovered_by_reconcile(&first, 4).await;
+}
+
+#[actix_web::test]
+async fn reconcile_leaves_a_key_in_flight_to_its_takeover() {
+    // Router A dies while the upstream handles; nobody has retried yet: the key is in flight
+    // (abandoned). Reconcile marks the payment settled_response_lost but must not recover it
+    // beside a takeover that may start at any moment; the takeover recovers it.
+    let crashed = kill_router_while_the_upstream_handles("/v2/pid", "?seconds=1").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(20), async || {
+        crashed.stats().await["pid_completed"] == 1
+    })
+    .await;
+    wait_until("the key to be abandoned", Duration::from_secs(10), async || {
+        let sql = "SELECT count(*) AS n FROM idempotency_keys \
+                    WHERE status = 'in_flight' AND created_at < now() - interval '1600 milliseconds'";
+        count(&crashed.db, sql).await == 1
+    })
+    .await;
+    let out = router_command()
+        .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true", "--abandon-after-ms", "1500"])
+        .env("DATABASE_URL", &crashed.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", crashed.chain.rpc_url))
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    assert_eq!(report["settled_response_lost"], 1, "{report}");
+    assert_eq!((report["recovered"].as_u64(), report["resends"].as_u64()), (Some(0), Some(0)), "{report}");
+    assert_eq!(crashed.stats().await["payment_attempts"], 1);
+    let (status, env) = crashed.retry_until_final().await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["payment"]["recovery"], "recovered");
+    crashed.assert_paid_once().await;
+    assert_eq!(count(&crashed.db, "SELECT count(*) AS n FROM recovered_answers").await, 0, "the key's own answer");
+}
