@@ -589,3 +589,35 @@ async fn reconcile_leaves_a_key_in_flight_to_its_takeover() {
     crashed.assert_paid_once().await;
     assert_eq!(count(&crashed.db, "SELECT count(*) AS n FROM recovered_answers").await, 0, "the key's own answer");
 }
+
+#[actix_web::test]
+async fn a_paid_answer_lost_to_the_upstream_timeout_is_recovered_within_the_same_call() {
+    // The upstream settles and handles for 3 s; the router gives each upstream exchange
+    // 1.5 s (its route deadline is far): the paid answer is lost in transit, the chain shows
+    // the nonce used, and the same call re-sends the identical payment until the upstream's
+    // cache has the original answer.
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "recovery").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions { upstream_timeout_ms: 1500, extra: chain.router_extra(), ..Default::default() };
+    let router = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let client = reqwest::Client::new();
+    let body = json!({"url": chain.url("/v2/pid?seconds=3"), "max_amount": "10000"});
+
+    let resp = route_at(&client, &router.address, &agent, &new_key(), &body).await;
+
+    let status = resp.status().as_u16();
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["body"]["handled_for_seconds"], 3, "the original answer: {env}");
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(env["payment"]["recovery"], "recovered");
+    let stats = chain.stats().await["/v2/pid"].clone();
+    assert_eq!(stats["pid_completed"], 1, "the handler ran once: {stats}");
+    assert_eq!(stats["paid"], 1, "{stats}");
+    assert!(stats["pid_replays"].as_u64().unwrap() == 1, "{stats}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - alloy::primitives::U256::from(PRICE));
+    assert_eq!(env["payment"]["tx_hash"], stats["last_transaction"]);
+}
