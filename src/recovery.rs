@@ -10,7 +10,8 @@
 //!   re-send the byte-identical request with the byte-identical payment header. A 200 whose
 //!   `PAYMENT-RESPONSE.transaction` is the transaction the chain shows using this nonce is
 //!   the original answer (`recovered`); 503 is retried a bounded number of times, honouring
-//!   `Retry-After` (the original is still in flight upstream); 409, 402 or anything else stop.
+//!   `Retry-After` (the original is still in flight upstream), and so is a transport error
+//!   (after a second); 409, 402 or anything else stop.
 //! - otherwise nothing is sent: settled, response lost.
 //!
 //! **This module cannot sign.** It takes no application state, configuration or key, names
@@ -33,9 +34,11 @@ use crate::x402::chain::Chain;
 use crate::x402::network::Network;
 use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
 
-/// Most re-sends of one recovery (the first plus retries after 503); the route deadline
-/// bounds them too.
+/// Most re-sends of one recovery (the first plus retries after a 503 or a transport error);
+/// the deadline bounds them too.
 pub const MAX_SENDS: u32 = 10;
+/// The pause before a re-send that follows a transport error.
+const TRANSPORT_RETRY: Duration = Duration::from_secs(1);
 /// The longest `Retry-After` honoured between two re-sends; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -169,8 +172,12 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         let resp = match upstream.send(&request, std::slice::from_ref(&header), left.min(upstream.timeout())).await {
             Ok(r) => r,
             Err(e) => {
+                // The re-send is byte-identical and the upstream keys it by its id: trying
+                // again after a dropped or stalled connection can neither pay nor run twice.
                 log.push(json!({"action": "resend", "at": at, "error": e.to_string()}));
-                break;
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(TRANSPORT_RETRY.min(left)).await;
+                continue;
             }
         };
         let mut entry = json!({"action": "resend", "at": at, "status": resp.status});

@@ -556,7 +556,9 @@ async fn lost_answer(
     let time_left = remaining(deadline) >= MIN_RECOVERY_TIME;
     if status == PaymentStatus::SettledResponseLost && state.config.recover_lost_answers && time_left {
         let intent = match super::error::conn(&state.pool).await {
-            Ok(mut conn) => store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await.ok().flatten(),
+            Ok(mut conn) => {
+                store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await.ok().flatten()
+            }
             Err(_) => None,
         };
         if let Some(intent) = intent.filter(crate::recovery::can_resend) {

@@ -34,7 +34,11 @@ async fn kill_router_while_the_upstream_handles(path: &'static str, query: &str)
 }
 
 /// [`kill_router_while_the_upstream_handles`] with router B's route deadline.
-async fn kill_router_while_the_upstream_handles_with(path: &'static str, query: &str, retrier_deadline_ms: u64) -> Crashed {
+async fn kill_router_while_the_upstream_handles_with(
+    path: &'static str,
+    query: &str,
+    retrier_deadline_ms: u64,
+) -> Crashed {
     let chain = Devnet::start().await;
     let db = TestDb::new().await;
     let agent = create_agent(&db, "recovery").await;
@@ -359,7 +363,11 @@ impl Crashed {
         assert_eq!((again["recovered"].as_u64(), again["resends"].as_u64()), (Some(0), Some(0)), "{again}");
         assert_eq!(self.stats().await["payment_attempts"], before);
         assert_eq!(count(&self.db, "SELECT count(*) AS n FROM recovered_answers").await, 1);
-        assert_eq!(count(&self.db, "SELECT count(*) AS n FROM receipts").await, 2, "the first answer's and the recovered one's");
+        assert_eq!(
+            count(&self.db, "SELECT count(*) AS n FROM receipts").await,
+            2,
+            "the first answer's and the recovered one's"
+        );
         assert_eq!(self.own_payment().await, p);
     }
 
@@ -367,11 +375,17 @@ impl Crashed {
     /// gauges are read at start).
     async fn recovery_gauge(&self, outcome: &str) -> i64 {
         let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-        let router = RouterProcess::spawn(&self.db.url, &AppOptions { extra: self.chain.router_extra(), ..Default::default() }, &prefix).await;
+        let router = RouterProcess::spawn(
+            &self.db.url,
+            &AppOptions { extra: self.chain.router_extra(), ..Default::default() },
+            &prefix,
+        )
+        .await;
         let name = format!("x402_router_payments_recovery{{outcome=\"{outcome}\"}}");
         let mut value = None;
         wait_until("the ledger gauges", Duration::from_secs(10), async || {
-            let text = self.client.get(format!("{}/metrics", router.address)).send().await.unwrap().text().await.unwrap();
+            let text =
+                self.client.get(format!("{}/metrics", router.address)).send().await.unwrap().text().await.unwrap();
             value = text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok());
             value.is_some()
         })
