@@ -25,7 +25,7 @@ pub enum Command {
     Agents(AgentsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
     /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
-    Reconcile(ReconcileArgs),
+    Reconcile(Box<ReconcileArgs>),
     /// Offline receipt tools.
     Receipts(ReceiptsArgs),
     /// Serve the MCP tools (fetch, get_receipt, get_budget) on stdin/stdout, as a client of
