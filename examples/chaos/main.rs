@@ -376,10 +376,19 @@ impl Ctx {
             if matches!(attempt.await, Ok(true)) {
                 tokio::time::sleep(LATE_CACHE_WRITES).await;
                 let rkey = format!("chaos:idem:{{{}}}:{key}", self.agents[op.agent].0);
-                let client = redis::Client::open(self.redis_url.as_str())?;
-                let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("DEL").arg(rkey).query_async::<()>(&mut conn).await?;
-                return Ok(takeovers);
+                // Redis may be restarting (an injected fault): try until the deadline.
+                loop {
+                    let deleted = async {
+                        let client = redis::Client::open(self.redis_url.as_str())?;
+                        let mut conn = client.get_multiplexed_async_connection().await?;
+                        redis::cmd("DEL").arg(&rkey).query_async::<()>(&mut conn).await
+                    };
+                    match deleted.await {
+                        Ok(()) => return Ok(takeovers),
+                        Err(e) if Instant::now() >= deadline + LATE_CACHE_WRITES => return Err(e.into()),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }

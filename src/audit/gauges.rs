@@ -1,9 +1,9 @@
 //! The payment ledger as Prometheus gauges, for the alert rules in `deploy/prometheus/`:
 //! paid-not-served payments, stuck intents, how recovery of lost answers ended, and how much
 //! of each agent's daily budget is used. A background task of every router reads them every
-//! [`REFRESH`] on one pooled connection (four read-only statements over the last 24 h of the
-//! ledger); a failed read
-//! keeps the last values and is logged at debug. The gauges only report.
+//! [`REFRESH`] on one pooled connection (six read-only statements over the last 24 h of the
+//! ledger); a failed read keeps the last values and is logged at debug. The gauges only
+//! report.
 
 use std::time::Duration;
 
@@ -25,14 +25,6 @@ pub const STUCK_AFTER_SECS: i64 = 900;
 
 #[derive(QueryableByName)]
 struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
-struct Outcome {
-    #[diesel(sql_type = Text)]
-    outcome: String,
     #[diesel(sql_type = BigInt)]
     n: i64,
 }
@@ -74,17 +66,20 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     )
     .load(conn)
     .await?;
-    let recoveries: Vec<Outcome> = diesel::sql_query(
-        "SELECT recovery->>'outcome' AS outcome, count(*) AS n FROM payments \
-          WHERE recovery IS NOT NULL AND updated_at > now() - interval '24 hours' \
-          GROUP BY 1",
-    )
-    .load(conn)
-    .await?;
+    let mut recoveries = Vec::new();
+    for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
+        let n: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM payments \
+              WHERE recovery->>'outcome' = $1 AND updated_at > now() - interval '24 hours'",
+        )
+        .bind::<Text, _>(kind.as_str())
+        .get_result(conn)
+        .await?;
+        recoveries.push((kind, n.n));
+    }
     metrics.paid_not_served.set(paid_not_served.n as f64);
     // Every outcome is reported, 0 included, so that a rate or an alert has a series.
-    for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
-        let n = recoveries.iter().find(|r| r.outcome == kind.as_str()).map_or(0, |r| r.n);
+    for (kind, n) in recoveries {
         metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
     }
     metrics.stuck_intents.set(stuck.n as f64);
