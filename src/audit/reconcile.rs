@@ -46,13 +46,15 @@
 //! - Never twice: only a payment still `settled_response_lost` whose recovery record is
 //!   absent, or `lost` after an attempt cut short (503 "in flight", transport error,
 //!   deadline; [`crate::recovery::worth_retrying`]) and fewer than [`MAX_ROUNDS`] runs, is
-//!   tried; a 409, a 402 or a wrong answer is final. The final write is guarded by the
-//!   `updated_at` the run claimed, so two runs at once record one of them, and the answer's
-//!   primary key is the payment.
+//!   tried; a 409, a 402 or a wrong answer is final. A run first leases the payment
+//!   (`updated_at` set [`LEASE`] ahead, claimed only if not ahead already), so two runs at
+//!   once never re-send it both; the final write is guarded by the claimed value, and the
+//!   answer's primary key is the payment.
 //! - Never beside a takeover: a payment whose key is in flight (even abandoned) is left to
 //!   the takeover (which recovers by itself); the final write re-checks that under a share
 //!   lock on the idempotency row.
-//! - Bounded: at most `max_payments` payments and `budget` of time per run; each re-send
+//! - Bounded: at most `max_payments` payments re-sent and `budget` of time per run (a payment
+//!   with nothing to re-send is only recorded, once); each re-send
 //!   sequence is bounded by [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
 
 use std::str::FromStr;
@@ -99,12 +101,15 @@ pub const MAX_ROUNDS: usize = 3;
 /// The longest one payment's recovery may take in a run.
 pub const PER_PAYMENT: Duration = Duration::from_secs(30);
 
+/// How long a run holds a payment it recovers (longer than [`PER_PAYMENT`] plus the write).
+pub const LEASE: Duration = Duration::from_secs(90);
+
 /// What recovery of lost answers may do in one run.
 pub struct Recovering<'a> {
     pub upstream: &'a UpstreamClient,
     /// Signs the receipt of a recovered answer (the router's receipt key; never a payment).
     pub receipt_signer: &'a PrivateKeySigner,
-    /// Most payments one run tries to recover.
+    /// Most payments one run re-sends (payments with nothing to re-send are only recorded).
     pub max_payments: u64,
     /// How long one run may spend recovering, all payments together.
     pub budget: Duration,
@@ -363,6 +368,7 @@ async fn lost_answers(conn: &mut AsyncPgConnection, after: Option<Cursor>) -> Qu
           WHERE p.status = 'settled_response_lost' \
             AND p.created_at > now() - make_interval(hours => $1::int) \
             AND (p.recovery IS NULL OR p.recovery->>'outcome' = 'lost') \
+            AND p.updated_at <= now() \
             AND NOT EXISTS (SELECT 1 FROM idempotency_keys k \
                  WHERE k.agent_id = p.agent_id AND k.key = p.idempotency_key AND k.status = 'in_flight') \
             AND ($2::timestamptz IS NULL OR (p.created_at, p.id) > ($2, $3::uuid)) \
@@ -394,8 +400,11 @@ fn eligible(row: &PaymentRow) -> Option<Vec<Value>> {
     (rounds < MAX_ROUNDS && recovery::worth_retrying(&attempts)).then_some(attempts)
 }
 
-/// Claims `row` for this run: bumps `updated_at` if it is still what was read. The new value
-/// guards the final write, so of two runs at once only one records. `None`: taken meanwhile.
+/// Claims `row` for this run, as a lease: if it is still what was read and no other run holds
+/// it, sets `updated_at` [`LEASE`] into the future. A row whose `updated_at` lies ahead is
+/// leased: no other run claims it until then (a run that died loses it when it expires), so
+/// two runs never re-send the same payment at once. The claimed value guards the final write.
+/// `None`: taken (or leased) meanwhile.
 async fn claim(conn: &mut AsyncPgConnection, row: &PaymentRow) -> QueryResult<Option<DateTime<Utc>>> {
     #[derive(QueryableByName)]
     struct Claimed {
@@ -403,13 +412,15 @@ async fn claim(conn: &mut AsyncPgConnection, row: &PaymentRow) -> QueryResult<Op
         updated_at: DateTime<Utc>,
     }
     let claimed: Option<Claimed> = diesel::sql_query(
-        "UPDATE payments SET updated_at = clock_timestamp() \
+        "UPDATE payments SET updated_at = clock_timestamp() + make_interval(secs => $4::float8 / 1000) \
           WHERE agent_id = $1 AND id = $2 AND status = 'settled_response_lost' AND updated_at = $3 \
+            AND updated_at <= clock_timestamp() \
           RETURNING updated_at",
     )
     .bind::<SqlUuid, _>(row.agent_id)
     .bind::<SqlUuid, _>(row.id)
     .bind::<Timestamptz, _>(row.updated_at)
+    .bind::<BigInt, _>(millis(LEASE))
     .get_result(conn)
     .await
     .optional()?;
@@ -441,11 +452,14 @@ async fn recover_lost(
                 .optional()?;
             let Some(row) = row else { continue };
             let Some(earlier) = eligible(&row) else { continue };
-            if tried >= r.max_payments || Instant::now() >= run_deadline {
+            // Only payments that can be re-sent count toward the bounds: the others are
+            // recorded (nothing to try) without reaching any upstream.
+            let sends = recovery::can_resend(&row);
+            if sends && (tried >= r.max_payments || Instant::now() >= run_deadline) {
                 report.recovery_deferred += 1;
                 continue;
             }
-            tried += 1;
+            tried += u64::from(sends);
             let Some(claimed) = claim(conn, &row).await? else {
                 tracing::info!(payment.id = %row.id, "lost answer taken by another run meanwhile");
                 continue;
