@@ -54,8 +54,8 @@
 //!   the takeover (which recovers by itself); the final write re-checks that under a share
 //!   lock on the idempotency row.
 //! - Bounded: at most `max_payments` payments re-sent and `budget` of time per run (a payment
-//!   with nothing to re-send is only recorded, once); each re-send
-//!   sequence is bounded by [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
+//!   with nothing to re-send is only recorded, once); each payment's re-sends are bounded by
+//!   [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -65,8 +65,7 @@ use alloy::signers::local::PrivateKeySigner;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 use diesel::prelude::*;
-use diesel::sql_types::BigInt;
-use diesel::sql_types::{Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use serde_json::{Value, json};
