@@ -25,7 +25,7 @@ pub enum Command {
     Agents(AgentsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
     /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
-    Reconcile(ReconcileArgs),
+    Reconcile(Box<ReconcileArgs>),
     /// Offline receipt tools.
     Receipts(ReceiptsArgs),
     /// Transactions from the router's own wallet (ROUTER_PRIVATE_KEY).
@@ -93,12 +93,8 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "BIND", default_value = "127.0.0.1:8080")]
     pub bind: String,
-    /// The paying wallet's secp256k1 key, hex. Prefer --router-private-key-file.
-    #[arg(long, env = "ROUTER_PRIVATE_KEY", hide_env_values = true)]
-    pub router_private_key: Option<String>,
-    /// A file holding the paying wallet's key (hex).
-    #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
-    pub router_private_key_file: Option<String>,
+    #[command(flatten)]
+    pub key: KeyArgs,
     /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`; a network
     /// listed again gets another URL (fallback, in the order given).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
@@ -117,21 +113,8 @@ pub struct ServeArgs {
     /// Bearer token for /audit/* (unset: the audit API is disabled).
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
-    /// Allow upstreams on loopback/private/link-local addresses (local development and tests).
-    #[arg(long, env = "UPSTREAM_ALLOW_PRIVATE", default_value = "false")]
-    pub upstream_allow_private: String,
-    /// Comma-separated CIDRs that are allowed even though they are private (e.g. `10.1.2.0/24`).
-    #[arg(long, env = "UPSTREAM_ALLOW_CIDRS", default_value = "")]
-    pub upstream_allow_cidrs: String,
-    /// Upstream connect timeout, in ms.
-    #[arg(long, env = "UPSTREAM_CONNECT_TIMEOUT_MS", default_value = "5000")]
-    pub upstream_connect_timeout_ms: String,
-    /// Upstream timeout for one whole exchange (request and response body), in ms.
-    #[arg(long, env = "UPSTREAM_TIMEOUT_MS", default_value = "30000")]
-    pub upstream_timeout_ms: String,
-    /// Largest upstream response body the router accepts, in bytes.
-    #[arg(long, env = "UPSTREAM_MAX_RESPONSE_BYTES", default_value = "1048576")]
-    pub upstream_max_response_bytes: String,
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
     /// Largest POST /route request body, in bytes.
     #[arg(long, env = "REQUEST_MAX_BYTES", default_value = "262144")]
     pub request_max_bytes: String,
@@ -155,6 +138,11 @@ pub struct ServeArgs {
     /// default). A request cut off here stays in flight and is taken over by a retry.
     #[arg(long, env = "SHUTDOWN_TIMEOUT_SECS", default_value = "25")]
     pub shutdown_timeout_secs: String,
+    /// Recover a paid answer lost to a crash when a takeover finds its payment used: re-send
+    /// the stored request and payment byte for byte to an upstream that advertised
+    /// payment-identifier (never a new payment). `false`: such answers are reported lost.
+    #[arg(long, env = "RECOVER_LOST_ANSWERS", default_value = "true")]
+    pub recover_lost_answers: String,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,
@@ -217,6 +205,38 @@ pub enum AgentsCommand {
     },
 }
 
+/// The router's key (`serve`: the paying wallet and the receipt signer; `reconcile`: the
+/// receipt signer of recovered answers only).
+#[derive(Debug, Args, Clone)]
+pub struct KeyArgs {
+    /// The paying wallet's secp256k1 key, hex. Prefer --router-private-key-file.
+    #[arg(long, env = "ROUTER_PRIVATE_KEY", hide_env_values = true)]
+    pub router_private_key: Option<String>,
+    /// A file holding the paying wallet's key (hex).
+    #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
+    pub router_private_key_file: Option<String>,
+}
+
+/// How upstreams are reached (the SSRF policy and limits).
+#[derive(Debug, Args, Clone)]
+pub struct UpstreamArgs {
+    /// Allow upstreams on loopback/private/link-local addresses (local development and tests).
+    #[arg(long, env = "UPSTREAM_ALLOW_PRIVATE", default_value = "false")]
+    pub upstream_allow_private: String,
+    /// Comma-separated CIDRs that are allowed even though they are private (e.g. `10.1.2.0/24`).
+    #[arg(long, env = "UPSTREAM_ALLOW_CIDRS", default_value = "")]
+    pub upstream_allow_cidrs: String,
+    /// Upstream connect timeout, in ms.
+    #[arg(long, env = "UPSTREAM_CONNECT_TIMEOUT_MS", default_value = "5000")]
+    pub upstream_connect_timeout_ms: String,
+    /// Upstream timeout for one whole exchange (request and response body), in ms.
+    #[arg(long, env = "UPSTREAM_TIMEOUT_MS", default_value = "30000")]
+    pub upstream_timeout_ms: String,
+    /// Largest upstream response body the router accepts, in bytes.
+    #[arg(long, env = "UPSTREAM_MAX_RESPONSE_BYTES", default_value = "1048576")]
+    pub upstream_max_response_bytes: String,
+}
+
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
     #[command(flatten)]
@@ -234,6 +254,20 @@ pub struct ReconcileArgs {
     /// (the routers' IDEMPOTENCY_ABANDON_AFTER_MS).
     #[arg(long, env = "IDEMPOTENCY_ABANDON_AFTER_MS", default_value = "60000")]
     pub abandon_after_ms: String,
+    /// With the router's key (used only to sign the receipt of a recovered answer), also try
+    /// to recover answers lost after a settled payment (byte-identical re-send to upstreams
+    /// that advertised payment-identifier; never a new payment). Without it: no recovery.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// How upstreams are reached by recovery (the routers' settings).
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+    /// Most payments one run tries to recover.
+    #[arg(long, env = "RECONCILE_MAX_RECOVERIES", default_value = "50")]
+    pub max_recoveries: String,
+    /// Longest time one run spends recovering, in seconds.
+    #[arg(long, env = "RECONCILE_RECOVERY_SECS", default_value = "120")]
+    pub recovery_secs: String,
 }
 
 #[derive(Debug, Args)]
@@ -261,12 +295,8 @@ pub struct ApprovePermit2Args {
     /// The allowance, in the token's atomic units, or `max` (2^256-1, never decremented).
     #[arg(long, default_value = "max")]
     pub amount: String,
-    /// The paying wallet's secp256k1 key, hex. Prefer --router-private-key-file.
-    #[arg(long, env = "ROUTER_PRIVATE_KEY", hide_env_values = true)]
-    pub router_private_key: Option<String>,
-    /// A file holding the paying wallet's key (hex).
-    #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
-    pub router_private_key_file: Option<String>,
+    #[command(flatten)]
+    pub key: KeyArgs,
     /// Networks and their RPC URLs: `eip155:84532=http://…,…` (the routers' setting).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,

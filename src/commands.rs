@@ -152,11 +152,26 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
     let settings = reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after };
+    let receipt_signer = config::load_signer(&args.key)?;
+    let upstream_config = config::UpstreamConfig::from_args(&args.upstream)?;
+    let max_payments: u64 = config::parse_num("RECONCILE_MAX_RECOVERIES", &args.max_recoveries)
+        .map_err(|e| e.for_flag("max-recoveries"))?;
+    let budget: u64 =
+        config::parse_num("RECONCILE_RECOVERY_SECS", &args.recovery_secs).map_err(|e| e.for_flag("recovery-secs"))?;
     crate::telemetry::init(false);
+    let upstream = crate::upstream::UpstreamClient::new(&upstream_config).context("building the upstream client")?;
+    let recovering = receipt_signer.as_ref().map(|signer| reconcile::Recovering {
+        upstream: &upstream,
+        receipt_signer: signer,
+        max_payments,
+        budget: std::time::Duration::from_secs(budget),
+    });
     let chain = crate::x402::Chain::new(networks, timeout);
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let report = reconcile::run(&mut conn, &chain, &settings).await.context("reconciling payment intents")?;
+    let report = reconcile::run(&mut conn, &chain, &settings, recovering.as_ref())
+        .await
+        .context("reconciling payment intents")?;
     println!("{}", serde_json::to_string(&report)?);
     anyhow::ensure!(
         report.errors == 0,
@@ -176,7 +191,7 @@ pub async fn wallet(args: &crate::cli::WalletArgs) -> anyhow::Result<()> {
     let crate::cli::WalletCommand::ApprovePermit2(a) = &args.command;
     let rpc_urls = config::parse_rpc_urls(&a.x402_rpc_urls)?;
     let (assets, _) = config::configured_assets(&a.x402_assets, &rpc_urls)?;
-    let signer = config::signer_from(a.router_private_key.as_deref(), a.router_private_key_file.as_deref())?;
+    let signer = config::load_signer(&a.key)?.context("ROUTER_PRIVATE_KEY (or ROUTER_PRIVATE_KEY_FILE) is required")?;
     let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &a.x402_rpc_timeout_ms)?;
     let wait: u64 = a.wait_secs.trim().parse().ok().filter(|w| *w > 0).context("--wait-secs: expected seconds > 0")?;
     let request = crate::approve::Request::parse(&a.network, &a.asset, &a.amount, &rpc_urls, &assets)?;

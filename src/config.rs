@@ -14,7 +14,7 @@ use alloy::signers::local::PrivateKeySigner;
 use ipnet::IpNet;
 use url::Url;
 
-use crate::cli::{DatabaseArgs, ServeArgs};
+use crate::cli::{DatabaseArgs, KeyArgs, ServeArgs, UpstreamArgs};
 pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
@@ -155,6 +155,20 @@ pub struct UpstreamConfig {
     pub max_response_bytes: usize,
 }
 
+impl UpstreamConfig {
+    /// # Errors
+    /// The first malformed setting, naming it.
+    pub fn from_args(args: &UpstreamArgs) -> Result<Self, ConfigError> {
+        Ok(Self {
+            allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
+            allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
+            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
+            timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
+            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
+        })
+    }
+}
+
 /// What the router is willing to pay with.
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
@@ -222,6 +236,8 @@ pub struct Config {
     pub run_migrations: bool,
     /// Graceful shutdown limit (`SHUTDOWN_TIMEOUT_SECS`).
     pub shutdown_timeout: Duration,
+    /// Takeovers try to recover a lost paid answer (`RECOVER_LOST_ANSWERS`).
+    pub recover_lost_answers: bool,
 }
 
 /// USDC as deployed by Circle: the default `X402_ASSETS`.
@@ -284,7 +300,8 @@ impl Config {
             .map_err(|e| ConfigError::new("REDIS_URL", e))?;
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
-        let signer = load_signer(args)?;
+        let signer = load_signer(&args.key)?
+            .ok_or_else(|| ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"))?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
         let (assets, decimals) = configured_assets(&args.x402_assets, &rpc_urls)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
@@ -294,13 +311,7 @@ impl Config {
             }
             Some(t) => Some(Secret::new(t.to_owned())),
         };
-        let upstream = UpstreamConfig {
-            allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
-            allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
-            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
-            timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
-            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
-        };
+        let upstream = UpstreamConfig::from_args(&args.upstream)?;
         let idempotency = IdempotencyTiming {
             abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
             heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
@@ -347,6 +358,7 @@ impl Config {
                 "SHUTDOWN_TIMEOUT_SECS",
                 &args.shutdown_timeout_secs,
             )?),
+            recover_lost_answers: parse_bool("RECOVER_LOST_ANSWERS", &args.recover_lost_answers)?,
         })
     }
 }
@@ -473,17 +485,14 @@ fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
     Ok(v)
 }
 
-fn load_signer(args: &ServeArgs) -> Result<PrivateKeySigner, ConfigError> {
-    signer_from(args.router_private_key.as_deref(), args.router_private_key_file.as_deref())
-}
-
-/// The paying wallet from `ROUTER_PRIVATE_KEY` or the file `ROUTER_PRIVATE_KEY_FILE` names.
+/// The router's key from `ROUTER_PRIVATE_KEY` or `ROUTER_PRIVATE_KEY_FILE`; `None` when
+/// neither is set.
 ///
 /// # Errors
-/// Neither or both given, an unreadable file, or not a key (the key is never quoted).
-pub fn signer_from(key: Option<&str>, file: Option<&str>) -> Result<PrivateKeySigner, ConfigError> {
-    let (env, raw) = match (key, file) {
-        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.to_owned()),
+/// Both set, an unreadable file, or a value that is not a key.
+pub fn load_signer(args: &KeyArgs) -> Result<Option<PrivateKeySigner>, ConfigError> {
+    let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
+        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
@@ -495,12 +504,12 @@ pub fn signer_from(key: Option<&str>, file: Option<&str>) -> Result<PrivateKeySi
                 "set ROUTER_PRIVATE_KEY or ROUTER_PRIVATE_KEY_FILE, not both",
             ));
         }
-        (None, None) => {
-            return Err(ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"));
-        }
+        (None, None) => return Ok(None),
     };
     let hex = raw.trim();
-    PrivateKeySigner::from_str(hex).map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
+    PrivateKeySigner::from_str(hex)
+        .map(Some)
+        .map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
 }
 
 #[cfg(test)]

@@ -28,6 +28,10 @@ pub struct Metrics {
     /// Takeovers that found a payment settled and its answer lost:
     /// `x402_router_recoveries_total{outcome}`, outcome `recovered`, `reaccessed` or `lost`.
     pub recoveries: IntCounterVec,
+    /// `x402_router_payments_recovery{outcome}`: payments of the last 24 h by how recovery of
+    /// their lost answer ended (`recovered`, `reaccessed`, `lost`; takeovers and `reconcile`
+    /// alike), as `audit::gauges` last read the ledger.
+    pub recovery_outcomes: IntGaugeVec,
     /// Redis idempotency entries ignored because they failed authentication.
     pub cache_rejected: IntCounter,
     pub upstream_seconds: HistogramVec,
@@ -61,6 +65,13 @@ impl Metrics {
             IntCounterVec::new(Opts::new("x402_router_payments_total", "Payments by outcome"), &["outcome"])?;
         let recoveries = IntCounterVec::new(
             Opts::new("x402_router_recoveries_total", "Recoveries of paid answers that were lost, by outcome"),
+            &["outcome"],
+        )?;
+        let recovery_outcomes = IntGaugeVec::new(
+            Opts::new(
+                "x402_router_payments_recovery",
+                "Payments of the last 24 h whose lost answer recovery tried, by outcome (recovered, reaccessed, lost)",
+            ),
             &["outcome"],
         )?;
         let http_duration = HistogramVec::new(
@@ -122,6 +133,7 @@ impl Metrics {
         registry.register(Box::new(idempotency.clone()))?;
         registry.register(Box::new(payments.clone()))?;
         registry.register(Box::new(recoveries.clone()))?;
+        registry.register(Box::new(recovery_outcomes.clone()))?;
         registry.register(Box::new(cache_rejected.clone()))?;
         registry.register(Box::new(upstream_seconds.clone()))?;
         registry.register(Box::new(rpc_seconds.clone()))?;
@@ -150,6 +162,7 @@ impl Metrics {
             idempotency,
             payments,
             recoveries,
+            recovery_outcomes,
             upstream_seconds,
             rpc_seconds,
             rpc_endpoint_requests,

@@ -10,7 +10,8 @@
 //!   re-send the byte-identical request with the byte-identical payment header. A 200 whose
 //!   `PAYMENT-RESPONSE.transaction` is the transaction the chain shows using this nonce is
 //!   the original answer (`recovered`); 503 is retried a bounded number of times, honouring
-//!   `Retry-After` (the original is still in flight upstream); 409, 402 or anything else stop.
+//!   `Retry-After` (the original is still in flight upstream), and so is a transport error
+//!   (after a second); 409, 402 or anything else stop.
 //! - otherwise nothing is sent: settled, response lost.
 //!
 //! When this recovers nothing, `relay` may still re-access the resource by signing in as
@@ -37,9 +38,11 @@ use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
 use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
 
-/// Most re-sends of one recovery (the first plus retries after 503); the route deadline
-/// bounds them too.
+/// Most re-sends of one recovery (the first plus retries after a 503 or a transport error);
+/// the deadline bounds them too.
 pub const MAX_SENDS: u32 = 10;
+/// The pause before a re-send that follows a transport error.
+const TRANSPORT_RETRY: Duration = Duration::from_secs(1);
 /// The longest `Retry-After` honoured between two re-sends; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -122,6 +125,11 @@ pub struct Recovery {
 }
 
 impl Recovery {
+    /// Nothing tried, for the reason given.
+    pub fn skipped(why: &str) -> Self {
+        Self { ending: Ending::Lost, log: vec![json!({"action": "none", "why": why})], sends: 0 }
+    }
+
     pub fn kind(&self) -> RecoveryKind {
         match self.ending {
             Ending::Recovered { .. } => RecoveryKind::Recovered,
@@ -171,8 +179,12 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         let resp = match upstream.send(&request, std::slice::from_ref(&header), left.min(upstream.timeout())).await {
             Ok(r) => r,
             Err(e) => {
+                // The re-send is byte-identical and the upstream keys it by its id: trying
+                // again after a dropped or stalled connection can neither pay nor run twice.
                 log.push(json!({"action": "resend", "at": at, "error": e.to_string()}));
-                break;
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(TRANSPORT_RETRY.min(left)).await;
+                continue;
             }
         };
         let mut entry = json!({"action": "resend", "at": at, "status": resp.status});
@@ -233,6 +245,21 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
     lost(log, sends)
 }
 
+/// Whether a recovery that ended lost with `log` may be worth trying again later: it was cut
+/// short while the upstream might still answer (its last attempt was a 503 "still in
+/// flight", a transport error, or the deadline). A refusal (409, 402), a wrong or
+/// unexpected answer, or nothing to re-send are final.
+pub fn worth_retrying(log: &[Value]) -> bool {
+    let Some(last) = log.last() else {
+        return false;
+    };
+    match last.get("action").and_then(Value::as_str) {
+        Some("resend") => last.get("error").is_some() || last.get("status").and_then(Value::as_u64) == Some(503),
+        Some("stop") => true,
+        _ => false,
+    }
+}
+
 /// `Retry-After` in seconds (an HTTP date is not honoured: 1 s), at most [`MAX_RETRY_AFTER`].
 fn retry_after(headers: &HeaderMap) -> Duration {
     headers
@@ -257,6 +284,20 @@ mod tests {
         assert_eq!(retry_after(&h), MAX_RETRY_AFTER);
         h.insert(RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after(&h), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_a_recovery_cut_short_is_worth_retrying() {
+        let retry = |log: Value| worth_retrying(log.as_array().unwrap());
+        assert!(!retry(json!([])));
+        assert!(!retry(json!([{"action": "none", "why": "not advertised"}])));
+        assert!(!retry(json!([{"action": "resend", "status": 409}])));
+        assert!(!retry(json!([{"action": "resend", "status": 402}])));
+        assert!(!retry(json!([{"action": "resend", "status": 200, "result": "refused"}])));
+        assert!(!retry(json!([{"action": "resend", "status": 503}, {"action": "resend", "status": 500}])));
+        assert!(retry(json!([{"action": "resend", "status": 503}])));
+        assert!(retry(json!([{"action": "resend", "error": "connection refused"}])));
+        assert!(retry(json!([{"action": "resend", "status": 503}, {"action": "stop", "why": "route deadline"}])));
     }
 
     #[test]

@@ -250,6 +250,39 @@ pub struct KeyPayment {
     pub tx_hash: Option<String>,
     #[diesel(sql_type = Timestamptz)]
     pub updated_at: DateTime<Utc>,
+    /// How recovery of a lost answer ended, when one was tried: `recovered`, `reaccessed`
+    /// or `lost`.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub recovery: Option<String>,
+    /// The answer `reconcile` got back after the key had been answered `settled_response_lost`
+    /// (the key's own answer is never rewritten): see [`KeyPayment::recovered_answer`].
+    #[serde(skip)]
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub recovered_receipt_id: Option<Uuid>,
+    #[serde(skip)]
+    #[diesel(sql_type = Nullable<Text>)]
+    pub recovered_kind: Option<String>,
+    #[serde(skip)]
+    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
+    pub recovered_http_status: Option<i32>,
+    #[serde(skip)]
+    #[diesel(sql_type = Nullable<diesel::sql_types::Bytea>)]
+    pub recovered_body: Option<Vec<u8>>,
+}
+
+impl KeyPayment {
+    /// `{"kind", "receipt_id", "http_status", "answer"}` of an answer recovered after the
+    /// key's final answer: `answer` is the `/route` envelope the agent would have had (the
+    /// upstream's original status, headers and body; `payment.recovery` says how it was got).
+    pub fn recovered_answer(&self) -> Option<serde_json::Value> {
+        let body = self.recovered_body.as_deref()?;
+        Some(serde_json::json!({
+            "kind": self.recovered_kind,
+            "receipt_id": self.recovered_receipt_id,
+            "http_status": self.recovered_http_status,
+            "answer": crate::relay::envelope::to_value(body),
+        }))
+    }
 }
 
 /// The payment of (agent, key), if one was signed. Never the signed authorization or its
@@ -264,9 +297,13 @@ pub async fn payment_for_key(
 ) -> QueryResult<Option<KeyPayment>> {
     use diesel::OptionalExtension;
     diesel::sql_query(
-        "SELECT idempotency_key, status, network, asset, amount::text AS amount, pay_to, nonce, valid_before, \
-                tx_hash, updated_at \
-           FROM payments WHERE agent_id = $1 AND idempotency_key = $2",
+        "SELECT p.idempotency_key, p.status, p.network, p.asset, p.amount::text AS amount, p.pay_to, p.nonce, \
+                p.valid_before, p.tx_hash, p.updated_at, p.recovery->>'outcome' AS recovery, \
+                a.receipt_id AS recovered_receipt_id, a.kind AS recovered_kind, \
+                a.http_status AS recovered_http_status, a.body AS recovered_body \
+           FROM payments p \
+           LEFT JOIN recovered_answers a ON a.agent_id = p.agent_id AND a.payment_id = p.id \
+          WHERE p.agent_id = $1 AND p.idempotency_key = $2",
     )
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)

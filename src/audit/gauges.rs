@@ -1,8 +1,9 @@
 //! The payment ledger as Prometheus gauges, for the alert rules in `deploy/prometheus/`:
-//! paid-not-served payments, stuck intents, and how much of each agent's daily budget is
-//! used. A background task of every router reads them every [`REFRESH`] on one pooled
-//! connection (three read-only statements over the last 24 h of the ledger); a failed read
-//! keeps the last values and is logged at debug. The gauges only report.
+//! paid-not-served payments, stuck intents, how recovery of lost answers ended, and how much
+//! of each agent's daily budget is used. A background task of every router reads them every
+//! [`REFRESH`] on one pooled connection (six read-only statements over the last 24 h of the
+//! ledger); a failed read keeps the last values and is logged at debug. The gauges only
+//! report.
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
 use crate::metrics::Metrics;
+use crate::payments::RecoveryKind;
 use crate::state::AppState;
 
 /// How often the ledger is read.
@@ -64,7 +66,22 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     )
     .load(conn)
     .await?;
+    let mut recoveries = Vec::new();
+    for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
+        let n: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM payments \
+              WHERE recovery->>'outcome' = $1 AND updated_at > now() - interval '24 hours'",
+        )
+        .bind::<Text, _>(kind.as_str())
+        .get_result(conn)
+        .await?;
+        recoveries.push((kind, n.n));
+    }
     metrics.paid_not_served.set(paid_not_served.n as f64);
+    // Every outcome is reported, 0 included, so that a rate or an alert has a series.
+    for (kind, n) in recoveries {
+        metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
+    }
     metrics.stuck_intents.set(stuck.n as f64);
     metrics.budget_used.reset();
     for b in budgets {

@@ -24,28 +24,64 @@
 //!   re-checks "no live owner" while holding a share lock on the idempotency row, so a
 //!   takeover that starts meanwhile either waits for the update or makes it a no-op. Running
 //!   reconcile twice, or from two cron hosts at once, is harmless.
-//! - Nothing is signed or sent: reconcile only reads the chain and writes statuses (and, for
-//!   a used `upto` authorization, lowers the reserved maximum to the amount the settling
-//!   transaction's `Transfer` logs show moved; when that transaction cannot be found, the
-//!   maximum stays charged).
+//! - No payment is signed: reconcile reads the chain, writes statuses (for a used `upto`
+//!   authorization it lowers the reserved maximum to the amount the settling transaction's
+//!   `Transfer` logs show moved; when that transaction cannot be found, the maximum stays
+//!   charged) and, with [`Recovering`], re-sends stored bytes (below).
 //! - "Older than the grace period" is measured from `updated_at` (the intent's last write,
 //!   e.g. a re-signing), not from its creation.
+//!
+//! ## Recovering lost answers (issue 16)
+//!
+//! With [`Recovering`] (the command is given the router's key for receipts), a second pass
+//! looks at `settled_response_lost` payments of the last [`RECOVERY_WINDOW_HOURS`] whose key
+//! has already been answered (or was removed by GC) and asks [`crate::recovery::recover`] for
+//! the upstream's original answer: a byte-identical re-send of the stored request and payment
+//! to an upstream that advertised `payment-identifier`; nothing is sent otherwise. It never
+//! signs a payment and never makes a new nonce (the recovery module cannot). A recovered
+//! answer is recorded in one transaction: the payment becomes `settled` with its recovery
+//! record, a signed receipt whose payment says `"recovery": "recovered"`, and the answer
+//! itself (`recovered_answers`), which the agent reads at `GET /payments?idempotency_key=`.
+//! The key's first final answer is **not** rewritten: replays of a key stay byte-identical
+//! (DESIGN.md §5), and the agent learns of the recovery from the payment, as it learns of
+//! every later fact of the ledger.
+//!
+//! - Never twice: only a payment still `settled_response_lost` whose recovery record is
+//!   absent, or `lost` after an attempt cut short (503 "in flight", transport error,
+//!   deadline; [`crate::recovery::worth_retrying`]) and fewer than [`MAX_ROUNDS`] runs, is
+//!   tried; a 409, a 402 or a wrong answer is final. A run first leases the payment
+//!   (`updated_at` set [`LEASE`] ahead, claimed only if not ahead already), so two runs at
+//!   once never re-send it both; the final write is guarded by the claimed value, and the
+//!   answer's primary key is the payment.
+//! - Never beside a takeover: a payment whose key is in flight (even abandoned) is left to
+//!   the takeover (which recovers by itself); the final write re-checks that under a share
+//!   lock on the idempotency row.
+//! - Bounded: at most `max_payments` payments re-sent and `budget` of time per run (a payment
+//!   with nothing to re-send is only recorded, once); each payment's re-sends are bounded by
+//!   [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use alloy::primitives::{Address, B256};
+use alloy::signers::local::PrivateKeySigner;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
-use diesel::prelude::QueryableByName;
-use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Cursor;
+use crate::db::schema::payments as payments_table;
+use crate::db::storable;
 use crate::money::Amount;
-use crate::payments::{self, PaymentStatus, PaymentStatus::*};
+use crate::payments::store::PaymentRow;
+use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind};
+use crate::recovery::{self, Ending};
+use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::{Chain, Network, SignedPayment};
 
 /// Intents read per batch.
@@ -59,6 +95,28 @@ const RECONCILED: [PaymentStatus; 5] = [Signed, Unknown, Unconfirmed, Rejected, 
 /// that a clock of this host running ahead of the chain's cannot expire one that a block
 /// could still carry.
 pub const EXPIRY_MARGIN_SECS: i64 = 60;
+
+/// Lost answers older than this are not tried any more (an upstream's answer cache is not
+/// expected to keep them longer; it also bounds the pass).
+pub const RECOVERY_WINDOW_HOURS: i64 = 24;
+/// Most reconcile runs that try to recover one payment.
+pub const MAX_ROUNDS: usize = 3;
+/// The longest one payment's recovery may take in a run.
+pub const PER_PAYMENT: Duration = Duration::from_secs(30);
+
+/// How long a run holds a payment it recovers (longer than [`PER_PAYMENT`] plus the write).
+pub const LEASE: Duration = Duration::from_secs(90);
+
+/// What recovery of lost answers may do in one run.
+pub struct Recovering<'a> {
+    pub upstream: &'a UpstreamClient,
+    /// Signs the receipt of a recovered answer (the router's receipt key; never a payment).
+    pub receipt_signer: &'a PrivateKeySigner,
+    /// Most payments one run re-sends (payments with nothing to re-send are only recorded).
+    pub max_payments: u64,
+    /// How long one run may spend recovering, all payments together.
+    pub budget: Duration,
+}
 
 /// What reconcile looks at.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +143,17 @@ pub struct Report {
     pub pending: u64,
     /// Intents the chain could not answer for (or with unreadable stored fields).
     pub errors: u64,
+    /// Lost answers recovered this run: the upstream's original answer, recorded with its
+    /// receipt for the agent.
+    pub recovered: u64,
+    /// Lost answers re-accessed this run (a new execution, SIWX; not done by reconcile yet).
+    pub reaccessed: u64,
+    /// Lost answers that recovery tried (or found nothing to try for) and did not get back.
+    pub recovery_lost: u64,
+    /// Requests re-sent to upstreams by recovery (byte-identical; never a new payment).
+    pub resends: u64,
+    /// Payments that could be tried but were left for a later run (the run's bounds).
+    pub recovery_deferred: u64,
 }
 
 #[derive(Debug, QueryableByName)]
@@ -231,13 +300,32 @@ fn decide(old: PaymentStatus, used: bool, served: bool, valid_before: i64, now: 
 ///
 /// # Errors
 /// Database errors (the run stops; updates already made stay made).
-pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Settings) -> QueryResult<Report> {
+pub async fn run(
+    conn: &mut AsyncPgConnection,
+    chain: &Chain,
+    settings: &Settings,
+    recovering: Option<&Recovering<'_>>,
+) -> QueryResult<Report> {
     let mut report = Report::default();
+    decide_all(conn, chain, settings, &mut report).await?;
+    if let Some(r) = recovering {
+        recover_lost(conn, chain, r, &mut report).await?;
+    }
+    Ok(report)
+}
+
+/// The first pass: every eligible intent's status, from the chain.
+async fn decide_all(
+    conn: &mut AsyncPgConnection,
+    chain: &Chain,
+    settings: &Settings,
+    report: &mut Report,
+) -> QueryResult<()> {
     let mut after = None;
     loop {
         let batch = candidates(conn, settings, after).await?;
         let Some(last) = batch.last() else {
-            return Ok(report);
+            return Ok(());
         };
         after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
@@ -288,9 +376,282 @@ pub async fn run(conn: &mut AsyncPgConnection, chain: &Chain, settings: &Setting
             }
         }
         if (batch.len() as i64) < BATCH {
-            return Ok(report);
+            return Ok(());
         }
     }
+}
+
+#[derive(Debug, QueryableByName)]
+struct LostRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    agent_id: Uuid,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+}
+
+/// One batch of `settled_response_lost` payments recovery may look at: in the window, with
+/// no recovery record or a lost one, and no key in flight (a takeover's business).
+async fn lost_answers(conn: &mut AsyncPgConnection, after: Option<Cursor>) -> QueryResult<Vec<LostRow>> {
+    diesel::sql_query(
+        "SELECT p.id, p.agent_id, p.created_at FROM payments p \
+          WHERE p.status = 'settled_response_lost' \
+            AND p.created_at > now() - make_interval(hours => $1::int) \
+            AND (p.recovery IS NULL OR p.recovery->>'outcome' = 'lost') \
+            AND p.updated_at <= now() \
+            AND NOT EXISTS (SELECT 1 FROM idempotency_keys k \
+                 WHERE k.agent_id = p.agent_id AND k.key = p.idempotency_key AND k.status = 'in_flight') \
+            AND ($2::timestamptz IS NULL OR (p.created_at, p.id) > ($2, $3::uuid)) \
+          ORDER BY p.created_at, p.id \
+          LIMIT $4",
+    )
+    .bind::<Integer, _>(i32::try_from(RECOVERY_WINDOW_HOURS).unwrap_or(24))
+    .bind::<Nullable<Timestamptz>, _>(after.map(|c| c.created_at))
+    .bind::<Nullable<SqlUuid>, _>(after.map(|c| c.id))
+    .bind::<BigInt, _>(BATCH)
+    .load(conn)
+    .await
+}
+
+/// The attempts recorded so far when `row` may be tried (again), else `None`: see the
+/// module's rules.
+fn eligible(row: &PaymentRow) -> Option<Vec<Value>> {
+    if row.status != SettledResponseLost {
+        return None;
+    }
+    let Some(rec) = &row.recovery else {
+        return Some(Vec::new());
+    };
+    if rec.get("outcome").and_then(Value::as_str) != Some(RecoveryKind::Lost.as_str()) {
+        return None;
+    }
+    let attempts = rec.get("attempts").and_then(Value::as_array).cloned().unwrap_or_default();
+    let rounds = attempts.iter().filter(|a| a.get("action").and_then(Value::as_str) == Some("round")).count();
+    (rounds < MAX_ROUNDS && recovery::worth_retrying(&attempts)).then_some(attempts)
+}
+
+/// Claims `row` for this run, as a lease: if it is still what was read and no other run holds
+/// it, sets `updated_at` [`LEASE`] into the future. A row whose `updated_at` lies ahead is
+/// leased: no other run claims it until then (a run that died loses it when it expires), so
+/// two runs never re-send the same payment at once. The claimed value guards the final write.
+/// `None`: taken (or leased) meanwhile.
+async fn claim(conn: &mut AsyncPgConnection, row: &PaymentRow) -> QueryResult<Option<DateTime<Utc>>> {
+    #[derive(QueryableByName)]
+    struct Claimed {
+        #[diesel(sql_type = Timestamptz)]
+        updated_at: DateTime<Utc>,
+    }
+    let claimed: Option<Claimed> = diesel::sql_query(
+        "UPDATE payments SET updated_at = clock_timestamp() + make_interval(secs => $4::float8 / 1000) \
+          WHERE agent_id = $1 AND id = $2 AND status = 'settled_response_lost' AND updated_at = $3 \
+            AND updated_at <= clock_timestamp() \
+          RETURNING updated_at",
+    )
+    .bind::<SqlUuid, _>(row.agent_id)
+    .bind::<SqlUuid, _>(row.id)
+    .bind::<Timestamptz, _>(row.updated_at)
+    .bind::<BigInt, _>(millis(LEASE))
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(claimed.map(|c| c.updated_at))
+}
+
+/// The second pass: tries to get back the lost answers it may, within the run's bounds.
+async fn recover_lost(
+    conn: &mut AsyncPgConnection,
+    chain: &Chain,
+    r: &Recovering<'_>,
+    report: &mut Report,
+) -> QueryResult<()> {
+    let run_deadline = Instant::now() + r.budget;
+    let mut tried = 0u64;
+    let mut after = None;
+    loop {
+        let batch = lost_answers(conn, after).await?;
+        let Some(last) = batch.last() else {
+            return Ok(());
+        };
+        after = Some(Cursor { created_at: last.created_at, id: last.id });
+        for lost in &batch {
+            let row: Option<PaymentRow> = payments_table::table
+                .find((lost.agent_id, lost.id))
+                .select(PaymentRow::as_select())
+                .first(conn)
+                .await
+                .optional()?;
+            let Some(row) = row else { continue };
+            let Some(earlier) = eligible(&row) else { continue };
+            // Only payments that can be re-sent count toward the bounds: the others are
+            // recorded (nothing to try) without reaching any upstream.
+            let sends = recovery::can_resend(&row);
+            if sends && (tried >= r.max_payments || Instant::now() >= run_deadline) {
+                report.recovery_deferred += 1;
+                continue;
+            }
+            tried += u64::from(sends);
+            let Some(claimed) = claim(conn, &row).await? else {
+                tracing::info!(payment.id = %row.id, "lost answer taken by another run meanwhile");
+                continue;
+            };
+            let deadline = run_deadline.min(Instant::now() + PER_PAYMENT);
+            let attempt = recovery::recover(r.upstream, chain, &row, deadline).await;
+            report.resends += u64::from(attempt.sends);
+            let kind = attempt.kind();
+            let mut log = earlier;
+            log.push(json!({"action": "round", "by": "reconcile", "at": Utc::now().to_rfc3339()}));
+            log.extend(attempt.log);
+            let note = json!({"outcome": kind.as_str(), "attempts": log});
+            let answer = match attempt.ending {
+                Ending::Recovered { resp, tx_hash } => Some((resp, tx_hash)),
+                Ending::Lost => None,
+            };
+            let written = record(conn, r.receipt_signer, &row, claimed, kind, &note, answer).await?;
+            if !written {
+                tracing::info!(payment.id = %row.id, "lost answer changed meanwhile; nothing recorded");
+                continue;
+            }
+            tracing::info!(payment.id = %row.id, agent_id = %row.agent_id, recovery = kind.as_str(),
+                sends = attempt.sends, "recovery of a lost answer recorded");
+            match kind {
+                RecoveryKind::Recovered => report.recovered += 1,
+                RecoveryKind::Reaccessed => report.reaccessed += 1,
+                RecoveryKind::Lost => report.recovery_lost += 1,
+            }
+        }
+        if (batch.len() as i64) < BATCH {
+            return Ok(());
+        }
+    }
+}
+
+/// Why a recovery could not be recorded.
+#[derive(Debug, thiserror::Error)]
+enum RecordError {
+    /// The payment or its key changed since the claim (or the key is in flight).
+    #[error("changed meanwhile")]
+    Changed,
+    #[error(transparent)]
+    Db(#[from] diesel::result::Error),
+}
+
+/// Records what recovery came to for `row`, in one transaction guarded by the claim and by
+/// a share lock on the key's idempotency row (none in flight): the recovery record and, for
+/// an answer, the payment `settled` with the proven transaction, a signed receipt that says
+/// how it was obtained, and the answer as `/route` would have given it. `false`: nothing
+/// written (changed meanwhile).
+async fn record(
+    conn: &mut AsyncPgConnection,
+    signer: &PrivateKeySigner,
+    row: &PaymentRow,
+    claimed: DateTime<Utc>,
+    kind: RecoveryKind,
+    note: &Value,
+    answer: Option<(UpstreamResponse, B256)>,
+) -> QueryResult<bool> {
+    let tx_hash = answer.as_ref().map(|(_, tx)| tx.to_string());
+    let status = if answer.is_some() { Settled } else { SettledResponseLost };
+    // Rendered before the transaction: the receipt is signed once.
+    let rendered = match &answer {
+        Some((resp, _)) => match render(signer, row, kind, resp, tx_hash.as_deref()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(payment.id = %row.id, error = %e, "a recovered answer cannot be recorded");
+                return Ok(false);
+            }
+        },
+        None => None,
+    };
+    let note = storable::json(note).into_owned();
+    let result = conn
+        .transaction::<_, RecordError, _>(async |c| {
+            let n = diesel::sql_query(
+                "WITH owner AS ( \
+                      SELECT status FROM idempotency_keys WHERE agent_id = $1 AND key = $3 FOR SHARE) \
+                 UPDATE payments p SET status = $4, tx_hash = COALESCE($5, p.tx_hash), recovery = $6, \
+                        updated_at = now() \
+                  WHERE p.agent_id = $1 AND p.id = $2 AND p.status = 'settled_response_lost' \
+                    AND p.updated_at = $7 \
+                    AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight')",
+            )
+            .bind::<SqlUuid, _>(row.agent_id)
+            .bind::<SqlUuid, _>(row.id)
+            .bind::<Text, _>(&row.idempotency_key)
+            .bind::<Text, _>(status)
+            .bind::<Nullable<Text>, _>(tx_hash.as_deref())
+            .bind::<Jsonb, _>(&note)
+            .bind::<Timestamptz, _>(claimed)
+            .execute(c)
+            .await?;
+            if n != 1 {
+                return Err(RecordError::Changed);
+            }
+            if let Some((receipt, http_status, body)) = &rendered {
+                crate::receipts::store::insert(c, receipt).await?;
+                diesel::sql_query(
+                    "INSERT INTO recovered_answers (agent_id, payment_id, kind, receipt_id, http_status, body) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind::<SqlUuid, _>(row.agent_id)
+                .bind::<SqlUuid, _>(row.id)
+                .bind::<Text, _>(kind.as_str())
+                .bind::<SqlUuid, _>(receipt.id)
+                .bind::<Integer, _>(i32::from(*http_status))
+                .bind::<Bytea, _>(body)
+                .execute(c)
+                .await?;
+            }
+            Ok(())
+        })
+        .await;
+    match result {
+        Ok(()) => Ok(true),
+        Err(RecordError::Changed) => Ok(false),
+        Err(RecordError::Db(e)) => Err(e),
+    }
+}
+
+/// The receipt and the `/route` answer (status, envelope bytes) of an answer recovery got.
+fn render(
+    signer: &PrivateKeySigner,
+    row: &PaymentRow,
+    kind: RecoveryKind,
+    resp: &UpstreamResponse,
+    tx_hash: Option<&str>,
+) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), String> {
+    use crate::idempotency::{Status, canonical};
+    use crate::relay::envelope;
+    let mut shown = crate::relay::pay::describe_row(row, Settled, tx_hash)?;
+    shown["recovery"] = json!(kind.as_str());
+    let receipt_id = Uuid::new_v4();
+    let (outcome, http_status, body) = if resp.status < 500 {
+        (Status::Completed, 200, envelope::envelope(resp, Some(&shown), receipt_id))
+    } else {
+        let msg = format!("upstream answered {}", resp.status);
+        let body = envelope::error_envelope(
+            crate::codes::Code::UpstreamFailed,
+            &msg,
+            Some(resp),
+            Some(&shown),
+            Some(receipt_id),
+        );
+        (Status::Errored, 502, body)
+    };
+    let draft = crate::receipts::Draft {
+        id: receipt_id,
+        agent_id: row.agent_id,
+        idempotency_key: row.idempotency_key.clone(),
+        request_hash: row.request_hash.clone(),
+        method: row.request_method.clone().unwrap_or_default(),
+        url: row.request_url.clone().unwrap_or_default(),
+        upstream_status: Some(i32::from(resp.status)),
+        upstream_body_sha256: canonical::sha256_hex(&resp.body),
+        payment: Some(shown),
+        outcome: outcome.as_str().to_owned(),
+    };
+    let receipt = draft.sign(signer).map_err(|e| format!("signing the receipt: {e}"))?;
+    Ok((receipt, http_status, body.to_bytes()))
 }
 
 #[cfg(test)]

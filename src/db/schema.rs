@@ -89,4 +89,17 @@ diesel::table! {
 }
 
 diesel::joinable!(payments -> agents (agent_id));
-diesel::allow_tables_to_appear_in_same_query!(payments, agents, receipts, idempotency_keys);
+
+diesel::table! {
+    recovered_answers (agent_id, payment_id) {
+        agent_id -> Uuid,
+        payment_id -> Uuid,
+        kind -> Text,
+        receipt_id -> Uuid,
+        http_status -> Int4,
+        body -> Bytea,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(payments, agents, receipts, idempotency_keys, recovered_answers);

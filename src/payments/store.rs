@@ -55,6 +55,8 @@ pub struct PaymentRow {
     /// What recovery of a lost answer came to: `{"outcome": "recovered" | "reaccessed" |
     /// "lost", "attempts": [...]}`.
     pub recovery: Option<Value>,
+    /// The intent's last write (a claim by `reconcile`'s recovery guards its record with it).
+    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl PaymentRow {

@@ -38,6 +38,9 @@ use crate::x402::{self, Network, Requirement, SignedPayment, X402Version};
 /// A stored authorization with less validity left than this is re-signed, not resent
 /// (the official facilitator wants `validBefore ≥ now + 6 s`).
 const MIN_VALIDITY_SECS: u64 = 30;
+/// Least time before the route deadline for recovering, within the call, an answer lost in
+/// transit.
+const MIN_RECOVERY_TIME: Duration = Duration::from_secs(1);
 /// How long to wait for a claimed settlement to become visible on-chain.
 const SETTLEMENT_POLLS: u32 = 10;
 const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -94,6 +97,19 @@ fn describe_charged(
         shown["amount"] = json!(charged.to_string());
     }
     shown
+}
+
+/// The envelope's `payment` object for a stored intent, in `status` (for answers recorded
+/// outside a route call, e.g. by `reconcile`).
+///
+/// # Errors
+/// A stored authorization or version that cannot be read.
+pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<Value, String> {
+    let signed: SignedPayment = serde_json::from_value(row.signed_authorization.clone())
+        .map_err(|e| format!("stored authorization unreadable: {e}"))?;
+    let version = X402Version::from_number(u64::try_from(row.x402_version).unwrap_or(0))
+        .ok_or_else(|| format!("stored x402 version {}", row.x402_version))?;
+    Ok(describe(version, &signed, status, tx_hash))
 }
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
@@ -393,7 +409,11 @@ pub async fn resume(
         }
         // Paid, and the answer was lost: try to get it back without paying again
         // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
-        let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
+        let recovery = if state.config.recover_lost_answers {
+            crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await
+        } else {
+            crate::recovery::Recovery::skipped("recovery is disabled (RECOVER_LOST_ANSWERS=false)")
+        };
         let kind = recovery.kind();
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
         if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
@@ -571,7 +591,7 @@ async fn exchange(
     let signed = &attempt.signed;
     faults::at(state.faults.as_ref(), Point::PaidAnswered).await;
     Ok(match sent {
-        Err(e) => lost_answer(state, attempt, &e).await,
+        Err(e) => lost_answer(state, own, attempt, &e, deadline).await,
         // A 402 carrying a settlement claim (`settlement_pending`) is no refusal: the money may
         // still move. The chain decides, within the deadline (relay/pending.rs).
         Ok(resp) if resp.status == 402 && super::pending::claims_settlement(&resp) => {
@@ -640,20 +660,62 @@ async fn exchange(
     })
 }
 
-/// The paid request got no answer: whether money moved is the chain's to say.
-async fn lost_answer(state: &AppState, attempt: &Attempt, e: &UpstreamError) -> Outcome {
+/// The paid request got no answer: whether money moved is the chain's to say. Used: the
+/// answer was lost in transit (a dropped connection, a timeout), and, while the route deadline
+/// allows, recovery asks an upstream that advertised `payment-identifier` for it again
+/// (byte-identical re-send; it cannot sign).
+async fn lost_answer(
+    state: &AppState,
+    own: &Ownership,
+    attempt: &Attempt,
+    e: &UpstreamError,
+    deadline: Instant,
+) -> Outcome {
     let status = match chain_used(state, &attempt.signed).await {
         Ok(true) => PaymentStatus::SettledResponseLost,
         // Not (yet) used: the upstream still holds a valid authorization until validBefore.
         _ => PaymentStatus::Unknown,
     };
+    let mut note = None;
+    // A call cut by the route deadline itself has no time left: `reconcile` tries later.
+    let time_left = remaining(deadline) >= MIN_RECOVERY_TIME;
+    if status == PaymentStatus::SettledResponseLost && state.config.recover_lost_answers && time_left {
+        let intent = match super::error::conn(&state.pool).await {
+            Ok(mut conn) => {
+                store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await.ok().flatten()
+            }
+            Err(_) => None,
+        };
+        if let Some(intent) = intent.filter(crate::recovery::can_resend) {
+            let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
+            let kind = recovery.kind();
+            state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+            let recorded = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
+            if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
+                state.metrics.payments.with_label_values(&["recovered"]).inc();
+                tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
+                    "the answer to a settled payment, lost in transit, was recovered by a byte-identical re-send");
+                let status = PaymentStatus::Settled;
+                let tx_hash = Some(tx_hash.to_string());
+                let mut shown = attempt.describe(status, tx_hash.as_deref());
+                shown["recovery"] = json!(kind.as_str());
+                let ledger = Final { id: attempt.id, status, tx_hash, error: None, recovery: Some(recorded) };
+                return Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) };
+            }
+            note = Some(recorded);
+        }
+    }
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
     let msg = match status {
         PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
-    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()), recovery: None };
-    let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
+    let mut shown = attempt.describe(status, None);
+    if let Some(n) = &note {
+        shown["recovery"] = json!(n.kind.as_str());
+    }
+    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()), recovery: note };
+    let payment = PaymentNote { shown, ledger: Some(ledger) };
     let code =
         if status == PaymentStatus::SettledResponseLost { Code::SettledResponseLost } else { Code::PaymentUnknown };
     Outcome::Failed(Failure::new(code, msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))

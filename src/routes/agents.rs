@@ -30,8 +30,9 @@ pub async fn receipts(
 }
 
 /// GET /payments?idempotency_key=K — the payment signed under one of the agent's keys, as the
-/// ledger has it now, and whether a new key is safe for that call (404: no payment was ever
-/// signed for the key, so nothing was paid under it).
+/// ledger has it now, whether a new key is safe for that call, and the answer `reconcile`
+/// recovered for it after the key was answered `settled_response_lost` (`recovered_answer`,
+/// else null). 404: no payment was ever signed for the key, so nothing was paid under it.
 pub async fn payment(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,
@@ -55,6 +56,7 @@ pub async fn payment(
     let mut body = serde_json::to_value(&p).map_err(|e| ApiError::Internal(e.into()))?;
     if let serde_json::Value::Object(map) = &mut body {
         map.insert("new_key_safe".into(), serde_json::Value::Bool(safe));
+        map.insert("recovered_answer".into(), p.recovered_answer().unwrap_or(serde_json::Value::Null));
     }
     Ok(HttpResponse::Ok().json(body))
 }

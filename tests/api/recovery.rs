@@ -34,7 +34,7 @@ struct Crashed {
 /// Sends `query` of `/v2/pid`-like `path` through router A, waits until the upstream settled
 /// (its handler still running), kills A with SIGKILL, and returns with router B ready.
 async fn kill_router_while_the_upstream_handles(path: &'static str, query: &str) -> Crashed {
-    kill_router_while_the_upstream_handles_a(Method::Get, path, query).await
+    kill_router(Method::Get, path, query, 30_000).await
 }
 
 #[derive(Clone, Copy)]
@@ -45,6 +45,19 @@ enum Method {
 
 /// [`kill_router_while_the_upstream_handles`] for a GET or a POST (with a JSON body).
 async fn kill_router_while_the_upstream_handles_a(method: Method, path: &'static str, query: &str) -> Crashed {
+    kill_router(method, path, query, 30_000).await
+}
+
+/// [`kill_router_while_the_upstream_handles`] with router B's route deadline.
+async fn kill_router_while_the_upstream_handles_with(
+    path: &'static str,
+    query: &str,
+    retrier_deadline_ms: u64,
+) -> Crashed {
+    kill_router(Method::Get, path, query, retrier_deadline_ms).await
+}
+
+async fn kill_router(method: Method, path: &'static str, query: &str, retrier_deadline_ms: u64) -> Crashed {
     let chain = Devnet::start().await;
     let db = TestDb::new().await;
     let agent = create_agent(&db, "recovery").await;
@@ -57,7 +70,8 @@ async fn kill_router_while_the_upstream_handles_a(method: Method, path: &'static
         ..Default::default()
     };
     let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
-    let retrier = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let retrier_opts = AppOptions { deadline_ms: retrier_deadline_ms, ..opts };
+    let retrier = RouterProcess::spawn(&db.url, &retrier_opts, &prefix).await;
     let router0 = chain.balance(ROUTER_ADDRESS).await;
     let client = reqwest::Client::new();
     let key = new_key();
@@ -74,7 +88,6 @@ async fn kill_router_while_the_upstream_handles_a(method: Method, path: &'static
     assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
     Crashed { chain, db, agent, key, body, retrier, client, router0, path, prefix }
 }
-
 impl Crashed {
     /// Retries the key on router B until it is no longer 409 in flight (the abandonment
     /// window passes), and returns the final answer.
@@ -123,9 +136,13 @@ impl Crashed {
     }
 
     async fn paid_not_served(&self) -> Vec<Value> {
+        self.audit_payments("paid_not_served").await
+    }
+
+    async fn audit_payments(&self, status: &str) -> Vec<Value> {
         let audit: Value = self
             .client
-            .get(format!("{}/audit/payments?status=paid_not_served", self.retrier.address))
+            .get(format!("{}/audit/payments?status={status}", self.retrier.address))
             .bearer_auth(OPERATOR)
             .send()
             .await
@@ -267,6 +284,390 @@ async fn the_request_as_sent_and_the_advertised_extensions_are_committed_with_th
            AND context->'extensions'->'payment-identifier'->'info'->>'id' LIKE 'pay_%'"
     );
     assert_eq!(count(db, &sql).await, 1);
+}
+
+// ---- Recovery in `x402-router reconcile` -------------------------------------------------
+
+/// Runs `x402-router reconcile` with recovery (the router's key for receipts, loopback
+/// upstreams allowed, no grace period) and returns its JSON line of counts.
+fn reconcile_with_recovery(db: &TestDb, chain: &Devnet) -> Value {
+    let out = router_command()
+        .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true"])
+        .env("DATABASE_URL", &db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "reconcile failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&stdout).unwrap()
+}
+
+/// A paid call cut off by the route deadline (1.5 s) while the upstream, which settled at
+/// once, is still handling it: the router sees the nonce used on-chain and the key's final
+/// answer is `settled_response_lost` (no takeover, so no recovery was tried).
+async fn cut_by_the_route_deadline(path: &'static str, query: &str) -> (Crashed, (u16, Value)) {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "recovery").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions {
+        deadline_ms: 1500,
+        extra: [chain.router_extra(), vec![("operator-token".into(), OPERATOR.into())]].concat(),
+        ..Default::default()
+    };
+    let retrier = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let client = reqwest::Client::new();
+    let key = new_key();
+    let body = json!({"url": chain.url(&format!("{path}{query}")), "max_amount": "10000"});
+    let resp = route_at(&client, &retrier.address, &agent, &key, &body).await;
+    let first = (resp.status().as_u16(), resp.json::<Value>().await.unwrap());
+    assert_eq!(first.1["code"], "settled_response_lost", "{}", first.1);
+    let sql = "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost' AND recovery IS NULL";
+    assert_eq!(count(&db, sql).await, 1);
+    (Crashed { chain, db, agent, key, body, retrier, client, router0, path, prefix }, first)
+}
+
+impl Crashed {
+    /// `GET /payments?idempotency_key=` as the agent.
+    async fn own_payment(&self) -> Value {
+        let url = format!("{}/payments?idempotency_key={}", self.retrier.address, self.key);
+        self.client.get(url).bearer_auth(&self.agent.key).send().await.unwrap().json().await.unwrap()
+    }
+
+    /// The key's answer now: it must still be its first final answer.
+    async fn replay(&self) -> (u16, Value) {
+        let resp = route_at(&self.client, &self.retrier.address, &self.agent, &self.key, &self.body).await;
+        assert_eq!(resp.headers().get("x-idempotent-replay").unwrap(), "true");
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    /// Checks the recovered answer `reconcile` recorded: the original, for the transaction
+    /// that used the nonce, with a receipt that says recovered; paid once, the key's own
+    /// answer unchanged; a second run does nothing.
+    async fn assert_recovered_by_reconcile(&self, first: &(u16, Value), handled_for: u64) {
+        let stats = self.stats().await;
+        let tx = stats["last_transaction"].as_str().unwrap().to_owned();
+        let p = self.own_payment().await;
+        assert_eq!(p["status"], "settled", "{p}");
+        assert_eq!(p["recovery"], "recovered", "{p}");
+        assert_eq!(p["tx_hash"], tx, "{p}");
+        let got = &p["recovered_answer"];
+        assert_eq!(got["kind"], "recovered", "{p}");
+        assert_eq!(got["http_status"], 200, "{p}");
+        let answer = &got["answer"];
+        assert_eq!(answer["status"], 200, "{p}");
+        assert_eq!(answer["body"]["handled_for_seconds"], handled_for, "the original answer: {p}");
+        assert_eq!(answer["payment"]["status"], "settled");
+        assert_eq!(answer["payment"]["recovery"], "recovered");
+        assert_eq!(answer["payment"]["tx_hash"], tx);
+        assert_eq!(answer["receipt_id"], got["receipt_id"]);
+        // Its receipt is the agent's, signed, and says recovered.
+        let receipt: Value = self
+            .client
+            .get(format!("{}/receipts/{}", self.retrier.address, got["receipt_id"].as_str().unwrap()))
+            .bearer_auth(&self.agent.key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(receipt["outcome"], "completed", "{receipt}");
+        assert_eq!(receipt["upstream_status"], 200, "{receipt}");
+        assert_eq!(receipt["payment"]["recovery"], "recovered", "{receipt}");
+        assert_eq!(receipt["signer"], ROUTER_ADDRESS.to_checksum(None), "{receipt}");
+        // The upstream's handler ran once; one identical re-send got its cached answer.
+        assert_eq!(stats["pid_completed"], 1, "{stats}");
+        self.assert_paid_once().await;
+        // Replays of the key stay byte-identical to its first final answer.
+        assert_eq!(&self.replay().await, first);
+        // Operators: served now (not in paid-not-served), and the ledger says what was tried.
+        assert!(self.paid_not_served().await.is_empty());
+        let settled = self.audit_payments("settled").await;
+        assert_eq!(settled.len(), 1, "{settled:?}");
+        let attempts = settled[0]["recovery"]["attempts"].as_array().unwrap().clone();
+        assert!(attempts.iter().any(|a| a["action"] == "round" && a["by"] == "reconcile"), "{attempts:?}");
+        assert_eq!(attempts.last().unwrap()["result"], "recovered", "{attempts:?}");
+
+        // Never twice: a second run finds nothing to do and sends nothing.
+        let before = self.stats().await["payment_attempts"].clone();
+        let again = reconcile_with_recovery(&self.db, &self.chain);
+        assert_eq!((again["recovered"].as_u64(), again["resends"].as_u64()), (Some(0), Some(0)), "{again}");
+        assert_eq!(self.stats().await["payment_attempts"], before);
+        assert_eq!(count(&self.db, "SELECT count(*) AS n FROM recovered_answers").await, 1);
+        assert_eq!(
+            count(&self.db, "SELECT count(*) AS n FROM receipts").await,
+            2,
+            "the first answer's and the recovered one's"
+        );
+        assert_eq!(self.own_payment().await, p);
+    }
+
+    /// `x402_router_payments_recovery{outcome}` of a freshly started router (the ledger
+    /// gauges are read at start).
+    async fn recovery_gauge(&self, outcome: &str) -> i64 {
+        let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+        let router = RouterProcess::spawn(
+            &self.db.url,
+            &AppOptions { extra: self.chain.router_extra(), ..Default::default() },
+            &prefix,
+        )
+        .await;
+        let name = format!("x402_router_payments_recovery{{outcome=\"{outcome}\"}}");
+        let mut value = None;
+        wait_until("the ledger gauges", Duration::from_secs(10), async || {
+            let text =
+                self.client.get(format!("{}/metrics", router.address)).send().await.unwrap().text().await.unwrap();
+            value = text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok());
+            value.is_some()
+        })
+        .await;
+        value.unwrap_or(-1)
+    }
+}
+
+#[actix_web::test]
+async fn reconcile_recovers_an_answer_cut_off_by_the_route_deadline_once() {
+    // The upstream settles, then handles for 8 s; the router's deadline cuts the call first.
+    let (cut, first) = cut_by_the_route_deadline("/v2/pid", "?seconds=8").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        cut.stats().await["pid_completed"] == 1
+    })
+    .await;
+
+    let report = reconcile_with_recovery(&cut.db, &cut.chain);
+
+    assert_eq!(report["recovered"], 1, "{report}");
+    assert_eq!(report["resends"], 1, "{report}");
+    let stats = cut.stats().await;
+    assert_eq!(stats["pid_replays"], 1, "{stats}");
+    assert_eq!(stats["payment_attempts"], 2, "the original and one identical re-send: {stats}");
+    cut.assert_recovered_by_reconcile(&first, 8).await;
+    assert_eq!(cut.recovery_gauge("recovered").await, 1);
+}
+
+#[actix_web::test]
+async fn a_takeover_cut_short_by_503s_is_recovered_by_a_later_reconcile() {
+    // The takeover (route deadline 2.5 s) only sees 503 "in flight" from the upstream, which
+    // handles the original for 10 s: settled, response lost, worth another try.
+    let crashed = kill_router_while_the_upstream_handles_with("/v2/pid", "?seconds=10", 2500).await;
+    let first = crashed.retry_until_final().await;
+    assert_eq!(first.0, 502, "{}", first.1);
+    assert_eq!(first.1["code"], "settled_response_lost");
+    assert_eq!(first.1["payment"]["recovery"], "lost");
+    assert!(crashed.stats().await["pid_in_flight"].as_u64().unwrap() >= 1);
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        crashed.stats().await["pid_completed"] == 1
+    })
+    .await;
+
+    let report = reconcile_with_recovery(&crashed.db, &crashed.chain);
+
+    assert_eq!(report["recovered"], 1, "{report}");
+    assert_eq!(report["resends"], 1, "{report}");
+    let p = crashed.own_payment().await;
+    // The takeover's 503s are kept in the record, before reconcile's round.
+    let settled = crashed.audit_payments("settled").await;
+    let attempts = settled[0]["recovery"]["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts[0]["status"], 503, "{attempts:?}");
+    assert_eq!(p["recovered_answer"]["answer"]["body"]["handled_for_seconds"], 10, "{p}");
+    crashed.assert_recovered_by_reconcile(&first, 10).await;
+}
+
+#[actix_web::test]
+async fn reconcile_re_sends_nothing_to_a_plain_upstream_and_says_what_it_tried() {
+    // /v2/slow-settle advertises no payment-identifier.
+    let (cut, first) = cut_by_the_route_deadline("/v2/slow-settle", "?seconds=8").await;
+
+    let report = reconcile_with_recovery(&cut.db, &cut.chain);
+
+    assert_eq!((report["recovered"].as_u64(), report["recovery_lost"].as_u64()), (Some(0), Some(1)), "{report}");
+    assert_eq!(report["resends"], 0, "{report}");
+    let p = cut.own_payment().await;
+    assert_eq!(p["status"], "settled_response_lost", "{p}");
+    assert_eq!(p["recovery"], "lost", "{p}");
+    assert_eq!(p["recovered_answer"], Value::Null, "{p}");
+    // The paid-not-served view shows what recovery tried: nothing could be re-sent.
+    let listed = cut.paid_not_served().await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let attempts = listed[0]["recovery"]["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts[0]["action"], "round", "{attempts:?}");
+    assert_eq!(attempts[1]["action"], "none", "{attempts:?}");
+    assert_eq!(listed[0]["recovery"]["outcome"], "lost");
+
+    // A second run: nothing tried again, nothing sent, the record unchanged.
+    let again = reconcile_with_recovery(&cut.db, &cut.chain);
+    assert_eq!((again["recovery_lost"].as_u64(), again["resends"].as_u64()), (Some(0), Some(0)), "{again}");
+    assert_eq!(cut.paid_not_served().await, listed);
+    assert_eq!(cut.stats().await["payment_attempts"], 1, "nothing ever re-sent");
+    assert_eq!(cut.replay().await, first);
+    cut.assert_paid_once().await;
+    assert_eq!(cut.recovery_gauge("lost").await, 1);
+}
+
+#[actix_web::test]
+async fn reconcile_stops_at_a_409_and_never_sends_again() {
+    let (cut, first) = cut_by_the_route_deadline("/v2/pid", "?seconds=3&conflict=true").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        cut.stats().await["pid_completed"] == 1
+    })
+    .await;
+
+    let report = reconcile_with_recovery(&cut.db, &cut.chain);
+    let again = reconcile_with_recovery(&cut.db, &cut.chain);
+
+    assert_eq!((report["recovery_lost"].as_u64(), report["resends"].as_u64()), (Some(1), Some(1)), "{report}");
+    assert_eq!((again["recovery_lost"].as_u64(), again["resends"].as_u64()), (Some(0), Some(0)), "{again}");
+    let stats = cut.stats().await;
+    assert_eq!(stats["pid_conflicts"], 1, "{stats}");
+    assert_eq!(stats["payment_attempts"], 2, "the original and one re-send, nothing after the 409: {stats}");
+    let listed = cut.paid_not_served().await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let attempts = listed[0]["recovery"]["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts.last().unwrap()["status"], 409, "{attempts:?}");
+    assert_eq!(cut.own_payment().await["status"], "settled_response_lost");
+    assert_eq!(cut.replay().await, first);
+    cut.assert_paid_once().await;
+}
+
+#[actix_web::test]
+async fn a_router_with_recovery_disabled_re_sends_nothing_at_takeover() {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "recovery").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions {
+        abandon_ms: 1500,
+        heartbeat_ms: 300,
+        deadline_ms: 30_000,
+        extra: [chain.router_extra(), vec![("recover-lost-answers".into(), "false".into())]].concat(),
+        ..Default::default()
+    };
+    let mut a = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let b = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let client = reqwest::Client::new();
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/pid?seconds=1"), "max_amount": "10000"});
+    let call = spawn_route(&client, &a.address, &agent, &key, &body);
+    wait_until("the upstream to settle", Duration::from_secs(20), async || chain.stats().await["/v2/pid"]["paid"] == 1)
+        .await;
+    a.kill9().await;
+    assert!(call.await.unwrap().is_err());
+    wait_until("the upstream to finish", Duration::from_secs(20), async || {
+        chain.stats().await["/v2/pid"]["pid_completed"] == 1
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let (status, err) = loop {
+        let resp = route_at(&client, &b.address, &agent, &key, &body).await;
+        if resp.status() != 409 {
+            break (resp.status().as_u16(), resp.json::<Value>().await.unwrap());
+        }
+        assert!(Instant::now() < deadline, "the key stayed in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 502, "{err}");
+    assert_eq!(err["code"], "settled_response_lost");
+    assert_eq!(err["payment"]["recovery"], "lost");
+    assert_eq!(chain.stats().await["/v2/pid"]["payment_attempts"], 1, "nothing re-sent");
+}
+
+#[actix_web::test]
+async fn two_reconciles_at_once_re_send_and_record_a_lost_answer_once() {
+    let (cut, first) = cut_by_the_route_deadline("/v2/pid", "?seconds=4").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        cut.stats().await["pid_completed"] == 1
+    })
+    .await;
+
+    let spawn = || {
+        router_command()
+            .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true"])
+            .env("DATABASE_URL", &cut.db.url)
+            .env("X402_RPC_URLS", format!("eip155:84532={}", cut.chain.rpc_url))
+            .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let reports: Vec<Value> =
+        [a, b].into_iter().map(|c| serde_json::from_slice(&c.wait_with_output().unwrap().stdout).unwrap()).collect();
+
+    let sum = |field: &str| reports.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("recovered"), sum("resends")), (1, 1), "{reports:?}");
+    assert_eq!(cut.stats().await["payment_attempts"], 2, "one re-send in all");
+    cut.assert_recovered_by_reconcile(&first, 4).await;
+}
+
+#[actix_web::test]
+async fn reconcile_leaves_a_key_in_flight_to_its_takeover() {
+    // Router A dies while the upstream handles; nobody has retried yet: the key is in flight
+    // (abandoned). Reconcile marks the payment settled_response_lost but must not recover it
+    // beside a takeover that may start at any moment; the takeover recovers it.
+    let crashed = kill_router_while_the_upstream_handles("/v2/pid", "?seconds=1").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(20), async || {
+        crashed.stats().await["pid_completed"] == 1
+    })
+    .await;
+    wait_until("the key to be abandoned", Duration::from_secs(10), async || {
+        let sql = "SELECT count(*) AS n FROM idempotency_keys \
+                    WHERE status = 'in_flight' AND created_at < now() - interval '1600 milliseconds'";
+        count(&crashed.db, sql).await == 1
+    })
+    .await;
+    let out = router_command()
+        .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true", "--abandon-after-ms", "1500"])
+        .env("DATABASE_URL", &crashed.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", crashed.chain.rpc_url))
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    assert_eq!(report["settled_response_lost"], 1, "{report}");
+    assert_eq!((report["recovered"].as_u64(), report["resends"].as_u64()), (Some(0), Some(0)), "{report}");
+    assert_eq!(crashed.stats().await["payment_attempts"], 1);
+    let (status, env) = crashed.retry_until_final().await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["payment"]["recovery"], "recovered");
+    crashed.assert_paid_once().await;
+    assert_eq!(count(&crashed.db, "SELECT count(*) AS n FROM recovered_answers").await, 0, "the key's own answer");
+}
+
+#[actix_web::test]
+async fn a_paid_answer_lost_to_the_upstream_timeout_is_recovered_within_the_same_call() {
+    // The upstream settles and handles for 3 s; the router gives each upstream exchange
+    // 1.5 s (its route deadline is far): the paid answer is lost in transit, the chain shows
+    // the nonce used, and the same call re-sends the identical payment until the upstream's
+    // cache has the original answer.
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "recovery").await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions { upstream_timeout_ms: 1500, extra: chain.router_extra(), ..Default::default() };
+    let router = RouterProcess::spawn(&db.url, &opts, &prefix).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let client = reqwest::Client::new();
+    let body = json!({"url": chain.url("/v2/pid?seconds=3"), "max_amount": "10000"});
+
+    let resp = route_at(&client, &router.address, &agent, &new_key(), &body).await;
+
+    let status = resp.status().as_u16();
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["body"]["handled_for_seconds"], 3, "the original answer: {env}");
+    assert_eq!(env["payment"]["status"], "settled");
+    assert_eq!(env["payment"]["recovery"], "recovered");
+    let stats = chain.stats().await["/v2/pid"].clone();
+    assert_eq!(stats["pid_completed"], 1, "the handler ran once: {stats}");
+    assert_eq!(stats["paid"], 1, "{stats}");
+    assert!(stats["pid_replays"].as_u64().unwrap() == 1, "{stats}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - alloy::primitives::U256::from(PRICE));
+    assert_eq!(env["payment"]["tx_hash"], stats["last_transaction"]);
 }
 
 /// The recovery log of the only payment.

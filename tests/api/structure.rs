@@ -407,7 +407,7 @@ async fn every_request_path_statement_on_a_per_agent_table_filters_by_agent_id()
     .unwrap();
     handle.stop(false).await;
 
-    // The gauges' two ledger-wide counts (no other statement of the router counts `AS n`).
+    // The gauges' ledger-wide counts (no other statement of the router counts `AS n`).
     let gauges = ["SELECT count(*) AS n FROM"];
     let checked: Vec<String> = statements
         .iter()

@@ -68,6 +68,18 @@ export interface KeyPayment {
   updated_at: string;
   /** The status can no longer move money: a new key for the same call cannot pay twice. */
   new_key_safe: boolean;
+  /** How recovery of an answer lost after this payment settled ended, if one was tried. */
+  recovery: "recovered" | "reaccessed" | "lost" | null;
+  /**
+   * The answer `reconcile` recovered after the key was answered `settled_response_lost` (the
+   * key's own answer is never rewritten): the `/route` envelope the agent would have had.
+   */
+  recovered_answer: {
+    kind: "recovered" | "reaccessed";
+    receipt_id: string;
+    http_status: number;
+    answer: Record<string, unknown>;
+  } | null;
 }
 
 /** A signed receipt (`GET /receipts/{id}`). */

@@ -236,6 +236,11 @@ pub fn router_command() -> std::process::Command {
         "REDIS_CLUSTER",
         "REDIS_SENTINEL_MASTER",
         "SHUTDOWN_TIMEOUT_SECS",
+        "UPSTREAM_ALLOW_PRIVATE",
+        "UPSTREAM_ALLOW_CIDRS",
+        "RECOVER_LOST_ANSWERS",
+        "RECONCILE_MAX_RECOVERIES",
+        "RECONCILE_RECOVERY_SECS",
     ] {
         c.env_remove(var);
     }
