@@ -99,8 +99,9 @@ pub struct ServeArgs {
     /// listed again gets another URL (fallback, in the order given).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,
-    /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals],…`
-    /// (decimals read from the token when not given). Empty: USDC on Base and Base Sepolia.
+    /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals][+permit2],…`
+    /// (decimals read from the token when not given; `+permit2`: no EIP-3009, paid only via
+    /// Permit2). Empty: USDC on Base and Base Sepolia.
     #[arg(long, env = "X402_ASSETS", default_value = "")]
     pub x402_assets: String,
     /// Timeout of each chain RPC call, in ms.

@@ -190,7 +190,7 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
 pub async fn wallet(args: &crate::cli::WalletArgs) -> anyhow::Result<()> {
     let crate::cli::WalletCommand::ApprovePermit2(a) = &args.command;
     let rpc_urls = config::parse_rpc_urls(&a.x402_rpc_urls)?;
-    let (assets, _) = config::configured_assets(&a.x402_assets, &rpc_urls)?;
+    let (assets, _, _) = config::configured_assets(&a.x402_assets, &rpc_urls)?;
     let signer = config::load_signer(&a.key)?.context("ROUTER_PRIVATE_KEY (or ROUTER_PRIVATE_KEY_FILE) is required")?;
     let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &a.x402_rpc_timeout_ms)?;
     let wait: u64 = a.wait_secs.trim().parse().ok().filter(|w| *w > 0).context("--wait-secs: expected seconds > 0")?;

@@ -4,7 +4,7 @@
 //! that names the environment variable and the flag. Secrets live in [`Secret`], whose
 //! `Debug` never prints the value.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
@@ -180,6 +180,9 @@ pub struct PaymentConfig {
     /// Decimals of the assets that are configured (`@6`) or built in; the others are read
     /// from the token before serving (`startup::preflight`).
     pub decimals: BTreeMap<(Network, Address), u8>,
+    /// Assets configured `+permit2` (no EIP-3009): paid only via Permit2, and their
+    /// `authorizationState` is never asked.
+    pub permit2_only: BTreeSet<(Network, Address)>,
     pub rpc_timeout: Duration,
     /// Longest lifetime of a signed authorization, whatever an upstream asks
     /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
@@ -274,7 +277,7 @@ pub fn built_in_usdc(network: Network) -> Option<Address> {
 /// A malformed `X402_ASSETS`.
 pub fn configured_assets(raw: &str, rpc_urls: &BTreeMap<Network, Vec<Url>>) -> Result<Assets, ConfigError> {
     let raw = if raw.trim().is_empty() { DEFAULT_ASSETS } else { raw };
-    let (mut assets, mut decimals) = parse_assets(raw)?;
+    let (mut assets, mut decimals, permit2_only) = parse_assets(raw)?;
     for network in rpc_urls.keys() {
         if !assets.contains_key(network)
             && let Some(usdc) = built_in_usdc(*network)
@@ -283,7 +286,7 @@ pub fn configured_assets(raw: &str, rpc_urls: &BTreeMap<Network, Vec<Url>>) -> R
             decimals.insert((*network, usdc), USDC_DECIMALS);
         }
     }
-    Ok((assets, decimals))
+    Ok((assets, decimals, permit2_only))
 }
 
 impl Config {
@@ -303,7 +306,7 @@ impl Config {
         let signer = load_signer(&args.key)?
             .ok_or_else(|| ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"))?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
-        let (assets, decimals) = configured_assets(&args.x402_assets, &rpc_urls)?;
+        let (assets, decimals, permit2_only) = configured_assets(&args.x402_assets, &rpc_urls)?;
         let operator_token = match args.operator_token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) if t.len() < 16 => {
@@ -336,6 +339,7 @@ impl Config {
             rpc_timeout: parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?,
             max_auth_secs: parse_max_auth(&args.x402_max_auth_seconds)?,
             decimals,
+            permit2_only,
         };
         payments.check_one_unit()?;
         Ok(Self {
@@ -443,15 +447,24 @@ pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigEr
     Ok(out)
 }
 
-/// Assets per network, and the decimals known of them.
-pub type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>);
+/// Assets per network, the decimals known of them, and those paid only via Permit2.
+pub type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>, BTreeSet<(Network, Address)>);
 
-/// `X402_ASSETS`: `network=0x…[@decimals],…`. Decimals given here win; built-in USDC is known.
+/// Suffix of an `X402_ASSETS` entry whose token has no EIP-3009 (paid only via Permit2).
+const PERMIT2_ONLY: &str = "+permit2";
+
+/// `X402_ASSETS`: `network=0x…[@decimals][+permit2],…`. Decimals given here win; built-in
+/// USDC is known. `+permit2`: the token has no EIP-3009.
 fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
     let mut decimals = BTreeMap::new();
+    let mut permit2_only = BTreeSet::new();
     for item in split_list(raw) {
         let (network, spec) = split_pair("X402_ASSETS", item)?;
+        let (spec, only_permit2) = match spec.trim().strip_suffix(PERMIT2_ONLY) {
+            Some(rest) => (rest, true),
+            None => (spec, false),
+        };
         let (addr, dec) = match spec.split_once('@') {
             Some((a, d)) => {
                 let d = d.trim().parse::<u8>().ok().filter(|d| *d <= 36).ok_or_else(|| {
@@ -467,12 +480,15 @@ fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
         if let Some(d) = dec.or(known) {
             decimals.insert((network, asset), d);
         }
+        if only_permit2 {
+            permit2_only.insert((network, asset));
+        }
         let list = out.entry(network).or_default();
         if !list.contains(&asset) {
             list.push(asset);
         }
     }
-    Ok((out, decimals))
+    Ok((out, decimals, permit2_only))
 }
 
 /// `X402_MAX_AUTH_SECONDS`: 10 s to 24 h (an authorization must outlive one exchange, and
@@ -544,10 +560,24 @@ mod tests {
     }
 
     #[test]
+    fn a_permit2_suffix_marks_a_token_without_eip3009_after_its_decimals() {
+        let (plain, usdc) =
+            ("0x5FbDB2315678afecb367f032d93F642f64180aa3", "0x036CbD53842c5426634e7929541eC2318f3dCF7e");
+        let (assets, decimals, only) =
+            parse_assets(&format!("eip155:84532={usdc},eip155:84532={plain}@6+permit2")).unwrap();
+        let plain: Address = plain.parse().unwrap();
+        assert_eq!(assets[&Network::BASE_SEPOLIA].len(), 2);
+        assert_eq!(decimals[&(Network::BASE_SEPOLIA, plain)], 6);
+        assert_eq!(only.into_iter().collect::<Vec<_>>(), [(Network::BASE_SEPOLIA, plain)]);
+        let bad = parse_assets(&format!("eip155:84532={plain}+permit3")).unwrap_err().to_string();
+        assert!(bad.contains("is not a 0x address"), "{bad}");
+    }
+
+    #[test]
     fn a_network_without_an_asset_pays_its_built_in_usdc_and_any_chain_id_is_a_network() {
         let rpc = parse_rpc_urls("eip155:10=http://a,arbitrum=http://b,eip155:4242=http://c,base=http://d").unwrap();
         let mine: Address = "0x5FbDB2315678afecb367f032d93F642f64180aa3".parse().unwrap();
-        let (assets, decimals) = configured_assets(&format!("eip155:4242={mine}@6"), &rpc).unwrap();
+        let (assets, decimals, _) = configured_assets(&format!("eip155:4242={mine}@6"), &rpc).unwrap();
         let op = Network::parse("eip155:10").unwrap();
         let arbitrum = Network::parse("eip155:42161").unwrap();
         let any = Network::parse("eip155:4242").unwrap();
@@ -558,7 +588,7 @@ mod tests {
         assert_eq!(decimals[&(op, built_in_usdc(op).unwrap())], 6);
         assert_eq!(decimals[&(any, mine)], 6);
         // Without X402_ASSETS: USDC on Base and Base Sepolia, and on every listed network that has one.
-        let (assets, _) = configured_assets("", &rpc).unwrap();
+        let (assets, _, _) = configured_assets("", &rpc).unwrap();
         assert!(assets.contains_key(&Network::BASE_SEPOLIA) && assets.contains_key(&op));
         assert!(!assets.contains_key(&any), "no built-in asset for an unknown chain");
         for (id, addr) in BUILT_IN_USDC {

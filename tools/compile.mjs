@@ -17,7 +17,7 @@ const solc = require('solc');
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const fixturesDir = join(repoRoot, 'tests', 'fixtures');
-const contracts = ['TestToken', 'Multicall', 'Permit2', 'X402ExactPermit2Proxy', 'X402UptoPermit2Proxy'];
+const contracts = ['TestToken', 'PlainToken', 'Multicall', 'Permit2', 'X402ExactPermit2Proxy', 'X402UptoPermit2Proxy'];
 
 const settings = {
   optimizer: { enabled: true, runs: 200 },

@@ -836,7 +836,8 @@ async fn record_charged(
 
 /// The first configured `(network, asset)` on which the request's EIP-3009 nonce, or its
 /// Permit2 nonce (asset: Permit2), is used, if any. Any unreadable chain is an error: nothing
-/// is signed without every answer. A network without Permit2 code has used no Permit2 nonce.
+/// is signed without every answer. A network without Permit2 code has used no Permit2 nonce;
+/// a token configured without EIP-3009 (`+permit2`) has no EIP-3009 nonce to ask.
 async fn used_anywhere(
     state: &AppState,
     payer: Address,
@@ -844,6 +845,9 @@ async fn used_anywhere(
     permit2_nonce: alloy::primitives::U256,
 ) -> Result<Option<(Network, Address)>, x402::ChainError> {
     for (network, asset) in state.supported.payable_assets() {
+        if state.supported.is_permit2_only(network, asset) {
+            continue;
+        }
         if eip3009_used(state, network, asset, payer, eip3009_nonce).await? {
             return Ok(Some((network, asset)));
         }

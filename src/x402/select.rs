@@ -41,6 +41,7 @@ pub struct Supported {
     networks: BTreeSet<Network>,
     assets: BTreeSet<(Network, Address)>,
     decimals: BTreeMap<(Network, Address), u8>,
+    permit2_only: BTreeSet<(Network, Address)>,
 }
 
 impl Supported {
@@ -54,7 +55,21 @@ impl Supported {
             networks: networks.into_iter().collect(),
             assets: assets.into_iter().collect(),
             decimals: BTreeMap::new(),
+            permit2_only: BTreeSet::new(),
         }
+    }
+
+    /// Records the assets without EIP-3009 (`X402_ASSETS` `+permit2`): paid only via
+    /// Permit2, and their `authorizationState` is never asked.
+    #[must_use]
+    pub fn with_permit2_only(mut self, assets: impl IntoIterator<Item = (Network, Address)>) -> Self {
+        self.permit2_only.extend(assets);
+        self
+    }
+
+    /// True when `asset` on `network` has no EIP-3009 (paid only via Permit2).
+    pub fn is_permit2_only(&self, network: Network, asset: Address) -> bool {
+        self.permit2_only.contains(&(network, asset))
     }
 
     /// Records the decimals of assets (configured, built in, or read from the token).
@@ -126,6 +141,13 @@ pub enum RejectReason {
         /// Token contract.
         asset: Address,
     },
+    /// An EIP-3009 `exact` option in a token configured without EIP-3009 (`+permit2`).
+    NoEip3009 {
+        /// Network.
+        network: Network,
+        /// Token contract.
+        asset: Address,
+    },
     /// No `extra.name` / `extra.version`.
     MissingEip712Domain,
     /// `payTo` is the zero address.
@@ -183,6 +205,10 @@ impl fmt::Display for RejectReason {
                 f,
                 "asset {asset} on {network}: its decimals are unknown or differ from the router's unit, so its \
                  amounts cannot be compared with the agent's limits"
+            ),
+            Self::NoEip3009 { network, asset } => write!(
+                f,
+                "asset {asset} on {network} is configured without EIP-3009 (+permit2): it is paid only via Permit2"
             ),
             Self::MissingEip712Domain => f.write_str("extra.name/extra.version (token EIP-712 domain) missing"),
             Self::ZeroPayTo => f.write_str("payTo is the zero address"),
@@ -291,6 +317,8 @@ pub fn check(
         RejectReason::UnsupportedAsset { network, asset: requirement.asset() }
     } else if supported.unit().is_none() || supported.decimals(network, requirement.asset()) != supported.unit() {
         RejectReason::UnknownUnit { network, asset: requirement.asset() }
+    } else if permit2 == Some(false) && supported.is_permit2_only(network, requirement.asset()) {
+        RejectReason::NoEip3009 { network, asset: requirement.asset() }
     } else if permit2 == Some(false) && !has_domain {
         RejectReason::MissingEip712Domain
     } else if requirement.pay_to() == Address::ZERO {

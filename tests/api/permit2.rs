@@ -574,3 +574,63 @@ async fn a_lost_permit2_answer_is_recovered_from_a_payment_identifier_upstream_w
     assert_eq!(count(&db, "SELECT attempts::bigint AS n FROM payments").await, 1, "never re-signed");
     assert_eq!(count(&db, "SELECT amount::bigint AS n FROM payments").await, 4000);
 }
+
+/// A router paying with the EIP-3009 token and with PlainToken, configured `+permit2`.
+async fn plain_app(chain: &Devnet) -> TestApp {
+    let assets = format!("eip155:{0}={1}@6,eip155:{0}={2}@6+permit2", chain.chain_id, chain.token, chain.plain_token);
+    let extra = vec![
+        ("x402-rpc-urls".into(), format!("eip155:{}={}", chain.chain_id, chain.rpc_url)),
+        ("x402-assets".into(), assets),
+        ("operator-token".into(), OPERATOR.into()),
+    ];
+    spawn_app_with(AppOptions { extra, ..Default::default() }).await
+}
+
+async fn plain_balances(chain: &Devnet) -> (U256, U256) {
+    (chain.balance_in(chain.plain_token, ROUTER_ADDRESS).await, chain.balance_in(chain.plain_token, PAY_TO).await)
+}
+
+#[actix_web::test]
+async fn a_token_without_eip3009_is_paid_via_permit2_once() {
+    let chain = Devnet::start().await;
+    let app = plain_app(&chain).await;
+    let (plain0, usdc0) = (plain_balances(&chain).await, balances(&chain).await);
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/permit2?token=plain"), "max_amount": "50000"});
+
+    let resp = app.route(&key, &body).await;
+
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    let p = &env["payment"];
+    assert_eq!(p["status"], "settled", "{env}");
+    assert_eq!(p["asset_transfer_method"], "permit2");
+    assert_eq!(Address::from_str(p["asset"].as_str().unwrap()).unwrap(), chain.plain_token);
+    assert!(permit2_nonce_used(&chain, p["nonce"].as_str().unwrap()).await);
+    let price = U256::from(PRICE);
+    assert_eq!(plain_balances(&chain).await, (plain0.0 - price, plain0.1 + price));
+    assert_eq!(balances(&chain).await, usdc0, "the EIP-3009 token did not move");
+
+    // A replay of the key moves nothing more.
+    let replay: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(replay, env);
+    assert_eq!(plain_balances(&chain).await, (plain0.0 - price, plain0.1 + price));
+    assert_eq!(chain.stats().await["/v2/permit2"]["paid"], 1);
+}
+
+#[actix_web::test]
+async fn an_eip3009_offer_in_a_token_without_eip3009_is_refused_and_nothing_is_signed() {
+    let chain = Devnet::start().await;
+    let app = plain_app(&chain).await;
+    let plain0 = plain_balances(&chain).await;
+    let body = json!({"url": chain.url("/v2/permit2?token=plain&offer=eip3009"), "max_amount": "50000"});
+
+    let resp = app.route(&new_key(), &body).await;
+
+    assert_ne!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("is configured without EIP-3009 (+permit2): it is paid only via Permit2"), "{text}");
+    assert_eq!(chain.stats().await["/v2/permit2"]["payment_attempts"], 0, "nothing was sent");
+    assert_eq!(text_of(&app, "SELECT count(*)::text AS t FROM payments").await, "0", "nothing was signed");
+    assert_eq!(plain_balances(&chain).await, plain0);
+}

@@ -22,8 +22,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deploy TestToken, install Multicall3, Permit2 and the x402 Permit2 proxies with
-    /// anvil_setCode, mint, approve Permit2; print {"token", "chain_id"}.
+    /// Deploy TestToken and PlainToken (no EIP-3009), install Multicall3, Permit2 and the x402
+    /// Permit2 proxies with anvil_setCode, mint, approve Permit2; print {"token", "plain_token", "chain_id"}.
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
     Serve(ServeArgs),
@@ -37,10 +37,10 @@ pub struct DeployArgs {
     /// Hex private key that deploys and pays gas (anvil's dev keys are fine).
     #[arg(long, env = "X402_TEST_DEPLOYER_KEY", hide_env_values = true, value_parser = parse_key)]
     pub deployer_key: Key,
-    /// Mint AMOUNT atomic units (decimal) to ADDR; repeatable.
+    /// Mint AMOUNT atomic units (decimal) of each token to ADDR; repeatable.
     #[arg(long = "mint", value_name = "ADDR=AMOUNT", value_parser = parse_mint)]
     pub mints: Vec<Mint>,
-    /// Hex private key of a payer that approves Permit2 for the token (unlimited), sending
+    /// Hex private key of a payer that approves Permit2 for both tokens (unlimited), sending
     /// the approval itself; repeatable. A payer left out has no Permit2 allowance.
     #[arg(long = "approve-permit2", value_name = "KEY", value_parser = parse_key)]
     pub approve_permit2: Vec<Key>,
@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// The EIP-3009 token to ask payment in.
     #[arg(long)]
     pub token: Address,
+    /// A token without EIP-3009 (PlainToken), asked for by `/v2/permit2?token=plain`.
+    #[arg(long)]
+    pub plain_token: Option<Address>,
     /// Who receives the payments.
     #[arg(long)]
     pub pay_to: Address,

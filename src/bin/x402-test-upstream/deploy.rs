@@ -1,7 +1,8 @@
-//! `deploy`: TestToken from the embedded fixture; Multicall3, Permit2 and the two x402 Permit2
-//! proxies via `anvil_setCode` at their canonical addresses; then mints, and approves Permit2
-//! from each `--approve-permit2` key.
-//! Prints one JSON line `{"token": "0x…", "chain_id": N}` on stdout.
+//! `deploy`: TestToken and PlainToken (an ERC-20 without EIP-3009) from the embedded fixtures;
+//! Multicall3, Permit2 and the two x402 Permit2 proxies via `anvil_setCode` at their canonical
+//! addresses; then mints both tokens, and approves Permit2 for both from each
+//! `--approve-permit2` key.
+//! Prints one JSON line `{"token": "0x…", "plain_token": "0x…", "chain_id": N}` on stdout.
 
 use std::io::Write;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use crate::fixtures;
 #[derive(serde::Serialize)]
 struct Deployed {
     token: String,
+    plain_token: String,
     chain_id: u64,
 }
 
@@ -29,15 +31,10 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     let chain = Chain::connect(args.rpc_url.clone(), args.deployer_key.0, RPC_TIMEOUT);
     let chain_id = chain.chain_id().await.with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
 
-    let creation = fixtures::test_token_creation_code()?;
-    let receipt = chain
-        .send_and_confirm(TransactionRequest::default().with_deploy_code(creation), MINE_TIMEOUT)
-        .await
-        .context("deploying TestToken")?;
-    let Some(token) = receipt.contract_address else {
-        bail!("the deployment receipt {} has no contract address", receipt.transaction_hash);
-    };
+    let token = deploy(&chain, fixtures::test_token_creation_code()?, "TestToken").await?;
     tracing::info!(%token, chain_id, deployer = %chain.sender(), "TestToken deployed");
+    let plain_token = deploy(&chain, fixtures::plain_token_creation_code()?, "PlainToken").await?;
+    tracing::info!(%plain_token, "PlainToken (no EIP-3009) deployed");
 
     chain
         .set_code(fixtures::MULTICALL3, fixtures::multicall_runtime_code()?)
@@ -50,26 +47,50 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     }
     tracing::info!(permit2 = %crate::permit2::PERMIT2, "Permit2 and the x402 Permit2 proxies installed");
 
-    for mint in &args.mints {
-        let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
-        chain
-            .send_and_confirm(TransactionRequest::default().with_to(token).with_input(call.abi_encode()), MINE_TIMEOUT)
-            .await
-            .with_context(|| format!("minting {} to {}", mint.amount, mint.to))?;
-        tracing::info!(to = %mint.to, amount = %mint.amount, "minted");
+    for asset in [token, plain_token] {
+        for mint in &args.mints {
+            let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
+            chain
+                .send_and_confirm(
+                    TransactionRequest::default().with_to(asset).with_input(call.abi_encode()),
+                    MINE_TIMEOUT,
+                )
+                .await
+                .with_context(|| format!("minting {} of {asset} to {}", mint.amount, mint.to))?;
+            tracing::info!(%asset, to = %mint.to, amount = %mint.amount, "minted");
+        }
+        for key in &args.approve_permit2 {
+            let payer = Chain::connect(args.rpc_url.clone(), key.0.clone(), RPC_TIMEOUT);
+            crate::permit2::approve_permit2(&payer, asset, MINE_TIMEOUT)
+                .await
+                .with_context(|| format!("approving Permit2 for {asset} from {}", payer.sender()))?;
+            tracing::info!(%asset, payer = %payer.sender(), "Permit2 approved");
+        }
     }
 
-    for key in &args.approve_permit2 {
-        let payer = Chain::connect(args.rpc_url.clone(), key.0.clone(), RPC_TIMEOUT);
-        crate::permit2::approve_permit2(&payer, token, MINE_TIMEOUT)
-            .await
-            .with_context(|| format!("approving Permit2 from {}", payer.sender()))?;
-        tracing::info!(payer = %payer.sender(), "Permit2 approved");
-    }
-
-    let line = serde_json::to_string(&Deployed { token: token.to_checksum(None), chain_id })?;
+    let line = serde_json::to_string(&Deployed {
+        token: token.to_checksum(None),
+        plain_token: plain_token.to_checksum(None),
+        chain_id,
+    })?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;
     out.flush()?;
     Ok(())
+}
+
+/// Deploys `creation` (no constructor arguments): the contract's address.
+async fn deploy(
+    chain: &Chain,
+    creation: alloy::primitives::Bytes,
+    name: &str,
+) -> anyhow::Result<alloy::primitives::Address> {
+    let receipt = chain
+        .send_and_confirm(TransactionRequest::default().with_deploy_code(creation), MINE_TIMEOUT)
+        .await
+        .with_context(|| format!("deploying {name}"))?;
+    let Some(address) = receipt.contract_address else {
+        bail!("the deployment receipt {} of {name} has no contract address", receipt.transaction_hash);
+    };
+    Ok(address)
 }

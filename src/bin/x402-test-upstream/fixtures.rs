@@ -8,6 +8,7 @@ use serde::Deserialize;
 pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976CA11");
 
 const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/TestToken.json"));
+const PLAIN_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/PlainToken.json"));
 const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Multicall.json"));
 const PERMIT2_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Permit2.json"));
 const EXACT_PROXY_JSON: &str =
@@ -50,6 +51,11 @@ pub fn test_token_creation_code() -> Result<Bytes, FixtureError> {
     artifact("TestToken.json", TEST_TOKEN_JSON).map(|a| a.bytecode)
 }
 
+/// Creation code of PlainToken, an ERC-20 without EIP-3009 (no constructor arguments).
+pub fn plain_token_creation_code() -> Result<Bytes, FixtureError> {
+    artifact("PlainToken.json", PLAIN_TOKEN_JSON).map(|a| a.bytecode)
+}
+
 /// Runtime code of the Multicall fixture, for `anvil_setCode` (it has no constructor state).
 pub fn multicall_runtime_code() -> Result<Bytes, FixtureError> {
     artifact("Multicall.json", MULTICALL_JSON).map(|a| a.deployed_bytecode)
@@ -72,6 +78,7 @@ mod tests {
     #[test]
     fn embedded_fixtures_parse() {
         assert!(test_token_creation_code().unwrap().len() > 100);
+        assert!(plain_token_creation_code().unwrap().len() > 100);
         assert!(multicall_runtime_code().unwrap().len() > 100);
         assert!(permit2_runtime_codes().unwrap().iter().all(|(_, code)| code.len() > 100));
     }

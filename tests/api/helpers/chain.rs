@@ -85,6 +85,8 @@ pub struct Devnet {
     /// The chain id anvil runs with (the router's network is `eip155:<chain_id>`).
     pub chain_id: u64,
     pub token: Address,
+    /// PlainToken: an ERC-20 without EIP-3009 (1000 minted to the router, Permit2 approved).
+    pub plain_token: Address,
     /// Base URL of the x402 test upstream.
     pub upstream: String,
     anvil: Option<Child>,
@@ -113,9 +115,11 @@ impl Devnet {
         assert!(deploy.status.success(), "deploy failed: {}", String::from_utf8_lossy(&deploy.stderr));
         let line: Value = serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
+        let plain_token = Address::from_str(line["plain_token"].as_str().unwrap()).unwrap();
 
         let mut server = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
             .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
+            .args(["--plain-token", &plain_token.to_string()])
             .args([
                 "--pay-to",
                 &PAY_TO.to_string(),
@@ -140,7 +144,7 @@ impl Devnet {
         let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
         // Keep draining stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { rpc_url, chain_id, token, upstream, anvil: Some(anvil), server: Some(server), provider }
+        Self { rpc_url, chain_id, token, plain_token, upstream, anvil: Some(anvil), server: Some(server), provider }
     }
 
     /// Router options that pay on this chain with this token.
@@ -177,6 +181,11 @@ impl Devnet {
 
     pub async fn balance(&self, who: Address) -> U256 {
         ITestToken::new(self.token, &self.provider).balanceOf(who).call().await.unwrap()
+    }
+
+    /// `balanceOf(who)` on any token (e.g. [`Self::plain_token`]).
+    pub async fn balance_in(&self, token: Address, who: Address) -> U256 {
+        ITestToken::new(token, &self.provider).balanceOf(who).call().await.unwrap()
     }
 
     pub async fn authorization_used(&self, payer: Address, nonce: B256) -> bool {

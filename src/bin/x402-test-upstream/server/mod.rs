@@ -50,6 +50,8 @@ struct Settings {
     network: String,
     network_v1: String,
     token: Address,
+    /// A token without EIP-3009 (`/v2/permit2?token=plain`), if given.
+    plain_token: Option<Address>,
     pay_to: Address,
     price: U256,
     echo_price: U256,
@@ -96,6 +98,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.rpc_url
     );
     ensure!(!chain.code_at(args.token).await?.is_empty(), "no contract at --token {} on chain {chain_id}", args.token);
+    if let Some(plain) = args.plain_token {
+        ensure!(!chain.code_at(plain).await?.is_empty(), "no contract at --plain-token {plain} on chain {chain_id}");
+    }
     let domain = chain
         .call(args.token, &ITestToken::eip712DomainCall {})
         .await
@@ -117,6 +122,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         network: args.network.clone(),
         network_v1,
         token: args.token,
+        plain_token: args.plain_token,
         pay_to: args.pay_to,
         price: args.price.0,
         echo_price: args.echo_price.0,

@@ -7,6 +7,9 @@
 //!   maximum; 0: no transaction) and claims `PAYMENT-RESPONSE.amount = N`. Hostile:
 //!   `&claim=M` claims M whatever was settled.
 //!
+//! `/v2/permit2?token=plain` asks for the token without EIP-3009 (`serve --plain-token`);
+//! `&offer=eip3009` then offers EIP-3009 `exact` in it instead (which no client can pay).
+//!
 //! Both take `?seconds=S`: answer S seconds after settling (the handler still running), and
 //! `?pid=1`: advertise `payment-identifier` and answer a re-send of the same id and payment
 //! from the response cache (503 while the original is still running), like `/v2/pid`.
@@ -34,10 +37,12 @@ struct P2Query {
     claim: Option<U256>,
     seconds: u64,
     pid: bool,
+    plain: bool,
+    offer_eip3009: bool,
 }
 
 fn parse_query(raw: &str) -> Result<P2Query, String> {
-    let mut q = P2Query { used: None, claim: None, seconds: 0, pid: false };
+    let mut q = P2Query { used: None, claim: None, seconds: 0, pid: false, plain: false, offer_eip3009: false };
     let uint = |v: &str, name: &str| {
         if v.is_empty() || v.len() > 78 || !v.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("{name} must be a decimal amount"));
@@ -49,6 +54,8 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
             "used" => q.used = Some(uint(&value, "used")?),
             "claim" => q.claim = Some(uint(&value, "claim")?),
             "pid" => q.pid = value == "1",
+            "token" => q.plain = value == "plain",
+            "offer" => q.offer_eip3009 = value == "eip3009",
             "seconds" => {
                 q.seconds = u64::from_str(&value)
                     .ok()
@@ -79,8 +86,20 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     if used > s.price {
         return bad_request("used must not exceed the maximum (the price)");
     }
+    if (query.plain || query.offer_eip3009) && upto {
+        return bad_request("token and offer are for /v2/permit2 only");
+    }
+    let token = if query.plain {
+        match s.plain_token {
+            Some(t) => t,
+            None => return bad_request("this server has no --plain-token"),
+        }
+    } else {
+        s.token
+    };
+    let method = if query.offer_eip3009 { "eip3009" } else { "permit2" };
     let mut extra = json!({
-        "name": s.token_name, "version": s.token_version, "assetTransferMethod": "permit2",
+        "name": s.token_name, "version": s.token_version, "assetTransferMethod": method,
     });
     if upto && let Some(map) = extra.as_object_mut() {
         map.insert("facilitatorAddress".into(), json!(facilitator_address.to_checksum(None)));
@@ -89,7 +108,7 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
         scheme: if upto { "upto".into() } else { "exact".into() },
         network: s.network.clone(),
         amount: s.price.to_string(),
-        asset: s.token.to_checksum(None),
+        asset: token.to_checksum(None),
         pay_to: s.pay_to.to_checksum(None),
         max_timeout_seconds: s.max_timeout_seconds,
         extra,
@@ -183,7 +202,7 @@ async fn handle_paid(
     let expected = Expected {
         upto,
         chain_id,
-        token: s.token,
+        token: Address::from_str(&requirement.asset).map_err(|e| internal_error(&e))?,
         amount: s.price,
         pay_to: s.pay_to,
         facilitator: facilitator_address,
