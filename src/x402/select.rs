@@ -579,6 +579,24 @@ mod tests {
     }
 
     #[test]
+    fn a_token_without_eip3009_is_paid_only_via_permit2() {
+        let only = supported().with_permit2_only([(Network::BASE_SEPOLIA, USDC_SEPOLIA)]);
+        let mut permit2 = entry("eip155:84532", USDC_SEPOLIA, "20");
+        permit2["extra"] = json!({"assetTransferMethod": "permit2"});
+        let mut named = entry("eip155:84532", USDC_SEPOLIA, "10");
+        named["extra"]["assetTransferMethod"] = json!("eip3009");
+        let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "1"), named, permit2]);
+        // The cheaper EIP-3009 options are refused; the Permit2 one is chosen.
+        assert_eq!(select(&accepts, &only, amount(1000), None).unwrap().index(), 2);
+        let rejection = select(&accepts[..2], &only, amount(1000), None).unwrap_err();
+        let no = RejectReason::NoEip3009 { network: Network::BASE_SEPOLIA, asset: USDC_SEPOLIA };
+        assert!(rejection.options.iter().all(|o| o.reason == no), "{rejection}");
+        assert!(rejection.to_string().contains("configured without EIP-3009"), "{rejection}");
+        // Unmarked, the same token is paid with EIP-3009.
+        assert_eq!(select(&accepts, &supported(), amount(1000), None).unwrap().index(), 0);
+    }
+
+    #[test]
     fn max_amount_and_agent_limit_are_inclusive_ceilings() {
         let accepts = parse(vec![entry("eip155:84532", USDC_SEPOLIA, "50000")]);
         assert!(select(&accepts, &supported(), amount(50_000), None).is_ok());
