@@ -634,3 +634,27 @@ async fn an_eip3009_offer_in_a_token_without_eip3009_is_refused_and_nothing_is_s
     assert_eq!(text_of(&app, "SELECT count(*)::text AS t FROM payments").await, "0", "nothing was signed");
     assert_eq!(plain_balances(&chain).await, plain0);
 }
+
+#[actix_web::test]
+async fn an_unmarked_token_whose_authorization_state_reverts_is_never_paid() {
+    // PlainToken configured without `+permit2` is taken for an EIP-3009 token: its
+    // `authorizationState` reverts, so the pre-signing check fails closed and nothing is signed.
+    let chain = Devnet::start().await;
+    let assets = format!("eip155:{0}={1}@6,eip155:{0}={2}@6", chain.chain_id, chain.token, chain.plain_token);
+    let extra = vec![
+        ("x402-rpc-urls".into(), format!("eip155:{}={}", chain.chain_id, chain.rpc_url)),
+        ("x402-assets".into(), assets),
+    ];
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let (plain0, usdc0) = (plain_balances(&chain).await, balances(&chain).await);
+
+    for path in ["/v2/permit2?token=plain", "/v2/permit2"] {
+        let resp = app.route(&new_key(), &json!({"url": chain.url(path), "max_amount": "50000"})).await;
+        assert_ne!(resp.status(), 200, "{path}");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("nothing was signed or paid"), "{path}: {text}");
+    }
+    assert_eq!(chain.stats().await["/v2/permit2"]["payment_attempts"], 0, "nothing was sent");
+    assert_eq!(text_of(&app, "SELECT count(*)::text AS t FROM payments").await, "0", "nothing was signed");
+    assert_eq!((plain_balances(&chain).await, balances(&chain).await), (plain0, usdc0));
+}
