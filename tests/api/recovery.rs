@@ -104,6 +104,13 @@ impl Crashed {
         }
     }
 
+    /// A replay of the key answers `env` again, marked as a replay.
+    async fn assert_replay_is(&self, env: &Value) {
+        let replay = route_at(&self.client, &self.retrier.address, &self.agent, &self.key, &self.body).await;
+        assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+        assert_eq!(&replay.json::<Value>().await.unwrap(), env);
+    }
+
     /// Forgets the key, as GC does once it expired (Postgres row and Redis entry).
     async fn forget_key(&self) {
         exec(&self.db, &format!("DELETE FROM idempotency_keys WHERE key = '{}'", self.key)).await;
@@ -199,9 +206,7 @@ async fn a_payment_identifier_answer_lost_by_a_killed_router_is_recovered_and_pa
     assert_eq!(crashed.metric("recovered").await, 1.0);
     assert!(crashed.paid_not_served().await.is_empty(), "served: not in the paid-not-served view");
     // A replay is the recovered answer; nothing more reaches the upstream.
-    let replay = route_at(&crashed.client, &crashed.retrier.address, &crashed.agent, &crashed.key, &crashed.body).await;
-    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
-    assert_eq!(replay.json::<Value>().await.unwrap(), env);
+    crashed.assert_replay_is(&env).await;
     assert_eq!(crashed.stats().await["payment_attempts"], 2);
 }
 
@@ -728,9 +733,7 @@ async fn a_siwx_answer_lost_by_a_killed_router_is_re_accessed_by_signing_in_and_
     assert_eq!(crashed.metric("reaccessed").await, 1.0);
     assert!(crashed.paid_not_served().await.is_empty(), "served: not in the paid-not-served view");
     // A replay is that answer; nothing more reaches the upstream.
-    let replay = route_at(&crashed.client, &crashed.retrier.address, &crashed.agent, &crashed.key, &crashed.body).await;
-    assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
-    assert_eq!(replay.json::<Value>().await.unwrap(), env);
+    crashed.assert_replay_is(&env).await;
     assert_eq!(crashed.stats().await["siwx_sign_ins"], 1);
 }
 
