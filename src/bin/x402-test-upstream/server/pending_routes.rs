@@ -97,15 +97,20 @@ pub(super) async fn permit2_gate(state: &AppState, spec: &'static RouteSpec, aut
     }
 }
 
-/// 402, body `{}`, `PAYMENT-RESPONSE` `settlement_pending` (v2).
-pub(super) fn pending_v2(state: &AppState, settled: &Settled) -> HttpResponse {
-    let header = wire::encode_header(&FailedSettlementV2 {
+/// The settlement header of a `settlement_pending` claim for `settled`, on `network`.
+fn pending_claim(settled: &Settled, network: &str) -> Result<String, serde_json::Error> {
+    wire::encode_header(&FailedSettlementV2 {
         success: false,
         error_reason: SETTLEMENT_PENDING,
         payer: settled.payer.to_checksum(None),
         transaction: format!("{:#x}", settled.transaction),
-        network: state.settings.network.clone(),
-    });
+        network: network.to_owned(),
+    })
+}
+
+/// 402, body `{}`, `PAYMENT-RESPONSE` `settlement_pending` (v2).
+pub(super) fn pending_v2(state: &AppState, settled: &Settled) -> HttpResponse {
+    let header = pending_claim(settled, &state.settings.network);
     match header {
         Ok(h) => HttpResponse::PaymentRequired()
             .insert_header((wire::PAYMENT_RESPONSE, h))
@@ -117,13 +122,7 @@ pub(super) fn pending_v2(state: &AppState, settled: &Settled) -> HttpResponse {
 
 /// 200 with `body` and `PAYMENT-RESPONSE` `settlement_pending` (v2).
 pub(super) fn answered_pending_v2(state: &AppState, settled: &Settled, body: &serde_json::Value) -> HttpResponse {
-    let header = wire::encode_header(&FailedSettlementV2 {
-        success: false,
-        error_reason: SETTLEMENT_PENDING,
-        payer: settled.payer.to_checksum(None),
-        transaction: format!("{:#x}", settled.transaction),
-        network: state.settings.network.clone(),
-    });
+    let header = pending_claim(settled, &state.settings.network);
     match header {
         Ok(h) => HttpResponse::Ok().insert_header((wire::PAYMENT_RESPONSE, h)).json(body),
         Err(err) => internal_error(&err),
@@ -132,13 +131,7 @@ pub(super) fn answered_pending_v2(state: &AppState, settled: &Settled, body: &se
 
 /// 200 with `body` and `X-PAYMENT-RESPONSE` `settlement_pending` (v1).
 pub(super) fn answered_pending_v1(state: &AppState, settled: &Settled, body: &serde_json::Value) -> HttpResponse {
-    let header = wire::encode_header(&FailedSettlementV2 {
-        success: false,
-        error_reason: SETTLEMENT_PENDING,
-        payer: settled.payer.to_checksum(None),
-        transaction: format!("{:#x}", settled.transaction),
-        network: state.settings.network_v1.clone(),
-    });
+    let header = pending_claim(settled, &state.settings.network_v1);
     match header {
         Ok(h) => HttpResponse::Ok().insert_header((wire::X_PAYMENT_RESPONSE, h)).json(body),
         Err(err) => internal_error(&err),
@@ -147,13 +140,7 @@ pub(super) fn answered_pending_v1(state: &AppState, settled: &Settled, body: &se
 
 /// 402 with `X-PAYMENT-RESPONSE` `settlement_pending` (v1).
 pub(super) fn pending_v1(state: &AppState, settled: &Settled) -> HttpResponse {
-    let header = wire::encode_header(&FailedSettlementV2 {
-        success: false,
-        error_reason: SETTLEMENT_PENDING,
-        payer: settled.payer.to_checksum(None),
-        transaction: format!("{:#x}", settled.transaction),
-        network: state.settings.network_v1.clone(),
-    });
+    let header = pending_claim(settled, &state.settings.network_v1);
     match header {
         Ok(h) => HttpResponse::PaymentRequired().insert_header((wire::X_PAYMENT_RESPONSE, h)).json(json!({})),
         Err(err) => internal_error(&err),
