@@ -93,10 +93,11 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
         "SELECT network, asset, \
                 COALESCE(sum(amount) FILTER (WHERE status IN {spent}), 0)::text AS spent, \
                 COALESCE(sum(amount) FILTER (WHERE status NOT IN {spent}), 0)::text AS reserved \
-           FROM payments \
+           FROM payments p \
           WHERE agent_id = $1 AND status NOT IN {released} \
-            AND (status NOT IN {spent} OR created_at > now() - interval '24 hours') \
+            AND (status NOT IN {spent} OR {window}) \
           GROUP BY network, asset ORDER BY network, asset",
+        window = crate::payments::IN_WINDOW_24H
     ))
     .bind::<SqlUuid, _>(agent_id)
     .load(conn)

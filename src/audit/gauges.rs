@@ -13,7 +13,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
 use crate::metrics::Metrics;
-use crate::payments::RecoveryKind;
+use crate::payments::{self, PaymentStatus, RecoveryKind};
 use crate::state::AppState;
 
 /// How often the ledger is read.
@@ -56,14 +56,19 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     .bind::<BigInt, _>(STUCK_AFTER_SECS)
     .get_result(conn)
     .await?;
-    let budgets: Vec<BudgetUse> = diesel::sql_query(
+    // The same arithmetic as the budget the router enforces (`payments::store::agent_spend`):
+    // spent in the window plus every reservation that may still move money.
+    let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    let released = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    let budgets: Vec<BudgetUse> = diesel::sql_query(format!(
         "SELECT a.id::text AS agent_id, (u.used / a.daily_budget)::float8 AS ratio \
            FROM agents a, LATERAL ( \
                 SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
-                 WHERE p.agent_id = a.id AND p.created_at > now() - interval '24 hours' \
-                   AND p.status NOT IN ('not_settled', 'rejected', 'expired')) u \
+                 WHERE p.agent_id = a.id AND p.status NOT IN {released} \
+                   AND (p.status NOT IN {spent} OR {window})) u \
           WHERE a.daily_budget > 0 AND NOT a.disabled",
-    )
+        window = payments::IN_WINDOW_24H
+    ))
     .load(conn)
     .await?;
     let mut recoveries = Vec::new();

@@ -132,6 +132,10 @@ pub struct PaymentView {
     pub created_at: DateTime<Utc>,
     #[diesel(sql_type = Timestamptz)]
     pub updated_at: DateTime<Utc>,
+    /// When the current authorization was signed (a re-signing sets it again): the budget's
+    /// rolling window counts the payment from here.
+    #[diesel(sql_type = Timestamptz)]
+    pub signed_at: DateTime<Utc>,
     /// The newest receipt of the same (agent, key), if any.
     #[diesel(sql_type = Nullable<SqlUuid>)]
     pub receipt_id: Option<Uuid>,
@@ -152,7 +156,7 @@ pub struct PaymentView {
 pub(crate) const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_version, p.scheme, p.network, \
             p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
             p.valid_before, p.context->'resource' AS resource, p.status, p.tx_hash, p.error, \
-            p.attempts, p.created_at, p.updated_at, \
+            p.attempts, p.created_at, p.updated_at, p.signed_at, \
             r.id AS receipt_id, r.outcome AS receipt_outcome, k.status AS idempotency_status, p.recovery \
        FROM payments p \
        LEFT JOIN LATERAL ( \

@@ -51,6 +51,9 @@ diesel::table! {
 diesel::joinable!(idempotency_keys -> agents (agent_id));
 diesel::joinable!(receipts -> agents (agent_id));
 
+// `payments.signed_at` (when the current authorization was signed) is not listed: the table is
+// at diesel's 32-column limit, and only raw SQL reads or writes it (`payments::IN_WINDOW_24H`,
+// `payments::store`).
 diesel::table! {
     payments (agent_id, id) {
         id -> Uuid,

@@ -215,7 +215,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
                      AND k.request_hash = q.request_hash AND k.lease = $2 AND k.status = 'in_flight' \
                      FOR NO KEY UPDATE OF k) \
              UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
-                                   status = $8, attempts = attempts + 1, updated_at = now() \
+                                   status = $8, attempts = attempts + 1, updated_at = now(), \
+                                   signed_at = now() \
               WHERE p.agent_id = $7 AND p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",
         )
         .bind::<SqlUuid, _>(r.id)
@@ -356,8 +357,9 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
                        COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
                   FROM payments p \
                  WHERE p.agent_id = a.id AND p.status NOT IN {released} \
-                   AND (p.status NOT IN {spent} OR p.created_at > now() - interval '24 hours')) u \
-          WHERE a.id = $1"
+                   AND (p.status NOT IN {spent} OR {window})) u \
+          WHERE a.id = $1",
+        window = super::IN_WINDOW_24H
     );
     diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
 }
