@@ -104,8 +104,7 @@ impl ToSql<Text, Pg> for PaymentStatus {
 /// re-signing) until 24 h after the last moment it could have moved money (`valid_before`),
 /// never by the row's creation. A payment first signed long ago, expired unused and re-signed
 /// now is spent now.
-pub const IN_WINDOW_24H: &str =
-    "GREATEST(p.signed_at, to_timestamp(p.valid_before)) > now() - interval '24 hours'";
+pub const IN_WINDOW_24H: &str = "GREATEST(p.signed_at, to_timestamp(p.valid_before)) > now() - interval '24 hours'";
 
 /// SQL list of `statuses`, e.g. `('a', 'b')`, for queries built from the enum.
 pub fn sql_list(statuses: impl IntoIterator<Item = PaymentStatus>) -> String {

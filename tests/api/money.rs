@@ -260,3 +260,67 @@ async fn a_key_reused_after_expiry_pays_once_per_request_and_never_twice_for_the
         assert_eq!(moved(&chain).await - before, U256::from((paid_for_first + 1) * PRICE), "{state:?}");
     }
 }
+
+/// Waits (polling the wall clock, at most `limit`) until Unix time `t` has passed: an
+/// authorization valid before `t` can then never move money.
+async fn until_past(t: i64, limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while x402_router::clock::now_unix_i64() <= t {
+        assert!(std::time::Instant::now() < deadline, "the clock did not pass {t} in time");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The attack on the rolling window (issue 22, item 1): a payment the upstream refused (and
+/// kept), aged past 24 h and expired by reconcile, is re-signed for the same request when
+/// the key is reused after GC; the upstream submits the new authorization. On the old code
+/// the window read the row's creation, so the settled re-signing fell outside it at once and
+/// the agent could spend its whole budget again: 3 prices moved on a budget of 2.
+#[actix_web::test]
+async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_signed() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain, &[]).await;
+    set_budget(&app, 2 * PRICE).await;
+    let before = moved(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/keep-reject?max_timeout=6"), "max_amount": PRICE.to_string()});
+    let first = app.route(&key, &body).await;
+    let status = first.status();
+    let env: Value = first.json().await.unwrap();
+    assert_eq!((status.as_u16(), env["code"].as_str()), (502, Some("payment_rejected")), "kept and refused: {env}");
+    let first_valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
+
+    // A day later: the refused intent's rows are old, and reconcile finds it expired unused.
+    exec(
+        &app.db,
+        "UPDATE payments SET created_at = now() - interval '25 hours', updated_at = now() - interval '25 hours', \
+                signed_at = now() - interval '25 hours', valid_before = extract(epoch from now())::bigint - 3600",
+    )
+    .await;
+    until_past(first_valid_before, std::time::Duration::from_secs(30)).await;
+    let report = reconcile_now(&app.db, &chain.rpc_url);
+    assert_eq!(report["expired"], 1, "{report}");
+
+    // The key is reused after GC for the same request: the same intent is re-signed (same
+    // nonce), the upstream keeps the new authorization and submits it.
+    forget_key(&app, &key).await;
+    assert_eq!(app.route(&key, &body).await.status(), 502, "refused again, and kept");
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed, not a new intent");
+    assert_eq!(settle_kept(&chain).await["settled"], 1, "the re-signed authorization moves money");
+    assert_eq!(moved(&chain).await - before, U256::from(PRICE));
+    let report = reconcile_now(&app.db, &chain.rpc_url);
+    assert_eq!(report["settled_response_lost"], 1, "{report}");
+
+    // Spent now, so only one more price fits the budget of two.
+    let weather = |city: &str| json!({"url": chain.url(&format!("/v2/weather?city={city}")), "max_amount": "10000"});
+    assert_eq!(app.route(&new_key(), &weather("a")).await.status(), 200);
+    let over = app.route(&new_key(), &weather("b")).await;
+    assert_eq!(over.status(), 402, "over the budget");
+    let env: Value = over.json().await.unwrap();
+    assert_eq!(env["code"], "payment_over_budget", "{env}");
+    assert_eq!(moved(&chain).await - before, U256::from(2 * PRICE), "counted on-chain: never more than the budget");
+    // The audit API shows when the settled payment was signed: now, not a day ago.
+    let signed_recently =
+        count(&app.db, "SELECT count(*) AS n FROM payments WHERE signed_at > now() - interval '1 hour'").await;
+    assert_eq!(signed_recently, 2);
+}
