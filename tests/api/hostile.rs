@@ -176,3 +176,46 @@ async fn nul_in_a_refusal_reason_is_recorded_and_the_payment_is_never_resent() {
     assert_eq!(stats["payment_attempts"], 1, "the signed payment was sent once: {stats}");
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'rejected'").await, 1);
 }
+
+/// A price the upstream gives as a JSON number (issue 22, item 6) may already be rounded by
+/// any JSON parser (`123456789012345678901234567890` and `1e30` become doubles): the 402 is
+/// refused with `upstream_invalid_402`, nothing is signed. A decimal string is exact, however
+/// large, and is shown back to the agent as it was sent.
+#[actix_web::test]
+async fn a_price_that_is_not_an_exact_decimal_string_is_refused_and_nothing_is_signed() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let up = TestUpstream::start().await;
+    let huge = "123456789012345678901234567890";
+    let price_url = |amount: &str| {
+        let q: String = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("amount", amount)
+            .append_pair("asset", &chain.token.to_string())
+            .finish();
+        up.url(&format!("/v1-402-price?{q}"))
+    };
+    for amount in [huge.to_owned(), "1e30".into(), "1E+30".into(), "10000".into(), "10000.0".into(), "\"1e30\"".into()]
+    {
+        let resp = app.route(&new_key(), &json!({"url": price_url(&amount), "max_amount": huge})).await;
+        let status = resp.status().as_u16();
+        let env: Value = resp.json().await.unwrap();
+        assert_eq!((status, env["code"].as_str()), (502, Some("upstream_invalid_402")), "{amount}: {env}");
+    }
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0, "nothing was signed");
+    // Beside a well-formed entry too: on the old code the number was skipped as malformed and
+    // echoed back to the agent rounded (1.2345678901234568e29) in the router's own 402.
+    let resp = app.route(&new_key(), &json!({"url": format!("{}&second=1", price_url(huge)), "max_amount": "1"})).await;
+    let status = resp.status().as_u16();
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!((status, env["code"].as_str()), (502, Some("upstream_invalid_402")), "{env}");
+    assert!(!env.to_string().contains("e29"), "never a rounded price: {env}");
+
+    // Exact: the price is read as the upstream wrote it, compared exactly, and shown as sent.
+    let resp = app.route(&new_key(), &json!({"url": price_url(&format!("\"{huge}\"")), "max_amount": "10000"})).await;
+    let status = resp.status().as_u16();
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!((status, env["code"].as_str()), (402, Some("payment_over_max_amount")), "{env}");
+    assert_eq!(env["accepts"][0]["maxAmountRequired"], huge, "{env}");
+    assert!(env["error"].as_str().unwrap().contains(huge), "{env}");
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0);
+}

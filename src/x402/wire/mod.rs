@@ -208,6 +208,19 @@ pub enum WireError {
     /// Every entry of `accepts` is malformed.
     #[error("no payment option in the 402 is well-formed: {0}")]
     NoValidRequirement(String),
+    /// An entry's price (v1 `maxAmountRequired`, v2 `amount`) is a JSON number, not a
+    /// decimal string: a JSON number may already have been rounded to a double by any parser
+    /// on the way (`123456789012345678901234567890`, `1e30`), so what the upstream asks
+    /// cannot be known exactly. The whole 402 is refused.
+    #[error(
+        "payment option #{index}: `{field}` is a JSON number, not a decimal string of atomic units; prices must be exact"
+    )]
+    InexactAmount {
+        /// Position in `accepts`.
+        index: usize,
+        /// The field (`maxAmountRequired` or `amount`).
+        field: &'static str,
+    },
     /// The signed authorization does not match the requirement it is sent for.
     #[error("signed authorization does not match the selected requirement: {0}")]
     AuthorizationMismatch(&'static str),

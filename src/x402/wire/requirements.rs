@@ -252,6 +252,10 @@ fn parse_message(message: &Value, expect: Option<X402Version>) -> Result<Payment
         return Err(WireError::TooManyRequirements(entries.len()));
     }
 
+    let field = version.amount_field();
+    if let Some(index) = entries.iter().position(|e| e.get(field).is_some_and(Value::is_number)) {
+        return Err(WireError::InexactAmount { index, field });
+    }
     let mut accepts = Vec::new();
     let mut skipped = Vec::new();
     for (index, entry) in entries.iter().enumerate() {

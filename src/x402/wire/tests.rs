@@ -421,3 +421,24 @@ fn settlement_pending_and_the_permit2_412_are_recognised() {
     assert!(!r.names("permit2"), "whole reasons only");
     assert!(!RefusalReasons::default().names(PERMIT2_ALLOWANCE_REQUIRED));
 }
+
+#[test]
+fn a_price_given_as_a_json_number_refuses_the_whole_402() {
+    // Whatever parsed it, a JSON number may have been rounded: 123456789012345678901234567890
+    // and 1e30 both become doubles. Even one such entry beside a good one refuses the 402.
+    for amount in [json!(10000), json!(1e30), serde_json::from_str::<Value>("123456789012345678901234567890").unwrap()]
+    {
+        let mut bad = v2_entry("1");
+        bad["amount"] = amount.clone();
+        let err = v2_with_entries(json!([v2_entry("7"), bad])).unwrap_err();
+        assert!(matches!(err, WireError::InexactAmount { index: 1, field: "amount" }), "{amount}: {err}");
+    }
+    // A decimal string is exact, however large (within 2^256).
+    let pr = v2_with_entries(json!([v2_entry("123456789012345678901234567890")])).unwrap();
+    assert_eq!(pr.accepts[0].amount().to_string(), "123456789012345678901234567890");
+    // Exponents and fractions in a string are not decimal integers: that entry is refused.
+    for amount in ["1e30", "1.0", "0x10", " 1"] {
+        let err = v2_with_entries(json!([v2_entry(amount)])).unwrap_err();
+        assert!(matches!(err, WireError::NoValidRequirement(_)), "{amount}: {err}");
+    }
+}

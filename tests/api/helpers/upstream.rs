@@ -110,6 +110,29 @@ async fn serve(req: HttpRequest, hits: web::Data<Hits>, body: web::Bytes) -> Htt
                 "payTo": "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC", "maxTimeoutSeconds": 60,
                 "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "extra": {"name": "USDC", "version": "2"}}]
         })),
+        // A v1 402 whose `maxAmountRequired` is the raw JSON token `?amount=` (a number or a
+        // quoted string, inserted verbatim), for the token `?asset=`; `&second=1` adds a
+        // well-formed second entry (price "10000").
+        "v1-402-price" => {
+            let param = |name: &str| {
+                url::form_urlencoded::parse(req.query_string().as_bytes())
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned())
+            };
+            let amount = param("amount").unwrap_or_else(|| "\"10000\"".into());
+            let asset = param("asset").unwrap_or_else(|| "0x036CbD53842c5426634e7929541eC2318f3dCF7e".into());
+            let entry = |amount: &str| {
+                format!(
+                    r#"{{"scheme":"exact","network":"base-sepolia","maxAmountRequired":{amount},"resource":"http://example.test/x","description":"d","mimeType":"application/json","payTo":"0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC","maxTimeoutSeconds":60,"asset":"{asset}","extra":{{"name":"USD Coin","version":"2"}}}}"#
+                )
+            };
+            let mut accepts = entry(&amount);
+            if param("second").as_deref() == Some("1") {
+                accepts = format!("{accepts},{}", entry("\"10000\""));
+            }
+            let body = format!(r#"{{"x402Version":1,"error":"X-PAYMENT header is required","accepts":[{accepts}]}}"#);
+            HttpResponse::PaymentRequired().content_type("application/json").body(body)
+        }
         "hostile" => {
             let name = path.rsplit('/').next().unwrap_or("");
             match hostile_body(name) {
