@@ -151,7 +151,8 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
-    let settings = reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after };
+    let settings =
+        reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after, faults: None };
     let receipt_signer = config::load_signer(&args.key)?;
     let upstream_config = config::UpstreamConfig::from_args(&args.upstream)?;
     let max_payments: u64 = config::parse_num("RECONCILE_MAX_RECOVERIES", &args.max_recoveries)

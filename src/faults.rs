@@ -39,6 +39,9 @@ pub enum Point {
     /// A heartbeat is about to renew the owner's lease (a test freezes a whole owner by
     /// holding this point too).
     Heartbeat,
+    /// Not part of a call: `reconcile` has read an intent and the chain's verdict, and is about
+    /// to write it (`audit::reconcile`, hook in its `Settings`).
+    ReconcileDecided,
 }
 
 impl Point {

@@ -68,7 +68,7 @@ use alloy::signers::local::PrivateKeySigner;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -76,7 +76,7 @@ use uuid::Uuid;
 
 use super::Cursor;
 use crate::db::schema::payments as payments_table;
-use crate::db::storable;
+use crate::faults::{self, Point};
 use crate::money::Amount;
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind};
@@ -119,13 +119,16 @@ pub struct Recovering<'a> {
 }
 
 /// What reconcile looks at.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct Settings {
     /// Intents written more recently than this are left alone.
     pub older_than: Duration,
     /// An in-flight key whose heartbeat is older than this has no live owner
     /// (`IDEMPOTENCY_ABANDON_AFTER_MS` of the routers).
     pub abandon_after: Duration,
+    /// Tests only: a hook called at [`Point::ReconcileDecided`] (between reading an intent and
+    /// writing the chain's verdict). Production sets none.
+    pub faults: Option<faults::Hook>,
 }
 
 /// What one run did; printed as one JSON line.
@@ -154,6 +157,9 @@ pub struct Report {
     pub resends: u64,
     /// Payments that could be tried but were left for a later run (the run's bounds).
     pub recovery_deferred: u64,
+    /// Spent `upto` payments whose charge was read from their settling transaction this run
+    /// (an ending that could not read it had left the signed maximum charged).
+    pub charges_proven: u64,
 }
 
 #[derive(Debug, QueryableByName)]
@@ -177,6 +183,10 @@ struct Candidate {
     signed_authorization: serde_json::Value,
     #[diesel(sql_type = BigInt)]
     valid_before: i64,
+    /// Signatures made for the intent: with `status` and `valid_before`, what the write is
+    /// guarded by (a re-signing changes it).
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
     #[diesel(sql_type = Text)]
     status: PaymentStatus,
     #[diesel(sql_type = Timestamptz)]
@@ -200,7 +210,7 @@ async fn candidates(
 ) -> QueryResult<Vec<Candidate>> {
     diesel::sql_query(format!(
         "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, p.signed_authorization, \
-                p.valid_before, p.status, p.created_at, \
+                p.valid_before, p.attempts, p.status, p.created_at, \
                 EXISTS (SELECT 1 FROM receipts r WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
                            AND r.request_hash = p.request_hash AND r.outcome = 'completed') AS served \
            FROM payments p \
@@ -222,37 +232,21 @@ async fn candidates(
     .await
 }
 
-/// Moves one intent from `old` to `new` if it is still in `old` and its key still has no
-/// live owner. The share lock on the idempotency row makes a concurrent takeover (an
-/// `UPDATE` of that row) wait for this statement, or this statement see the takeover.
-/// `false`: someone else moved first; nothing was written.
-///
-/// # Errors
-/// Database errors.
-async fn transition(
-    conn: &mut AsyncPgConnection,
-    c: &Candidate,
-    new: PaymentStatus,
-    abandon_after: Duration,
-) -> QueryResult<bool> {
-    let n = diesel::sql_query(
-        "WITH owner AS ( \
-              SELECT status, created_at FROM idempotency_keys \
-               WHERE agent_id = $2 AND key = $3 FOR SHARE) \
-         UPDATE payments p SET status = $5, updated_at = now() \
-          WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $4 \
-            AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight' \
-                   AND o.created_at >= now() - make_interval(secs => $6::float8 / 1000))",
-    )
-    .bind::<SqlUuid, _>(c.id)
-    .bind::<SqlUuid, _>(c.agent_id)
-    .bind::<Text, _>(&c.idempotency_key)
-    .bind::<Text, _>(c.status)
-    .bind::<Text, _>(new)
-    .bind::<BigInt, _>(millis(abandon_after))
-    .execute(conn)
-    .await?;
-    Ok(n == 1)
+/// What the settling transaction of a used `upto` authorization moved, if it can be found.
+async fn upto_charged(chain: &Chain, signed: &SignedPayment, id: Uuid) -> Option<Amount> {
+    match signed.settlement_on(chain, None).await {
+        Ok(Some(p)) => p.transferred.map(Amount::from_u256),
+        Ok(None) => {
+            tracing::warn!(payment.id = %id,
+                "upto authorization used on-chain, its transaction not found: the maximum stays charged");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(payment.id = %id, error = %e,
+                "upto authorization used on-chain, its transaction unreadable: the maximum stays charged");
+            None
+        }
+    }
 }
 
 fn millis(d: Duration) -> i64 {
@@ -308,6 +302,7 @@ pub async fn run(
 ) -> QueryResult<Report> {
     let mut report = Report::default();
     decide_all(conn, chain, settings, &mut report).await?;
+    prove_charges(conn, chain, &mut report).await?;
     if let Some(r) = recovering {
         recover_lost(conn, chain, r, &mut report).await?;
     }
@@ -348,23 +343,24 @@ async fn decide_all(
                 report.pending += 1;
                 continue;
             };
-            if let (Ok(signed), true) = (&signed, used && signed.as_ref().is_ok_and(|s| s.is_upto())) {
-                // What the settling transaction moved; unknown ⇒ the maximum stays charged.
-                match signed.settlement_on(chain, None).await {
-                    Ok(Some(p)) => {
-                        if let Some(moved) = p.transferred {
-                            payments::store::record_charged(conn, c.agent_id, c.id, Amount::from_u256(moved)).await?;
-                        }
-                    }
-                    Ok(None) => tracing::warn!(payment.id = %c.id,
-                        "upto authorization used on-chain, its transaction not found: the maximum stays charged"),
-                    Err(e) => tracing::warn!(payment.id = %c.id, error = %e,
-                        "upto authorization used on-chain, its transaction unreadable: the maximum stays charged"),
-                }
-            }
-            if !transition(conn, c, new, settings.abandon_after).await? {
+            // An `upto` authorization used on-chain: what its settling transaction moved is
+            // charged (unknown ⇒ the maximum stays charged until a later run finds it).
+            let charged = match (&signed, used) {
+                (Ok(signed), true) if signed.is_upto() => upto_charged(chain, signed, c.id).await,
+                _ => None,
+            };
+            faults::at(settings.faults.as_ref(), Point::ReconcileDecided).await;
+            let seen = payments::store::Seen {
+                agent_id: c.agent_id,
+                id: c.id,
+                idempotency_key: &c.idempotency_key,
+                status: c.status,
+                valid_before: c.valid_before,
+                attempts: c.attempts,
+            };
+            if !payments::store::reconcile_fate(conn, &seen, new, charged, millis(settings.abandon_after)).await? {
                 report.pending += 1;
-                tracing::info!(payment.id = %c.id, "payment intent changed meanwhile; left to its owner");
+                tracing::info!(payment.id = %c.id, "payment intent changed meanwhile (re-signed, or taken by an owner); left as it is");
                 continue;
             }
             tracing::info!(payment.id = %c.id, agent_id = %c.agent_id, payment.status.old = %c.status,
@@ -373,6 +369,38 @@ async fn decide_all(
                 Settled => report.settled += 1,
                 SettledResponseLost => report.settled_response_lost += 1,
                 _ => report.expired += 1,
+            }
+        }
+        if (batch.len() as i64) < BATCH {
+            return Ok(());
+        }
+    }
+}
+
+/// A pass over spent `upto` payments whose charge is unproven: the settling transaction is
+/// looked up again and the amount lowered to what it moved. Not found (yet): left for the next
+/// run, the maximum charged meanwhile (never less).
+async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut Report) -> QueryResult<()> {
+    let mut after = None;
+    loop {
+        let batch = payments::store::unproven_charges(conn, after, BATCH).await?;
+        let Some(last) = batch.last() else {
+            return Ok(());
+        };
+        after = Some((last.created_at, last.id));
+        for p in &batch {
+            let signed: SignedPayment = match serde_json::from_value(p.signed_authorization.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    report.errors += 1;
+                    tracing::warn!(payment.id = %p.id, error = %e, "stored authorization unreadable; charge left unproven");
+                    continue;
+                }
+            };
+            if let Some(charged) = upto_charged(chain, &signed, p.id).await {
+                payments::store::record_charged(conn, p.agent_id, p.id, charged).await?;
+                report.charges_proven += 1;
+                tracing::info!(payment.id = %p.id, payment.amount = %charged, "upto charge proven from the chain");
             }
         }
         if (batch.len() as i64) < BATCH {
@@ -431,33 +459,6 @@ fn eligible(row: &PaymentRow) -> Option<Vec<Value>> {
     (rounds < MAX_ROUNDS && recovery::worth_retrying(&attempts)).then_some(attempts)
 }
 
-/// Claims `row` for this run, as a lease: if it is still what was read and no other run holds
-/// it, sets `updated_at` [`LEASE`] into the future. A row whose `updated_at` lies ahead is
-/// leased: no other run claims it until then (a run that died loses it when it expires), so
-/// two runs never re-send the same payment at once. The claimed value guards the final write.
-/// `None`: taken (or leased) meanwhile.
-async fn claim(conn: &mut AsyncPgConnection, row: &PaymentRow) -> QueryResult<Option<DateTime<Utc>>> {
-    #[derive(QueryableByName)]
-    struct Claimed {
-        #[diesel(sql_type = Timestamptz)]
-        updated_at: DateTime<Utc>,
-    }
-    let claimed: Option<Claimed> = diesel::sql_query(
-        "UPDATE payments SET updated_at = clock_timestamp() + make_interval(secs => $4::float8 / 1000) \
-          WHERE agent_id = $1 AND id = $2 AND status = 'settled_response_lost' AND updated_at = $3 \
-            AND updated_at <= clock_timestamp() \
-          RETURNING updated_at",
-    )
-    .bind::<SqlUuid, _>(row.agent_id)
-    .bind::<SqlUuid, _>(row.id)
-    .bind::<Timestamptz, _>(row.updated_at)
-    .bind::<BigInt, _>(millis(LEASE))
-    .get_result(conn)
-    .await
-    .optional()?;
-    Ok(claimed.map(|c| c.updated_at))
-}
-
 /// The second pass: tries to get back the lost answers it may, within the run's bounds.
 async fn recover_lost(
     conn: &mut AsyncPgConnection,
@@ -491,7 +492,11 @@ async fn recover_lost(
                 continue;
             }
             tried += u64::from(sends);
-            let Some(claimed) = claim(conn, &row).await? else {
+            // A lease: two runs at once never re-send the same payment; the claimed value
+            // guards the final write.
+            let Some(claimed) =
+                payments::store::lease_lost_answer(conn, row.agent_id, row.id, row.updated_at, millis(LEASE)).await?
+            else {
                 tracing::info!(payment.id = %row.id, "lost answer taken by another run meanwhile");
                 continue;
             };
@@ -563,28 +568,9 @@ async fn record(
         },
         None => None,
     };
-    let note = storable::json(note).into_owned();
     let result = conn
         .transaction::<_, RecordError, _>(async |c| {
-            let n = diesel::sql_query(
-                "WITH owner AS ( \
-                      SELECT status FROM idempotency_keys WHERE agent_id = $1 AND key = $3 FOR SHARE) \
-                 UPDATE payments p SET status = $4, tx_hash = COALESCE($5, p.tx_hash), recovery = $6, \
-                        updated_at = now() \
-                  WHERE p.agent_id = $1 AND p.id = $2 AND p.status = 'settled_response_lost' \
-                    AND p.updated_at = $7 \
-                    AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight')",
-            )
-            .bind::<SqlUuid, _>(row.agent_id)
-            .bind::<SqlUuid, _>(row.id)
-            .bind::<Text, _>(&row.idempotency_key)
-            .bind::<Text, _>(status)
-            .bind::<Nullable<Text>, _>(tx_hash.as_deref())
-            .bind::<Jsonb, _>(&note)
-            .bind::<Timestamptz, _>(claimed)
-            .execute(c)
-            .await?;
-            if n != 1 {
+            if !payments::store::record_recovery(c, row, claimed, status, tx_hash.as_deref(), note).await? {
                 return Err(RecordError::Changed);
             }
             if let Some((receipt, http_status, body)) = &rendered {

@@ -142,9 +142,9 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, header_value, status, request_hash, \
                                requirement_json, context_json, request_method, request_url, request_headers, \
-                               request_body, advertised_extensions) \
+                               request_body, advertised_extensions, charge_proven) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                $21, $22, $23, $24, $25, $26, $27, $28 \
+                $21, $22, $23, $24, $25, $26, $27, $28, $6 <> 'upto' \
           WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
@@ -431,10 +431,10 @@ fn over_limit(spend: &Spend, amount: Amount) -> Option<String> {
 }
 
 /// Lowers an intent's `amount` (what it reserves, or once spent, what it charged) to
-/// `charged`, the amount the chain shows an `upto` authorization moved. Only ever lowers:
-/// the signed maximum stays in `signed_authorization`. The caller has proven on-chain that
-/// the authorization's nonce is used, so nothing more can move under it; the write is a
-/// fact of the chain and needs no lease.
+/// `charged`, the amount the chain shows an `upto` authorization moved, and marks the charge
+/// proven. Only ever lowers: the signed maximum stays in `signed_authorization`. The caller
+/// has proven on-chain that the authorization's nonce is used, so nothing more can move under
+/// it; the write is a fact of the chain and needs no lease.
 ///
 /// # Errors
 /// Database errors.
@@ -445,8 +445,8 @@ pub async fn record_charged(
     charged: Amount,
 ) -> QueryResult<()> {
     diesel::sql_query(
-        "UPDATE payments SET amount = $3::numeric, updated_at = now() \
-          WHERE agent_id = $1 AND id = $2 AND amount > $3::numeric",
+        "UPDATE payments SET amount = LEAST(amount, $3::numeric), charge_proven = true, updated_at = now() \
+          WHERE agent_id = $1 AND id = $2 AND (amount > $3::numeric OR NOT charge_proven)",
     )
     .bind::<SqlUuid, _>(agent_id)
     .bind::<SqlUuid, _>(id)
@@ -455,4 +455,171 @@ pub async fn record_charged(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// What `reconcile` read of an intent and decided on. Its write applies only while the
+/// intent is still exactly this: same status, same signature count, same validity. A
+/// re-signing that lands between the read and the write (a takeover, or the key reused after
+/// GC, may re-sign with the same nonce and a new `validBefore`, and end in the same status)
+/// makes the write a no-op, so a live authorization's reservation is never released on the
+/// strength of an older signature's expiry.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    pub agent_id: Uuid,
+    pub id: Uuid,
+    pub idempotency_key: &'a str,
+    pub status: PaymentStatus,
+    pub valid_before: i64,
+    pub attempts: i32,
+}
+
+/// Moves an intent that no live request owns to `new`, the chain's verdict on what was
+/// `seen`; with `charged` (an `upto` authorization the chain shows used), also lowers the
+/// amount to what its settling transaction moved. Guarded by everything `seen` holds, and by
+/// "no live owner" re-checked under a share lock on the key's idempotency row (a takeover
+/// that starts meanwhile waits for this statement, or makes it a no-op). `false`: changed
+/// meanwhile, nothing written.
+///
+/// # Errors
+/// Database errors.
+pub async fn reconcile_fate(
+    conn: &mut AsyncPgConnection,
+    seen: &Seen<'_>,
+    new: PaymentStatus,
+    charged: Option<Amount>,
+    abandon_after_ms: i64,
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "WITH owner AS ( \
+              SELECT status, created_at FROM idempotency_keys \
+               WHERE agent_id = $2 AND key = $3 FOR SHARE) \
+         UPDATE payments p SET status = $5, updated_at = now(), \
+                amount = CASE WHEN $9::numeric IS NULL THEN p.amount ELSE LEAST(p.amount, $9::numeric) END, \
+                charge_proven = p.charge_proven OR $9::numeric IS NOT NULL \
+          WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $4 AND p.valid_before = $7 AND p.attempts = $8 \
+            AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight' \
+                   AND o.created_at >= now() - make_interval(secs => $6::float8 / 1000))",
+    )
+    .bind::<SqlUuid, _>(seen.id)
+    .bind::<SqlUuid, _>(seen.agent_id)
+    .bind::<Text, _>(seen.idempotency_key)
+    .bind::<Text, _>(seen.status)
+    .bind::<Text, _>(new)
+    .bind::<BigInt, _>(abandon_after_ms)
+    .bind::<BigInt, _>(seen.valid_before)
+    .bind::<diesel::sql_types::Integer, _>(seen.attempts)
+    .bind::<Nullable<Text>, _>(charged.map(|a| a.to_string()))
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+/// Leases a `settled_response_lost` intent for one recovery attempt by `reconcile`: if it is
+/// still as read (`updated_at` = `seen_at`) and no other run holds it, sets `updated_at`
+/// `lease_ms` into the future. A row whose `updated_at` lies ahead is leased: no other run
+/// claims it until then. The returned value guards [`record_recovery`]. `None`: taken (or
+/// leased) meanwhile.
+///
+/// # Errors
+/// Database errors.
+pub async fn lease_lost_answer(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    id: Uuid,
+    seen_at: chrono::DateTime<chrono::Utc>,
+    lease_ms: i64,
+) -> QueryResult<Option<chrono::DateTime<chrono::Utc>>> {
+    #[derive(QueryableByName)]
+    struct Claimed {
+        #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+        updated_at: chrono::DateTime<chrono::Utc>,
+    }
+    let claimed: Option<Claimed> = diesel::sql_query(
+        "UPDATE payments SET updated_at = clock_timestamp() + make_interval(secs => $4::float8 / 1000) \
+          WHERE agent_id = $1 AND id = $2 AND status = 'settled_response_lost' AND updated_at = $3 \
+            AND updated_at <= clock_timestamp() \
+          RETURNING updated_at",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<SqlUuid, _>(id)
+    .bind::<diesel::sql_types::Timestamptz, _>(seen_at)
+    .bind::<BigInt, _>(lease_ms)
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(claimed.map(|c| c.updated_at))
+}
+
+/// Records what a recovery by `reconcile` came to on a leased `settled_response_lost` intent:
+/// `status` (`settled` for a recovered answer), the proven transaction, the recovery record.
+/// Guarded by the lease (`updated_at` = `claimed`) and by a share lock on the key's
+/// idempotency row (none in flight). `false`: changed meanwhile, nothing written.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_recovery(
+    conn: &mut AsyncPgConnection,
+    leased: &PaymentRow,
+    claimed: chrono::DateTime<chrono::Utc>,
+    status: PaymentStatus,
+    tx_hash: Option<&str>,
+    recovery: &Value,
+) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "WITH owner AS ( \
+              SELECT status FROM idempotency_keys WHERE agent_id = $1 AND key = $3 FOR SHARE) \
+         UPDATE payments p SET status = $4, tx_hash = COALESCE($5, p.tx_hash), recovery = $6, \
+                updated_at = now() \
+          WHERE p.agent_id = $1 AND p.id = $2 AND p.status = 'settled_response_lost' \
+            AND p.updated_at = $7 \
+            AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight')",
+    )
+    .bind::<SqlUuid, _>(leased.agent_id)
+    .bind::<SqlUuid, _>(leased.id)
+    .bind::<Text, _>(&leased.idempotency_key)
+    .bind::<Text, _>(status)
+    .bind::<Nullable<Text>, _>(tx_hash)
+    .bind::<Jsonb, _>(storable::json(recovery).as_ref())
+    .bind::<diesel::sql_types::Timestamptz, _>(claimed)
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
+/// A spent `upto` intent whose charge the chain has not been read for yet.
+#[derive(Debug, QueryableByName)]
+pub struct Unproven {
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    pub agent_id: Uuid,
+    /// The stored signed record (Permit2).
+    #[diesel(sql_type = Jsonb)]
+    pub signed_authorization: Value,
+    #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// One batch of spent intents whose charge is unproven (an `upto` ending that could not read
+/// its settling transaction), after `after` in `(created_at, id)` order.
+///
+/// # Errors
+/// Database errors.
+pub async fn unproven_charges(
+    conn: &mut AsyncPgConnection,
+    after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+    limit: i64,
+) -> QueryResult<Vec<Unproven>> {
+    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    diesel::sql_query(format!(
+        "SELECT id, agent_id, signed_authorization, created_at FROM payments \
+          WHERE NOT charge_proven AND status IN {spent} \
+            AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2::uuid)) \
+          ORDER BY created_at, id LIMIT $3"
+    ))
+    .bind::<Nullable<diesel::sql_types::Timestamptz>, _>(after.map(|a| a.0))
+    .bind::<Nullable<SqlUuid>, _>(after.map(|a| a.1))
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
 }

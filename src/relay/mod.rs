@@ -20,6 +20,7 @@ mod pending;
 pub mod reaccess;
 pub mod record;
 pub mod request;
+mod settled;
 
 use std::time::{Duration, Instant};
 

@@ -54,9 +54,14 @@ struct Attempt {
 }
 
 impl Attempt {
-    /// The envelope's `payment` object.
-    fn describe(&self, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
-        describe(self.version, &self.signed, status, tx_hash)
+    /// The envelope's `payment` object (upto: `amount` is what the chain shows moved, when known).
+    fn describe(
+        &self,
+        status: PaymentStatus,
+        tx_hash: Option<&str>,
+        charged: Option<alloy::primitives::U256>,
+    ) -> Value {
+        describe_charged(self.version, &self.signed, status, tx_hash, charged)
     }
 }
 
@@ -370,10 +375,9 @@ pub async fn resume(
         }
     };
     if used {
-        let proven = signed.settlement_on(&state.chain, None).await.ok().flatten();
-        let charged = proven.and_then(|p| p.transferred);
-        record_charged(state, own.agent_id, intent.id, &signed, charged).await?;
-        let tx_hash = proven.map(|p| p.tx_hash.to_string()).or(intent.tx_hash.clone());
+        let proven = super::settled::prove(state, own.agent_id, intent.id, &signed, None).await;
+        let charged = proven.charged;
+        let tx_hash = proven.tx_hash.map(|h| h.to_string()).or(intent.tx_hash.clone());
         if mode == Resume::KeyReused {
             // Paid before the key expired. If that call was never served (its answer lost),
             // a sign-in may still re-access what was paid for; a served one is never re-run.
@@ -599,17 +603,23 @@ async fn exchange(
                 id: attempt.id,
                 signed,
                 used: || chain_used(state, signed),
-                describe: |status, tx: Option<&str>| attempt.describe(status, tx),
+                describe: |status, tx: Option<&str>, charged| attempt.describe(status, tx, charged),
             };
             super::pending::unanswered(state, own, paid, resp, deadline).await
         }
         Ok(resp) if resp.status == 402 || super::allowance::needs_permit2(&resp) => {
             let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
-            let status = match chain_used(state, signed).await {
-                Ok(true) => PaymentStatus::Settled,
-                Ok(false) => PaymentStatus::Rejected,
-                Err(_) => PaymentStatus::Unknown,
+            // Paid and refused anyway: the money moved and the call was not served, so it is
+            // `settled_response_lost` (visible to recovery), charged what the chain shows moved.
+            let (status, proven) = match chain_used(state, signed).await {
+                Ok(true) => {
+                    let proven = super::settled::prove(state, own.agent_id, attempt.id, signed, None).await;
+                    (PaymentStatus::SettledResponseLost, proven)
+                }
+                Ok(false) => (PaymentStatus::Rejected, super::settled::Proven::default()),
+                Err(_) => (PaymentStatus::Unknown, super::settled::Proven::default()),
             };
+            let tx_hash = proven.tx_hash.map(|h| h.to_string());
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
             let permit2 = reasons.names(x402::wire::PERMIT2_ALLOWANCE_REQUIRED);
@@ -618,12 +628,13 @@ async fn exchange(
             } else {
                 format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"))
             };
-            let ledger = Final { id: attempt.id, status, tx_hash: None, error: reason, recovery: None };
-            let payment = PaymentNote { shown: attempt.describe(status, None), ledger: Some(ledger) };
+            let shown = attempt.describe(status, tx_hash.as_deref(), proven.charged);
+            let ledger = Final { id: attempt.id, status, tx_hash, error: reason, recovery: None };
+            let payment = PaymentNote { shown, ledger: Some(ledger) };
             let code = match status {
                 PaymentStatus::Rejected if permit2 => Code::Permit2AllowanceRequired,
                 PaymentStatus::Rejected => Code::PaymentRejected,
-                PaymentStatus::Settled => Code::SettledResponseLost,
+                PaymentStatus::SettledResponseLost => Code::SettledResponseLost,
                 _ => Code::PaymentUnknown,
             };
             // The facilitator's reasons, unchanged, beside our own message.
@@ -641,14 +652,11 @@ async fn exchange(
             faults::at(state.faults.as_ref(), Point::BeforeConfirm).await;
             // The answer has arrived: it is recorded whatever the clock says; a settlement that
             // cannot be confirmed by the deadline is recorded `unknown` for `reconcile`.
-            let (status, tx_hash, note, charged) = confirm(state, signed, claim.as_ref(), deadline).await;
-            if let Err(e) = record_charged(state, own.agent_id, attempt.id, signed, charged).await {
-                // The answer is recorded regardless; the maximum stays charged (never less).
-                tracing::warn!(agent_id = %own.agent_id, error = %e, "could not lower an upto reservation to what moved");
-            }
+            let (status, tx_hash, note, charged) =
+                confirm(state, (own.agent_id, attempt.id), signed, claim.as_ref(), deadline).await;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
-            let mut shown = describe_charged(attempt.version, signed, status, tx_hash.as_deref(), charged);
+            let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
             if let Some(said) = claim.as_ref().and_then(|c| c.amount).filter(|_| signed.is_upto()) {
                 // The upstream's word, beside what the chain shows (`amount`).
                 shown["claimed_amount"] = json!(said.to_string());
@@ -671,11 +679,15 @@ async fn lost_answer(
     e: &UpstreamError,
     deadline: Instant,
 ) -> Outcome {
-    let status = match chain_used(state, &attempt.signed).await {
-        Ok(true) => PaymentStatus::SettledResponseLost,
+    let (status, proven) = match chain_used(state, &attempt.signed).await {
+        Ok(true) => {
+            let proven = super::settled::prove(state, own.agent_id, attempt.id, &attempt.signed, None).await;
+            (PaymentStatus::SettledResponseLost, proven)
+        }
         // Not (yet) used: the upstream still holds a valid authorization until validBefore.
-        _ => PaymentStatus::Unknown,
+        _ => (PaymentStatus::Unknown, super::settled::Proven::default()),
     };
+    let charged = proven.charged;
     let mut note = None;
     // A call cut by the route deadline itself has no time left: `reconcile` tries later.
     let time_left = remaining(deadline) >= MIN_RECOVERY_TIME;
@@ -697,7 +709,7 @@ async fn lost_answer(
                     "the answer to a settled payment, lost in transit, was recovered by a byte-identical re-send");
                 let status = PaymentStatus::Settled;
                 let tx_hash = Some(tx_hash.to_string());
-                let mut shown = attempt.describe(status, tx_hash.as_deref());
+                let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
                 shown["recovery"] = json!(kind.as_str());
                 let ledger = Final { id: attempt.id, status, tx_hash, error: None, recovery: Some(recorded) };
                 return Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) };
@@ -710,11 +722,12 @@ async fn lost_answer(
         PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
-    let mut shown = attempt.describe(status, None);
+    let tx_hash = proven.tx_hash.map(|h| h.to_string());
+    let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
     if let Some(n) = &note {
         shown["recovery"] = json!(n.kind.as_str());
     }
-    let ledger = Final { id: attempt.id, status, tx_hash: None, error: Some(e.to_string()), recovery: note };
+    let ledger = Final { id: attempt.id, status, tx_hash, error: Some(e.to_string()), recovery: note };
     let payment = PaymentNote { shown, ledger: Some(ledger) };
     let code =
         if status == PaymentStatus::SettledResponseLost { Code::SettledResponseLost } else { Code::PaymentUnknown };
@@ -731,6 +744,7 @@ type Confirmed = (PaymentStatus, Option<String>, Option<String>, Option<alloy::p
 /// move, and the authorization stays reserved until the chain shows it used or expired.
 async fn confirm(
     state: &AppState,
+    (agent_id, id): (Uuid, Uuid),
     s: &SignedPayment,
     claim: Option<&x402::SettlementResponse>,
     deadline: Instant,
@@ -776,19 +790,16 @@ async fn confirm(
             // Record only the transaction the chain shows consuming this nonce, whatever the
             // upstream claims, and (Permit2) the amount its logs show moving.
             let claimed_hash = claim.and_then(|c| c.tx_hash);
-            let proven = s.settlement_on(&state.chain, claimed_hash).await;
-            let charged = proven.as_ref().ok().and_then(|p| p.as_ref()?.transferred);
+            let proven = super::settled::prove(state, agent_id, id, s, claimed_hash).await;
+            let charged = proven.charged;
             let claimed_amount = claim.and_then(|c| c.amount);
-            let (tx, mut note) = match proven {
-                Ok(Some(p)) if Some(p.tx_hash) == claimed_hash || claimed_hash.is_none() => {
-                    (Some(p.tx_hash.to_string()), None)
-                }
-                Ok(Some(p)) => (
-                    Some(p.tx_hash.to_string()),
+            let (tx, mut note) = match proven.tx_hash {
+                Some(h) if Some(h) == claimed_hash || claimed_hash.is_none() => (Some(h.to_string()), None),
+                Some(h) => (
+                    Some(h.to_string()),
                     claimed_hash.map(|c| format!("the claimed transaction {c} did not use this authorization")),
                 ),
-                Ok(None) => (None, Some("the transaction that used the authorization was not found".to_owned())),
-                Err(e) => (None, Some(format!("the settling transaction could not be found: {e}"))),
+                None => (None, proven.missing),
             };
             if let (Some(moved), Some(said)) = (charged, claimed_amount)
                 && moved != said.as_u256()
@@ -813,25 +824,6 @@ async fn confirm(
         Ok(false) => (PaymentStatus::NotSettled, None, None, None),
         Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}")), None),
     }
-}
-
-/// Lowers the reservation of an `upto` intent to what the chain shows it moved (the nonce is
-/// used, so nothing more can ever move under it). Nothing for other payments, or when the
-/// amount moved is unknown: the signed maximum stays reserved.
-///
-/// # Errors
-/// [`Error`] when the ledger cannot be written.
-async fn record_charged(
-    state: &AppState,
-    agent_id: Uuid,
-    id: Uuid,
-    signed: &SignedPayment,
-    charged: Option<alloy::primitives::U256>,
-) -> Result<(), Error> {
-    let Some(charged) = charged.filter(|_| signed.is_upto()) else { return Ok(()) };
-    let mut conn = super::error::conn(&state.pool).await?;
-    store::record_charged(&mut conn, agent_id, id, crate::money::Amount::from_u256(charged)).await?;
-    Ok(())
 }
 
 /// The first configured `(network, asset)` on which the request's EIP-3009 nonce, or its

@@ -54,7 +54,8 @@ pub(super) struct Paid<'a, U, D> {
     pub signed: &'a SignedPayment,
     /// Whether the chain shows the authorization used.
     pub used: U,
-    /// The envelope's `payment` object for a status and a proven transaction.
+    /// The envelope's `payment` object for a status, a proven transaction and (upto) the
+    /// amount the chain shows moved.
     pub describe: D,
 }
 
@@ -114,7 +115,7 @@ pub(super) async fn unanswered<U, F, D>(
 where
     U: Fn() -> F,
     F: Future<Output = Result<bool, x402::ChainError>>,
-    D: Fn(PaymentStatus, Option<&str>) -> Value,
+    D: Fn(PaymentStatus, Option<&str>, Option<alloy::primitives::U256>) -> Value,
 {
     let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
     let hint = claim.as_ref().and_then(|c| c.tx_hash);
@@ -124,11 +125,13 @@ where
     tracing::warn!(agent_id = %own.agent_id, upstream.status = resp.status, payment.claimed_tx = ?hint,
         "the upstream answered the paid request with a settlement claim and no answer; watching the chain");
     let watched = watch(state, s, &paid.used, hint, deadline).await;
+    let mut charged = None;
     let (status, code, tx_hash, msg, error) = match watched {
         Watched::Used => {
-            // (upto: the signed maximum stays charged here; reconcile lowers it from the logs.)
-            let proven = s.settlement_on(&state.chain, hint).await;
-            let tx = proven.ok().flatten().map(|p| p.tx_hash.to_string());
+            // What the chain proves moved (upto: charged that, never the upstream's word).
+            let proven = super::settled::prove(state, own.agent_id, paid.id, s, hint).await;
+            charged = proven.charged;
+            let tx = proven.tx_hash.map(|h| h.to_string());
             let named = tx.as_deref().unwrap_or("not found in the recent logs");
             let msg = format!(
                 "the upstream answered {} ({said}) instead of its answer; the payment settled on-chain (transaction \
@@ -165,7 +168,7 @@ where
     };
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
     tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), "settlement claim decided");
-    let mut shown = (paid.describe)(status, tx_hash.as_deref());
+    let mut shown = (paid.describe)(status, tx_hash.as_deref(), charged);
     if let Some(h) = hint {
         shown["claimed_tx_hash"] = json!(h.to_string());
     }

@@ -324,3 +324,66 @@ async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_sig
         count(&app.db, "SELECT count(*) AS n FROM payments WHERE signed_at > now() - interval '1 hour'").await;
     assert_eq!(signed_recently, 2);
 }
+
+/// The race on reconcile's write (issue 22, item 2): reconcile reads a refused intent whose
+/// authorization has expired unused, and decides `expired`; before it writes, the key is
+/// reused after GC and the same intent is re-signed (same nonce, a new validBefore), refused
+/// again by the lying upstream that keeps the new, live authorization. On the old code the
+/// write checked the status only (`rejected` both times) and released the live
+/// authorization's reservation: the agent could pay again beyond its budget.
+#[actix_web::test]
+async fn reconcile_never_releases_an_intent_re_signed_between_its_read_and_its_write() {
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+    use x402_router::faults::{Hook, Inject, Point};
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain, &[]).await;
+    set_budget(&app, 2 * PRICE).await;
+    let before = moved(&chain).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/keep-reject?max_timeout=6"), "max_amount": PRICE.to_string()});
+    assert_eq!(app.route(&key, &body).await.status(), 502, "refused, and kept by the upstream");
+    let first_valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
+    until_past(first_valid_before, std::time::Duration::from_secs(30)).await;
+    // Past reconcile's safety margin too (as if the margin had passed).
+    exec(&app.db, "UPDATE payments SET valid_before = extract(epoch from now())::bigint - 3600").await;
+
+    // Reconcile in this process, paused between its read and its write.
+    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (r, l) = (Arc::clone(&reached), Arc::clone(&release));
+    let hook: Hook = Arc::new(move |p| {
+        let (r, l) = (Arc::clone(&r), Arc::clone(&l));
+        Box::pin(async move {
+            if p == Point::ReconcileDecided {
+                r.notify_one();
+                l.notified().await;
+            }
+            Inject::Nothing
+        })
+    });
+    let networks = x402_router::config::parse_rpc_urls(&format!("eip155:84532={}", chain.rpc_url)).unwrap();
+    let rpc = x402_router::x402::Chain::new(networks, std::time::Duration::from_secs(5));
+    let settings = x402_router::audit::reconcile::Settings {
+        older_than: std::time::Duration::ZERO,
+        abandon_after: std::time::Duration::from_secs(60),
+        faults: Some(hook),
+    };
+    let mut conn = app.db.conn().await;
+    let run = tokio::spawn(async move { x402_router::audit::reconcile::run(&mut conn, &rpc, &settings, None).await });
+    tokio::time::timeout(std::time::Duration::from_secs(30), reached.notified()).await.expect("reconcile decided");
+
+    forget_key(&app, &key).await;
+    assert_eq!(app.route(&key, &body).await.status(), 502, "re-signed, refused again, kept again");
+    assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2);
+    release.notify_one();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!((report.expired, report.pending), (0, 1), "{report:?}");
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'rejected'").await, 1);
+
+    // The live authorization still holds its part of the budget; the upstream submits it.
+    assert_eq!(settle_kept(&chain).await["settled"], 1, "the re-signed authorization moves money");
+    let weather = |city: &str| json!({"url": chain.url(&format!("/v2/weather?city={city}")), "max_amount": "10000"});
+    assert_eq!(app.route(&new_key(), &weather("a")).await.status(), 200);
+    assert_eq!(app.route(&new_key(), &weather("b")).await.status(), 402, "over the budget");
+    assert_eq!(moved(&chain).await - before, U256::from(2 * PRICE), "counted on-chain: never more than the budget");
+}

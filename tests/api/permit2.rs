@@ -658,3 +658,69 @@ async fn an_unmarked_token_whose_authorization_state_reverts_is_never_paid() {
     assert_eq!(text_of(&app, "SELECT count(*)::text AS t FROM payments").await, "0", "nothing was signed");
     assert_eq!((plain_balances(&chain).await, balances(&chain).await), (plain0, usdc0));
 }
+
+/// Every way an `upto` payment can settle without its answer being served (issue 22, item 3):
+/// a bare 402 or a 412 after settling, a dropped connection, a `settlement_pending` 402. Each
+/// is `settled_response_lost` (visible to recovery), charged what the settling transaction
+/// moved (never the signed maximum, never the upstream's claim), counted on-chain. On the old
+/// code the paid 402/412 were recorded `settled` and, like the others, kept the maximum charged.
+#[actix_web::test]
+async fn an_upto_payment_that_settles_without_its_answer_is_charged_what_moved_and_is_settled_response_lost() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 1000000 WHERE id = '{}'", app.agent.id)).await;
+    let mut charged_total = 0u64;
+    for (i, end) in ["402", "412", "drop", "pending"].into_iter().enumerate() {
+        let used = 1000 + 111 * i as u64;
+        let (router0, pay_to0) = balances(&chain).await;
+        let key = new_key();
+        let body = json!({"url": chain.url(&format!("/v2/upto?used={used}&end={end}")), "max_amount": "50000"});
+        let resp = app.route(&key, &body).await;
+        let env: Value = resp.json().await.unwrap();
+        assert_eq!(env["code"], "settled_response_lost", "{end}: {env}");
+        assert_eq!(env["payment"]["status"], "settled_response_lost", "{end}: {env}");
+        assert_eq!(env["payment"]["amount"], used.to_string(), "{end}: what moved: {env}");
+        assert_eq!(env["payment"]["max_amount"], PRICE.to_string(), "{end}");
+        assert!(env["payment"]["tx_hash"].is_string(), "{end}: the proven transaction: {env}");
+        // Counted on-chain: exactly `used` moved.
+        assert_eq!(balances(&chain).await, (router0 - U256::from(used), pay_to0 + U256::from(used)), "{end}");
+        let row = text_of(
+            &app,
+            &format!(
+                "SELECT status || ' ' || amount::text || ' ' || charge_proven::text AS t FROM payments \
+                  WHERE idempotency_key = '{key}'"
+            ),
+        )
+        .await;
+        assert_eq!(row, format!("settled_response_lost {used} true"), "{end}");
+        charged_total += used;
+    }
+    let me = get(&app, "/agents/me").await;
+    assert_eq!((me["spent"].as_str(), me["reserved"].as_str()), (Some(&*charged_total.to_string()), Some("0")), "{me}");
+}
+
+/// A spent `upto` payment whose settling transaction could not be read when it ended (its
+/// charge unproven) keeps the maximum only until `reconcile` reads the transaction.
+#[actix_web::test]
+async fn reconcile_proves_the_charge_of_a_spent_upto_payment_that_kept_its_maximum() {
+    let chain = Devnet::start().await;
+    let app = paid_app(&chain).await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 1000000 WHERE id = '{}'", app.agent.id)).await;
+    let body = json!({"url": chain.url("/v2/upto?used=777&end=drop"), "max_amount": "50000"});
+    app.route(&new_key(), &body).await;
+    assert_eq!(ledger_amount(&app).await, "777");
+    // As an ending that could not read the chain leaves it: the maximum, unproven.
+    exec(&app.db, &format!("UPDATE payments SET amount = {PRICE}, charge_proven = false")).await;
+    let out = router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .env("RECONCILE_OLDER_THAN_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["charges_proven"], 1, "{report}");
+    assert_eq!(ledger_amount(&app).await, "777");
+    assert_eq!(text_of(&app, "SELECT charge_proven::text AS t FROM payments").await, "true");
+}

@@ -272,6 +272,38 @@ fn recovery_cannot_reach_anything_that_signs() {
     }
 }
 
+/// One writer of the ledger (issue 22): no code outside `src/payments/` writes the `payments`
+/// table, in SQL or through diesel's DSL. `reconcile`, `gc`, audit and the relay call the
+/// `payments` module, whose writes are fenced or guarded by what their caller decided on.
+#[test]
+fn only_the_payments_module_writes_the_payments_table() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let writes = [
+        "update payments",
+        "insert into payments",
+        "delete from payments",
+        "update(payments",
+        "insert_into(payments",
+        "delete(payments",
+        "truncate payments",
+    ];
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.starts_with(src.join("payments"))) {
+        // Whitespace folded and lower-cased, so `UPDATE  payments` or a line break between
+        // the words cannot slip through.
+        let code = code_of(&std::fs::read_to_string(file).unwrap()).to_lowercase();
+        let folded = code.split_whitespace().collect::<Vec<_>>().join(" ").replace("\\ ", "");
+        for w in writes {
+            if folded.contains(w) || folded.replace("payments::table", "payments").contains(w) {
+                found.push(format!("{}: {w}", file.strip_prefix(&src).unwrap().display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "writes to `payments` outside src/payments/: {found:?}");
+}
+
 /// The enum and the database agree on the set of ledger statuses.
 #[actix_web::test]
 async fn payment_status_enum_matches_the_check_constraint() {

@@ -10,6 +10,11 @@
 //! `/v2/permit2?token=plain` asks for the token without EIP-3009 (`serve --plain-token`);
 //! `&offer=eip3009` then offers EIP-3009 `exact` in it instead (which no client can pay).
 //!
+//! Hostile endings after settling (money moved, no answer served): `&end=402` answers a bare
+//! 402 (no settlement header), `&end=412` a 412 `permit2_allowance_required`, `&end=drop`
+//! closes the connection without an answer, `&end=pending` answers 402 `settlement_pending`
+//! naming the settling transaction.
+//!
 //! Both take `?seconds=S`: answer S seconds after settling (the handler still running), and
 //! `?pid=1`: advertise `payment-identifier` and answer a re-send of the same id and payment
 //! from the response cache (503 while the original is still running), like `/v2/pid`.
@@ -32,7 +37,23 @@ pub(super) const PERMIT2_PATH: &str = "/v2/permit2";
 /// Path of the upto route.
 pub(super) const UPTO_PATH: &str = "/v2/upto";
 
+/// How a paid request ends after its settlement (`&end=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// 200 with the answer and `PAYMENT-RESPONSE` (the default).
+    Answer,
+    /// A bare 402: the payment "refused" after it settled.
+    Refused402,
+    /// 412 `permit2_allowance_required` after it settled.
+    Refused412,
+    /// The connection closed without an answer.
+    Drop,
+    /// 402 `settlement_pending` naming the settling transaction.
+    Pending,
+}
+
 struct P2Query {
+    end: End,
     used: Option<U256>,
     claim: Option<U256>,
     seconds: u64,
@@ -42,7 +63,15 @@ struct P2Query {
 }
 
 fn parse_query(raw: &str) -> Result<P2Query, String> {
-    let mut q = P2Query { used: None, claim: None, seconds: 0, pid: false, plain: false, offer_eip3009: false };
+    let mut q = P2Query {
+        end: End::Answer,
+        used: None,
+        claim: None,
+        seconds: 0,
+        pid: false,
+        plain: false,
+        offer_eip3009: false,
+    };
     let uint = |v: &str, name: &str| {
         if v.is_empty() || v.len() > 78 || !v.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("{name} must be a decimal amount"));
@@ -52,6 +81,15 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
     for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
         match &*key {
             "used" => q.used = Some(uint(&value, "used")?),
+            "end" => {
+                q.end = match &*value {
+                    "402" => End::Refused402,
+                    "412" => End::Refused412,
+                    "drop" => End::Drop,
+                    "pending" => End::Pending,
+                    _ => return Err("end must be 402, 412, drop or pending".into()),
+                }
+            }
             "claim" => q.claim = Some(uint(&value, "claim")?),
             "pid" => q.pid = value == "1",
             "token" => q.plain = value == "plain",
@@ -222,6 +260,9 @@ async fn handle_paid(
     if query.seconds > 0 {
         tokio::time::sleep(Duration::from_secs(query.seconds)).await;
     }
+    if query.end != End::Answer {
+        return Err(ended(state, query.end, required, transaction, payment.from));
+    }
     let claimed = query.claim.unwrap_or(moved);
     if claimed != moved {
         tracing::warn!(route = path, %moved, %claimed, "claiming another amount than was settled");
@@ -240,6 +281,27 @@ async fn handle_paid(
     });
     let body = serde_json::to_vec(&body).map_err(|err| internal_error(&err))?;
     Ok(pid_cache::StoredAnswer { status: actix_web::http::StatusCode::OK, body, settlement: Some(header) })
+}
+
+/// A hostile ending after the payment settled (`&end=`): no answer is served.
+fn ended(
+    state: &AppState,
+    end: End,
+    required: &dyn Fn(&str) -> wire::PaymentRequiredV2,
+    transaction: Option<alloy::primitives::B256>,
+    payer: Address,
+) -> HttpResponse {
+    tracing::warn!(?end, ?transaction, "settled; ending without the answer");
+    match (end, transaction) {
+        (End::Refused412, _) => {
+            super::pending_routes::precondition_v2(&required(super::pending_routes::PERMIT2_ALLOWANCE_REQUIRED))
+        }
+        (End::Drop, _) => dropped_connection(),
+        (End::Pending, Some(transaction)) => {
+            super::pending_routes::pending_v2(state, &super::paid_routes::Settled { transaction, payer })
+        }
+        _ => payment_required_v2(&required("unexpected_settle_error"), json!({})),
+    }
 }
 
 /// The client's `accepted` is the offer (addresses compared as addresses).

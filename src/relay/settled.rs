@@ -1,0 +1,59 @@
+//! What the chain proves about a used authorization: the transaction that consumed it and,
+//! for `upto`, the amount its `Transfer` logs show moved. Every ending of a paid call that
+//! finds the authorization used (an answer, a paid 402 or 412, a lost answer, a
+//! `settlement_pending` claim, a takeover) records the charge from here, never from the
+//! upstream's word; what cannot be read now is left to `reconcile` (the intent's charge stays
+//! unproven, its maximum reserved, until a run reads it).
+
+use alloy::primitives::{B256, U256};
+use uuid::Uuid;
+
+use crate::money::Amount;
+use crate::payments::store;
+use crate::state::AppState;
+use crate::x402::SignedPayment;
+
+/// The proof, as far as the chain gave it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Proven {
+    /// The transaction that used the authorization (None: not found, or unreadable).
+    pub tx_hash: Option<B256>,
+    /// `upto`: what it moved to the payee (None: unknown, or not `upto`).
+    pub charged: Option<U256>,
+    /// Why the proof is missing, when it is.
+    pub missing: Option<String>,
+}
+
+/// Finds the settling transaction of `signed` (used on-chain), trying `claimed` first, and
+/// lowers an `upto` intent's amount to what it moved.
+pub(super) async fn prove(
+    state: &AppState,
+    agent_id: Uuid,
+    id: Uuid,
+    signed: &SignedPayment,
+    claimed: Option<B256>,
+) -> Proven {
+    let proven = match signed.settlement_on(&state.chain, claimed).await {
+        Ok(Some(p)) => Proven { tx_hash: Some(p.tx_hash), charged: p.transferred, missing: None },
+        Ok(None) => Proven {
+            missing: Some("the transaction that used the authorization was not found".into()),
+            ..Proven::default()
+        },
+        Err(e) => {
+            Proven { missing: Some(format!("the settling transaction could not be found: {e}")), ..Proven::default() }
+        }
+    };
+    if let Some(charged) = proven.charged.filter(|_| signed.is_upto()) {
+        let written = match super::error::conn(&state.pool).await {
+            Ok(mut conn) => store::record_charged(&mut conn, agent_id, id, Amount::from_u256(charged))
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = written {
+            // The maximum stays charged (never less) until reconcile proves the charge.
+            tracing::warn!(agent_id = %agent_id, error = %e, "could not lower an upto reservation to what moved");
+        }
+    }
+    proven
+}
