@@ -271,6 +271,19 @@ async fn until_past(t: i64, limit: std::time::Duration) {
     }
 }
 
+/// Calls `body` (a `/v2/keep-reject` route with a short `max_timeout`) under `key`: the lying
+/// upstream refuses the payment and keeps the authorization; returns once that authorization
+/// has expired unused (the wall clock passed its validBefore).
+async fn refused_kept_and_expired(app: &TestApp, key: &str, body: &Value) {
+    let first = app.route(key, body).await;
+    let status = first.status();
+    let env: Value = first.json().await.unwrap();
+    assert_eq!((status.as_u16(), env["code"].as_str()), (502, Some("payment_rejected")), "kept and refused: {env}");
+    let valid_before =
+        count(&app.db, &format!("SELECT valid_before AS n FROM payments WHERE idempotency_key = '{key}'")).await;
+    until_past(valid_before, std::time::Duration::from_secs(30)).await;
+}
+
 /// The attack on the rolling window (issue 22, item 1): a payment the upstream refused (and
 /// kept), aged past 24 h and expired by reconcile, is re-signed for the same request when
 /// the key is reused after GC; the upstream submits the new authorization. On the old code
@@ -284,11 +297,7 @@ async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_sig
     let before = moved(&chain).await;
     let key = new_key();
     let body = json!({"url": chain.url("/v2/keep-reject?max_timeout=6"), "max_amount": PRICE.to_string()});
-    let first = app.route(&key, &body).await;
-    let status = first.status();
-    let env: Value = first.json().await.unwrap();
-    assert_eq!((status.as_u16(), env["code"].as_str()), (502, Some("payment_rejected")), "kept and refused: {env}");
-    let first_valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
+    refused_kept_and_expired(&app, &key, &body).await;
 
     // A day later: the refused intent's rows are old, and reconcile finds it expired unused.
     exec(
@@ -297,7 +306,6 @@ async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_sig
                 signed_at = now() - interval '25 hours', valid_before = extract(epoch from now())::bigint - 3600",
     )
     .await;
-    until_past(first_valid_before, std::time::Duration::from_secs(30)).await;
     let report = reconcile_now(&app.db, &chain.rpc_url);
     assert_eq!(report["expired"], 1, "{report}");
 
@@ -342,9 +350,7 @@ async fn reconcile_never_releases_an_intent_re_signed_between_its_read_and_its_w
     let before = moved(&chain).await;
     let key = new_key();
     let body = json!({"url": chain.url("/v2/keep-reject?max_timeout=6"), "max_amount": PRICE.to_string()});
-    assert_eq!(app.route(&key, &body).await.status(), 502, "refused, and kept by the upstream");
-    let first_valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
-    until_past(first_valid_before, std::time::Duration::from_secs(30)).await;
+    refused_kept_and_expired(&app, &key, &body).await;
     // Past reconcile's safety margin too (as if the margin had passed).
     exec(&app.db, "UPDATE payments SET valid_before = extract(epoch from now())::bigint - 3600").await;
 
