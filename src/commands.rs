@@ -18,7 +18,8 @@ use crate::startup::{Application, Hooks};
 /// Configuration, migration or server errors.
 pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let mut config = Config::from_args(args)?;
-    crate::telemetry::init(config.json_logs);
+    // Kept until the server stops: dropping it flushes the traces not yet exported.
+    let _traces = crate::telemetry::init_serving(config.json_logs)?;
     crate::startup::preflight(&mut config).await?;
     if config.run_migrations {
         let applied = crate::db::run_migrations(config.database.url.expose()).await.context("running migrations")?;

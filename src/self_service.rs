@@ -166,7 +166,7 @@ pub async fn receipts(
 ) -> QueryResult<(Vec<Receipt>, Option<Cursor>)> {
     let mut rows: Vec<ReceiptRow> = diesel::sql_query(
         "SELECT id, agent_id, idempotency_key, request_hash, method, url, upstream_status, \
-                upstream_body_sha256, payment, outcome, created_at, signer, signature \
+                upstream_body_sha256, payment, outcome, created_at, signer, signature, trace_id \
            FROM receipts \
           WHERE agent_id = $1 \
             AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3::uuid)) \

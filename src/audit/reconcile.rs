@@ -635,6 +635,7 @@ fn render(
         upstream_body_sha256: canonical::sha256_hex(&resp.body),
         payment: Some(shown),
         outcome: outcome.as_str().to_owned(),
+        trace_id: crate::telemetry::current_trace_id(),
     };
     let receipt = draft.sign(signer).map_err(|e| format!("signing the receipt: {e}"))?;
     Ok((receipt, http_status, body.to_bytes()))

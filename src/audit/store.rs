@@ -39,7 +39,7 @@ fn paged<T>(mut rows: Vec<T>, page: Page, key: impl Fn(&T) -> Cursor) -> Paged<T
 }
 
 const RECEIPT_COLUMNS: &str = "id, agent_id, idempotency_key, request_hash, method, url, upstream_status, \
-     upstream_body_sha256, payment, outcome, created_at, signer, signature";
+     upstream_body_sha256, payment, outcome, created_at, signer, signature, trace_id";
 
 /// Receipts of every agent, filtered, oldest first.
 ///

@@ -50,6 +50,7 @@ mod tests {
             upstream_body_sha256: "cd".repeat(32),
             payment: Some(serde_json::json!({"amount": "10000", "x402_version": 2})),
             outcome: "completed".into(),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         }
         .sign(&signer)
         .unwrap();

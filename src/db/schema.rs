@@ -27,6 +27,7 @@ diesel::table! {
         created_at -> Timestamptz,
         signer -> Text,
         signature -> Text,
+        trace_id -> Nullable<Text>,
     }
 }
 

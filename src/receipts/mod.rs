@@ -33,6 +33,10 @@ pub struct Receipt {
     pub created_at: DateTime<Utc>,
     pub signer: String,
     pub signature: String,
+    /// The call's OpenTelemetry trace id, when the router exported traces (signed with the
+    /// rest; absent otherwise, so receipts without it verify as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Everything but the signature; what gets signed.
@@ -48,6 +52,8 @@ pub struct Draft {
     pub upstream_body_sha256: String,
     pub payment: Option<Value>,
     pub outcome: String,
+    /// The call's trace id ([`crate::telemetry::current_trace_id`]), if traces are exported.
+    pub trace_id: Option<String>,
 }
 
 /// Why a receipt does not verify.
@@ -81,6 +87,7 @@ impl Draft {
             created_at: Utc::now().trunc_subsecs(6),
             signer: signer.address().to_checksum(None),
             signature: String::new(),
+            trace_id: self.trace_id,
         };
         let sig = signer.sign_message_sync(&receipt.signed_bytes())?;
         receipt.signature = format!("0x{}", alloy::hex::encode(sig.as_bytes()));
@@ -154,7 +161,21 @@ mod tests {
             upstream_body_sha256: "11".repeat(32),
             payment: None,
             outcome: "completed".into(),
+            trace_id: None,
         }
+    }
+
+    #[test]
+    fn a_trace_id_is_signed_with_the_receipt_and_its_absence_changes_nothing() {
+        let signer = PrivateKeySigner::random();
+        let plain = draft().sign(&signer).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("trace_id"), "absent, not null");
+        let traced =
+            Draft { trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()), ..draft() }.sign(&signer).unwrap();
+        let text = serde_json::to_string(&traced).unwrap();
+        assert!(Receipt::verify_json(&text).is_ok());
+        let tampered = text.replace("4bf92f3577b34da6a3ce929d0e0e4736", "00000000000000000000000000000001");
+        assert!(Receipt::verify_json(&tampered).is_err(), "the trace id is signed");
     }
 
     #[test]

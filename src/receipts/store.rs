@@ -25,6 +25,7 @@ pub(crate) struct ReceiptRow {
     created_at: chrono::DateTime<chrono::Utc>,
     signer: String,
     signature: String,
+    trace_id: Option<String>,
 }
 
 impl From<&Receipt> for ReceiptRow {
@@ -43,6 +44,7 @@ impl From<&Receipt> for ReceiptRow {
             created_at: r.created_at,
             signer: r.signer.clone(),
             signature: r.signature.clone(),
+            trace_id: r.trace_id.clone(),
         }
     }
 }
@@ -63,6 +65,7 @@ impl From<ReceiptRow> for Receipt {
             created_at: r.created_at,
             signer: r.signer,
             signature: r.signature,
+            trace_id: r.trace_id,
         }
     }
 }

@@ -122,6 +122,7 @@ impl Outcome {
             upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),
             payment: payment.cloned(),
             outcome: status.as_str().to_owned(),
+            trace_id: crate::telemetry::current_trace_id(),
         };
         match self {
             Self::Answered { resp, payment } => {

@@ -210,8 +210,14 @@ impl UpstreamClient {
             }
             Ok(UpstreamResponse { status, headers, body })
         };
+        // One span per upstream exchange: its method and host, never its path or query.
+        let span = tracing::info_span!(
+            "upstream",
+            http.request.method = %req.method,
+            server.address = req.url.host_str().unwrap_or(""),
+        );
         // reqwest's own timeout covers the whole exchange; this outer one is a backstop.
-        tokio::time::timeout(timeout + Duration::from_millis(250), exchange)
+        tokio::time::timeout(timeout + Duration::from_millis(250), tracing::Instrument::instrument(exchange, span))
             .await
             .map_err(|_| UpstreamError::Timeout)?
     }

@@ -324,8 +324,11 @@ impl Chain {
         network: Network,
         call: F,
     ) -> Result<F::Output, ChainError> {
+        use tracing::Instrument;
         let timeout = self.inner.timeout;
-        tokio::time::timeout(timeout, call).await.map_err(|_| ChainError::Timeout { network, timeout })
+        // One span per chain read (a trace shows each RPC round trip of a paid call).
+        let span = tracing::info_span!("chain", payment.network = %network);
+        tokio::time::timeout(timeout, call).instrument(span).await.map_err(|_| ChainError::Timeout { network, timeout })
     }
 }
 

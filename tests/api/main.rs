@@ -27,4 +27,5 @@ mod recovery;
 mod rpc;
 mod stalls;
 mod structure;
+mod traces;
 mod validation;

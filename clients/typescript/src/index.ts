@@ -97,6 +97,8 @@ export interface Receipt {
   created_at: string;
   signer: string;
   signature: string;
+  /** The call's OpenTelemetry trace id, when the router exports traces (signed with the rest). */
+  trace_id?: string;
 }
 
 /** `GET /agents/me`. */
