@@ -8,13 +8,20 @@
 //   node interop/facilitator.mjs --rpc-url http://127.0.0.1:8545 [--port 0]
 //   (or INTEROP_RPC_URL / INTEROP_FACILITATOR_PORT; port 0 = any free port)
 //
-// HTTP: GET /supported, POST /verify, POST /settle, GET /healthz.
+// HTTP: GET /supported, POST /verify, POST /settle, GET /healthz, and one test hook:
+//   POST /_pending {"count": N}: the next N waits for a settlement's receipt fail as viem's
+//   waitForTransactionReceipt does when it times out (WaitForTransactionReceiptTimeoutError),
+//   after the transaction was broadcast (anvil mines it at once). The official schemes then
+//   answer `settlement_pending` with the transaction hash, and the official resource server
+//   retries the settlement once (the facilitator waits for the same transaction again): N = 2
+//   makes the paying client see `settlement_pending`. Only the viem client given to the
+//   official signer is wrapped; the facilitator's answers are its own.
 // stdout: first line is one JSON object once listening:
 //   {"ready":"facilitator","url":"http://127.0.0.1:PORT","signer":"0x…","rpc_url":"…"}
 // then one JSON line per verify/settle exchange (request and answer), for diagnosis.
 import { parseArgs } from "node:util";
 import express from "express";
-import { createWalletClient, defineChain, http, publicActions } from "viem";
+import { WaitForTransactionReceiptTimeoutError, createWalletClient, defineChain, http, publicActions } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { x402Facilitator } from "@x402/core/facilitator";
 import { toFacilitatorEvmSigner } from "@x402/evm";
@@ -60,8 +67,22 @@ const wallet = createWalletClient({
   transport: http(rpcUrl),
   pollingInterval: 100, // anvil mines at once: don't wait viem's default 4 s for receipts
 }).extend(publicActions);
+// POST /_pending: how many of the next receipt waits fail as a timeout would.
+let failingReceiptWaits = 0;
+const emit = (obj) => process.stdout.write(`${JSON.stringify({ at: new Date().toISOString(), ...obj })}\n`);
 const signer = toFacilitatorEvmSigner(
-  { ...wallet, address: wallet.account.address },
+  {
+    ...wallet,
+    address: wallet.account.address,
+    waitForTransactionReceipt: async (args) => {
+      if (failingReceiptWaits > 0) {
+        failingReceiptWaits -= 1;
+        emit({ op: "receipt_wait_timed_out", hash: args.hash, still_failing: failingReceiptWaits });
+        throw new WaitForTransactionReceiptTimeoutError({ hash: args.hash });
+      }
+      return wallet.waitForTransactionReceipt(args);
+    },
+  },
   { confirmationTimeoutMs: 30_000 },
 );
 
@@ -69,8 +90,6 @@ const facilitator = new x402Facilitator()
   .register(NETWORK_V2, new ExactEvmScheme(signer))
   .registerV1(NETWORK_V1, new ExactEvmSchemeV1(signer));
 facilitator.register(NETWORK_V2, new UptoEvmScheme(signer));
-
-const emit = (obj) => process.stdout.write(`${JSON.stringify({ at: new Date().toISOString(), ...obj })}\n`);
 
 const app = express();
 app.disable("x-powered-by");
@@ -101,6 +120,16 @@ function exchange(op) {
 }
 app.post("/verify", exchange("verify"));
 app.post("/settle", exchange("settle"));
+app.post("/_pending", (req, res) => {
+  const count = req.body?.count;
+  if (!Number.isInteger(count) || count < 0 || count > 100) {
+    res.status(400).json({ error: "count must be an integer in 0..=100" });
+    return;
+  }
+  failingReceiptWaits = count;
+  emit({ op: "_pending", count });
+  res.json({ failing_receipt_waits: failingReceiptWaits });
+});
 
 const server = app.listen(port, "127.0.0.1", () => {
   const { port: bound } = server.address();

@@ -2,7 +2,9 @@
 // scripts/interop as the upstream that x402-router must pay:
 //   - x402 v2 routes through @x402/express (PAYMENT-REQUIRED / PAYMENT-SIGNATURE / PAYMENT-RESPONSE),
 //     "exact" with EIP-3009, "exact" via Permit2 (/v2/permit2) and "upto" (/v2/upto?used=N: the
-//     handler charges N of the authorized maximum with setSettlementOverrides)
+//     handler charges N of the authorized maximum with setSettlementOverrides; the same route
+//     at /v2/upto-drop and /v2/upto-hold, whose answer is lost once the middleware settled:
+//     see "answers lost after settlement" below)
 //   - x402 v1 routes through the legacy x402-express (402 JSON body / X-PAYMENT / X-PAYMENT-RESPONSE)
 // Both ask the facilitator given on the command line to verify and settle. Binds 127.0.0.1 only.
 // GET /v2/siwx is also protected by the official sign-in-with-x extension (@x402/extensions
@@ -76,6 +78,14 @@ const ROUTES = [
   {
     method: "GET", path: "/v2/upto", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
     description: "Metered: authorize the amount, charged ?used=N (x402 v2)",
+  },
+  {
+    method: "GET", path: "/v2/upto-drop", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
+    description: "Metered like /v2/upto; the connection is destroyed after settlement (x402 v2)",
+  },
+  {
+    method: "GET", path: "/v2/upto-hold", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
+    description: "Metered like /v2/upto; the answer is held ?ms=N after settlement (x402 v2)",
   },
   {
     method: "GET", path: "/v2/siwx", x402_version: 2, amount: "10000", siwx: true,
@@ -194,9 +204,42 @@ function wireLog(req, res, next) {
   next();
 }
 
+// ---- answers lost after settlement. The official middleware buffers the handler's answer,
+// settles, sets PAYMENT-RESPONSE and only then writes the buffered answer through the
+// response methods it found; those are wrapped here (installed before it), so they see the
+// answer after the money moved:
+//   /v2/upto-drop: the connection is destroyed instead of answering (the payer never hears);
+//   /v2/upto-hold?ms=N: the answer is held N ms (at most 10000), so that the driver can kill
+//   the paying client after settlement and before the answer. Each emits one JSON line.
+const LOST_ENDINGS = { "/v2/upto-drop": "drop", "/v2/upto-hold": "hold" };
+function afterSettlement(req, res, next) {
+  const ending = LOST_ENDINGS[req.path];
+  if (!ending) return next();
+  const ms = Math.max(0, Math.min(Number.parseInt(String(req.query.ms ?? "0"), 10) || 0, 10000));
+  for (const method of ["writeHead", "end"]) {
+    const original = res[method].bind(res);
+    res[method] = (...args) => {
+      const header = res.getHeader("payment-response");
+      if (header === undefined) return original(...args);
+      const settlement = decodeB64Json(header);
+      if (ending === "drop") {
+        emit({ dropped: req.path, status: res.statusCode, "payment-response (decoded)": settlement });
+        req.socket.destroy();
+        return res;
+      }
+      if (method === "writeHead") return original(...args);
+      emit({ holding: req.path, ms, status: res.statusCode, "payment-response (decoded)": settlement });
+      setTimeout(() => original(...args), ms);
+      return res;
+    };
+  }
+  next();
+}
+
 app.disable("x-powered-by");
 app.use(express.json({ limit: "256kb" }));
 app.use(wireLog);
+app.use(afterSettlement);
 app.get("/healthz", (_req, res) => res.json({ ok: true }));
 app.get("/free", (_req, res) => res.json({ free: true }));
 app.get("/_stats", (_req, res) => res.json({ siwx: siwxStats }));
@@ -208,11 +251,12 @@ app.get("/v2/weather", (_req, res) => res.json(forecast(2)));
 app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
 app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
 app.get("/v2/permit2", (_req, res) => res.json({ ...forecast(2), via: "permit2" }));
-app.get("/v2/upto", (req, res) => {
+const upto = (req, res) => {
   const used = typeof req.query.used === "string" && /^[0-9]{1,20}$/.test(req.query.used) ? req.query.used : "1234";
   setSettlementOverrides(res, { amount: used });
   res.json({ x402Version: 2, upto: true, charged: used });
-});
+};
+app.get(["/v2/upto", ...Object.keys(LOST_ENDINGS)], upto);
 // Paid, or re-accessed by a signed-in payer (the extension granted access: no payment).
 app.get("/v2/siwx", async (req, res) => {
   const ms = Math.max(0, Math.min(Number.parseInt(String(req.query.ms ?? "0"), 10) || 0, 10000));
