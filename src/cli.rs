@@ -43,6 +43,10 @@ pub struct McpArgs {
     /// The agent's API key (`x4r_…`).
     #[arg(long, env = "X402_ROUTER_AGENT_KEY", hide_env_values = true)]
     pub agent_key: Option<String>,
+    /// Longest a `fetch` waits before answering that the call goes on (with its
+    /// idempotency_key to collect it), in seconds, 1–3600: MCP clients time tool calls out.
+    #[arg(long, env = "MCP_FETCH_WAIT_SECONDS", default_value = "20")]
+    pub mcp_fetch_wait_seconds: String,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -144,6 +148,10 @@ pub struct ServeArgs {
     /// payment-identifier (never a new payment). `false`: such answers are reported lost.
     #[arg(long, env = "RECOVER_LOST_ANSWERS", default_value = "true")]
     pub recover_lost_answers: String,
+    /// Longest an MCP `fetch` (`/mcp`) waits before answering that the call goes on (with its
+    /// idempotency_key to collect it), in seconds, 1–3600: MCP clients time tool calls out.
+    #[arg(long, env = "MCP_FETCH_WAIT_SECONDS", default_value = "20")]
+    pub mcp_fetch_wait_seconds: String,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,

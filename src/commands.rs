@@ -254,5 +254,6 @@ pub async fn mcp(args: &McpArgs) -> anyhow::Result<()> {
         .clone()
         .filter(|k| k.starts_with(crate::auth::KEY_PREFIX))
         .ok_or_else(|| anyhow::anyhow!("X402_ROUTER_AGENT_KEY must be set to an agent key (x4r_…)"))?;
-    crate::mcp::serve_stdio(base, key).await
+    let wait = crate::config::parse_mcp_wait(&args.mcp_fetch_wait_seconds)?;
+    crate::mcp::serve_stdio(base, key, wait).await
 }

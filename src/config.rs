@@ -241,6 +241,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Takeovers try to recover a lost paid answer (`RECOVER_LOST_ANSWERS`).
     pub recover_lost_answers: bool,
+    /// How long an MCP `fetch` waits before answering that the call goes on
+    /// (`MCP_FETCH_WAIT_SECONDS`).
+    pub mcp_fetch_wait: Duration,
 }
 
 /// USDC as deployed by Circle: the default `X402_ASSETS`.
@@ -363,6 +366,7 @@ impl Config {
                 &args.shutdown_timeout_secs,
             )?),
             recover_lost_answers: parse_bool("RECOVER_LOST_ANSWERS", &args.recover_lost_answers)?,
+            mcp_fetch_wait: parse_mcp_wait(&args.mcp_fetch_wait_seconds)?,
         })
     }
 }
@@ -380,6 +384,18 @@ fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, Co
 /// A value that does not parse, naming the setting.
 pub fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
     raw.trim().parse().map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
+}
+
+/// `MCP_FETCH_WAIT_SECONDS`: 1 s to 1 h.
+///
+/// # Errors
+/// A value that does not parse or is out of range, naming the setting.
+pub fn parse_mcp_wait(raw: &str) -> Result<Duration, ConfigError> {
+    let secs: u64 = parse_num("MCP_FETCH_WAIT_SECONDS", raw)?;
+    if !(1..=3600).contains(&secs) {
+        return Err(ConfigError::new("MCP_FETCH_WAIT_SECONDS", "must be between 1 and 3600 seconds"));
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 /// A duration in milliseconds, greater than zero.

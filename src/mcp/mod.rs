@@ -14,6 +14,15 @@
 //! the tool again passes the `idempotency_key` it got back (the tool descriptions say so).
 //! Transient answers (409 in flight, 503, a lost connection) are retried inside the tool
 //! with the same key, honouring `Retry-After`, for at most [`RETRY_BUDGET`]; see [`policy`].
+//!
+//! Bounded answers: MCP clients time tool calls out (60 s is common), and a model that never
+//! saw the key calls `fetch` again: a new key, a second payment. So `fetch` answers within
+//! `MCP_FETCH_WAIT_SECONDS` (default 20): the call runs in a task of its own, progress
+//! notifications go out while it runs (when the client asked for them with a progress
+//! token), and past the bound the result says the call goes on (`code`
+//! `fetch_in_progress`, `next` `retry_same_key`) with its `idempotency_key`; the call finishes
+//! in the background and records its answer. Calling `fetch` again with that key collects it
+//! (a replay, never a second payment), waiting again within the bound while it still runs.
 
 pub mod backend;
 pub mod http;
@@ -25,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, InitializeResult,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool, ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -40,6 +49,12 @@ use policy::Next;
 /// decision back to the model (with the key, so that it retries the same key).
 pub const RETRY_BUDGET: Duration = Duration::from_secs(30);
 
+/// Longest pause between two progress notifications of a waiting `fetch`.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// The `code` of a `fetch` result whose call goes on past the wait bound.
+pub const IN_PROGRESS: &str = "fetch_in_progress";
+
 /// The authenticated agent of an `/mcp` HTTP request (put in the request's extensions).
 #[derive(Debug, Clone, Copy)]
 pub struct McpAgent(pub Uuid);
@@ -52,6 +67,8 @@ pub struct RouterTools {
     /// never map to an old key. HTTP: the session id scopes keys; a sessionless request gets
     /// one fixed scope, so that a re-send reaching another router process derives the same key.
     scope: Arc<str>,
+    /// How long `fetch` waits for its call before answering that it goes on.
+    wait: Duration,
 }
 
 const FETCH_DESCRIPTION: &str = "\
@@ -151,13 +168,13 @@ pub fn tools() -> Vec<Tool> {
 }
 
 impl RouterTools {
-    /// Tools backed by `backend`.
-    pub fn new(backend: Backend) -> Self {
+    /// Tools backed by `backend`; `fetch` answers within `wait`.
+    pub fn new(backend: Backend, wait: Duration) -> Self {
         let scope = match backend {
             Backend::Remote { .. } => Uuid::new_v4().simple().to_string(),
             Backend::Local(_) => "http-sessionless".to_owned(),
         };
-        Self { backend, scope: Arc::from(scope) }
+        Self { backend, scope: Arc::from(scope), wait }
     }
 
     async fn fetch(&self, args: Map<String, Value>, ctx: &RequestContext<RoleServer>) -> CallToolResult {
@@ -170,11 +187,49 @@ impl RouterTools {
             derive_key(&scope, &serde_json::to_value(&ctx.id).unwrap_or(Value::Null), &route)
         });
         let call = Call::Route { key: key.clone(), body: Value::Object(route) };
+        // In a task of its own: a result past the bound, or a client that hangs up or cancels,
+        // never cuts the call short; it finishes and records its answer for the key.
+        let mut running = tokio::spawn(Self::run_fetch(self.backend.clone(), agent, call, key.clone()));
+        let started = Instant::now();
+        let bound = tokio::time::sleep(self.wait);
+        tokio::pin!(bound);
+        let progress = ctx.meta.get_progress_token();
+        let mut ticks = tokio::time::interval(PROGRESS_EVERY.min(self.wait / 2).max(Duration::from_millis(100)));
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                done = &mut running => {
+                    return done.unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "mcp fetch: the call's task failed");
+                        fetch_result(&key, Next::RetrySameKey, None, Some("the call's task failed".into()))
+                    });
+                }
+                () = &mut bound => {
+                    tracing::info!(waited_ms = started.elapsed().as_millis() as u64,
+                        "mcp fetch: still running past the wait bound; answering with the key");
+                    return in_progress(&key, self.wait);
+                }
+                _ = ticks.tick() => {
+                    if let Some(token) = progress.clone() {
+                        let secs = started.elapsed().as_secs_f64();
+                        let note = ProgressNotificationParam::new(token, secs)
+                            .with_message(format!("the call is running ({secs:.0} s); its idempotency_key is {key}"));
+                        if let Err(e) = ctx.peer.notify_progress(note).await {
+                            tracing::debug!(error = %e, "mcp fetch: progress notification not sent");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The call with its retries of transient answers (same key), to its result.
+    async fn run_fetch(backend: Backend, agent: Option<Uuid>, call: Call, key: String) -> CallToolResult {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let (next, reply, transport) = match self.backend.call(agent, &call).await {
+            let (next, reply, transport) = match backend.call(agent, &call).await {
                 Ok(reply) => (policy::classify(reply.status, &reply.body), Some(reply), None),
                 Err(e) => (Next::RetrySameKey, None, Some(e)),
             };
@@ -204,6 +259,22 @@ impl RouterTools {
             Err(e) => structured(json!({ "error": e, "next": Next::RetrySameKey }), true),
         }
     }
+}
+
+/// The result of a `fetch` whose call goes on past the wait bound: the key to collect it with.
+fn in_progress(key: &str, waited: Duration) -> CallToolResult {
+    let body = json!({
+        "http_status": null,
+        "code": IN_PROGRESS,
+        "idempotency_key": key,
+        "waited_seconds": waited.as_secs(),
+        "next": Next::RetrySameKey,
+        "advice": "The call is still running and goes on; nothing more is paid by waiting. To collect its \
+                   answer, call fetch again with exactly the same arguments AND this idempotency_key (or \
+                   get_receipt with this idempotency_key to read its payment). Never call fetch for it \
+                   without this idempotency_key: that would be a new call and could pay twice.",
+    });
+    structured(body, true)
 }
 
 /// The `fetch` result: everything a model needs to decide, in one object.
@@ -325,8 +396,8 @@ impl ServerHandler for RouterTools {
 ///
 /// # Errors
 /// Bad settings, or the MCP session failing.
-pub async fn serve_stdio(base: url::Url, agent_key: String) -> anyhow::Result<()> {
-    let tools = RouterTools::new(Backend::remote(base, agent_key)?);
+pub async fn serve_stdio(base: url::Url, agent_key: String, wait: Duration) -> anyhow::Result<()> {
+    let tools = RouterTools::new(Backend::remote(base, agent_key)?, wait);
     let running = tools.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())

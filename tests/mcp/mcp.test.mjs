@@ -21,11 +21,11 @@ async function paidCount(path) {
   return all.routes[path]?.paid ?? 0;
 }
 
-async function stdioClient() {
+async function stdioClient(extraEnv = {}) {
   const transport = new StdioClientTransport({
     command: BIN,
     args: ["mcp"],
-    env: { X402_ROUTER_URL: ROUTER, X402_ROUTER_AGENT_KEY: KEY, RUST_LOG: "warn", PATH: process.env.PATH ?? "" },
+    env: { X402_ROUTER_URL: ROUTER, X402_ROUTER_AGENT_KEY: KEY, RUST_LOG: "warn", PATH: process.env.PATH ?? "", ...extraEnv },
     stderr: "inherit",
   });
   const client = new Client({ name: "x402-router-tests", version: "0.0.0" });
@@ -89,7 +89,65 @@ async function checkPaidFetch(client, path) {
   return r;
 }
 
+// A paid upstream slower than the tool's wait bound (`waitSeconds`) and than the client's own
+// request timeout: the tool must answer within the bound with the call's idempotency_key
+// (progress notifications meanwhile), the call goes on and pays once, and the model collects
+// the answer by calling fetch again with that key, never a new one.
+async function checkBoundedFetch(client, waitSeconds) {
+  const path = "/v2/slow-settle";
+  const url = `${UPSTREAM}${path}?seconds=${waitSeconds * 2 + 2}&case=${Math.random().toString(36).slice(2)}`;
+  const clientTimeoutMs = (waitSeconds + 3) * 1000;
+  const before = await paidCount(path);
+  const progress = [];
+  const started = Date.now();
+  const first = await client.callTool({ name: "fetch", arguments: { url, max_amount: "50000" } }, undefined, {
+    timeout: clientTimeoutMs,
+    onprogress: (p) => progress.push(p),
+  });
+  assert.ok(Date.now() - started < clientTimeoutMs, "answered before the client's timeout");
+  const r = first.structuredContent;
+  assert.equal(r.code, "fetch_in_progress", JSON.stringify(r));
+  assert.equal(r.next, "retry_same_key");
+  assert.match(r.idempotency_key, /^mcp_[0-9a-f]{40}$/);
+  assert.match(r.advice, /this idempotency_key/);
+  assert.ok(progress.length >= 1, "progress notifications while the call ran");
+  assert.match(progress[0].message, new RegExp(r.idempotency_key));
+
+  // The model collects the answer with the key it was given.
+  let done;
+  const deadline = Date.now() + 60_000;
+  while (!done) {
+    assert.ok(Date.now() < deadline, "the call never finished");
+    const again = await client.callTool(
+      { name: "fetch", arguments: { url, max_amount: "50000", idempotency_key: r.idempotency_key } },
+      undefined,
+      { timeout: clientTimeoutMs },
+    );
+    const a = again.structuredContent;
+    if (a.next === "done") {
+      done = a;
+    } else {
+      assert.equal(a.code, "fetch_in_progress", JSON.stringify(a));
+    }
+  }
+  assert.equal(done.idempotency_key, r.idempotency_key);
+  assert.equal(done.payment.status, "settled");
+  assert.equal(await paidCount(path), before + 1, "one payment on-chain for the call");
+  const receipt = await client.callTool({ name: "get_receipt", arguments: { receipt_id: done.receipt_id } });
+  assert.equal(receipt.isError, false);
+  assert.equal(receipt.structuredContent.payment_status_now, "settled");
+}
+
 describe("x402-router mcp (stdio)", () => {
+  test("a fetch slower than MCP_FETCH_WAIT_SECONDS answers in time with its key, and pays once", async () => {
+    const client = await stdioClient({ MCP_FETCH_WAIT_SECONDS: "2" });
+    try {
+      await checkBoundedFetch(client, 2);
+    } finally {
+      await client.close();
+    }
+  });
+
   test("lists three tools whose descriptions explain the price cap and keys", async () => {
     const client = await stdioClient();
     try {
@@ -134,6 +192,15 @@ describe("/mcp (streamable HTTP)", () => {
     });
     assert.equal(resp.status, 401);
     assert.equal((await resp.json()).code, "unauthorized");
+  });
+
+  test("a fetch slower than MCP_FETCH_WAIT_SECONDS answers in time with its key, and pays once", async () => {
+    const { client } = await httpClient();
+    try {
+      await checkBoundedFetch(client, Number(process.env.X402_MCP_FETCH_WAIT_SECONDS ?? "5"));
+    } finally {
+      await client.close();
+    }
   });
 
   test("lists the tools, pays once, reads receipt and budget", async () => {
