@@ -168,6 +168,12 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
             return lost(log, sends);
         }
     };
+    // The same upstream policy as every call of the router (one constructor, one guard): an
+    // address it refuses is never re-sent to, and that is final (a retry cannot change it).
+    if let Err(e) = upstream.guard().check_url(&request.url) {
+        log.push(json!({"action": "none", "why": format!("refused by the upstream policy: {e}")}));
+        return lost(log, sends);
+    }
     while sends < MAX_SENDS {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -178,6 +184,10 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         let at = chrono::Utc::now().to_rfc3339();
         let resp = match upstream.send(&request, std::slice::from_ref(&header), left.min(upstream.timeout())).await {
             Ok(r) => r,
+            Err(crate::upstream::UpstreamError::Blocked(e)) => {
+                log.push(json!({"action": "none", "why": format!("refused by the upstream policy: {e}")}));
+                return lost(log, sends - 1);
+            }
             Err(e) => {
                 // The re-send is byte-identical and the upstream keys it by its id: trying
                 // again after a dropped or stalled connection can neither pay nor run twice.

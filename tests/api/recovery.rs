@@ -849,3 +849,52 @@ async fn the_same_request_under_an_expired_key_whose_answer_was_lost_is_re_acces
     assert_eq!(crashed.stats().await["siwx_reaccess"], 1);
     crashed.assert_paid_once().await;
 }
+
+/// One upstream policy everywhere (issue 22, item 5): `reconcile`'s recovery builds its
+/// upstream client with the same constructor and settings as `serve`, so an address that
+/// `serve` refuses (here loopback, with `UPSTREAM_ALLOW_PRIVATE=false`) is never re-sent to by
+/// `reconcile` either: nothing leaves, and the refusal is recorded, final. (With the private
+/// address allowed, the same run re-sends and recovers: see
+/// `reconcile_recovers_an_answer_cut_off_by_the_route_deadline_once`.)
+#[actix_web::test]
+async fn reconcile_refuses_a_private_address_that_serve_refuses() {
+    let (cut, first) = cut_by_the_route_deadline("/v2/pid", "?seconds=8").await;
+    wait_until("the upstream to finish the original request", Duration::from_secs(30), async || {
+        cut.stats().await["pid_completed"] == 1
+    })
+    .await;
+    let attempts_before = cut.stats().await["payment_attempts"].clone();
+
+    // `serve` with the private address refused: 400, nothing sent.
+    let strict = AppOptions { allow_private: false, extra: cut.chain.router_extra(), ..Default::default() };
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let serve = RouterProcess::spawn(&cut.db.url, &strict, &prefix).await;
+    let refused = route_at(&cut.client, &serve.address, &cut.agent, &new_key(), &cut.body).await;
+    assert_eq!(refused.status(), 400, "serve refuses the private upstream");
+
+    // `reconcile` with the same setting: the lost answer is not re-sent, and that is final.
+    let out = router_command()
+        .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "false"])
+        .env("DATABASE_URL", &cut.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", cut.chain.rpc_url))
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((report["recovered"].as_u64(), report["recovery_lost"].as_u64()), (Some(0), Some(1)), "{report}");
+    assert_eq!(report["resends"], 0, "{report}");
+    assert_eq!(cut.stats().await["payment_attempts"], attempts_before, "nothing reached the private address");
+    let listed = cut.paid_not_served().await;
+    let attempts = listed[0]["recovery"]["attempts"].as_array().unwrap().clone();
+    assert!(
+        attempts.iter().any(|a| a["why"].as_str().is_some_and(|w| w.contains("refused by the upstream policy"))),
+        "{attempts:?}"
+    );
+    // Final: a later run, even one that would allow it, does not try again.
+    let again = reconcile_with_recovery(&cut.db, &cut.chain);
+    assert_eq!(again["resends"], 0, "{again}");
+    assert_eq!(cut.stats().await["payment_attempts"], attempts_before);
+    assert_eq!(cut.replay().await, first);
+    cut.assert_paid_once().await;
+}

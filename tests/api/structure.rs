@@ -304,6 +304,44 @@ fn only_the_payments_module_writes_the_payments_table() {
     assert!(found.is_empty(), "writes to `payments` outside src/payments/: {found:?}");
 }
 
+/// One way to reach an upstream (issue 22): only `src/upstream/` builds an HTTP client for
+/// upstreams (its SSRF guard, timeouts and size limits), and `UpstreamClient` is built from
+/// the one `UpstreamConfig` in exactly the two processes that reach upstreams: `serve`
+/// (`startup.rs`; MCP over HTTP, SIWX and recovery within a call use its client) and
+/// `reconcile`'s recovery (`commands.rs`). The other HTTP clients are not for upstreams: the
+/// stdio MCP server's client of the router (`mcp/backend.rs`) and the chain's RPC transport
+/// (`x402/rpc.rs`, alloy).
+#[test]
+fn only_the_upstream_module_builds_a_client_that_reaches_upstreams() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let allowed_builders = ["upstream/mod.rs", "mcp/backend.rs"];
+    let allowed_constructors = ["startup.rs", "commands.rs", "upstream/mod.rs"];
+    let mut found = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        let folded: String = code.split_whitespace().collect();
+        // `Client::builder(` or `Client::new(` not preceded by an identifier character (so
+        // `reqwest::Client::new(` and an imported `Client::new(` count, `ClusterClient…` not).
+        let builds = ["Client::builder(", "Client::new(", "ClientBuilder::new("].iter().any(|p| {
+            folded.match_indices(p).any(|(i, _)| {
+                !folded[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_')
+                    && (folded.contains("reqwest") || folded.contains("hyper"))
+            })
+        });
+        if builds && !allowed_builders.contains(&rel.as_str()) {
+            found.push(format!("{rel}: builds an HTTP client"));
+        }
+        let constructs = ["UpstreamClient::new(", "UpstreamClient::with_guard("].iter().any(|p| folded.contains(p));
+        if constructs && !allowed_constructors.contains(&rel.as_str()) {
+            found.push(format!("{rel}: builds an UpstreamClient"));
+        }
+    }
+    assert!(found.is_empty(), "{found:?}");
+}
+
 /// The enum and the database agree on the set of ledger statuses.
 #[actix_web::test]
 async fn payment_status_enum_matches_the_check_constraint() {
