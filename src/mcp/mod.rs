@@ -79,7 +79,7 @@ answer with a payment record and a signed receipt id.
 PRICE CAP: max_amount is the most this one call may pay, in the token's atomic units as a \
 decimal string (USDC has 6 decimals: \"10000\" = 0.01 USDC, \"1000000\" = 1 USDC). Leave it out \
 to pay nothing: a paid API then comes back with code payment_over_max_amount, its price in \
-response.accepts[].amount, and nothing is paid. The router never pays more than max_amount, \
+response.accepts[].amount (x402 v1 upstreams: maxAmountRequired), and nothing is paid. The router never pays more than max_amount, \
 nor more than your per-call cap or remaining daily budget (see get_budget).
 
 RETRIES: this tool already retries transient failures with the same key. Every result carries \

@@ -31,21 +31,55 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
 }
 
-/// GET /.well-known/x402-router — the receipt signer, version and payable networks.
+/// GET /.well-known/x402-router — the receipt signer, version, and what this router pays
+/// with, from its configuration: every payable `(network, asset)` (an RPC URL, an asset of the
+/// router's unit), with its decimals, the asset transfer methods it signs (`eip3009` unless
+/// the asset is marked `+permit2`; `permit2` always), the schemes (`exact`; `upto`, which is
+/// Permit2 only) and the x402 versions (1 only where the network has a v1 name and the asset
+/// EIP-3009: v1 carries neither Permit2 nor `upto`).
 pub async fn well_known(state: web::Data<AppState>) -> HttpResponse {
-    let payments = &state.config.payments;
-    let networks: Vec<_> = payments
-        .rpc_urls
-        .keys()
-        .map(|n| json!({ "network": n.caip2(), "assets": payments.assets.get(n).cloned().unwrap_or_default() }))
+    HttpResponse::Ok().json(describe(&state))
+}
+
+/// The body of `/.well-known/x402-router`.
+fn describe(state: &AppState) -> serde_json::Value {
+    let supported = &state.supported;
+    let unit = supported.unit();
+    let mut networks: std::collections::BTreeMap<_, Vec<serde_json::Value>> = std::collections::BTreeMap::new();
+    for (network, asset) in supported.payable_assets() {
+        let decimals = supported.decimals(network, asset);
+        if unit.is_none() || decimals != unit {
+            continue; // never paid: its decimals are unknown or not the router's unit
+        }
+        let eip3009 = !supported.is_permit2_only(network, asset);
+        let methods: Vec<&str> = if eip3009 { vec!["eip3009", "permit2"] } else { vec!["permit2"] };
+        let versions: Vec<u8> = if eip3009 && network.v1_name().is_some() { vec![1, 2] } else { vec![2] };
+        networks.entry(network).or_default().push(json!({
+            "asset": asset.to_checksum(None),
+            "decimals": decimals,
+            "asset_transfer_methods": methods,
+            "schemes": ["exact", "upto"],
+            "x402_versions": versions,
+        }));
+    }
+    let any = |f: &dyn Fn(&serde_json::Value) -> bool| networks.values().flatten().any(f);
+    let has = |field: &str, v: serde_json::Value| any(&|a| a[field].as_array().is_some_and(|l| l.contains(&v)));
+    let x402_versions: Vec<u8> = [1u8, 2].into_iter().filter(|v| has("x402_versions", json!(v))).collect();
+    let schemes: Vec<&str> = ["exact", "upto"].into_iter().filter(|s| has("schemes", json!(s))).collect();
+    let methods: Vec<&str> =
+        ["eip3009", "permit2"].into_iter().filter(|m| has("asset_transfer_methods", json!(m))).collect();
+    let networks: Vec<_> = networks
+        .into_iter()
+        .map(|(n, assets)| json!({ "network": n.caip2(), "v1_name": n.v1_name(), "assets": assets }))
         .collect();
-    HttpResponse::Ok().json(json!({
+    json!({
         "name": "x402-router",
         "version": env!("CARGO_PKG_VERSION"),
         "receipt_signer": state.receipt_signer.address().to_checksum(None),
         "payer": state.config.signer.address().to_checksum(None),
-        "x402_versions": [1, 2],
-        "schemes": ["exact"],
+        "x402_versions": x402_versions,
+        "schemes": schemes,
+        "asset_transfer_methods": methods,
         "networks": networks,
-    }))
+    })
 }

@@ -117,11 +117,51 @@ async fn a_network_without_a_configured_token_pays_only_its_built_in_usdc() {
         reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
     assert_eq!(
         known["networks"],
-        json!([{"network": "eip155:10", "assets": ["0x0b2c639c533813f4aa9d7837caf62653d097ff85"]}])
+        json!([{"network": "eip155:10", "v1_name": null, "assets": [{
+            "asset": "0x0b2C639c533813f4Aa9D7837CAf62653d097Ff85", "decimals": 6,
+            "asset_transfer_methods": ["eip3009", "permit2"], "schemes": ["exact", "upto"], "x402_versions": [2]}]}])
     );
     let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
     assert_eq!(resp.status(), 402);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_unsupported");
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 0);
     assert_eq!(chain.stats().await["/v2/weather"]["payment_attempts"], 0);
+}
+
+/// `/.well-known/x402-router` says what the running router pays with, from its configuration
+/// (issue 26): two configurations, two answers. A token marked `+permit2` is paid only via
+/// Permit2 (so never in x402 v1); a network with a v1 name and an EIP-3009 token takes v1 too.
+#[actix_web::test]
+async fn discovery_lists_what_the_configuration_pays_with() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(known["x402_versions"], json!([1, 2]), "{known}");
+    assert_eq!(known["schemes"], json!(["exact", "upto"]));
+    assert_eq!(known["asset_transfer_methods"], json!(["eip3009", "permit2"]));
+    assert_eq!(
+        known["networks"],
+        json!([{"network": "eip155:84532", "v1_name": "base-sepolia", "assets": [{
+            "asset": chain.token.to_checksum(None), "decimals": 6,
+            "asset_transfer_methods": ["eip3009", "permit2"], "schemes": ["exact", "upto"], "x402_versions": [1, 2]}]}])
+    );
+
+    // Only a token without EIP-3009, on a chain with no v1 name.
+    let other = Devnet::start_on(4242).await;
+    let extra = vec![
+        ("x402-rpc-urls".to_owned(), format!("eip155:4242={}", other.rpc_url)),
+        ("x402-assets".to_owned(), format!("eip155:4242={}@6+permit2", other.plain_token)),
+    ];
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(known["x402_versions"], json!([2]), "{known}");
+    assert_eq!(known["asset_transfer_methods"], json!(["permit2"]));
+    assert_eq!(
+        known["networks"],
+        json!([{"network": "eip155:4242", "v1_name": null, "assets": [{
+            "asset": other.plain_token.to_checksum(None), "decimals": 6,
+            "asset_transfer_methods": ["permit2"], "schemes": ["exact", "upto"], "x402_versions": [2]}]}])
+    );
 }
