@@ -23,16 +23,28 @@ export type PaymentStatus =
 
 /** The `payment` member of the router's envelope. Amounts are decimal strings of atomic units. */
 export interface Payment {
-  x402_version: number;
-  scheme: string;
+  x402_version: 1 | 2;
+  /** `exact` (EIP-3009 or Permit2), or `upto` (Permit2: signs a maximum, charged what moved). */
+  scheme: "exact" | "upto";
   network: string;
   asset: string;
+  /** What was (or may be) charged; for `upto`, what the chain shows moved once settled. */
   amount?: string;
   pay_to?: string;
   payer: string;
   nonce: string;
   tx_hash?: string | null;
   status: PaymentStatus;
+  /** `permit2` when paid through Permit2 (absent for EIP-3009). */
+  asset_transfer_method?: "permit2";
+  /** `upto`: the signed maximum. */
+  max_amount?: string;
+  /** `upto`: what the upstream said it charged (its word; `amount` is the chain's). */
+  claimed_amount?: string;
+  /** `settlement_pending`: the transaction the upstream named (a hint, checked on-chain). */
+  claimed_tx_hash?: string;
+  /** How an answer lost after this payment settled was recovered, if it was. */
+  recovery?: "recovered" | "reaccessed" | "lost";
 }
 
 /** The router's answer to a routed call that happened (HTTP 200). */
