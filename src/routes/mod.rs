@@ -5,6 +5,7 @@
 
 mod agents;
 mod audit;
+mod console;
 mod health;
 mod receipts;
 mod route;
@@ -50,6 +51,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     for (method, path, handler) in ROUTES {
         cfg.route(path, handler(web::route().method(method.clone())));
     }
+    // The operator console's page and files: not API endpoints, so not in ROUTES or the
+    // OpenAPI document.
+    cfg.route("/console", web::get().to(console::index));
+    cfg.route("/console/", web::get().to(console::index));
+    cfg.route("/console/{file}", web::get().to(console::file));
     cfg.default_service(web::to(not_found));
 }
 

@@ -1,0 +1,354 @@
+// The operator console: a single page over the operator API. The operator token lives in
+// this tab's sessionStorage only and travels as a bearer header (never in a URL).
+import uPlot from 'uplot';
+import { verifyReceipt } from './verify.js';
+
+const TOKEN_KEY = 'x402-router.operator-token';
+const POLL_MS = 1500;
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  token: null,
+  signer: null,
+  payments: new Map(), // id -> payment view
+  tailCursor: null, // the cursor that fetched the last (partial) page
+  seen: new Set(),
+  timer: null,
+  view: 'overview',
+  charts: {},
+};
+
+class Unauthorized extends Error {}
+
+async function api(path) {
+  const headers = { Accept: 'application/json' };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const resp = await fetch(path, { headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' });
+  if (resp.status === 401 || resp.status === 403) throw new Unauthorized('the token was refused');
+  if (!resp.ok) throw new Error(`${path.split('?')[0]}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') e.className = v;
+    else if (k === 'text') e.textContent = v;
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c);
+  return e;
+}
+
+// ------------------------------------------------------------------ sign-in
+async function signIn(token) {
+  state.token = token;
+  await api('/audit/payments?limit=1'); // throws on a refused token
+  sessionStorage.setItem(TOKEN_KEY, token);
+  const wk = await api('/.well-known/x402-router');
+  state.signer = wk.receipt_signer;
+  $('signer').textContent = `signer ${wk.receipt_signer}`;
+  $('signin').hidden = true;
+  $('nav').hidden = false;
+  $('who').hidden = false;
+  await refreshPayments();
+  route();
+  schedule();
+}
+
+function signOut(message = '') {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.token = null;
+  state.payments.clear();
+  state.seen.clear();
+  state.tailCursor = null;
+  clearTimeout(state.timer);
+  for (const v of document.querySelectorAll('.view')) v.hidden = true;
+  $('nav').hidden = true;
+  $('who').hidden = true;
+  $('signin').hidden = false;
+  $('signin-error').textContent = message;
+  $('token').value = '';
+  $('token').focus();
+}
+
+// ------------------------------------------------------------------ payments (live)
+async function refreshPayments() {
+  for (let guard = 0; guard < 100; guard++) {
+    const q = new URLSearchParams({ limit: '500' });
+    if (state.tailCursor) q.set('cursor', state.tailCursor);
+    const page = await api(`/audit/payments?${q}`);
+    for (const p of page.payments) state.payments.set(p.id, p);
+    if (!page.next_cursor) break;
+    state.tailCursor = page.next_cursor;
+  }
+  const t = new Date().toLocaleTimeString();
+  $('live').textContent = `live, updated ${t}`;
+}
+
+function schedule() {
+  clearTimeout(state.timer);
+  state.timer = setTimeout(async () => {
+    try {
+      await refreshPayments();
+      render();
+    } catch (e) {
+      if (e instanceof Unauthorized) return signOut('Signed out: the token was refused.');
+      $('live').textContent = `not updating: ${e.message}`;
+    }
+    if (state.token) schedule();
+  }, POLL_MS);
+}
+
+function upstreamOf(p) {
+  const r = p.resource;
+  const url = typeof r === 'string' ? r : r && typeof r.url === 'string' ? r.url : null;
+  if (!url) return '';
+  try {
+    return new URL(url).host;
+  } catch {
+    return '';
+  }
+}
+
+function filters() {
+  const f = Object.fromEntries(new FormData($('filters')).entries());
+  const time = (v) => (v ? new Date(v).getTime() : null);
+  return { agent: f.agent.trim(), status: f.status, host: f.host.trim().toLowerCase(), from: time(f.from), to: time(f.to) };
+}
+
+function filtered() {
+  const f = filters();
+  return [...state.payments.values()]
+    .filter((p) => !f.agent || p.agent_id === f.agent)
+    .filter((p) => !f.status || p.status === f.status)
+    .filter((p) => !f.host || upstreamOf(p).toLowerCase().includes(f.host))
+    .filter((p) => f.from === null || Date.parse(p.created_at) >= f.from)
+    .filter((p) => f.to === null || Date.parse(p.created_at) < f.to)
+    .sort((a, b) => b.created_at.localeCompare(a.created_at));
+}
+
+function renderPayments() {
+  const rows = filtered();
+  $('count').textContent = `${rows.length} of ${state.payments.size} payments`;
+  const body = $('payments').tBodies[0];
+  body.replaceChildren(...rows.slice(0, 500).map((p) => {
+    const tr = el('tr', { 'data-id': p.id });
+    if (!state.seen.has(p.id) && state.seen.size > 0) tr.className = 'new';
+    const receipt = p.receipt_id
+      ? el('a', { href: `#receipt/${p.receipt_id}`, text: 'receipt', 'aria-label': `receipt of payment ${p.id}` })
+      : document.createTextNode('none');
+    tr.append(
+      el('td', { text: new Date(p.created_at).toLocaleString() }),
+      el('td', { class: 'mono', text: p.agent_id.slice(0, 8), title: p.agent_id }),
+      el('td', { text: upstreamOf(p) || '?' }),
+      el('td', { class: 'num', text: p.amount }),
+      el('td', {}, el('span', { class: `st st-${p.status}`, text: p.status })),
+      el('td', {}, receipt),
+    );
+    return tr;
+  }));
+  for (const p of rows) state.seen.add(p.id);
+  if (state.seen.size === 0) state.seen.add('');
+}
+
+function csvCell(v) {
+  const s = v === null || v === undefined ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v);
+  // A leading =, +, - or @ would be a formula in a spreadsheet.
+  const safe = /^[=+\-@]/.test(s) ? `'${s}` : s;
+  return /[",\n\r]/.test(safe) ? `"${safe.replaceAll('"', '""')}"` : safe;
+}
+
+function exportCsv() {
+  const cols = ['id', 'created_at', 'agent_id', 'idempotency_key', 'network', 'asset', 'amount', 'pay_to', 'status', 'tx_hash', 'receipt_id'];
+  const lines = [cols.join(',')];
+  for (const p of filtered()) lines.push([...cols.map((c) => csvCell(p[c])), csvCell(upstreamOf(p))].join(','));
+  lines[0] += ',upstream_host';
+  const blob = new Blob([lines.join('\r\n') + '\r\n'], { type: 'text/csv' });
+  const a = el('a', { href: URL.createObjectURL(blob), download: 'payments.csv' });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+// ------------------------------------------------------------------ overview
+const SPENT = new Set(['settled', 'settled_response_lost']);
+const PENDING = new Set(['unconfirmed', 'unknown']);
+
+function buckets(stepMs, count) {
+  const end = Math.ceil(Date.now() / stepMs) * stepMs;
+  const xs = [];
+  const all = new Array(count).fill(0);
+  const spent = new Array(count).fill(0);
+  for (let i = 0; i < count; i++) xs.push((end - (count - i) * stepMs) / 1000);
+  for (const p of state.payments.values()) {
+    const i = count - Math.ceil((end - Date.parse(p.created_at)) / stepMs);
+    if (i < 0 || i >= count) continue;
+    all[i] += 1;
+    if (SPENT.has(p.status)) spent[i] += 1;
+  }
+  return [xs, all, spent];
+}
+
+function chart(id, data, step) {
+  const box = $(id);
+  const width = Math.max(260, box.clientWidth || 600);
+  if (state.charts[id] && state.charts[id].width === width) {
+    state.charts[id].setData(data);
+    return;
+  }
+  state.charts[id]?.destroy();
+  state.charts[id] = new uPlot({
+    width,
+    height: 220,
+    series: [
+      {},
+      { label: 'payments', stroke: '#1f4e79', fill: 'rgba(31,78,121,.25)', paths: uPlot.paths.bars({ size: [0.8] }) },
+      { label: 'settled', stroke: '#14642e', width: 2 },
+    ],
+    axes: [{}, { label: 'count', incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }],
+    scales: {
+      x: { time: true, range: (u, min, max) => [min - step / 2, max + step / 2] },
+      y: { range: (u, min, max) => [0, Math.max(1, max)] },
+    },
+  }, data, box);
+}
+
+async function renderOverview() {
+  const all = [...state.payments.values()];
+  const pns = await api('/audit/payments?status=paid_not_served&limit=500');
+  const stuck = await api('/audit/payments?status=stuck&limit=500');
+  const moved = new Map();
+  for (const p of all) {
+    if (!SPENT.has(p.status)) continue;
+    const k = `${p.network} ${p.asset}`;
+    moved.set(k, (moved.get(k) || 0n) + BigInt(p.amount));
+  }
+  const tile = (k, v, alert = false) => el('div', { class: alert && v > 0 ? 'tile alert' : 'tile' }, el('div', { class: 'v', text: String(v) }), el('div', { class: 'k', text: k }));
+  $('tiles').replaceChildren(
+    tile('payments', all.length),
+    tile('settled', all.filter((p) => SPENT.has(p.status)).length),
+    tile('paid, not served', pns.payments.length, true),
+    tile('stuck', stuck.payments.length, true),
+    tile('settlement pending', all.filter((p) => PENDING.has(p.status)).length, true),
+  );
+  $('moved').replaceChildren(...[...moved].map(([k, v]) => {
+    const [network, asset] = k.split(' ');
+    return el('tr', {}, el('td', { text: network }), el('td', { class: 'mono', text: asset }), el('td', { class: 'num', text: v.toString() }));
+  }));
+  if (moved.size === 0) $('moved').append(el('tr', {}, el('td', { colspan: '3', text: 'nothing settled yet' })));
+  chart('chart-hour', buckets(3600e3, 24), 3600);
+  chart('chart-day', buckets(86400e3, 30), 86400);
+}
+
+// ------------------------------------------------------------------ queues
+function queueItem(p) {
+  const li = el('li', {}, `${new Date(p.created_at).toLocaleString()} · agent ${p.agent_id.slice(0, 8)} · ${upstreamOf(p) || '?'} · ${p.amount} · ${p.status} `);
+  if (p.tx_hash) li.append(el('span', { class: 'mono', text: p.tx_hash }));
+  return li;
+}
+
+async function renderQueues() {
+  const fill = (id, rows) => $(id).replaceChildren(...(rows.length ? rows.map(queueItem) : [el('li', { text: 'empty' })]));
+  fill('q-pns', (await api('/audit/payments?status=paid_not_served&limit=500')).payments);
+  fill('q-stuck', (await api('/audit/payments?status=stuck&limit=500')).payments);
+  // An upstream that answered `settlement_pending` (or whose settlement the chain does not
+  // show yet) leaves the intent `unconfirmed` or `unknown` until reconcile reads the chain.
+  const pending = [];
+  for (const status of ['unconfirmed', 'unknown']) pending.push(...(await api(`/audit/payments?status=${status}&limit=500`)).payments);
+  fill('q-pending', pending);
+}
+
+// ------------------------------------------------------------------ agents
+async function renderAgents() {
+  const ids = [...new Set([...state.payments.values()].map((p) => p.agent_id))];
+  const cards = [];
+  for (const id of ids) {
+    const s = await api(`/audit/agents/${encodeURIComponent(id)}/spend`);
+    const spent = Number(s.settled_24h);
+    const budget = s.daily_budget === null ? null : Number(s.daily_budget);
+    const card = el('div', { class: 'card agent', 'data-agent': id },
+      el('h3', { class: 'mono', text: id }),
+      el('div', { text: s.disabled ? 'disabled' : 'enabled' }),
+      el('div', { text: `settled in 24 h: ${s.settled_24h}; reserved: ${s.reserved_24h}; daily budget: ${s.daily_budget ?? 'none'}; per call: ${s.max_per_call ?? 'no limit'}` }));
+    if (budget !== null) {
+      const label = `${id.slice(0, 8)}: 24 h spend against the daily budget`;
+      card.append(el('meter', { min: '0', max: String(budget), value: String(Math.min(spent, budget)), high: String(budget * 0.8), 'aria-label': label, title: `${spent} of ${budget}` }));
+    }
+    cards.push(card);
+  }
+  $('agents').replaceChildren(...(cards.length ? cards : [el('p', { text: 'No agent has paid yet.' })]));
+}
+
+// ------------------------------------------------------------------ receipt
+async function renderReceipt(id) {
+  $('verdict').className = 'verdict';
+  $('verdict').textContent = 'verifying…';
+  const receipt = await api(`/audit/receipts/${encodeURIComponent(id)}`);
+  const wk = await api('/.well-known/x402-router');
+  const result = verifyReceipt(receipt, wk.receipt_signer);
+  $('verdict').className = result.valid ? 'verdict ok' : 'verdict bad';
+  $('verdict').textContent = result.valid
+    ? `signature valid: signed by ${result.recovered}, the signer published at /.well-known/x402-router`
+    : `signature INVALID: ${result.reason}`;
+  $('receipt-json').textContent = JSON.stringify(receipt, null, 2);
+}
+
+// ------------------------------------------------------------------ views
+function render() {
+  if (state.view === 'payments') renderPayments();
+  else if (state.view === 'overview') renderOverview().catch(showError);
+}
+
+function showError(e) {
+  if (e instanceof Unauthorized) return signOut('Signed out: the token was refused.');
+  $('live').textContent = `error: ${e.message}`;
+}
+
+function show(view) {
+  state.view = view;
+  for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${view}`;
+  for (const b of document.querySelectorAll('#nav button')) {
+    if (b.dataset.view === view) b.setAttribute('aria-current', 'page');
+    else b.removeAttribute('aria-current');
+  }
+}
+
+function route() {
+  if (!state.token) return;
+  const hash = location.hash.slice(1);
+  if (hash.startsWith('receipt/')) {
+    show('receipt');
+    renderReceipt(hash.slice('receipt/'.length)).catch(showError);
+    return;
+  }
+  const view = ['overview', 'payments', 'queues', 'agents'].includes(hash) ? hash : 'overview';
+  show(view);
+  if (view === 'queues') renderQueues().catch(showError);
+  else if (view === 'agents') renderAgents().catch(showError);
+  else render();
+}
+
+function init() {
+  $('signin-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const token = $('token').value.trim();
+    $('signin-error').textContent = '';
+    signIn(token).catch((e) => signOut(e instanceof Unauthorized ? 'That token was refused.' : `Cannot sign in: ${e.message}`));
+  });
+  $('signout').addEventListener('click', () => signOut());
+  for (const b of document.querySelectorAll('#nav button')) {
+    b.addEventListener('click', () => { location.hash = b.dataset.view; });
+  }
+  $('filters').addEventListener('input', renderPayments);
+  $('filters').addEventListener('submit', (ev) => ev.preventDefault());
+  $('csv').addEventListener('click', exportCsv);
+  $('back').addEventListener('click', () => { location.hash = 'payments'; });
+  window.addEventListener('hashchange', route);
+  const saved = sessionStorage.getItem(TOKEN_KEY);
+  if (saved) signIn(saved).catch(() => signOut('Your session ended; sign in again.'));
+  else $('token').focus();
+}
+
+init();
