@@ -237,9 +237,28 @@ async function renderOverview() {
     const [network, asset] = k.split(' ');
     return el('tr', {}, el('td', { text: network }), el('td', { class: 'mono', text: asset }), el('td', { class: 'num', text: v.toString() }));
   }));
+  const wallet = await walletBalances();
+  $('wallet').replaceChildren(...(wallet.length
+    ? wallet.map((w) => el('tr', {}, el('td', { text: w.network }), el('td', { class: 'mono', text: w.asset }), el('td', { class: 'num', text: w.balance })))
+    : [el('tr', {}, el('td', { colspan: '3', text: 'not read yet' }))]));
   if (moved.size === 0) $('moved').append(el('tr', {}, el('td', { colspan: '3', text: 'nothing settled yet' })));
   chart('chart-hour', buckets(3600e3, 24), 3600);
   chart('chart-day', buckets(86400e3, 30), 86400);
+}
+
+// The paying wallet's balances, from the router's own gauge
+// `x402_router_wallet_balance{network, asset}` on /metrics (refreshed in the background).
+async function walletBalances() {
+  const resp = await fetch('/metrics', { cache: 'no-store', credentials: 'omit' });
+  if (!resp.ok) throw new Error(`/metrics: HTTP ${resp.status}`);
+  const rows = [];
+  for (const line of (await resp.text()).split('\n')) {
+    const m = /^x402_router_wallet_balance\{([^}]*)\}\s+(\S+)$/.exec(line);
+    if (!m) continue;
+    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="([^"]*)"/g)].map((l) => [l[1], l[2]]));
+    rows.push({ network: labels.network || '?', asset: labels.asset || '?', balance: m[2] });
+  }
+  return rows;
 }
 
 // ------------------------------------------------------------------ queues

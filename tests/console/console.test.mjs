@@ -83,6 +83,11 @@ async function signIn(page, token = OPERATOR_TOKEN) {
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
 
+async function noSidewaysScroll(page, what) {
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert(overflow <= 1, `${what}: the page scrolls sideways by ${overflow}px`);
+}
+
 const results = [];
 async function scenario(name, fn) {
   const opened = [];
@@ -122,6 +127,27 @@ await scenario('the console is served with a strict CSP and no-store', async () 
   assert((await fetch(`${ROUTER}/console/app.js`)).headers.get('content-type').startsWith('text/javascript'), 'js type');
   assert((await fetch(`${ROUTER}/console/app.css`)).headers.get('content-type').startsWith('text/css'), 'css type');
   assert((await fetch(`${ROUTER}/console/..%2FCargo.toml`)).status === 404, 'only embedded files');
+});
+
+await scenario('the CSP violation and console error detectors catch what they watch', async (open) => {
+  // Without this, a detector that never fires would make every scenario pass.
+  const opened = await open();
+  await opened.page.goto(`${ROUTER}/console`);
+  await opened.page.evaluate(() => {
+    const s = document.createElement('script');
+    s.textContent = 'window.__inline = 1';
+    document.body.append(s);
+  });
+  await opened.page.evaluate(() => fetch('https://example.invalid/x').catch(() => {}));
+  const deadline = Date.now() + WAIT;
+  while (opened.problems.filter((p) => p.startsWith('CSP violation')).length < 2 && Date.now() < deadline) {
+    await opened.page.waitForTimeout(50);
+  }
+  const csp = opened.problems.filter((p) => p.startsWith('CSP violation'));
+  assert(csp.some((p) => p.includes('script-src')), `inline script not reported: ${opened.problems}`);
+  assert(csp.some((p) => p.includes('connect-src')), `cross-origin fetch not reported: ${opened.problems}`);
+  assert(await opened.page.evaluate(() => window.__inline) === undefined, 'an inline script ran');
+  opened.problems.length = 0;
 });
 
 await scenario('a wrong token is refused and nothing is stored', async (open) => {
@@ -214,17 +240,22 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
     await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
     await page.locator('#tiles .tile').first().waitFor({ timeout: WAIT });
     await page.locator('#chart-hour canvas').waitFor({ timeout: WAIT });
+    await page.locator('#wallet tr td.num').first().waitFor({ timeout: WAIT });
     const settled = await page.locator('#tiles .tile', { hasText: 'settled' }).first().locator('.v').textContent();
     assert(Number(settled) >= 1, `settled tile shows ${settled}`);
     await page.screenshot({ path: `${SHOTS}/overview-${name}.png`, fullPage: true });
+    await noSidewaysScroll(page, `${name} overview`);
     await page.getByRole('button', { name: 'Queues' }).click();
     await page.getByRole('heading', { name: 'Paid, not served' }).waitFor({ timeout: WAIT });
     await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
     await page.getByRole('button', { name: 'Agents' }).click();
     await page.locator('#agents meter').first().waitFor({ timeout: WAIT });
     await page.screenshot({ path: `${SHOTS}/agents-${name}.png`, fullPage: true });
-    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-    assert(overflow <= 1, `${name}: the page scrolls sideways by ${overflow}px`);
+    await noSidewaysScroll(page, `${name} agents`);
+    await page.getByRole('button', { name: 'Payments' }).click();
+    await page.locator('#payments tbody tr').first().waitFor({ timeout: WAIT });
+    await page.screenshot({ path: `${SHOTS}/payments-${name}.png`, fullPage: true });
+    await noSidewaysScroll(page, `${name} payments`);
   }
 });
 
