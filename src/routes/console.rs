@@ -23,3 +23,20 @@ pub async fn index() -> HttpResponse {
 pub async fn file(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     asset(&name).map(serve).ok_or(ApiError::NotFound)
 }
+
+/// Middleware: `Cache-Control: no-store` on every response that does not set its own, so that
+/// no browser or proxy keeps operator or agent data (the console's own files set it too).
+///
+/// # Errors
+/// Only those of the wrapped service.
+pub async fn no_store(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    use actix_web::http::header::{CACHE_CONTROL, HeaderValue};
+    let mut res = next.call(req).await?;
+    if !res.headers().contains_key(CACHE_CONTROL) {
+        res.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(res)
+}

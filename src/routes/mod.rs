@@ -13,6 +13,8 @@ mod route;
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, Route, web};
 
+pub use console::no_store;
+
 use crate::codes::Code;
 use crate::error::json_error;
 

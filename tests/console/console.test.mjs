@@ -127,6 +127,11 @@ await scenario('the console is served with a strict CSP and no-store', async () 
   assert((await fetch(`${ROUTER}/console/app.js`)).headers.get('content-type').startsWith('text/javascript'), 'js type');
   assert((await fetch(`${ROUTER}/console/app.css`)).headers.get('content-type').startsWith('text/css'), 'css type');
   assert((await fetch(`${ROUTER}/console/..%2FCargo.toml`)).status === 404, 'only embedded files');
+  // The data the console reads is not kept by any cache either.
+  for (const path of ['/audit/payments?limit=1', '/.well-known/x402-router']) {
+    const resp = await fetch(`${ROUTER}${path}`, { headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
+    assert(resp.ok && resp.headers.get('cache-control') === 'no-store', `${path}: cache-control ${resp.headers.get('cache-control')}`);
+  }
 });
 
 await scenario('the CSP violation and console error detectors catch what they watch', async (open) => {
