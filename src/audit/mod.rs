@@ -19,6 +19,7 @@
 
 pub mod cursor;
 pub mod gauges;
+pub mod overview;
 pub mod reconcile;
 pub mod store;
 pub mod upto;

@@ -1,10 +1,22 @@
 //! `GET /console` and its embedded files (`crate::console`), with the console's security
-//! headers. Pages only: the data comes from the operator API, behind the operator token.
+//! headers, and `GET /audit/overview`, the one read-only aggregate the console needs beyond
+//! the audit API (behind the operator token like the rest of `/audit/*`).
 
 use actix_web::{HttpResponse, HttpResponseBuilder, web};
 
+use crate::auth::Operator;
 use crate::console::{Asset, INDEX, SECURITY_HEADERS, asset};
 use crate::error::ApiError;
+use crate::state::AppState;
+
+/// GET /audit/overview — calls, paid calls, payments and settled payments per hour (24 h)
+/// and per day (30 d), money moved per asset, and the paid-not-served, stuck and pending
+/// counts (`audit::overview`).
+pub async fn overview(state: web::Data<AppState>, _: Operator) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let o = crate::audit::overview::overview(&mut conn).await.map_err(ApiError::database)?;
+    Ok(HttpResponse::Ok().json(o))
+}
 
 fn serve(a: Asset) -> HttpResponse {
     let mut resp = HttpResponseBuilder::new(actix_web::http::StatusCode::OK);

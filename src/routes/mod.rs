@@ -40,6 +40,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
+    (Method::GET, "/audit/overview", |r| r.to(console::overview)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
