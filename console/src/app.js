@@ -173,22 +173,15 @@ function exportCsv() {
 }
 
 // ------------------------------------------------------------------ overview
-const SPENT = new Set(['settled', 'settled_response_lost']);
-const PENDING = new Set(['unconfirmed', 'unknown']);
 
-function buckets(stepMs, count) {
-  const end = Math.ceil(Date.now() / stepMs) * stepMs;
-  const xs = [];
-  const all = new Array(count).fill(0);
-  const spent = new Array(count).fill(0);
-  for (let i = 0; i < count; i++) xs.push((end - (count - i) * stepMs) / 1000);
-  for (const p of state.payments.values()) {
-    const i = count - Math.ceil((end - Date.parse(p.created_at)) / stepMs);
-    if (i < 0 || i >= count) continue;
-    all[i] += 1;
-    if (SPENT.has(p.status)) spent[i] += 1;
-  }
-  return [xs, all, spent];
+// uPlot's columns from the server's buckets: x (seconds), calls, paid calls, settled payments.
+function columns(buckets) {
+  return [
+    buckets.map((b) => Date.parse(b.start) / 1000),
+    buckets.map((b) => b.calls),
+    buckets.map((b) => b.paid_calls),
+    buckets.map((b) => b.settled),
+  ];
 }
 
 function chart(id, data, step) {
@@ -204,8 +197,9 @@ function chart(id, data, step) {
     height: 220,
     series: [
       {},
-      { label: 'payments', stroke: '#1f4e79', fill: 'rgba(31,78,121,.25)', paths: uPlot.paths.bars({ size: [0.8] }) },
-      { label: 'settled', stroke: '#14642e', width: 2 },
+      { label: 'calls', stroke: '#1f4e79', fill: 'rgba(31,78,121,.25)', paths: uPlot.paths.bars({ size: [0.8] }) },
+      { label: 'paid calls', stroke: '#8a4b00', width: 2 },
+      { label: 'settled payments', stroke: '#14642e', width: 2, dash: [6, 4] },
     ],
     axes: [{}, { label: 'count', incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }],
     scales: {
@@ -216,34 +210,26 @@ function chart(id, data, step) {
 }
 
 async function renderOverview() {
-  const all = [...state.payments.values()];
-  const pns = await api('/audit/payments?status=paid_not_served&limit=500');
-  const stuck = await api('/audit/payments?status=stuck&limit=500');
-  const moved = new Map();
-  for (const p of all) {
-    if (!SPENT.has(p.status)) continue;
-    const k = `${p.network} ${p.asset}`;
-    moved.set(k, (moved.get(k) || 0n) + BigInt(p.amount));
-  }
+  const o = await api('/audit/overview');
+  const day = o.hourly.reduce((acc, b) => ({ calls: acc.calls + b.calls, paid: acc.paid + b.paid_calls }), { calls: 0, paid: 0 });
   const tile = (k, v, alert = false) => el('div', { class: alert && v > 0 ? 'tile alert' : 'tile' }, el('div', { class: 'v', text: String(v) }), el('div', { class: 'k', text: k }));
   $('tiles').replaceChildren(
-    tile('payments', all.length),
-    tile('settled', all.filter((p) => SPENT.has(p.status)).length),
-    tile('paid, not served', pns.payments.length, true),
-    tile('stuck', stuck.payments.length, true),
-    tile('settlement pending', all.filter((p) => PENDING.has(p.status)).length, true),
+    tile('calls, 24 h', day.calls),
+    tile('paid calls, 24 h', day.paid),
+    tile('paid, not served', o.paid_not_served, true),
+    tile('stuck', o.stuck, true),
+    tile('settlement pending', o.settlement_pending, true),
   );
-  $('moved').replaceChildren(...[...moved].map(([k, v]) => {
-    const [network, asset] = k.split(' ');
-    return el('tr', {}, el('td', { text: network }), el('td', { class: 'mono', text: asset }), el('td', { class: 'num', text: v.toString() }));
-  }));
+  $('moved').replaceChildren(...o.moved.map((m) => el('tr', {},
+    el('td', { text: m.network }), el('td', { class: 'mono', text: m.asset }),
+    el('td', { class: 'num', text: m.settled_24h }), el('td', { class: 'num', text: m.settled_30d }))));
+  if (o.moved.length === 0) $('moved').append(el('tr', {}, el('td', { colspan: '4', text: 'nothing settled in 30 days' })));
   const wallet = await walletBalances();
   $('wallet').replaceChildren(...(wallet.length
     ? wallet.map((w) => el('tr', {}, el('td', { text: w.network }), el('td', { class: 'mono', text: w.asset }), el('td', { class: 'num', text: w.balance })))
     : [el('tr', {}, el('td', { colspan: '3', text: 'not read yet' }))]));
-  if (moved.size === 0) $('moved').append(el('tr', {}, el('td', { colspan: '3', text: 'nothing settled yet' })));
-  chart('chart-hour', buckets(3600e3, 24), 3600);
-  chart('chart-day', buckets(86400e3, 30), 86400);
+  chart('chart-hour', columns(o.hourly), 3600);
+  chart('chart-day', columns(o.daily), 86400);
 }
 
 // The paying wallet's balances, from the router's own gauge

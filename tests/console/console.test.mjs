@@ -246,8 +246,9 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
     await page.locator('#tiles .tile').first().waitFor({ timeout: WAIT });
     await page.locator('#chart-hour canvas').waitFor({ timeout: WAIT });
     await page.locator('#wallet tr td.num').first().waitFor({ timeout: WAIT });
-    const settled = await page.locator('#tiles .tile', { hasText: 'settled' }).first().locator('.v').textContent();
-    assert(Number(settled) >= 1, `settled tile shows ${settled}`);
+    const paid = await page.locator('#tiles .tile', { hasText: 'paid calls, 24 h' }).locator('.v').textContent();
+    assert(Number(paid) >= 1, `the paid calls tile shows ${paid}`);
+    await page.locator('#moved td.num').first().waitFor({ timeout: WAIT });
     await page.screenshot({ path: `${SHOTS}/overview-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} overview`);
     await page.getByRole('button', { name: 'Queues' }).click();
