@@ -266,6 +266,12 @@ async function renderQueues() {
 }
 
 // ------------------------------------------------------------------ agents
+// Atomic units per hour over the last 24 h, exact (BigInt), one decimal.
+function burnRate(settled24h) {
+  const tenths = (BigInt(settled24h) * 10n) / 24n;
+  return `${tenths / 10n}.${tenths % 10n}`;
+}
+
 async function renderAgents() {
   const ids = [...new Set([...state.payments.values()].map((p) => p.agent_id))];
   const cards = [];
@@ -276,7 +282,8 @@ async function renderAgents() {
     const card = el('div', { class: 'card agent', 'data-agent': id },
       el('h3', { class: 'mono', text: id }),
       el('div', { text: s.disabled ? 'disabled' : 'enabled' }),
-      el('div', { text: `settled in 24 h: ${s.settled_24h}; reserved: ${s.reserved_24h}; daily budget: ${s.daily_budget ?? 'none'}; per call: ${s.max_per_call ?? 'no limit'}` }));
+      el('div', { text: `settled in 24 h: ${s.settled_24h}; reserved: ${s.reserved_24h}; daily budget: ${s.daily_budget ?? 'none'}; per call: ${s.max_per_call ?? 'no limit'}` }),
+      el('div', { class: 'burn', text: `burn rate: ${burnRate(s.settled_24h)} per hour (24 h average)` }));
     if (budget !== null) {
       const label = `${id.slice(0, 8)}: 24 h spend against the daily budget`;
       card.append(el('meter', { min: '0', max: String(budget), value: String(Math.min(spent, budget)), high: String(budget * 0.8), 'aria-label': label, title: `${spent} of ${budget}` }));

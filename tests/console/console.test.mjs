@@ -256,6 +256,8 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
     await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
     await page.getByRole('button', { name: 'Agents' }).click();
     await page.locator('#agents meter').first().waitFor({ timeout: WAIT });
+    const burn = await page.locator('#agents .burn').first().textContent();
+    assert(/^burn rate: [1-9]\d*\.\d per hour/.test(burn), `burn rate: ${burn}`);
     await page.screenshot({ path: `${SHOTS}/agents-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} agents`);
     await page.getByRole('button', { name: 'Payments' }).click();
