@@ -43,7 +43,13 @@ function el(tag, attrs = {}, ...children) {
 // ------------------------------------------------------------------ sign-in
 async function signIn(token) {
   state.token = token;
-  await api('/audit/payments?limit=1'); // throws on a refused token
+  try {
+    await api('/audit/payments?limit=1'); // throws on a refused token
+  } catch (e) {
+    // Without OPERATOR_TOKEN the router serves no operator API at all (404).
+    if (/HTTP 404$/.test(e.message)) throw new Error('this router has no operator API (OPERATOR_TOKEN is not set)');
+    throw e;
+  }
   sessionStorage.setItem(TOKEN_KEY, token);
   const wk = await api('/.well-known/x402-router');
   state.signer = wk.receipt_signer;
