@@ -160,6 +160,10 @@ await scenario('a wrong token is refused and nothing is stored', async (open) =>
   const { page } = opened;
   await signIn(page, 'not-the-operator-token');
   await page.getByRole('alert').filter({ hasText: 'refused' }).waitFor({ timeout: WAIT });
+  // Signed out, nothing but the sign-in form is shown.
+  for (const name of ['Payments', 'Sign out']) {
+    assert(!(await page.getByRole('button', { name }).isVisible()), `"${name}" is shown before sign-in`);
+  }
   assert(await page.evaluate(() => sessionStorage.length) === 0, 'a refused token was stored');
   await page.screenshot({ path: `${SHOTS}/signin-refused.png` });
   // Chromium reports the refused probe (HTTP 401) as a console error: expected here, and
