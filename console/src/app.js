@@ -12,6 +12,9 @@ const state = {
   signer: null,
   payments: new Map(), // id -> payment view
   tailCursor: null, // the cursor that fetched the last (partial) page
+  since: null, // RFC 3339: the list's lower bound
+  windowKey: '', // the From filter the list was loaded for
+  generation: 0,
   seen: new Set(),
   timer: null,
   view: 'overview',
@@ -68,6 +71,7 @@ function signOut(message = '') {
   state.payments.clear();
   state.seen.clear();
   state.tailCursor = null;
+  state.since = null;
   clearTimeout(state.timer);
   for (const v of document.querySelectorAll('.view')) v.hidden = true;
   $('nav').hidden = true;
@@ -79,11 +83,25 @@ function signOut(message = '') {
 }
 
 // ------------------------------------------------------------------ payments (live)
+// The list holds the payments created since `state.since` (the From filter, or 24 h before
+// the list was loaded), fetched once and then followed by polling the cursor of its last page.
+function resetWindow() {
+  const from = $('f-from').value;
+  state.windowKey = from;
+  state.since = new Date(from ? new Date(from).getTime() : Date.now() - 24 * 3600e3).toISOString();
+  state.payments.clear();
+  state.tailCursor = null;
+  state.generation += 1; // a fetch of the previous window still in flight is dropped
+}
+
 async function refreshPayments() {
+  if (state.since === null) resetWindow();
+  const generation = state.generation;
   for (let guard = 0; guard < 100; guard++) {
-    const q = new URLSearchParams({ limit: '500' });
+    const q = new URLSearchParams({ limit: '500', from: state.since });
     if (state.tailCursor) q.set('cursor', state.tailCursor);
     const page = await api(`/audit/payments?${q}`);
+    if (generation !== state.generation) return;
     for (const p of page.payments) state.payments.set(p.id, p);
     if (!page.next_cursor) break;
     state.tailCursor = page.next_cursor;
@@ -136,7 +154,7 @@ function filtered() {
 
 function renderPayments() {
   const rows = filtered();
-  $('count').textContent = `${rows.length} of ${state.payments.size} payments`;
+  $('count').textContent = `${rows.length} of ${state.payments.size} payments since ${new Date(state.since).toLocaleString()}`;
   const body = $('payments').tBodies[0];
   body.replaceChildren(...rows.slice(0, 500).map((p) => {
     const tr = el('tr', { 'data-id': p.id });
@@ -359,7 +377,12 @@ function init() {
   for (const b of document.querySelectorAll('#nav button')) {
     b.addEventListener('click', () => { location.hash = b.dataset.view; });
   }
-  $('filters').addEventListener('input', renderPayments);
+  $('filters').addEventListener('input', () => {
+    if ($('f-from').value !== state.windowKey) {
+      resetWindow();
+      refreshPayments().then(renderPayments).catch(showError);
+    } else renderPayments();
+  });
   $('filters').addEventListener('submit', (ev) => ev.preventDefault());
   $('csv').addEventListener('click', exportCsv);
   $('back').addEventListener('click', () => { location.hash = 'payments'; });

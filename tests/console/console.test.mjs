@@ -217,6 +217,17 @@ await scenario('a paid call through the demo upstream appears live, and filters 
   await page.getByLabel('Status').selectOption('rejected');
   await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ state: 'detached', timeout: WAIT });
   await page.getByLabel('Status').selectOption('settled');
+  // From reloads the list from the server: an hour ahead holds nothing, cleared it is back.
+  const local = await page.evaluate(() => {
+    const t = new Date(Date.now() + 3600e3);
+    const pad = (n) => String(n).padStart(2, '0');
+    return `${t.getFullYear()}-${pad(t.getMonth() + 1)}-${pad(t.getDate())}T${pad(t.getHours())}:${pad(t.getMinutes())}`;
+  });
+  await page.getByLabel(/^From/).fill(local);
+  await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ state: 'detached', timeout: WAIT });
+  await page.getByText(/^0 of 0 payments since/).waitFor({ timeout: WAIT });
+  await page.getByLabel(/^From/).fill('');
+  await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ timeout: WAIT });
   const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Export CSV' }).click()]);
   const csv = await (await download.createReadStream()).toArray().then((c) => Buffer.concat(c).toString());
   const lines = csv.trim().split('\r\n');
