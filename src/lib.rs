@@ -33,6 +33,7 @@ pub mod clock;
 pub mod codes;
 pub mod commands;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod error;
 pub mod faults;

@@ -65,6 +65,7 @@ impl Application {
                 .app_data(agent_cache.clone())
                 .app_data(mcp.clone())
                 .wrap(from_fn(crate::problem::negotiate))
+                .wrap(from_fn(crate::routes::no_store))
                 .wrap(from_fn(count_requests))
                 // Inside the request's span (wrapped before, so it runs after TracingLogger).
                 .wrap(from_fn(crate::telemetry::record_trace_id))

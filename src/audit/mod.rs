@@ -19,6 +19,7 @@
 
 pub mod cursor;
 pub mod gauges;
+pub mod overview;
 pub mod reconcile;
 pub mod store;
 pub mod upto;
@@ -84,11 +85,14 @@ pub enum PaymentSelection {
     Stuck { older_than_secs: i64 },
 }
 
-/// `GET /audit/payments` filters.
+/// `GET /audit/payments` filters. Time bounds on `created_at`: `from` inclusive, `to`
+/// exclusive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentQuery {
     pub selection: PaymentSelection,
     pub agent_id: Option<Uuid>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
     pub page: Page,
 }
 
@@ -137,12 +141,19 @@ impl ReceiptQuery {
 
 impl PaymentQuery {
     /// Parses `status` (a ledger status, `paid_not_served` or `stuck`), `older_than_secs`
-    /// (only with `stuck`), `agent_id`, `cursor`, `limit`.
+    /// (only with `stuck`), `agent_id`, `from`, `to` (RFC 3339), `cursor`, `limit`.
     ///
     /// # Errors
     /// [`BadQuery`] naming the offending parameter.
     pub fn parse(query: &str) -> Result<Self, BadQuery> {
-        let mut p = Params::parse(query, &["status", "older_than_secs", "agent_id", "cursor", "limit"])?;
+        let mut p = Params::parse(query, &["status", "older_than_secs", "agent_id", "from", "to", "cursor", "limit"])?;
+        let from = p.take("from").map(|v| time("from", &v)).transpose()?;
+        let to = p.take("to").map(|v| time("to", &v)).transpose()?;
+        if let (Some(f), Some(t)) = (from, to)
+            && f > t
+        {
+            return Err(BadQuery("`from` must not be after `to`".into()));
+        }
         let older_than = p.take("older_than_secs");
         let selection = match p.take("status").as_deref() {
             None => PaymentSelection::All,
@@ -171,7 +182,13 @@ impl PaymentQuery {
         if older_than.is_some() && !matches!(selection, PaymentSelection::Stuck { .. }) {
             return Err(BadQuery("`older_than_secs` only applies to `status=stuck`".into()));
         }
-        Ok(Self { selection, agent_id: p.take("agent_id").map(|v| uuid("agent_id", &v)).transpose()?, page: p.page()? })
+        Ok(Self {
+            selection,
+            agent_id: p.take("agent_id").map(|v| uuid("agent_id", &v)).transpose()?,
+            from,
+            to,
+            page: p.page()?,
+        })
     }
 }
 

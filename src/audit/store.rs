@@ -194,6 +194,8 @@ pub async fn payments(conn: &mut AsyncPgConnection, q: &PaymentQuery) -> QueryRe
             AND (NOT $3 OR ({PAID_NOT_SERVED})) \
             AND ($4::bigint IS NULL OR p.updated_at < now() - make_interval(secs => $4::float8)) \
             AND ($5::timestamptz IS NULL OR (p.created_at, p.id) > ($5, $6::uuid)) \
+            AND ($8::timestamptz IS NULL OR p.created_at >= $8) \
+            AND ($9::timestamptz IS NULL OR p.created_at < $9) \
           ORDER BY p.created_at, p.id \
           LIMIT $7"
     ))
@@ -204,6 +206,8 @@ pub async fn payments(conn: &mut AsyncPgConnection, q: &PaymentQuery) -> QueryRe
     .bind::<Nullable<Timestamptz>, _>(q.page.after.map(|c| c.created_at))
     .bind::<Nullable<SqlUuid>, _>(q.page.after.map(|c| c.id))
     .bind::<BigInt, _>(q.page.limit + 1)
+    .bind::<Nullable<Timestamptz>, _>(q.from)
+    .bind::<Nullable<Timestamptz>, _>(q.to)
     .load(conn)
     .await?;
     Ok(paged(rows, q.page, |p| Cursor { created_at: p.created_at, id: p.id }))

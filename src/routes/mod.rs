@@ -5,12 +5,15 @@
 
 mod agents;
 mod audit;
+mod console;
 mod health;
 mod receipts;
 mod route;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, Route, web};
+
+pub use console::no_store;
 
 use crate::codes::Code;
 use crate::error::json_error;
@@ -37,6 +40,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
+    (Method::GET, "/audit/overview", |r| r.to(console::overview)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
@@ -50,6 +54,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     for (method, path, handler) in ROUTES {
         cfg.route(path, handler(web::route().method(method.clone())));
     }
+    // The operator console's page and files: not API endpoints, so not in ROUTES or the
+    // OpenAPI document.
+    cfg.route("/console", web::get().to(console::index));
+    cfg.route("/console/", web::get().to(console::index));
+    cfg.route("/console/{file}", web::get().to(console::file));
     cfg.default_service(web::to(not_found));
 }
 

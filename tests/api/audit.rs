@@ -120,6 +120,7 @@ const AUDIT_PATHS: &[&str] = &[
     "/audit/idempotency?agent_id=00000000-0000-0000-0000-000000000000&key=some-key-0123456789",
     "/audit/payments?status=stuck",
     "/audit/agents/00000000-0000-0000-0000-000000000000/spend",
+    "/audit/overview",
 ];
 
 #[actix_web::test]

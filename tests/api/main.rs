@@ -9,6 +9,7 @@ mod audit;
 mod auth;
 mod cli;
 mod concurrency;
+mod console;
 mod deployment;
 mod failover;
 mod fault_points;
