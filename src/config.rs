@@ -548,6 +548,17 @@ pub fn load_signer(args: &KeyArgs) -> Result<Option<PrivateKeySigner>, ConfigErr
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_mcp_wait_is_one_second_to_one_hour() {
+        assert_eq!(parse_mcp_wait("20").unwrap(), Duration::from_secs(20));
+        assert_eq!(parse_mcp_wait(" 1 ").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_mcp_wait("3600").unwrap(), Duration::from_secs(3600));
+        for bad in ["0", "3601", "-1", "1.5", "", "20s", "18446744073709551616"] {
+            let e = parse_mcp_wait(bad).unwrap_err().to_string();
+            assert!(e.contains("MCP_FETCH_WAIT_SECONDS"), "{bad:?}: {e}");
+        }
+    }
+
     fn database(url: &str) -> DatabaseConfig {
         DatabaseConfig {
             url: Secret::new(url.into()),
