@@ -147,16 +147,8 @@ impl Crashed {
     }
 
     async fn audit_payments(&self, status: &str) -> Vec<Value> {
-        let audit: Value = self
-            .client
-            .get(format!("{}/audit/payments?status={status}", self.retrier.address))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let audit =
+            get_json(&self.client, &format!("{}/audit/payments?status={status}", self.retrier.address), OPERATOR).await;
         audit["payments"].as_array().unwrap().clone()
     }
 }

@@ -97,15 +97,8 @@ async fn a_paid_call_is_one_trace_with_its_upstream_and_chain_spans_and_its_id_i
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled", "{env}");
-    let receipt: Value = client
-        .get(format!("{address}/receipts/{}", env["receipt_id"].as_str().unwrap()))
-        .bearer_auth(&agent.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let receipt =
+        get_json(&client, &format!("{address}/receipts/{}", env["receipt_id"].as_str().unwrap()), &agent.key).await;
     let trace_id = receipt["trace_id"].as_str().expect("the receipt carries the trace id").to_owned();
     assert_eq!(trace_id.len(), 32, "{receipt}");
     assert!(

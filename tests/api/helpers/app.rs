@@ -209,6 +209,11 @@ struct Count {
     n: i64,
 }
 
+/// GET `url` with a bearer token; the JSON body.
+pub async fn get_json(client: &reqwest::Client, url: &str, bearer: &str) -> Value {
+    client.get(url).bearer_auth(bearer).send().await.unwrap().json().await.unwrap()
+}
+
 /// Runs a `SELECT count(*) AS n …` on the test database.
 pub async fn count(db: &TestDb, sql: &str) -> i64 {
     use diesel_async::RunQueryDsl;
