@@ -1,4 +1,4 @@
-//! Operator queries (DESIGN.md §8): receipts, idempotency rows, the payment ledger and agents'
+//! Operator queries (docs/DESIGN.md §8): receipts, idempotency rows, the payment ledger and agents'
 //! spend, all read-only; [`reconcile`], which settles the fate of payment intents that no
 //! live request owns any more; and [`verify_receipt`], the offline receipt check.
 //!

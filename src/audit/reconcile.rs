@@ -43,7 +43,7 @@
 //! record, a signed receipt whose payment says `"recovery": "recovered"`, and the answer
 //! itself (`recovered_answers`), which the agent reads at `GET /payments?idempotency_key=`.
 //! The key's first final answer is **not** rewritten: replays of a key stay byte-identical
-//! (DESIGN.md §5), and the agent learns of the recovery from the payment, as it learns of
+//! (docs/DESIGN.md §5), and the agent learns of the recovery from the payment, as it learns of
 //! every later fact of the ledger.
 //!
 //! - Never twice: only a payment still `settled_response_lost` whose recovery record is

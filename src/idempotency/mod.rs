@@ -1,7 +1,7 @@
 //! At-most-once execution per `(agent_id, Idempotency-Key)`.
 //!
 //! The contract is the user's design (shared seed, "Phase 3") with the two fixes of
-//! DESIGN.md §5:
+//! docs/DESIGN.md §5:
 //! * Postgres decides ([`store`]): the claim is `INSERT … ON CONFLICT DO NOTHING`,
 //!   an abandoned row is taken over by one guarded `UPDATE` (Fix 1) and every write of
 //!   the owner is fenced by its lease (Fix 2). Redis ([`cache`]) is only a fast path

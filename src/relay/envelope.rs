@@ -1,4 +1,4 @@
-//! The response envelope of `POST /route` (DESIGN.md §4), rendered once to the bytes that are
+//! The response envelope of `POST /route` (docs/DESIGN.md §4), rendered once to the bytes that are
 //! sent, stored and replayed.
 //!
 //! The upstream's JSON is embedded verbatim ([`RawValue`]), never parsed into a value and

@@ -1,4 +1,4 @@
-//! The x402 payment flow of a routed call (DESIGN.md §6): select, sign, commit the intent,
+//! The x402 payment flow of a routed call (docs/DESIGN.md §6): select, sign, commit the intent,
 //! send, confirm on-chain; and, on a takeover, resume what a previous owner signed.
 //!
 //! At most one payment per (agent, Idempotency-Key, asset), guaranteed in layers:
