@@ -36,6 +36,29 @@ sol! {
     }
 }
 
+/// The `payment` object a real call returned fits `Payment` in the served OpenAPI document:
+/// only documented members, each required one present, enums and consts respected.
+fn assert_documented_payment(p: &Value) {
+    let doc: Value = serde_json::from_str(x402_router::routes::OPENAPI_JSON).unwrap();
+    let schema = &doc["components"]["schemas"]["Payment"];
+    let props = schema["properties"].as_object().unwrap();
+    for required in schema["required"].as_array().unwrap() {
+        assert!(p.get(required.as_str().unwrap()).is_some(), "{required} missing from {p}");
+    }
+    for (name, value) in p.as_object().unwrap() {
+        let prop = props.get(name).unwrap_or_else(|| panic!("undocumented payment member {name}: {p}"));
+        if let Some(allowed) = prop["enum"].as_array() {
+            assert!(allowed.contains(value), "{name} = {value} not in {allowed:?}");
+        }
+        if let Some(only) = prop.get("const") {
+            assert_eq!(value, only, "{name}");
+        }
+        if prop["$ref"] == "#/components/schemas/Amount" {
+            assert!(value.as_str().is_some_and(|a| !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit())), "{name}");
+        }
+    }
+}
+
 async fn paid_app(chain: &Devnet) -> TestApp {
     let extra = [chain.router_extra(), vec![("operator-token".into(), OPERATOR.into())]].concat();
     spawn_app_with(AppOptions { extra, ..Default::default() }).await
@@ -92,6 +115,7 @@ async fn permit2_exact_moves_exactly_the_price_through_the_proxy() {
     assert_eq!(p["scheme"], "exact");
     assert_eq!(p["asset_transfer_method"], "permit2");
     assert_eq!(p["amount"], PRICE.to_string());
+    assert_documented_payment(p);
     assert_eq!(p["tx_hash"], chain.stats().await["/v2/permit2"]["last_transaction"], "the chain's transaction");
     assert!(permit2_nonce_used(&chain, p["nonce"].as_str().unwrap()).await);
     let price = U256::from(PRICE);
@@ -131,6 +155,7 @@ async fn upto_signs_the_maximum_moves_the_used_amount_and_releases_the_rest() {
     assert_eq!(p["max_amount"], PRICE.to_string(), "the signed maximum");
     assert_eq!(p["amount"], "2500", "what the chain shows moved");
     assert_eq!(p["claimed_amount"], "2500");
+    assert_documented_payment(p);
     assert_eq!(balances(&chain).await, (router0 - U256::from(2500u64), pay_to0 + U256::from(2500u64)));
     // The stored authorization signed the maximum; the ledger charges what moved.
     let signed: Value =
@@ -146,6 +171,7 @@ async fn upto_signs_the_maximum_moves_the_used_amount_and_releases_the_rest() {
     assert_eq!(receipt["payment"]["amount"], "2500");
     assert_eq!(receipt["payment"]["max_amount"], PRICE.to_string());
     assert_eq!(receipt["payment"]["scheme"], "upto");
+    assert_documented_payment(&receipt["payment"]);
 }
 
 #[actix_web::test]
