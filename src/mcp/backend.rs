@@ -67,6 +67,9 @@ impl Backend {
     /// # Errors
     /// If the HTTP client cannot be built.
     pub fn remote(base: url::Url, agent_key: String) -> anyhow::Result<Self> {
+        // A client of the router (the operator's own `base`), never of an upstream: the router
+        // reaches upstreams through `upstream::UpstreamClient` (its SSRF guard, timeouts and
+        // size limits), which is why this is not built from `UpstreamConfig`.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(REMOTE_TIMEOUT)

@@ -88,7 +88,12 @@ AND that idempotency_key. Never make up a new idempotency_key to retry a call, a
 retry after next = do_not_rekey (settled_response_lost, payment_unknown, payment_rejected, already_paid, \
 permit2_allowance_required: an operator must approve Permit2 first): a new key can pay a second \
 time. Calling fetch without idempotency_key starts a new call (and may pay again); do that only \
-when next was done or new_key_safe and you want the resource again.";
+when next was done or new_key_safe and you want the resource again.
+
+SLOW CALLS: fetch answers within a bounded time. If the API is slower, the result has code \
+fetch_in_progress and next = retry_same_key: the call goes on (nothing more is paid by \
+waiting); collect its answer by calling fetch again with the same arguments AND that \
+idempotency_key.";
 
 const RECEIPT_DESCRIPTION: &str = "\
 Read one of your signed receipts by receipt_id (from a fetch result): what was called, the \
