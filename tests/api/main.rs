@@ -17,6 +17,7 @@ mod faults;
 mod gc;
 mod hostile;
 mod idempotency;
+mod limits;
 mod money;
 mod networks;
 mod operations;
