@@ -23,6 +23,8 @@ pub enum Command {
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
     Agents(AgentsArgs),
+    /// Manage operator tokens (the callers of /audit/*, the exports and /metrics).
+    Operators(OperatorsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
     /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
     Reconcile(Box<ReconcileArgs>),
@@ -210,6 +212,35 @@ pub enum AgentsCommand {
     /// Disable an agent: its key is refused with 403 from then on.
     Disable {
         /// The agent's id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorsArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: OperatorsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// Create an operator and print `{"operator_id", "name", "role", "token"}` (the only time
+    /// the token is shown).
+    Create {
+        /// A name (it appears in the operator events).
+        #[arg(long)]
+        name: String,
+        /// `viewer` (audit, receipts, exports, metrics) or `admin` (also changes).
+        #[arg(long)]
+        role: String,
+    },
+    /// List operators as JSON lines (never the tokens).
+    List,
+    /// Revoke an operator: its token is refused (401) from then on.
+    Revoke {
+        /// The operator's id.
         id: String,
     },
 }

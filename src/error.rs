@@ -28,6 +28,8 @@ pub enum ApiError {
     Forbidden,
     #[error("agent keys cannot use the operator API")]
     OperatorOnly,
+    #[error("this needs an admin operator token")]
+    AdminOnly,
     #[error("not found")]
     NotFound,
     #[error("Idempotency-Key reused with different body")]
@@ -70,7 +72,7 @@ impl ApiError {
             Self::PayloadTooLarge(_) => Code::PayloadTooLarge,
             Self::Unauthorized => Code::Unauthorized,
             Self::Forbidden => Code::AgentDisabled,
-            Self::OperatorOnly => Code::OperatorOnly,
+            Self::OperatorOnly | Self::AdminOnly => Code::OperatorOnly,
             Self::NotFound => Code::NotFound,
             Self::KeyReused => Code::IdempotencyKeyReused,
             Self::InFlight => Code::IdempotencyKeyInFlight,
@@ -137,7 +139,7 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) | Self::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden | Self::OperatorOnly => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,

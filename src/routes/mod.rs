@@ -33,11 +33,13 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::DELETE, "/mcp", |r| r.to(crate::mcp::http::mcp)),
-    // Operators (Authorization: Bearer $OPERATOR_TOKEN).
+    // Operators (Authorization: Bearer x4o_… or $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),
     (Method::GET, "/audit/idempotency", |r| r.to(audit::idempotency)),
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
+    (Method::GET, "/audit/payments.csv", |r| r.to(audit::payments_csv)),
+    (Method::GET, "/audit/operator-events", |r| r.to(audit::operator_events)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
