@@ -117,9 +117,15 @@ pub struct ServeArgs {
     /// maxTimeoutSeconds asks (validBefore = now + min(maxTimeoutSeconds, this)).
     #[arg(long, env = "X402_MAX_AUTH_SECONDS", default_value = "300")]
     pub x402_max_auth_seconds: String,
-    /// Bearer token for /audit/* (unset: the audit API is disabled).
+    /// Bootstrap admin bearer token for the operator API (/audit/*, /metrics); operator
+    /// tokens made by `operators create` work with or without it.
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
+    /// A second listener serving only GET /metrics, without authentication, for Prometheus on
+    /// a private interface (e.g. 127.0.0.1:9464). The main listener's /metrics always needs an
+    /// operator token.
+    #[arg(long, env = "METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub upstream: UpstreamArgs,
     /// Largest POST /route request body, in bytes.

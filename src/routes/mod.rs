@@ -43,10 +43,11 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
+    // Any operator token (Prometheus without one: the METRICS_ADDR listener).
+    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
-    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     (Method::GET, "/.well-known/x402-router", |r| r.to(health::well_known)),
     (Method::GET, "/openapi.json", |r| r.to(openapi)),
 ];
@@ -61,6 +62,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/console", web::get().to(console::index));
     cfg.route("/console/", web::get().to(console::index));
     cfg.route("/console/{file}", web::get().to(console::file));
+    cfg.default_service(web::to(not_found));
+}
+
+/// The `METRICS_ADDR` listener: `GET /metrics` without authentication, nothing else.
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(health::metrics_open));
     cfg.default_service(web::to(not_found));
 }
 

@@ -324,10 +324,10 @@ async fn metrics_expose_request_durations_process_metrics_and_the_wallet_balance
     app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
     let text = scrape().await;
     assert!(
-        text.contains(r#"http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
+        text.contains(r#"x402_router_http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
         "{text}"
     );
-    assert!(metric_value(&text, r#"http_request_duration_seconds_count{route="/healthz",status="200"}"#) >= Some(1.0));
+    assert!(metric_value(&text, r#"x402_router_http_request_duration_seconds_count{route="/healthz",status="200"}"#) >= Some(1.0));
     assert!(metric_value(&text, "process_resident_memory_bytes").is_some_and(|v| v > 0.0), "{text}");
     assert!(metric_value(&text, "process_cpu_seconds_total").is_some(), "{text}");
     let asset = format!(r#"asset="{}""#, chain.token);
