@@ -20,6 +20,7 @@ mod idempotency;
 mod money;
 mod networks;
 mod operations;
+mod operators;
 mod payments;
 mod pending;
 mod permit2;
