@@ -83,9 +83,11 @@ impl Metrics {
             &["outcome"],
         )?;
         let http_duration = HistogramVec::new(
-            HistogramOpts::new("x402_router_http_request_duration_seconds", "HTTP request duration by route and status").buckets(
-                vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
-            ),
+            HistogramOpts::new(
+                "x402_router_http_request_duration_seconds",
+                "HTTP request duration by route and status",
+            )
+            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
             &["route", "status"],
         )?;
         let wallet_balance = GaugeVec::new(
@@ -138,10 +140,7 @@ impl Metrics {
             &["network", "endpoint"],
         )?;
         let paid_amount = IntCounterVec::new(
-            Opts::new(
-                "x402_router_paid_amount_total",
-                "Atomic units paid by settled payments (saturates at 2^64-1)",
-            ),
+            Opts::new("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)"),
             &["network", "asset"],
         )?;
         let payments_by_status = IntGaugeVec::new(
