@@ -23,6 +23,8 @@ pub enum Command {
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
     Agents(AgentsArgs),
+    /// Manage operator tokens (the callers of /audit/*, the exports and /metrics).
+    Operators(OperatorsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
     /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
     Reconcile(Box<ReconcileArgs>),
@@ -115,9 +117,15 @@ pub struct ServeArgs {
     /// maxTimeoutSeconds asks (validBefore = now + min(maxTimeoutSeconds, this)).
     #[arg(long, env = "X402_MAX_AUTH_SECONDS", default_value = "300")]
     pub x402_max_auth_seconds: String,
-    /// Bearer token for /audit/* (unset: the audit API is disabled).
+    /// Bootstrap admin bearer token for the operator API (/audit/*, /metrics); operator
+    /// tokens made by `operators create` work with or without it.
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
+    /// A second listener serving only GET /metrics, without authentication, for Prometheus on
+    /// a private interface (e.g. 127.0.0.1:9464). The main listener's /metrics always needs an
+    /// operator token.
+    #[arg(long, env = "METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub upstream: UpstreamArgs,
     /// Largest POST /route request body, in bytes.
@@ -210,6 +218,35 @@ pub enum AgentsCommand {
     /// Disable an agent: its key is refused with 403 from then on.
     Disable {
         /// The agent's id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorsArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: OperatorsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// Create an operator and print `{"operator_id", "name", "role", "token"}` (the only time
+    /// the token is shown).
+    Create {
+        /// A name (it appears in the operator events).
+        #[arg(long)]
+        name: String,
+        /// `viewer` (audit, receipts, exports, metrics) or `admin` (also changes).
+        #[arg(long)]
+        role: String,
+    },
+    /// List operators as JSON lines (never the tokens).
+    List,
+    /// Revoke an operator: its token is refused (401) from then on.
+    Revoke {
+        /// The operator's id.
         id: String,
     },
 }

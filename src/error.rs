@@ -34,6 +34,8 @@ pub enum ApiError {
     RateLimited { message: String, retry_after: u32 },
     #[error("{0}")]
     PaymentsPaused(String),
+    #[error("this needs an admin operator token")]
+    AdminOnly,
     #[error("not found")]
     NotFound,
     #[error("Idempotency-Key reused with different body")]
@@ -76,10 +78,10 @@ impl ApiError {
             Self::PayloadTooLarge(_) => Code::PayloadTooLarge,
             Self::Unauthorized => Code::Unauthorized,
             Self::Forbidden => Code::AgentDisabled,
-            Self::OperatorOnly => Code::OperatorOnly,
             Self::UpstreamNotAllowed(_) => Code::UpstreamNotAllowed,
             Self::RateLimited { .. } => Code::RateLimited,
             Self::PaymentsPaused(_) => Code::PaymentsPaused,
+            Self::OperatorOnly | Self::AdminOnly => Code::OperatorOnly,
             Self::NotFound => Code::NotFound,
             Self::KeyReused => Code::IdempotencyKeyReused,
             Self::InFlight => Code::IdempotencyKeyInFlight,
@@ -161,9 +163,10 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) | Self::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden | Self::OperatorOnly | Self::UpstreamNotAllowed(_) => StatusCode::FORBIDDEN,
+            Self::UpstreamNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::PaymentsPaused(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -42,6 +42,7 @@ pub mod idempotency;
 pub mod mcp;
 pub mod metrics;
 pub mod money;
+pub mod operators;
 pub mod payments;
 pub mod problem;
 pub mod receipts;

@@ -10,8 +10,7 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     pub http_requests: IntCounterVec,
-    /// `http_request_duration_seconds{route, status}`: the conventional name, so that
-    /// stock dashboards and SLO rules apply (the one metric without the `x402_router_` prefix).
+    /// `x402_router_http_request_duration_seconds{route, status}`.
     pub http_duration: HistogramVec,
     /// `x402_router_wallet_balance{network, asset}`: the paying wallet's token balance in
     /// atomic units, refreshed by `wallet::spawn_balance_refresh`.
@@ -44,6 +43,15 @@ pub struct Metrics {
     pub rpc_endpoint_requests: IntCounterVec,
     pub rpc_endpoint_seconds: HistogramVec,
     pub rpc_endpoint_up: IntGaugeVec,
+    /// `x402_router_paid_amount_total{network, asset}`: atomic units paid by payments that
+    /// became `settled` or `settled_response_lost` in this process. A counter is a u64: an
+    /// amount beyond 2^64-1 adds 2^64-1 (saturates), and so does the sum.
+    pub paid_amount: IntCounterVec,
+    /// `x402_router_payments_by_status{status}`: payment intents per ledger status (all time),
+    /// as `audit::gauges` last read the ledger.
+    pub payments_by_status: IntGaugeVec,
+    /// `x402_router_build_info{version}` = 1.
+    pub build_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -75,9 +83,11 @@ impl Metrics {
             &["outcome"],
         )?;
         let http_duration = HistogramVec::new(
-            HistogramOpts::new("http_request_duration_seconds", "HTTP request duration by route and status").buckets(
-                vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
-            ),
+            HistogramOpts::new(
+                "x402_router_http_request_duration_seconds",
+                "HTTP request duration by route and status",
+            )
+            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
             &["route", "status"],
         )?;
         let wallet_balance = GaugeVec::new(
@@ -129,6 +139,20 @@ impl Metrics {
             Opts::new("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0"),
             &["network", "endpoint"],
         )?;
+        let paid_amount = IntCounterVec::new(
+            Opts::new("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)"),
+            &["network", "asset"],
+        )?;
+        let payments_by_status = IntGaugeVec::new(
+            Opts::new("x402_router_payments_by_status", "Payment intents in the ledger by status"),
+            &["status"],
+        )?;
+        let build_info =
+            IntGaugeVec::new(Opts::new("x402_router_build_info", "The router's version (always 1)"), &["version"])?;
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(paid_amount.clone()))?;
+        registry.register(Box::new(payments_by_status.clone()))?;
+        registry.register(Box::new(build_info.clone()))?;
         registry.register(Box::new(http_requests.clone()))?;
         registry.register(Box::new(idempotency.clone()))?;
         registry.register(Box::new(payments.clone()))?;
@@ -168,7 +192,18 @@ impl Metrics {
             rpc_endpoint_requests,
             rpc_endpoint_seconds,
             rpc_endpoint_up,
+            paid_amount,
+            payments_by_status,
+            build_info,
         })
+    }
+
+    /// Adds a settled payment's amount (atomic units) to `x402_router_paid_amount_total`,
+    /// saturating at `u64::MAX` (a Prometheus counter holds no more).
+    pub fn count_paid(&self, network: &str, asset: &str, amount: alloy::primitives::U256) {
+        let counter = self.paid_amount.with_label_values(&[network, asset]);
+        let add = u64::try_from(amount).unwrap_or(u64::MAX).min(u64::MAX - counter.get());
+        counter.inc_by(add);
     }
 
     /// Counts one idempotency decision (`outcome` is the decision path's label).

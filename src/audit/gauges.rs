@@ -82,6 +82,20 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         .await?;
         recoveries.push((kind, n.n));
     }
+    #[derive(QueryableByName)]
+    struct ByStatus {
+        #[diesel(sql_type = Text)]
+        status: String,
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let by_status: Vec<ByStatus> =
+        diesel::sql_query("SELECT status, count(*) AS n FROM payments GROUP BY status").load(conn).await?;
+    // Every status is reported, 0 included.
+    for s in PaymentStatus::ALL {
+        let n = by_status.iter().find(|b| b.status == s.as_str()).map_or(0, |b| b.n);
+        metrics.payments_by_status.with_label_values(&[s.as_str()]).set(n);
+    }
     metrics.paid_not_served.set(paid_not_served.n as f64);
     // Every outcome is reported, 0 included, so that a rate or an alert has a series.
     for (kind, n) in recoveries {

@@ -1,4 +1,4 @@
-//! Agent API keys and the operator token.
+//! Agent API keys, and the operator extractors (defined in `crate::operators`).
 //!
 //! Keys look like `x4r_<43 base64url chars>` (256 random bits) so secret scanners can
 //! spot leaked ones. Only their sha256 is stored. An agent's identity comes only from
@@ -10,13 +10,10 @@
 pub mod agents;
 pub mod cache;
 
-use std::future::{Ready, ready};
-
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 pub use cache::AgentCache;
@@ -49,7 +46,7 @@ pub struct AuthenticatedAgent {
     pub id: Uuid,
 }
 
-fn bearer(req: &HttpRequest) -> Option<&str> {
+pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
     let value = req.headers().get(actix_web::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
@@ -93,28 +90,8 @@ impl FromRequest for AuthenticatedAgent {
     }
 }
 
-/// An operator request (`Authorization: Bearer $OPERATOR_TOKEN`, constant-time compare).
-#[derive(Debug, Clone, Copy)]
-pub struct Operator;
+/// Any operator (an operator token of either role, or `OPERATOR_TOKEN`): see
+/// [`crate::operators::auth`]. Kept under its old name for the audit handlers.
+pub type Operator = crate::operators::Viewer;
 
-impl FromRequest for Operator {
-    type Error = ApiError;
-    type Future = Ready<Result<Self, ApiError>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let Some(state) = req.app_data::<web::Data<AppState>>() else {
-            return ready(Err(ApiError::Internal(anyhow::anyhow!("app state missing"))));
-        };
-        let Some(expected) = state.config.operator_token.as_ref() else {
-            return ready(Err(ApiError::NotFound));
-        };
-        let result = match bearer(req) {
-            None => Err(ApiError::Unauthorized),
-            Some(t) if bool::from(t.as_bytes().ct_eq(expected.expose().as_bytes())) => Ok(Operator),
-            // An agent key is a valid credential, but not for this surface.
-            Some(t) if t.starts_with(KEY_PREFIX) => Err(ApiError::OperatorOnly),
-            Some(_) => Err(ApiError::Unauthorized),
-        };
-        ready(result)
-    }
-}
+pub use crate::operators::{Actor, Admin, Viewer};

@@ -33,18 +33,21 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::DELETE, "/mcp", |r| r.to(crate::mcp::http::mcp)),
-    // Operators (Authorization: Bearer $OPERATOR_TOKEN).
+    // Operators (Authorization: Bearer x4o_… or $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),
     (Method::GET, "/audit/idempotency", |r| r.to(audit::idempotency)),
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
+    (Method::GET, "/audit/payments.csv", |r| r.to(audit::payments_csv)),
+    (Method::GET, "/audit/operator-events", |r| r.to(audit::operator_events)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
+    // Any operator token (Prometheus without one: the METRICS_ADDR listener).
+    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
-    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     (Method::GET, "/.well-known/x402-router", |r| r.to(health::well_known)),
     (Method::GET, "/openapi.json", |r| r.to(openapi)),
 ];
@@ -59,6 +62,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/console", web::get().to(console::index));
     cfg.route("/console/", web::get().to(console::index));
     cfg.route("/console/{file}", web::get().to(console::file));
+    cfg.default_service(web::to(not_found));
+}
+
+/// The `METRICS_ADDR` listener: `GET /metrics` without authentication, nothing else.
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(health::metrics_open));
     cfg.default_service(web::to(not_found));
 }
 

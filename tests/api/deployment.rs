@@ -161,7 +161,7 @@ async fn redis_over_tls_caches_with_the_right_ca_and_names_a_wrong_one() {
     assert_eq!(app.route(&key, &body).await.status(), 200);
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.headers()["x-idempotent-replay"], "true");
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     let from_redis = metric_value(&metrics, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#);
     assert!(from_redis.unwrap_or(0.0) >= 1.0, "{metrics}");
     assert_eq!(up.hits.total(), 1);
@@ -212,7 +212,7 @@ async fn redis_cluster_spreads_agents_over_masters_and_a_killed_master_loses_not
         assert_eq!(replay.headers()["x-idempotent-replay"], "true");
         assert_eq!(&replay.json::<Value>().await.unwrap(), first);
     }
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     let from_redis = metric_value(&metrics, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#);
     assert_eq!(from_redis, Some(agents.len() as f64), "every replay came from the cluster");
     // The keys carry the agent as hash tag, and the agents are spread over the masters.
@@ -319,15 +319,17 @@ async fn sigterm_stops_within_the_shutdown_timeout_even_with_a_slow_call() {
 async fn metrics_expose_request_durations_process_metrics_and_the_wallet_balance() {
     let chain = Devnet::start().await;
     let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
-    let scrape =
-        || async { app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap() };
+    let scrape = || async { app.metrics_text().await };
     app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
     let text = scrape().await;
     assert!(
-        text.contains(r#"http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
+        text.contains(r#"x402_router_http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
         "{text}"
     );
-    assert!(metric_value(&text, r#"http_request_duration_seconds_count{route="/healthz",status="200"}"#) >= Some(1.0));
+    assert!(
+        metric_value(&text, r#"x402_router_http_request_duration_seconds_count{route="/healthz",status="200"}"#)
+            >= Some(1.0)
+    );
     assert!(metric_value(&text, "process_resident_memory_bytes").is_some_and(|v| v > 0.0), "{text}");
     assert!(metric_value(&text, "process_cpu_seconds_total").is_some(), "{text}");
     let asset = format!(r#"asset="{}""#, chain.token);
@@ -403,7 +405,7 @@ async fn redis_sentinel_failover_keeps_serving_and_the_cache_follows_the_new_mas
         r["redis"] == "ok"
     };
     let from_redis = async || {
-        let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+        let text = app.metrics_text().await;
         metric_value(&text, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#).unwrap_or(0.0)
     };
     wait_until("the cache to reach the master through Sentinel", Duration::from_secs(10), redis_ready).await;

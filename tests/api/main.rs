@@ -21,6 +21,7 @@ mod limits;
 mod money;
 mod networks;
 mod operations;
+mod operators;
 mod payments;
 mod pending;
 mod permit2;

@@ -136,7 +136,8 @@ impl Crashed {
     }
 
     async fn metric(&self, outcome: &str) -> f64 {
-        let text = self.client.get(format!("{}/metrics", self.retrier.address)).send().await.unwrap();
+        let text =
+            self.client.get(format!("{}/metrics", self.retrier.address)).bearer_auth(OPERATOR).send().await.unwrap();
         let text = text.text().await.unwrap();
         let name = format!("x402_router_recoveries_total{{outcome=\"{outcome}\"}}");
         text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
@@ -415,8 +416,16 @@ impl Crashed {
         let name = format!("x402_router_payments_recovery{{outcome=\"{outcome}\"}}");
         let mut value = None;
         wait_until("the ledger gauges", Duration::from_secs(10), async || {
-            let text =
-                self.client.get(format!("{}/metrics", router.address)).send().await.unwrap().text().await.unwrap();
+            let text = self
+                .client
+                .get(format!("{}/metrics", router.address))
+                .bearer_auth(OPERATOR)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
             value = text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok());
             value.is_some()
         })
