@@ -139,6 +139,24 @@ impl From<relay::Error> for ApiError {
     }
 }
 
+impl From<crate::admin::Invalid> for ApiError {
+    fn from(e: crate::admin::Invalid) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
+impl From<crate::admin::AdminError> for ApiError {
+    fn from(e: crate::admin::AdminError) -> Self {
+        use crate::admin::AdminError;
+        match e {
+            AdminError::Invalid(e) => Self::BadRequest(e.0),
+            AdminError::NotFound => Self::NotFound,
+            AdminError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
+            AdminError::Database(e) => Self::database(e),
+        }
+    }
+}
+
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> Self {
         Self::BadRequest(e.0)

@@ -25,6 +25,7 @@
 //! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
+pub mod admin;
 pub mod approve;
 pub mod audit;
 pub mod auth;

@@ -3,6 +3,7 @@
 //! [`ROUTES`] lists every endpoint once; [`configure`] registers exactly that list, and a
 //! test holds `docs/openapi.json` (served at `GET /openapi.json`) to the same list.
 
+mod admin;
 mod agents;
 mod audit;
 mod console;
@@ -43,6 +44,19 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
+    // The control plane: viewers read, admins change (Authorization: Bearer x4o_…).
+    (Method::POST, "/admin/agents", |r| r.to(admin::create_agent)),
+    (Method::GET, "/admin/agents", |r| r.to(admin::list_agents)),
+    (Method::GET, "/admin/agents/{id}", |r| r.to(admin::show_agent)),
+    (Method::PATCH, "/admin/agents/{id}", |r| r.to(admin::update_agent)),
+    (Method::POST, "/admin/agents/{id}/disable", |r| r.to(admin::disable_agent)),
+    (Method::POST, "/admin/agents/{id}/enable", |r| r.to(admin::enable_agent)),
+    (Method::POST, "/admin/agents/{id}/rotate-key", |r| r.to(admin::rotate_key)),
+    (Method::GET, "/admin/settings", |r| r.to(admin::settings)),
+    (Method::PATCH, "/admin/settings", |r| r.to(admin::update_settings)),
+    (Method::POST, "/admin/pause", |r| r.to(admin::pause)),
+    (Method::DELETE, "/admin/pause", |r| r.to(admin::resume)),
+    (Method::POST, "/admin/reconcile", |r| r.to(admin::reconcile)),
     // Any operator token (Prometheus without one: the METRICS_ADDR listener).
     (Method::GET, "/metrics", |r| r.to(health::metrics)),
     // Anyone.

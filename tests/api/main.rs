@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod admin;
 mod agents;
 mod audit;
 mod auth;
