@@ -220,3 +220,24 @@ impl Metrics {
         String::from_utf8(buf).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paid_amounts_add_up_and_saturate_at_u64_max() {
+        let m = Metrics::new().unwrap();
+        m.count_paid("eip155:84532", "0xA", alloy::primitives::U256::from(10_000u64));
+        m.count_paid("eip155:84532", "0xA", alloy::primitives::U256::from(5u64));
+        assert_eq!(m.paid_amount.with_label_values(&["eip155:84532", "0xA"]).get(), 10_005);
+        m.count_paid("eip155:84532", "0xB", alloy::primitives::U256::MAX);
+        m.count_paid("eip155:84532", "0xB", alloy::primitives::U256::from(1u64));
+        assert_eq!(m.paid_amount.with_label_values(&["eip155:84532", "0xB"]).get(), u64::MAX);
+        let text = m.render();
+        assert!(text.contains("x402_router_build_info{version=\""), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            assert!(line.starts_with("x402_router_") || line.starts_with("process_"), "{line}");
+        }
+    }
+}

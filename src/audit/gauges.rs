@@ -82,19 +82,17 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         .await?;
         recoveries.push((kind, n.n));
     }
-    #[derive(QueryableByName)]
-    struct ByStatus {
-        #[diesel(sql_type = Text)]
-        status: String,
-        #[diesel(sql_type = BigInt)]
-        n: i64,
+    // One indexed count per status (every status reported, 0 included).
+    let mut by_status = Vec::new();
+    for st in PaymentStatus::ALL {
+        let n: Count = diesel::sql_query("SELECT count(*) AS n FROM payments WHERE status = $1")
+            .bind::<Text, _>(st.as_str())
+            .get_result(conn)
+            .await?;
+        by_status.push((st, n.n));
     }
-    let by_status: Vec<ByStatus> =
-        diesel::sql_query("SELECT status, count(*) AS n FROM payments GROUP BY status").load(conn).await?;
-    // Every status is reported, 0 included.
-    for s in PaymentStatus::ALL {
-        let n = by_status.iter().find(|b| b.status == s.as_str()).map_or(0, |b| b.n);
-        metrics.payments_by_status.with_label_values(&[s.as_str()]).set(n);
+    for (st, n) in by_status {
+        metrics.payments_by_status.with_label_values(&[st.as_str()]).set(n);
     }
     metrics.paid_not_served.set(paid_not_served.n as f64);
     // Every outcome is reported, 0 included, so that a rate or an alert has a series.

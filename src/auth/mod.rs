@@ -1,4 +1,4 @@
-//! Agent API keys, and the operator extractors (defined in `crate::operators`).
+//! Agent API keys, and the operator extractors ([`operator`]: `Viewer`, `Admin`).
 //!
 //! Keys look like `x4r_<43 base64url chars>` (256 random bits) so secret scanners can
 //! spot leaked ones. Only their sha256 is stored. An agent's identity comes only from
@@ -9,6 +9,7 @@
 
 pub mod agents;
 pub mod cache;
+pub mod operator;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
@@ -90,8 +91,10 @@ impl FromRequest for AuthenticatedAgent {
     }
 }
 
-/// Any operator (an operator token of either role, or `OPERATOR_TOKEN`): see
-/// [`crate::operators::auth`]. Kept under its old name for the audit handlers.
-pub type Operator = crate::operators::Viewer;
+pub use operator::{Admin, Viewer};
 
-pub use crate::operators::{Actor, Admin, Viewer};
+pub use crate::operators::Actor;
+
+/// Any operator (an operator token of either role, or `OPERATOR_TOKEN`): the old name of
+/// [`Viewer`].
+pub type Operator = Viewer;

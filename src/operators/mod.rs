@@ -2,7 +2,8 @@
 //! exports, `/metrics`, and the admin endpoints).
 //!
 //! Tokens look like `x4o_<43 base64url chars>` (256 random bits), like agent keys (`x4r_`),
-//! so that secret scanners can spot leaked ones; only their sha256 is stored. `viewer` reads
+//! so that secret scanners can spot leaked ones; only their sha256 is stored. The HTTP
+//! extractors (`Viewer`, `Admin`) are in `crate::auth::operator`. `viewer` reads
 //! (audit, receipts, exports, metrics); `admin` may also change things. `OPERATOR_TOKEN`, when
 //! set, is a bootstrap admin with no row (its [`Actor::operator_id`] is `None`).
 //!
@@ -12,17 +13,36 @@
 //! Every change an operator makes is recorded by [`events::record`] in the change's own
 //! transaction, in the append-only `operator_events` table.
 
-pub mod auth;
 pub mod events;
 pub mod store;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
-
-pub use auth::{Actor, Admin, Viewer};
+use uuid::Uuid;
 
 use crate::idempotency::canonical::sha256_hex;
+
+/// Who is acting: an operator row, or the bootstrap `OPERATOR_TOKEN`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Actor {
+    /// `None`: the bootstrap `OPERATOR_TOKEN` (or the command line).
+    pub operator_id: Option<Uuid>,
+    pub name: String,
+    pub role: Role,
+    /// The peer's IP address (the TCP peer, never a forwarded header a client can forge).
+    pub remote_addr: Option<String>,
+}
+
+/// The name events give the bootstrap `OPERATOR_TOKEN`.
+pub const BOOTSTRAP_NAME: &str = "bootstrap";
+
+impl Actor {
+    /// The command line (`x402-router operators …`).
+    pub fn cli() -> Self {
+        Self { operator_id: None, name: "cli".into(), role: Role::Admin, remote_addr: None }
+    }
+}
 
 /// Prefix of every operator token.
 pub const TOKEN_PREFIX: &str = "x4o_";

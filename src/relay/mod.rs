@@ -194,3 +194,18 @@ fn upstream_failure(e: &UpstreamError) -> Outcome {
     let reached = !matches!(e, UpstreamError::Blocked(_) | UpstreamError::Unreachable(_));
     Outcome::Failed(if reached { failure } else { failure.without_receipt() })
 }
+
+/// Adds a payment that just became spent (`settled`, `settled_response_lost`) to
+/// `x402_router_paid_amount_total{network, asset}`: what the chain shows was charged (upto),
+/// else the signed amount. Other statuses add nothing.
+pub(crate) fn count_paid(
+    state: &crate::state::AppState,
+    signed: &crate::x402::SignedPayment,
+    status: crate::payments::PaymentStatus,
+    charged: Option<alloy::primitives::U256>,
+) {
+    if status.is_spent() {
+        let amount = charged.filter(|_| signed.is_upto()).unwrap_or_else(|| signed.amount());
+        state.metrics.count_paid(&signed.network().caip2(), &signed.asset().to_checksum(None), amount);
+    }
+}

@@ -118,21 +118,6 @@ pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&st
     Ok(describe(version, &signed, status, tx_hash))
 }
 
-/// Adds a payment that just became spent (`settled`, `settled_response_lost`) to
-/// `x402_router_paid_amount_total{network, asset}`: what the chain shows was charged (upto),
-/// else the signed amount. Other statuses add nothing.
-pub(super) fn count_paid(
-    state: &AppState,
-    signed: &SignedPayment,
-    status: PaymentStatus,
-    charged: Option<alloy::primitives::U256>,
-) {
-    if status.is_spent() {
-        let amount = charged.filter(|_| signed.is_upto()).unwrap_or_else(|| signed.amount());
-        state.metrics.count_paid(&signed.network().caip2(), &signed.asset().to_checksum(None), amount);
-    }
-}
-
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
 /// the 402 is the envelope's known part, and the call gets its receipt.
 fn stopped_after_402(
@@ -477,7 +462,7 @@ pub async fn resume(
             state.metrics.payments.with_label_values(&["recovered"]).inc();
             tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                 "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
-            count_paid(state, &signed, PaymentStatus::Settled, charged);
+            super::count_paid(state, &signed, PaymentStatus::Settled, charged);
             let status = PaymentStatus::Settled;
             let tx_hash = Some(tx_hash.to_string());
             let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
@@ -499,7 +484,7 @@ pub async fn resume(
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
         state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
-        count_paid(state, &signed, PaymentStatus::SettledResponseLost, charged);
+        super::count_paid(state, &signed, PaymentStatus::SettledResponseLost, charged);
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
@@ -586,7 +571,7 @@ fn reaccessed(
     let kind = crate::payments::RecoveryKind::Reaccessed;
     state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
     state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
-    count_paid(state, signed, PaymentStatus::Settled, None);
+    super::count_paid(state, signed, PaymentStatus::Settled, None);
     tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
         "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
     let status = PaymentStatus::Settled;
@@ -677,7 +662,7 @@ async fn exchange(
             };
             let tx_hash = proven.tx_hash.map(|h| h.to_string());
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-            count_paid(state, signed, status, proven.charged);
+            super::count_paid(state, signed, status, proven.charged);
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
             let permit2 = reasons.names(x402::wire::PERMIT2_ALLOWANCE_REQUIRED);
             let msg = if permit2 && status == PaymentStatus::Rejected {
@@ -712,7 +697,7 @@ async fn exchange(
             let (status, tx_hash, note, charged) =
                 confirm(state, (own.agent_id, attempt.id), signed, claim.as_ref(), deadline).await;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-            count_paid(state, signed, status, charged);
+            super::count_paid(state, signed, status, charged);
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
             if let Some(said) = claim.as_ref().and_then(|c| c.amount).filter(|_| signed.is_upto()) {
@@ -763,7 +748,7 @@ async fn lost_answer(
             let recorded = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
             if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
                 state.metrics.payments.with_label_values(&["recovered"]).inc();
-                count_paid(state, &attempt.signed, PaymentStatus::Settled, charged);
+                super::count_paid(state, &attempt.signed, PaymentStatus::Settled, charged);
                 tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                     "the answer to a settled payment, lost in transit, was recovered by a byte-identical re-send");
                 let status = PaymentStatus::Settled;
@@ -777,7 +762,7 @@ async fn lost_answer(
         }
     }
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-    count_paid(state, &attempt.signed, status, charged);
+    super::count_paid(state, &attempt.signed, status, charged);
     let msg = match status {
         PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),

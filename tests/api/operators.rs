@@ -5,7 +5,8 @@ use actix_web::{HttpResponse, web};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde_json::{Value, json};
 use uuid::Uuid;
-use x402_router::operators::{Actor, Admin, Role, Viewer, events};
+use x402_router::auth::{Admin, Viewer};
+use x402_router::operators::{Actor, Role, events};
 
 use crate::helpers::tls_services::wait_until;
 use crate::helpers::*;

@@ -407,12 +407,8 @@ impl Crashed {
     /// gauges are read at start).
     async fn recovery_gauge(&self, outcome: &str) -> i64 {
         let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-        let router = RouterProcess::spawn(
-            &self.db.url,
-            &AppOptions { extra: self.chain.router_extra(), ..Default::default() },
-            &prefix,
-        )
-        .await;
+        let extra = [self.chain.router_extra(), vec![("operator-token".into(), OPERATOR.into())]].concat();
+        let router = RouterProcess::spawn(&self.db.url, &AppOptions { extra, ..Default::default() }, &prefix).await;
         let name = format!("x402_router_payments_recovery{{outcome=\"{outcome}\"}}");
         let mut value = None;
         wait_until("the ledger gauges", Duration::from_secs(10), async || {

@@ -1,6 +1,6 @@
 //! The operator extractors: [`Viewer`] (any live operator token, or the bootstrap
 //! `OPERATOR_TOKEN`) and [`Admin`] (the admin role only). Both carry the [`Actor`] that
-//! [`super::events::record`] writes down.
+//! [`crate::operators::events::record`] writes down.
 //!
 //! - no or an unknown/revoked token: 401 `unauthorized`;
 //! - an agent key (`x4r_…`): 403 `operator_only`;
@@ -12,34 +12,11 @@ use std::pin::Pin;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
-use serde::Serialize;
 use subtle::ConstantTimeEq;
-use uuid::Uuid;
 
-use super::{Role, TOKEN_PREFIX, hash_token, store};
 use crate::error::ApiError;
+use crate::operators::{Actor, BOOTSTRAP_NAME, Role, TOKEN_PREFIX, hash_token, store};
 use crate::state::AppState;
-
-/// Who is acting: an operator row, or the bootstrap `OPERATOR_TOKEN`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Actor {
-    /// `None`: the bootstrap `OPERATOR_TOKEN` (or the command line).
-    pub operator_id: Option<Uuid>,
-    pub name: String,
-    pub role: Role,
-    /// The peer's IP address (the TCP peer, never a forwarded header a client can forge).
-    pub remote_addr: Option<String>,
-}
-
-/// The name events give the bootstrap `OPERATOR_TOKEN`.
-pub const BOOTSTRAP_NAME: &str = "bootstrap";
-
-impl Actor {
-    /// The command line (`x402-router operators …`).
-    pub fn cli() -> Self {
-        Self { operator_id: None, name: "cli".into(), role: Role::Admin, remote_addr: None }
-    }
-}
 
 /// Any operator (viewer or admin).
 #[derive(Debug, Clone)]
@@ -70,7 +47,7 @@ async fn authenticate(
         return Ok(Actor { operator_id: None, name: BOOTSTRAP_NAME.into(), role: Role::Admin, remote_addr });
     }
     // An agent key is a valid credential, but not for this surface.
-    if token.starts_with(crate::auth::KEY_PREFIX) {
+    if token.starts_with(super::KEY_PREFIX) {
         return Err(ApiError::OperatorOnly);
     }
     if !token.starts_with(TOKEN_PREFIX) || token.len() > MAX_TOKEN_LEN {
@@ -87,7 +64,7 @@ async fn authenticate(
 fn parts(req: &HttpRequest) -> (Option<web::Data<AppState>>, Option<String>, Option<String>) {
     (
         req.app_data::<web::Data<AppState>>().cloned(),
-        crate::auth::bearer(req).map(str::to_owned),
+        super::bearer(req).map(str::to_owned),
         req.peer_addr().map(|a| a.ip().to_string()),
     )
 }
