@@ -119,7 +119,9 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
         if none(v) {
             Value::Null
         } else {
-            Value::Array(v.split(',').filter(|s| !s.trim().is_empty()).map(|s| Value::String(s.trim().into())).collect())
+            Value::Array(
+                v.split(',').filter(|s| !s.trim().is_empty()).map(|s| Value::String(s.trim().into())).collect(),
+            )
         }
     };
     // Not an integer: passed as a string, which the shared validation refuses by name.
@@ -134,7 +136,8 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
     if let Some(n) = name {
         body.insert("name".into(), Value::String(n.to_owned()));
     }
-    let fields: [(&str, &Option<String>, &dyn Fn(&str) -> Value); 7] = [
+    type ToJson<'a> = &'a dyn Fn(&str) -> Value;
+    let fields: [(&str, &Option<String>, ToJson); 7] = [
         ("max_per_call", &l.max_per_call, &amount),
         ("daily_budget", &l.daily_budget, &amount),
         ("month_budget", &l.month_budget, &amount),
@@ -233,8 +236,7 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
-    let settings =
-        reconcile::Settings {
+    let settings = reconcile::Settings {
         older_than: std::time::Duration::from_secs(older_than),
         abandon_after,
         faults: None,

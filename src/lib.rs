@@ -40,6 +40,7 @@ pub mod error;
 pub mod faults;
 pub mod gc;
 pub mod idempotency;
+pub mod keys;
 pub mod mcp;
 pub mod metrics;
 pub mod money;

@@ -107,8 +107,11 @@ impl Metrics {
             "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update",
         )?;
         let budget_used = GaugeVec::new(
-            Opts::new("x402_router_agent_budget_used_ratio", "Share of an agent's daily budget settled or reserved"),
-            &["agent_id"],
+            Opts::new(
+                "x402_router_agent_budget_used_ratio",
+                "Share of a budget spent or reserved: budget=24h or month per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)",
+            ),
+            &["agent_id", "budget"],
         )?;
         let cache_rejected = IntCounter::new(
             "x402_router_cache_entries_rejected_total",

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::auth::{generate_api_key, hash_api_key};
+use crate::keys::{generate_api_key, hash_api_key};
 use crate::money::Amount;
 use crate::operators::{Actor, events};
 use crate::payments::limits::{self, Settings};
@@ -402,12 +402,7 @@ pub async fn set_wallet_cap(conn: &mut AsyncPgConnection, actor: &Actor, cap: Op
 ///
 /// # Errors
 /// Database errors.
-pub async fn set_paused(
-    conn: &mut AsyncPgConnection,
-    actor: &Actor,
-    paused: bool,
-    unpaid: bool,
-) -> QueryResult<Value> {
+pub async fn set_paused(conn: &mut AsyncPgConnection, actor: &Actor, paused: bool, unpaid: bool) -> QueryResult<Value> {
     let action = if paused { "payments.pause" } else { "payments.resume" };
     settings_change(conn, actor, action, SettingsWrite::Paused { paused, unpaid: paused && unpaid }).await
 }
@@ -436,11 +431,13 @@ async fn settings_change(
                 .await?
             }
             SettingsWrite::Paused { paused, unpaid } => {
-                diesel::sql_query("UPDATE router_settings SET paused = $1, pause_unpaid = $2, updated_at = now() WHERE id")
-                    .bind::<Bool, _>(paused)
-                    .bind::<Bool, _>(unpaid)
-                    .execute(c)
-                    .await?
+                diesel::sql_query(
+                    "UPDATE router_settings SET paused = $1, pause_unpaid = $2, updated_at = now() WHERE id",
+                )
+                .bind::<Bool, _>(paused)
+                .bind::<Bool, _>(unpaid)
+                .execute(c)
+                .await?
             }
         };
         let after = limits::settings(c, false).await?;
@@ -467,10 +464,8 @@ pub async fn reconcile(
 ) -> Result<crate::audit::reconcile::Report, AdminError> {
     use crate::audit::reconcile;
     if let Some(id) = only {
-        let found = diesel::sql_query("SELECT 1 FROM payments WHERE id = $1")
-            .bind::<SqlUuid, _>(id)
-            .execute(conn)
-            .await?;
+        let found =
+            diesel::sql_query("SELECT 1 FROM payments WHERE id = $1").bind::<SqlUuid, _>(id).execute(conn).await?;
         if found == 0 {
             return Err(AdminError::NotFound);
         }

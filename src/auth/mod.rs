@@ -13,33 +13,14 @@ pub mod operator;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use uuid::Uuid;
 
 pub use cache::AgentCache;
 
 use crate::error::ApiError;
-use crate::idempotency::canonical::sha256_hex;
 use crate::state::AppState;
 
-/// Prefix of every agent API key.
-pub const KEY_PREFIX: &str = "x4r_";
-
-/// A new random API key (256 bits from the operating system's CSPRNG).
-///
-/// # Errors
-/// If the operating system cannot provide randomness.
-pub fn generate_api_key() -> Result<String, getrandom::Error> {
-    let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes)?;
-    Ok(format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes)))
-}
-
-/// The stored form of a key.
-pub fn hash_api_key(key: &str) -> String {
-    sha256_hex(key.as_bytes())
-}
+pub use crate::keys::{KEY_PREFIX, generate_api_key, hash_api_key};
 
 /// The agent behind a request's `Authorization: Bearer` key.
 #[derive(Debug, Clone, Copy)]

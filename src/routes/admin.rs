@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::admin::{self, AgentChange, Invalid};
+use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
-use crate::operators::{Admin, Viewer};
 use crate::state::AppState;
 
 /// A JSON body (an empty body is `{}`), or 400.
@@ -40,7 +40,11 @@ pub async fn list_agents(state: web::Data<AppState>, _: Viewer) -> Result<HttpRe
 }
 
 /// GET /admin/agents/{id} — one agent (404 when unknown).
-pub async fn show_agent(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn show_agent(
+    state: web::Data<AppState>,
+    _: Viewer,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let agent = admin::agent(&mut conn, id).await.map_err(ApiError::database)?.ok_or(ApiError::NotFound)?;
@@ -61,12 +65,20 @@ pub async fn update_agent(
 }
 
 /// POST /admin/agents/{id}/disable
-pub async fn disable_agent(state: web::Data<AppState>, op: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn disable_agent(
+    state: web::Data<AppState>,
+    op: Admin,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     set_disabled(&state, &op, &id, true).await
 }
 
 /// POST /admin/agents/{id}/enable
-pub async fn enable_agent(state: web::Data<AppState>, op: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn enable_agent(
+    state: web::Data<AppState>,
+    op: Admin,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     set_disabled(&state, &op, &id, false).await
 }
 
@@ -78,7 +90,11 @@ async fn set_disabled(state: &AppState, op: &Admin, id: &str, disabled: bool) ->
 
 /// POST /admin/agents/{id}/rotate-key — a new key (shown this once); the old one is refused
 /// within the auth cache's window (1 s).
-pub async fn rotate_key(state: web::Data<AppState>, op: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn rotate_key(
+    state: web::Data<AppState>,
+    op: Admin,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::rotate_key(&mut conn, &op.actor, id).await?;
@@ -92,7 +108,11 @@ pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpRespo
 }
 
 /// PATCH /admin/settings — `{"wallet_daily_cap": "…" | null}`.
-pub async fn update_settings(state: web::Data<AppState>, op: Admin, body: web::Bytes) -> Result<HttpResponse, ApiError> {
+pub async fn update_settings(
+    state: web::Data<AppState>,
+    op: Admin,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
     let cap = admin::parse_settings(&json_body(&body)?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     Ok(HttpResponse::Ok().json(admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?))
@@ -112,13 +132,15 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, body: web::Bytes) -> R
         Some(_) => return Err(Invalid("unpaid must be true or false".into()).into()),
     };
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok()
+        .json(admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?))
 }
 
 /// DELETE /admin/pause — resumes payments and calls.
 pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok()
+        .json(admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?))
 }
 
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:
@@ -139,6 +161,7 @@ pub async fn reconcile(state: web::Data<AppState>, op: Admin, body: web::Bytes) 
         ),
     };
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    let report = admin::reconcile(&mut conn, &state.chain, state.idempotency.timing.abandon_after, &op.actor, only).await?;
+    let report =
+        admin::reconcile(&mut conn, &state.chain, state.idempotency.timing.abandon_after, &op.actor, only).await?;
     Ok(HttpResponse::Ok().json(report))
 }

@@ -121,7 +121,10 @@ async fn an_admin_creates_limits_disables_enables_and_rotates_an_agent_and_each_
     assert!(trail.iter().all(|e| e["operator_name"] == "ada" && e["remote_addr"] == "127.0.0.1"), "{trail:?}");
     assert_eq!(trail[1]["before"]["daily_budget"], Value::Null);
     assert_eq!(trail[1]["after"]["daily_budget"], "100000");
-    assert_eq!((trail[2]["before"]["disabled"].as_bool(), trail[2]["after"]["disabled"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(
+        (trail[2]["before"]["disabled"].as_bool(), trail[2]["after"]["disabled"].as_bool()),
+        (Some(false), Some(true))
+    );
     let text = serde_json::to_string(&trail).unwrap();
     assert!(!text.contains(&key) && !text.contains(&new_agent.key), "a key leaked into the trail");
 }
@@ -218,8 +221,7 @@ async fn the_pause_and_the_wallet_cap_are_set_over_http_and_refuse_payments() {
     }
     let (s, _) = call(&app, "POST", "/admin/pause", &ops.admin, Some(json!({"unpaid": "yes"}))).await;
     assert_eq!(s, 400);
-    let actions: Vec<String> =
-        events(&app).await.iter().map(|e| e["action"].as_str().unwrap().to_owned()).collect();
+    let actions: Vec<String> = events(&app).await.iter().map(|e| e["action"].as_str().unwrap().to_owned()).collect();
     assert_eq!(actions, ["payments.pause", "payments.resume", "settings.update"]);
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
 }
@@ -239,14 +241,17 @@ async fn reconcile_on_demand_decides_one_payment_from_the_chain() {
             #[diesel(sql_type = diesel::sql_types::Text)]
             id: String,
         }
-        let r: Row =
-            diesel::sql_query("SELECT id::text AS id FROM payments").get_result(&mut app.db.conn().await).await.unwrap();
+        let r: Row = diesel::sql_query("SELECT id::text AS id FROM payments")
+            .get_result(&mut app.db.conn().await)
+            .await
+            .unwrap();
         r.id
     };
     let (s, report) = call(&app, "POST", "/admin/reconcile", &ops.admin, Some(json!({"payment_id": id}))).await;
     assert_eq!(s, 200, "{report}");
     assert_eq!(report["checked"], 1, "{report}");
-    let (s, _) = call(&app, "POST", "/admin/reconcile", &ops.admin, Some(json!({"payment_id": uuid::Uuid::new_v4()}))).await;
+    let (s, _) =
+        call(&app, "POST", "/admin/reconcile", &ops.admin, Some(json!({"payment_id": uuid::Uuid::new_v4()}))).await;
     assert_eq!(s, 404);
     let (s, _) = call(&app, "POST", "/admin/reconcile", &ops.admin, Some(json!({"payment_id": "nope"}))).await;
     assert_eq!(s, 400);
@@ -261,9 +266,20 @@ async fn the_cli_takes_the_same_path_as_the_api() {
     let app = spawn_app().await;
     let agents = |args: &[&str]| {
         let out = router_command().arg("agents").args(args).env("DATABASE_URL", &app.db.url).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     };
-    let (ok, out) = agents(&["create", "--name", "cli-bot", "--month-budget", "700", "--allowed-hosts", "a.example.com,*.b.example.com"]);
+    let (ok, out) = agents(&[
+        "create",
+        "--name",
+        "cli-bot",
+        "--month-budget",
+        "700",
+        "--allowed-hosts",
+        "a.example.com,*.b.example.com",
+    ]);
     assert!(ok, "{out}");
     let created: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     let id = created["agent_id"].as_str().unwrap().to_owned();

@@ -371,7 +371,9 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let db = TestDb::new().await;
     let agent = create_agent(&db, "budgeted").await;
     let unlimited = create_agent(&db, "unlimited").await;
-    exec(&db, &format!("UPDATE agents SET daily_budget = 100000 WHERE id = '{}'", agent.id)).await;
+    exec(&db, &format!("UPDATE agents SET daily_budget = 100000, month_budget = 40000 WHERE id = '{}'", agent.id))
+        .await;
+    exec(&db, "UPDATE router_settings SET wallet_daily_cap = 80000").await;
     insert_payment(&db, agent.id, "settled", "1 minute").await; // paid, never served
     insert_payment(&db, agent.id, "signed", "1 hour").await; // stuck
     insert_payment(&db, agent.id, "signed", "1 second").await; // in progress
@@ -384,8 +386,14 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let text = metrics.render();
     assert_eq!(metric_value(&text, "x402_router_payments_paid_not_served "), Some(1.0), "{text}");
     assert_eq!(metric_value(&text, "x402_router_payments_stuck "), Some(1.0), "{text}");
-    let ratio = format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}"}}"#, agent.id);
-    assert_eq!(metric_value(&text, &ratio), Some(0.3), "{text}");
+    let ratio =
+        |budget: &str| format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}",budget="{budget}"}}"#, agent.id);
+    assert_eq!(metric_value(&text, &ratio("24h")), Some(0.3), "{text}");
+    // This month (by signing time, which these rows take from their insertion): the same
+    // three, out of 40000.
+    assert_eq!(metric_value(&text, &ratio("month")), Some(0.75), "{text}");
+    // The wallet: every agent's payments in the window (signed now), out of 80000.
+    assert_eq!(metric_value(&text, r#"x402_router_agent_budget_used_ratio{agent_id="",budget="wallet"}"#), Some(0.5));
     assert!(!text.contains(&unlimited.id.to_string()), "agents without a budget have no gauge");
 }
 
