@@ -23,6 +23,8 @@ pub enum Command {
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
     Agents(AgentsArgs),
+    /// Manage operator tokens (the callers of /audit/*, the exports and /metrics).
+    Operators(OperatorsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
     /// prints one JSON line of counts, exits non-zero if any intent could not be checked.
     Reconcile(Box<ReconcileArgs>),
@@ -115,9 +117,15 @@ pub struct ServeArgs {
     /// maxTimeoutSeconds asks (validBefore = now + min(maxTimeoutSeconds, this)).
     #[arg(long, env = "X402_MAX_AUTH_SECONDS", default_value = "300")]
     pub x402_max_auth_seconds: String,
-    /// Bearer token for /audit/* (unset: the audit API is disabled).
+    /// Bootstrap admin bearer token for the operator API (/audit/*, /metrics); operator
+    /// tokens made by `operators create` work with or without it.
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
+    /// A second listener serving only GET /metrics, without authentication, for Prometheus on
+    /// a private interface (e.g. 127.0.0.1:9464). The main listener's /metrics always needs an
+    /// operator token.
+    #[arg(long, env = "METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub upstream: UpstreamArgs,
     /// Largest POST /route request body, in bytes.
@@ -179,37 +187,96 @@ pub struct AgentsArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum AgentsCommand {
-    /// Create an agent and print `{"agent_id", "api_key"}` (the only time the key is shown).
+    /// Create an agent and print `{"agent_id", "api_key", "agent"}` (the only time the key is shown).
     Create {
         /// A name for operators.
         #[arg(long)]
         name: String,
-        /// Most the agent may pay in one call, in the asset's atomic units.
-        #[arg(long)]
-        max_per_call: Option<String>,
-        /// Most the agent may pay in any rolling 24 hours, in atomic units.
-        #[arg(long)]
-        daily_budget: Option<String>,
+        #[command(flatten)]
+        limits: AgentLimitArgs,
     },
-    /// Change an agent's name or spend limits (`none` removes a limit).
+    /// Change an agent's name or limits (`none` removes a limit).
     Update {
         /// The agent's id.
         id: String,
         /// A new name.
         #[arg(long)]
         name: Option<String>,
-        /// Most the agent may pay in one call, in atomic units, or `none`.
-        #[arg(long)]
-        max_per_call: Option<String>,
-        /// Most the agent may pay in any rolling 24 hours, in atomic units, or `none`.
-        #[arg(long)]
-        daily_budget: Option<String>,
+        #[command(flatten)]
+        limits: AgentLimitArgs,
     },
-    /// List agents as JSON lines (never the keys).
+    /// List agents with their limits and spend as JSON lines (never the keys).
     List,
-    /// Disable an agent: its key is refused with 403 from then on.
+    /// Disable an agent: its key is refused with 403 (by every router within 1 s).
     Disable {
         /// The agent's id.
+        id: String,
+    },
+    /// Enable a disabled agent.
+    Enable {
+        /// The agent's id.
+        id: String,
+    },
+    /// Give an agent a new key (printed once); the old one is refused within 1 s.
+    RotateKey {
+        /// The agent's id.
+        id: String,
+    },
+}
+
+/// An agent's limits on the command line; each as for `PATCH /admin/agents/{id}`, with
+/// `none` for "no limit".
+#[derive(Debug, Args)]
+pub struct AgentLimitArgs {
+    /// Most the agent may pay in one call, in the asset's atomic units, or `none`.
+    #[arg(long)]
+    pub max_per_call: Option<String>,
+    /// Most the agent may pay in any rolling 24 hours, in atomic units, or `none`.
+    #[arg(long)]
+    pub daily_budget: Option<String>,
+    /// Most the agent may pay in a calendar month (UTC), in atomic units, or `none`.
+    #[arg(long)]
+    pub month_budget: Option<String>,
+    /// Upstream hosts the agent may call, comma-separated (`api.example.com`,
+    /// `*.example.com`, either with `:port`), or `none` for any.
+    #[arg(long)]
+    pub allowed_hosts: Option<String>,
+    /// `payTo` addresses the agent may pay, comma-separated, or `none` for any.
+    #[arg(long)]
+    pub allowed_pay_to: Option<String>,
+    /// Calls per minute (paid or not), or `none`.
+    #[arg(long)]
+    pub calls_per_minute: Option<String>,
+    /// Payments per minute, or `none`.
+    #[arg(long)]
+    pub payments_per_minute: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorsArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(subcommand)]
+    pub command: OperatorsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// Create an operator and print `{"operator_id", "name", "role", "token"}` (the only time
+    /// the token is shown).
+    Create {
+        /// A name (it appears in the operator events).
+        #[arg(long)]
+        name: String,
+        /// `viewer` (audit, receipts, exports, metrics) or `admin` (also changes).
+        #[arg(long)]
+        role: String,
+    },
+    /// List operators as JSON lines (never the tokens).
+    List,
+    /// Revoke an operator: its token is refused (401) from then on.
+    Revoke {
+        /// The operator's id.
         id: String,
     },
 }

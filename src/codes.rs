@@ -28,6 +28,8 @@ pub enum Code {
     AgentDisabled,
     /// 403: an agent key was presented to the operator API.
     OperatorOnly,
+    /// 403: the upstream's host is not on the agent's allowlist; nothing was written.
+    UpstreamNotAllowed,
     /// 404: no such endpoint or record (another agent's records are not found either).
     NotFound,
     /// 409: the key was used before for a different request.
@@ -36,6 +38,12 @@ pub enum Code {
     IdempotencyKeyInFlight,
     /// 409: this attempt lost its key to a retry that took it over; retry to read the result.
     Superseded,
+    /// 429 + `Retry-After`: the agent's calls or payments per minute are used up; nothing
+    /// was recorded (retry the same key after `Retry-After`).
+    RateLimited,
+    /// 503 + `Retry-After`: an operator paused payments (or all calls); nothing was paid or
+    /// recorded (retry the same key later).
+    PaymentsPaused,
     /// 503 + `Retry-After`: Postgres is unreachable; nothing was executed or paid (or the
     /// result of an executed call could not be recorded yet: the key stays in flight).
     DatabaseUnavailable,
@@ -49,6 +57,8 @@ pub enum Code {
     PaymentOverMaxAmount,
     /// 402: the price is above the agent's per-call cap or what remains of its daily budget.
     PaymentOverBudget,
+    /// 402: no offered option pays a `payTo` on the agent's allowlist.
+    PaymentNotAllowed,
     /// 402: no offered option has a scheme, network or asset the router pays with.
     PaymentUnsupported,
     /// 502: the upstream answered 5xx, was unreachable, or broke off (no payment made).
@@ -87,15 +97,19 @@ impl Code {
         Code::Unauthorized,
         Code::AgentDisabled,
         Code::OperatorOnly,
+        Code::UpstreamNotAllowed,
         Code::NotFound,
         Code::IdempotencyKeyReused,
         Code::IdempotencyKeyInFlight,
         Code::Superseded,
+        Code::RateLimited,
+        Code::PaymentsPaused,
         Code::DatabaseUnavailable,
         Code::PaymentNetworkUnavailable,
         Code::InternalError,
         Code::PaymentOverMaxAmount,
         Code::PaymentOverBudget,
+        Code::PaymentNotAllowed,
         Code::PaymentUnsupported,
         Code::UpstreamFailed,
         Code::UpstreamTimeout,
@@ -117,15 +131,19 @@ impl Code {
             Self::Unauthorized => "unauthorized",
             Self::AgentDisabled => "agent_disabled",
             Self::OperatorOnly => "operator_only",
+            Self::UpstreamNotAllowed => "upstream_not_allowed",
             Self::NotFound => "not_found",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
             Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Self::Superseded => "superseded",
+            Self::RateLimited => "rate_limited",
+            Self::PaymentsPaused => "payments_paused",
             Self::DatabaseUnavailable => "database_unavailable",
             Self::PaymentNetworkUnavailable => "payment_network_unavailable",
             Self::InternalError => "internal_error",
             Self::PaymentOverMaxAmount => "payment_over_max_amount",
             Self::PaymentOverBudget => "payment_over_budget",
+            Self::PaymentNotAllowed => "payment_not_allowed",
             Self::PaymentUnsupported => "payment_unsupported",
             Self::UpstreamFailed => "upstream_failed",
             Self::UpstreamTimeout => "upstream_timeout",

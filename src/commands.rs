@@ -4,12 +4,11 @@ use anyhow::Context;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::auth::{agents, generate_api_key, hash_api_key};
 use crate::cli::{
-    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, McpArgs, ReceiptsArgs, ReceiptsCommand, ReconcileArgs, ServeArgs,
+    AgentsArgs, AgentsCommand, DatabaseArgs, GcArgs, McpArgs, OperatorsArgs, OperatorsCommand, ReceiptsArgs,
+    ReceiptsCommand, ReconcileArgs, ServeArgs,
 };
 use crate::config::{self, Config, DatabaseConfig};
-use crate::money::Amount;
 use crate::startup::{Application, Hooks};
 
 /// `serve`: migrate (unless disabled) and run the HTTP service.
@@ -68,67 +67,152 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `agents create|list|disable`.
+/// `agents create|update|list|disable|enable|rotate-key`: the same calls, validation and
+/// operator events (actor `cli`) as `/admin/agents`.
 ///
 /// # Errors
 /// Configuration, validation or database errors.
 pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
+    use crate::admin::{self, AgentChange};
+    use crate::operators::Actor;
     let db = DatabaseConfig::from_args(&args.db)?;
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
+    let actor = Actor::cli();
+    let id_of = |id: &str| Uuid::parse_str(id).context("ID must be an agent uuid");
     match &args.command {
-        AgentsCommand::Create { name, max_per_call, daily_budget } => {
-            let name = name.trim();
-            anyhow::ensure!(!name.is_empty() && name.len() <= 200, "--name must be 1 to 200 characters");
-            for (flag, v) in [("--max-per-call", max_per_call), ("--daily-budget", daily_budget)] {
-                if let Some(v) = v {
-                    anyhow::ensure!(
-                        Amount::parse(v).is_ok(),
-                        "{flag} must be a decimal integer of atomic units (no sign, no leading zeros)"
-                    );
-                }
-            }
-            let id = Uuid::new_v4();
-            let key = generate_api_key().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            agents::insert(&mut conn, id, name, &hash_api_key(&key), max_per_call.as_deref(), daily_budget.as_deref())
-                .await
-                .context("creating the agent")?;
-            println!("{}", json!({ "agent_id": id, "api_key": key }));
+        AgentsCommand::Create { name, limits } => {
+            let change = AgentChange::parse(&limits_json(Some(name), limits))?;
+            let (agent, key) = admin::create_agent(&mut conn, &actor, &change).await?;
+            println!("{}", json!({ "agent_id": agent.spend.agent_id, "api_key": key, "agent": agent }));
         }
-        AgentsCommand::Update { id, name, max_per_call, daily_budget } => {
-            let id = Uuid::parse_str(id).context("ID must be an agent uuid")?;
-            let limit = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<Option<String>>> {
-                match v.as_deref() {
-                    None => Ok(None),
-                    Some("none") => Ok(Some(None)),
-                    Some(a) if Amount::parse(a).is_ok() => Ok(Some(Some(a.to_owned()))),
-                    Some(_) => {
-                        anyhow::bail!("{flag} must be a decimal integer of atomic units, or `none`")
-                    }
-                }
-            };
-            let max_per_call = limit("--max-per-call", max_per_call)?;
-            let daily_budget = limit("--daily-budget", daily_budget)?;
-            if let Some(n) = name {
-                anyhow::ensure!(!n.trim().is_empty() && n.trim().len() <= 200, "--name must be 1 to 200 characters");
-            }
-            let found = agents::update(&mut conn, id, name.as_deref().map(str::trim), max_per_call, daily_budget)
-                .await
-                .context("updating the agent")?;
-            anyhow::ensure!(found, "no agent {id}");
-            for a in agents::list(&mut conn).await?.into_iter().filter(|a| a.id == id) {
-                println!("{}", serde_json::to_string(&a)?);
-            }
+        AgentsCommand::Update { id, name, limits } => {
+            let change = AgentChange::parse(&limits_json(name.as_deref(), limits))?;
+            let agent = admin::update_agent(&mut conn, &actor, id_of(id)?, &change).await?;
+            println!("{}", serde_json::to_string(&agent)?);
         }
         AgentsCommand::List => {
-            for a in agents::list(&mut conn).await.context("listing agents")? {
+            for a in admin::agents(&mut conn).await.context("listing agents")? {
                 println!("{}", serde_json::to_string(&a)?);
             }
         }
-        AgentsCommand::Disable { id } => {
-            let id = Uuid::parse_str(id).context("ID must be an agent uuid")?;
-            anyhow::ensure!(agents::disable(&mut conn, id).await?, "no agent {id}");
-            println!("{}", json!({ "agent_id": id, "disabled": true }));
+        AgentsCommand::Disable { id } | AgentsCommand::Enable { id } => {
+            let disabled = matches!(args.command, AgentsCommand::Disable { .. });
+            let id = id_of(id)?;
+            admin::set_disabled(&mut conn, &actor, id, disabled).await?;
+            println!("{}", json!({ "agent_id": id, "disabled": disabled }));
+        }
+        AgentsCommand::RotateKey { id } => {
+            let (agent, key) = admin::rotate_key(&mut conn, &actor, id_of(id)?).await?;
+            println!("{}", json!({ "agent_id": agent.spend.agent_id, "api_key": key }));
+        }
+    }
+    Ok(())
+}
+
+/// The flags of `agents create|update` as the JSON body `/admin/agents` takes.
+fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json::Value {
+    use serde_json::Value;
+    let none = |v: &str| v.trim().eq_ignore_ascii_case("none");
+    let amount = |v: &str| if none(v) { Value::Null } else { Value::String(v.trim().to_owned()) };
+    let list = |v: &str| {
+        if none(v) {
+            Value::Null
+        } else {
+            Value::Array(
+                v.split(',').filter(|s| !s.trim().is_empty()).map(|s| Value::String(s.trim().into())).collect(),
+            )
+        }
+    };
+    // Not an integer: passed as a string, which the shared validation refuses by name.
+    let rate = |v: &str| {
+        if none(v) {
+            Value::Null
+        } else {
+            v.trim().parse::<i64>().map_or_else(|_| Value::String(v.to_owned()), Value::from)
+        }
+    };
+    let mut body = serde_json::Map::new();
+    if let Some(n) = name {
+        body.insert("name".into(), Value::String(n.to_owned()));
+    }
+    type ToJson<'a> = &'a dyn Fn(&str) -> Value;
+    let fields: [(&str, &Option<String>, ToJson); 7] = [
+        ("max_per_call", &l.max_per_call, &amount),
+        ("daily_budget", &l.daily_budget, &amount),
+        ("month_budget", &l.month_budget, &amount),
+        ("allowed_hosts", &l.allowed_hosts, &list),
+        ("allowed_pay_to", &l.allowed_pay_to, &list),
+        ("calls_per_minute", &l.calls_per_minute, &rate),
+        ("payments_per_minute", &l.payments_per_minute, &rate),
+    ];
+    for (field, value, to_json) in fields {
+        if let Some(v) = value {
+            body.insert(field.into(), to_json(v));
+        }
+    }
+    Value::Object(body)
+}
+
+/// `operators create|list|revoke`. Create and revoke record an operator event (actor `cli`)
+/// in the change's own transaction.
+///
+/// # Errors
+/// Configuration, validation or database errors.
+pub async fn operators(args: &OperatorsArgs) -> anyhow::Result<()> {
+    use diesel_async::AsyncConnection;
+
+    use crate::operators::{Actor, Role, events, generate_token, hash_token, store};
+    let db = DatabaseConfig::from_args(&args.db)?;
+    let pool = db.pool();
+    let mut conn = pool.get().await.context("connecting to Postgres")?;
+    let actor = Actor::cli();
+    match &args.command {
+        OperatorsCommand::Create { name, role } => {
+            let name = name.trim().to_owned();
+            anyhow::ensure!(!name.is_empty() && name.len() <= 200, "--name must be 1 to 200 characters");
+            let role = Role::parse(role.trim()).context("--role must be `viewer` or `admin`")?;
+            let id = Uuid::new_v4();
+            let token = generate_token().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            let hash = hash_token(&token);
+            let created = conn
+                .transaction::<_, diesel::result::Error, _>(async move |conn| {
+                    let created = store::create(conn, id, &name, role, &hash).await?;
+                    let after = serde_json::to_value(&created).unwrap_or_default();
+                    events::record(conn, &actor, "operators.create", Some(&id.to_string()), None, Some(&after)).await?;
+                    Ok(created)
+                })
+                .await
+                .context("creating the operator")?;
+            println!(
+                "{}",
+                json!({ "operator_id": created.id, "name": created.name, "role": created.role, "token": token })
+            );
+        }
+        OperatorsCommand::List => {
+            for o in store::list(&mut conn).await.context("listing operators")? {
+                println!("{}", serde_json::to_string(&o)?);
+            }
+        }
+        OperatorsCommand::Revoke { id } => {
+            let id = Uuid::parse_str(id.trim()).context("ID must be an operator uuid")?;
+            let revoked = conn
+                .transaction::<_, diesel::result::Error, _>(async move |conn| {
+                    let Some((before, after)) = store::revoke(conn, id).await? else {
+                        return Ok(None);
+                    };
+                    if before.revoked_at.is_none() {
+                        let (b, a) = (serde_json::to_value(&before), serde_json::to_value(&after));
+                        let (b, a) = (b.unwrap_or_default(), a.unwrap_or_default());
+                        events::record(conn, &actor, "operators.revoke", Some(&id.to_string()), Some(&b), Some(&a))
+                            .await?;
+                    }
+                    Ok(Some(after))
+                })
+                .await
+                .context("revoking the operator")?;
+            let revoked = revoked.with_context(|| format!("no operator {id}"))?;
+            println!("{}", json!({ "operator_id": id, "revoked_at": revoked.revoked_at }));
         }
     }
     Ok(())
@@ -152,8 +236,12 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
-    let settings =
-        reconcile::Settings { older_than: std::time::Duration::from_secs(older_than), abandon_after, faults: None };
+    let settings = reconcile::Settings {
+        older_than: std::time::Duration::from_secs(older_than),
+        abandon_after,
+        faults: None,
+        only: None,
+    };
     let receipt_signer = config::load_signer(&args.key)?;
     let upstream_config = config::UpstreamConfig::from_args(&args.upstream)?;
     let max_payments: u64 = config::parse_num("RECONCILE_MAX_RECOVERIES", &args.max_recoveries)

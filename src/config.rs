@@ -231,6 +231,8 @@ pub struct Config {
     pub signer: PrivateKeySigner,
     pub payments: PaymentConfig,
     pub operator_token: Option<Secret>,
+    /// The unauthenticated metrics listener (`METRICS_ADDR`), if any.
+    pub metrics_addr: Option<SocketAddr>,
     pub upstream: UpstreamConfig,
     pub request_max_bytes: usize,
     pub idempotency: IdempotencyTiming,
@@ -317,6 +319,17 @@ impl Config {
             }
             Some(t) => Some(Secret::new(t.to_owned())),
         };
+        let metrics_addr = match args.metrics_addr.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(a) => {
+                let addr = SocketAddr::from_str(a)
+                    .map_err(|_| ConfigError::new("METRICS_ADDR", "expected host:port, e.g. 127.0.0.1:9464"))?;
+                if addr.port() != 0 && addr == bind {
+                    return Err(ConfigError::new("METRICS_ADDR", "must differ from BIND"));
+                }
+                Some(addr)
+            }
+        };
         let upstream = UpstreamConfig::from_args(&args.upstream)?;
         let idempotency = IdempotencyTiming {
             abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
@@ -355,6 +368,7 @@ impl Config {
             signer,
             payments,
             operator_token,
+            metrics_addr,
             upstream,
             request_max_bytes: parse_num("REQUEST_MAX_BYTES", &args.request_max_bytes)?,
             idempotency,

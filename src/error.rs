@@ -28,6 +28,14 @@ pub enum ApiError {
     Forbidden,
     #[error("agent keys cannot use the operator API")]
     OperatorOnly,
+    #[error("{0}")]
+    UpstreamNotAllowed(String),
+    #[error("{message}")]
+    RateLimited { message: String, retry_after: u32 },
+    #[error("{0}")]
+    PaymentsPaused(String),
+    #[error("this needs an admin operator token")]
+    AdminOnly,
     #[error("not found")]
     NotFound,
     #[error("Idempotency-Key reused with different body")]
@@ -70,7 +78,10 @@ impl ApiError {
             Self::PayloadTooLarge(_) => Code::PayloadTooLarge,
             Self::Unauthorized => Code::Unauthorized,
             Self::Forbidden => Code::AgentDisabled,
-            Self::OperatorOnly => Code::OperatorOnly,
+            Self::UpstreamNotAllowed(_) => Code::UpstreamNotAllowed,
+            Self::RateLimited { .. } => Code::RateLimited,
+            Self::PaymentsPaused(_) => Code::PaymentsPaused,
+            Self::OperatorOnly | Self::AdminOnly => Code::OperatorOnly,
             Self::NotFound => Code::NotFound,
             Self::KeyReused => Code::IdempotencyKeyReused,
             Self::InFlight => Code::IdempotencyKeyInFlight,
@@ -86,6 +97,8 @@ impl ApiError {
         match self {
             Self::InFlight | Self::PaymentNetworkUnavailable => Some(5),
             Self::Unavailable(_) => Some(1),
+            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            Self::PaymentsPaused(_) => Some(30),
             _ => None,
         }
     }
@@ -100,6 +113,19 @@ impl From<relay::Error> for ApiError {
     fn from(e: relay::Error) -> Self {
         match e {
             relay::Error::ForbiddenUpstream(m) => Self::BadRequest(m),
+            relay::Error::Refused(refusal) => {
+                use crate::payments::limits::Refusal;
+                let message = relay::Error::Refused(refusal.clone()).to_string();
+                match refusal {
+                    Refusal::HostNotAllowed(why) => Self::UpstreamNotAllowed(why),
+                    Refusal::RateLimited { retry_after, .. } => Self::RateLimited { message, retry_after },
+                    Refusal::Paused => Self::PaymentsPaused(message),
+                    // Recorded as the call's answer, never raised: a bug if it is.
+                    Refusal::OverBudget(_) | Refusal::PayToNotAllowed(_) => {
+                        Self::Internal(anyhow::anyhow!("a recorded refusal was raised as an error: {message}"))
+                    }
+                }
+            }
             relay::Error::InFlight => Self::InFlight,
             relay::Error::KeyReused => Self::KeyReused,
             relay::Error::Superseded => Self::Superseded,
@@ -109,6 +135,24 @@ impl From<relay::Error> for ApiError {
                 Self::PaymentNetworkUnavailable
             }
             relay::Error::Internal(e) => Self::Internal(e),
+        }
+    }
+}
+
+impl From<crate::admin::Invalid> for ApiError {
+    fn from(e: crate::admin::Invalid) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
+impl From<crate::admin::AdminError> for ApiError {
+    fn from(e: crate::admin::AdminError) -> Self {
+        use crate::admin::AdminError;
+        match e {
+            AdminError::Invalid(e) => Self::BadRequest(e.0),
+            AdminError::NotFound => Self::NotFound,
+            AdminError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
+            AdminError::Database(e) => Self::database(e),
         }
     }
 }
@@ -137,7 +181,10 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) | Self::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden | Self::OperatorOnly => StatusCode::FORBIDDEN,
+            Self::UpstreamNotAllowed(_) => StatusCode::FORBIDDEN,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::PaymentsPaused(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -25,6 +25,7 @@
 //! * `codes`         the machine-readable error codes of every error body.
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
+pub mod admin;
 pub mod approve;
 pub mod audit;
 pub mod auth;
@@ -39,9 +40,11 @@ pub mod error;
 pub mod faults;
 pub mod gc;
 pub mod idempotency;
+pub mod keys;
 pub mod mcp;
 pub mod metrics;
 pub mod money;
+pub mod operators;
 pub mod payments;
 pub mod problem;
 pub mod receipts;

@@ -12,6 +12,7 @@ async fn main() -> std::process::ExitCode {
         Command::Migrate(args) => commands::migrate(args).await,
         Command::Gc(args) => commands::gc(args).await,
         Command::Agents(args) => commands::agents(args).await,
+        Command::Operators(args) => commands::operators(args).await,
         Command::Reconcile(args) => commands::reconcile(args).await,
         Command::Mcp(args) => commands::mcp(args).await,
         Command::Wallet(args) => commands::wallet(args).await,

@@ -10,8 +10,7 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     pub http_requests: IntCounterVec,
-    /// `http_request_duration_seconds{route, status}`: the conventional name, so that
-    /// stock dashboards and SLO rules apply (the one metric without the `x402_router_` prefix).
+    /// `x402_router_http_request_duration_seconds{route, status}`.
     pub http_duration: HistogramVec,
     /// `x402_router_wallet_balance{network, asset}`: the paying wallet's token balance in
     /// atomic units, refreshed by `wallet::spawn_balance_refresh`.
@@ -44,6 +43,15 @@ pub struct Metrics {
     pub rpc_endpoint_requests: IntCounterVec,
     pub rpc_endpoint_seconds: HistogramVec,
     pub rpc_endpoint_up: IntGaugeVec,
+    /// `x402_router_paid_amount_total{network, asset}`: atomic units paid by payments that
+    /// became `settled` or `settled_response_lost` in this process. A counter is a u64: an
+    /// amount beyond 2^64-1 adds 2^64-1 (saturates), and so does the sum.
+    pub paid_amount: IntCounterVec,
+    /// `x402_router_payments_by_status{status}`: payment intents per ledger status (all time),
+    /// as `audit::gauges` last read the ledger.
+    pub payments_by_status: IntGaugeVec,
+    /// `x402_router_build_info{version}` = 1.
+    pub build_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -75,9 +83,11 @@ impl Metrics {
             &["outcome"],
         )?;
         let http_duration = HistogramVec::new(
-            HistogramOpts::new("http_request_duration_seconds", "HTTP request duration by route and status").buckets(
-                vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
-            ),
+            HistogramOpts::new(
+                "x402_router_http_request_duration_seconds",
+                "HTTP request duration by route and status",
+            )
+            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
             &["route", "status"],
         )?;
         let wallet_balance = GaugeVec::new(
@@ -97,8 +107,11 @@ impl Metrics {
             "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update",
         )?;
         let budget_used = GaugeVec::new(
-            Opts::new("x402_router_agent_budget_used_ratio", "Share of an agent's daily budget settled or reserved"),
-            &["agent_id"],
+            Opts::new(
+                "x402_router_agent_budget_used_ratio",
+                "Share of a budget spent or reserved: budget=24h or month per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)",
+            ),
+            &["agent_id", "budget"],
         )?;
         let cache_rejected = IntCounter::new(
             "x402_router_cache_entries_rejected_total",
@@ -129,6 +142,20 @@ impl Metrics {
             Opts::new("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0"),
             &["network", "endpoint"],
         )?;
+        let paid_amount = IntCounterVec::new(
+            Opts::new("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)"),
+            &["network", "asset"],
+        )?;
+        let payments_by_status = IntGaugeVec::new(
+            Opts::new("x402_router_payments_by_status", "Payment intents in the ledger by status"),
+            &["status"],
+        )?;
+        let build_info =
+            IntGaugeVec::new(Opts::new("x402_router_build_info", "The router's version (always 1)"), &["version"])?;
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(paid_amount.clone()))?;
+        registry.register(Box::new(payments_by_status.clone()))?;
+        registry.register(Box::new(build_info.clone()))?;
         registry.register(Box::new(http_requests.clone()))?;
         registry.register(Box::new(idempotency.clone()))?;
         registry.register(Box::new(payments.clone()))?;
@@ -168,7 +195,18 @@ impl Metrics {
             rpc_endpoint_requests,
             rpc_endpoint_seconds,
             rpc_endpoint_up,
+            paid_amount,
+            payments_by_status,
+            build_info,
         })
+    }
+
+    /// Adds a settled payment's amount (atomic units) to `x402_router_paid_amount_total`,
+    /// saturating at `u64::MAX` (a Prometheus counter holds no more).
+    pub fn count_paid(&self, network: &str, asset: &str, amount: alloy::primitives::U256) {
+        let counter = self.paid_amount.with_label_values(&[network, asset]);
+        let add = u64::try_from(amount).unwrap_or(u64::MAX).min(u64::MAX - counter.get());
+        counter.inc_by(add);
     }
 
     /// Counts one idempotency decision (`outcome` is the decision path's label).
@@ -183,5 +221,26 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paid_amounts_add_up_and_saturate_at_u64_max() {
+        let m = Metrics::new().unwrap();
+        m.count_paid("eip155:84532", "0xA", alloy::primitives::U256::from(10_000u64));
+        m.count_paid("eip155:84532", "0xA", alloy::primitives::U256::from(5u64));
+        assert_eq!(m.paid_amount.with_label_values(&["eip155:84532", "0xA"]).get(), 10_005);
+        m.count_paid("eip155:84532", "0xB", alloy::primitives::U256::MAX);
+        m.count_paid("eip155:84532", "0xB", alloy::primitives::U256::from(1u64));
+        assert_eq!(m.paid_amount.with_label_values(&["eip155:84532", "0xB"]).get(), u64::MAX);
+        let text = m.render();
+        assert!(text.contains("x402_router_build_info{version=\""), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            assert!(line.starts_with("x402_router_") || line.starts_with("process_"), "{line}");
+        }
     }
 }

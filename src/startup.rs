@@ -31,6 +31,8 @@ pub struct Application {
     port: u16,
     server: Server,
     state: AppState,
+    /// The `METRICS_ADDR` listener's port and server (already running).
+    metrics: Option<(u16, actix_web::dev::ServerHandle)>,
 }
 
 impl Application {
@@ -41,6 +43,7 @@ impl Application {
     pub fn build(config: Config, hooks: Hooks) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(config.bind)?;
         let port = listener.local_addr()?.port();
+        let metrics_listener = config.metrics_addr.map(TcpListener::bind).transpose()?;
         let state = build_state(config, hooks)?;
         state.idempotency.cache.connect_in_background();
         crate::wallet::spawn_balance_refresh(&state);
@@ -55,6 +58,7 @@ impl Application {
         // and a retry takes it over (payments resume from the chain, never twice).
         let shutdown = state.config.shutdown_timeout;
         let app_state = web::Data::new(state.clone());
+        let self_state = state.clone();
         // One agent cache per process, shared by the workers (see auth::cache).
         let agent_cache = web::Data::new(crate::auth::AgentCache::default());
         // One MCP endpoint per process: its sessions are shared by the workers.
@@ -76,11 +80,34 @@ impl Application {
         .shutdown_timeout(shutdown.as_secs())
         .listen(listener)?
         .run();
-        Ok(Self { port, server, state })
+        let metrics = match metrics_listener {
+            None => None,
+            Some(listener) => {
+                let metrics_port = listener.local_addr()?.port();
+                let data = web::Data::new(self_state.clone());
+                let server = HttpServer::new(move || {
+                    App::new().app_data(data.clone()).configure(crate::routes::configure_metrics)
+                })
+                .workers(1)
+                .disable_signals()
+                .shutdown_timeout(1)
+                .listen(listener)?
+                .run();
+                let handle = server.handle();
+                tokio::spawn(server);
+                Some((metrics_port, handle))
+            }
+        };
+        Ok(Self { port, server, state, metrics })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of the `METRICS_ADDR` listener, when there is one.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics.as_ref().map(|(p, _)| *p)
     }
 
     /// The state handlers see (tests use it to inspect the pool and config).
@@ -93,7 +120,11 @@ impl Application {
     /// # Errors
     /// Server I/O errors.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let result = self.server.await;
+        if let Some((_, handle)) = self.metrics {
+            handle.stop(true).await;
+        }
+        result
     }
 
     /// The server handle and future, for callers that need to stop it themselves.

@@ -259,7 +259,9 @@ async function renderOverview() {
 // The paying wallet's balances, from the router's own gauge
 // `x402_router_wallet_balance{network, asset}` on /metrics (refreshed in the background).
 async function walletBalances() {
-  const resp = await fetch('/metrics', { cache: 'no-store', credentials: 'omit' });
+  // /metrics needs an operator token on the main listener, like /audit/*.
+  const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
+  const resp = await fetch('/metrics', { headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' });
   if (!resp.ok) throw new Error(`/metrics: HTTP ${resp.status}`);
   const rows = [];
   for (const line of (await resp.text()).split('\n')) {

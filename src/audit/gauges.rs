@@ -33,6 +33,9 @@ struct Count {
 struct BudgetUse {
     #[diesel(sql_type = Text)]
     agent_id: String,
+    /// `24h`, `month` or `wallet` (the wallet-wide cap, `agent_id` empty).
+    #[diesel(sql_type = Text)]
+    budget: String,
     #[diesel(sql_type = Double)]
     ratio: f64,
 }
@@ -61,13 +64,23 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
     let released = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
     let budgets: Vec<BudgetUse> = diesel::sql_query(format!(
-        "SELECT a.id::text AS agent_id, (u.used / a.daily_budget)::float8 AS ratio \
+        "SELECT a.id::text AS agent_id, b.budget, b.ratio \
            FROM agents a, LATERAL ( \
+                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {window}), 0) AS day, \
+                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {month}), 0) AS month \
+                  FROM payments p \
+                 WHERE p.agent_id = a.id AND p.status NOT IN {released}) u, \
+                LATERAL (VALUES ('24h', (u.day / NULLIF(a.daily_budget, 0))::float8), \
+                                ('month', (u.month / NULLIF(a.month_budget, 0))::float8)) b(budget, ratio) \
+          WHERE NOT a.disabled AND b.ratio IS NOT NULL \
+         UNION ALL \
+         SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
+           FROM router_settings s, LATERAL ( \
                 SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
-                 WHERE p.agent_id = a.id AND p.status NOT IN {released} \
-                   AND (p.status NOT IN {spent} OR {window})) u \
-          WHERE a.daily_budget > 0 AND NOT a.disabled",
-        window = payments::IN_WINDOW_24H
+                 WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})) w \
+          WHERE s.wallet_daily_cap > 0",
+        window = payments::IN_WINDOW_24H,
+        month = payments::IN_MONTH,
     ))
     .load(conn)
     .await?;
@@ -82,15 +95,43 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         .await?;
         recoveries.push((kind, n.n));
     }
+    // One indexed count per status (every status reported, 0 included).
+    let mut by_status = Vec::new();
+    for st in PaymentStatus::ALL {
+        let n: Count = diesel::sql_query("SELECT count(*) AS n FROM payments WHERE status = $1")
+            .bind::<Text, _>(st.as_str())
+            .get_result(conn)
+            .await?;
+        by_status.push((st, n.n));
+    }
+    for (st, n) in by_status {
+        metrics.payments_by_status.with_label_values(&[st.as_str()]).set(n);
+    }
     metrics.paid_not_served.set(paid_not_served.n as f64);
     // Every outcome is reported, 0 included, so that a rate or an alert has a series.
     for (kind, n) in recoveries {
         metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
     }
     metrics.stuck_intents.set(stuck.n as f64);
+    // Spend alerts: a warning in the log when a budget crosses 80 % and when it is used up
+    // (once per crossing seen by this process; Prometheus alerts on the gauge itself).
+    let before: std::collections::HashMap<(String, String), f64> = budgets
+        .iter()
+        .filter_map(|b| {
+            let g = metrics.budget_used.get_metric_with_label_values(&[b.agent_id.as_str(), b.budget.as_str()]).ok()?;
+            Some(((b.agent_id.clone(), b.budget.clone()), g.get()))
+        })
+        .collect();
     metrics.budget_used.reset();
     for b in budgets {
-        metrics.budget_used.with_label_values(&[b.agent_id.as_str()]).set(b.ratio);
+        let was = before.get(&(b.agent_id.clone(), b.budget.clone())).copied().unwrap_or(0.0);
+        for (level, what) in [(1.0, "used up"), (0.8, "80% used")] {
+            if was < level && b.ratio >= level {
+                tracing::warn!(agent_id = %b.agent_id, budget = %b.budget, ratio = b.ratio, "spend alert: budget {what}");
+                break;
+            }
+        }
+        metrics.budget_used.with_label_values(&[b.agent_id.as_str(), b.budget.as_str()]).set(b.ratio);
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //!
 //! This module turns query strings into typed filters ([`ReceiptQuery`], [`PaymentQuery`],
 //! [`KeyQuery`]); [`store`] holds the SQL. The HTTP adaptation is `routes/audit.rs`, behind the
-//! `Operator` extractor.
+//! `Viewer` extractor (any operator token).
 //!
 //! Invariants:
 //! - Bearer instruments are never served: payment rows are read through one column list
@@ -17,6 +17,7 @@
 //! - Query strings are strict: an unknown or repeated parameter is a 400, so that a typo
 //!   (`agent=` for `agent_id=`) can never silently widen a query.
 
+pub mod csv;
 pub mod cursor;
 pub mod gauges;
 pub mod overview;
@@ -207,10 +208,10 @@ impl KeyQuery {
 }
 
 /// Query parameters by name: each at most once, only the allowed names.
-struct Params(HashMap<String, String>);
+pub(crate) struct Params(HashMap<String, String>);
 
 impl Params {
-    fn parse(query: &str, allowed: &[&str]) -> Result<Self, BadQuery> {
+    pub(crate) fn parse(query: &str, allowed: &[&str]) -> Result<Self, BadQuery> {
         let mut map = HashMap::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             if !allowed.contains(&name.as_ref()) {
@@ -223,7 +224,7 @@ impl Params {
         Ok(Self(map))
     }
 
-    fn take(&mut self, name: &str) -> Option<String> {
+    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
         self.0.remove(name)
     }
 
@@ -244,11 +245,11 @@ impl Params {
     }
 }
 
-fn uuid(name: &str, value: &str) -> Result<Uuid, BadQuery> {
+pub(crate) fn uuid(name: &str, value: &str) -> Result<Uuid, BadQuery> {
     Uuid::parse_str(value.trim()).map_err(|_| BadQuery(format!("`{name}` must be a uuid")))
 }
 
-fn time(name: &str, value: &str) -> Result<DateTime<Utc>, BadQuery> {
+pub(crate) fn time(name: &str, value: &str) -> Result<DateTime<Utc>, BadQuery> {
     DateTime::parse_from_rfc3339(value.trim())
         .map(|t| t.with_timezone(&Utc))
         .map_err(|_| BadQuery(format!("`{name}` must be an RFC 3339 time, e.g. 2026-01-31T12:00:00Z")))

@@ -129,6 +129,8 @@ pub struct Settings {
     /// Tests only: a hook called at [`Point::ReconcileDecided`] (between reading an intent and
     /// writing the chain's verdict). Production sets none.
     pub faults: Option<faults::Hook>,
+    /// Only this payment (an operator's `POST /admin/reconcile` for one payment); None: all.
+    pub only: Option<Uuid>,
 }
 
 /// What one run did; printed as one JSON line.
@@ -218,6 +220,7 @@ async fn candidates(
             AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
             AND {} \
             AND ($3::timestamptz IS NULL OR (p.created_at, p.id) > ($3, $4::uuid)) \
+            AND ($6::uuid IS NULL OR p.id = $6) \
           ORDER BY p.created_at, p.id \
           LIMIT $5",
         payments::sql_list(RECONCILED),
@@ -228,6 +231,7 @@ async fn candidates(
     .bind::<Nullable<Timestamptz>, _>(after.map(|c| c.created_at))
     .bind::<Nullable<SqlUuid>, _>(after.map(|c| c.id))
     .bind::<BigInt, _>(BATCH)
+    .bind::<Nullable<SqlUuid>, _>(settings.only)
     .load(conn)
     .await
 }

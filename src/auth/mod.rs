@@ -1,4 +1,4 @@
-//! Agent API keys and the operator token.
+//! Agent API keys, and the operator extractors ([`operator`]: `Viewer`, `Admin`).
 //!
 //! Keys look like `x4r_<43 base64url chars>` (256 random bits) so secret scanners can
 //! spot leaked ones. Only their sha256 is stored. An agent's identity comes only from
@@ -9,39 +9,18 @@
 
 pub mod agents;
 pub mod cache;
-
-use std::future::{Ready, ready};
+pub mod operator;
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 pub use cache::AgentCache;
 
 use crate::error::ApiError;
-use crate::idempotency::canonical::sha256_hex;
 use crate::state::AppState;
 
-/// Prefix of every agent API key.
-pub const KEY_PREFIX: &str = "x4r_";
-
-/// A new random API key (256 bits from the operating system's CSPRNG).
-///
-/// # Errors
-/// If the operating system cannot provide randomness.
-pub fn generate_api_key() -> Result<String, getrandom::Error> {
-    let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes)?;
-    Ok(format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes)))
-}
-
-/// The stored form of a key.
-pub fn hash_api_key(key: &str) -> String {
-    sha256_hex(key.as_bytes())
-}
+pub use crate::keys::{KEY_PREFIX, generate_api_key, hash_api_key};
 
 /// The agent behind a request's `Authorization: Bearer` key.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +28,7 @@ pub struct AuthenticatedAgent {
     pub id: Uuid,
 }
 
-fn bearer(req: &HttpRequest) -> Option<&str> {
+pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
     let value = req.headers().get(actix_web::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
@@ -93,28 +72,10 @@ impl FromRequest for AuthenticatedAgent {
     }
 }
 
-/// An operator request (`Authorization: Bearer $OPERATOR_TOKEN`, constant-time compare).
-#[derive(Debug, Clone, Copy)]
-pub struct Operator;
+pub use operator::{Admin, Viewer};
 
-impl FromRequest for Operator {
-    type Error = ApiError;
-    type Future = Ready<Result<Self, ApiError>>;
+pub use crate::operators::Actor;
 
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let Some(state) = req.app_data::<web::Data<AppState>>() else {
-            return ready(Err(ApiError::Internal(anyhow::anyhow!("app state missing"))));
-        };
-        let Some(expected) = state.config.operator_token.as_ref() else {
-            return ready(Err(ApiError::NotFound));
-        };
-        let result = match bearer(req) {
-            None => Err(ApiError::Unauthorized),
-            Some(t) if bool::from(t.as_bytes().ct_eq(expected.expose().as_bytes())) => Ok(Operator),
-            // An agent key is a valid credential, but not for this surface.
-            Some(t) if t.starts_with(KEY_PREFIX) => Err(ApiError::OperatorOnly),
-            Some(_) => Err(ApiError::Unauthorized),
-        };
-        ready(result)
-    }
-}
+/// Any operator (an operator token of either role, or `OPERATOR_TOKEN`): the old name of
+/// [`Viewer`].
+pub type Operator = Viewer;

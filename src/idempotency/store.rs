@@ -174,6 +174,30 @@ pub async fn claim(
     Ok(row.row.into_row()?.map_or(Claim::Unseen, Claim::Existing))
 }
 
+/// Gives up a claim that recorded nothing (a pause or a rate limit refused the call before
+/// any payment was signed): deletes the in-flight row if `lease` still owns it and no payment
+/// intent exists for its request, so the same key can be retried from scratch. `false`: the
+/// row was taken over, or an intent exists (then the key stays in flight and a retry takes it
+/// over and resumes the intent, as after a crash).
+///
+/// # Errors
+/// Database errors.
+pub async fn release(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
+    let n = diesel::sql_query(
+        "DELETE FROM idempotency_keys k \
+          WHERE k.agent_id = $1 AND k.key = $2 AND k.lease = $3 AND k.status = 'in_flight' \
+            AND NOT EXISTS (SELECT 1 FROM payments p \
+                             WHERE p.agent_id = k.agent_id AND p.idempotency_key = k.key \
+                               AND p.request_hash = k.request_hash)",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(key)
+    .bind::<SqlUuid, _>(lease)
+    .execute(conn)
+    .await?;
+    Ok(n == 1)
+}
+
 /// Reads the row for (agent, key), if any.
 ///
 /// # Errors

@@ -45,7 +45,8 @@ pub fn classify(status: u16, body: &Value) -> Next {
         402 => Next::NewKeySafe,
         409 if code == "idempotency_key_reused" => Next::FixRequest,
         409 if code == "already_paid" => Next::DoNotRekey,
-        409 | 500 | 503 => Next::RetrySameKey,
+        // 429 `rate_limited` and 503 `payments_paused` recorded nothing: the same key, later.
+        409 | 429 | 500 | 503 => Next::RetrySameKey,
         502 | 504 => match body.get("payment").filter(|p| !p.is_null()) {
             None => Next::NewKeySafe,
             Some(p) => {
@@ -95,6 +96,10 @@ mod tests {
             (409, json!({"code": "idempotency_key_reused"}), Next::FixRequest),
             (409, json!({"code": "already_paid"}), Next::DoNotRekey),
             (503, json!({"code": "database_unavailable"}), Next::RetrySameKey),
+            (503, json!({"code": "payments_paused"}), Next::RetrySameKey),
+            (429, json!({"code": "rate_limited"}), Next::RetrySameKey),
+            (403, json!({"code": "upstream_not_allowed"}), Next::FixRequest),
+            (402, json!({"code": "payment_not_allowed"}), Next::NewKeySafe),
             (500, json!({"code": "internal_error"}), Next::RetrySameKey),
             (502, json!({"code": "upstream_failed", "payment": null}), Next::NewKeySafe),
             // An upstream's "rejected" or "not settled" is its word only: the authorization may

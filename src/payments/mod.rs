@@ -5,6 +5,7 @@
 //! A row is written (status `signed`) *before* the paid request leaves, and finalised in the
 //! same transaction as the call's receipt and idempotency transition.
 
+pub mod limits;
 pub mod store;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};
@@ -106,10 +107,83 @@ impl ToSql<Text, Pg> for PaymentStatus {
 /// now is spent now.
 pub const IN_WINDOW_24H: &str = "GREATEST(p.signed_at, to_timestamp(p.valid_before)) > now() - interval '24 hours'";
 
+/// SQL condition (on a `payments p` row) for "signed in the current calendar month (UTC)":
+/// what a month budget counts as spent.
+pub const IN_MONTH: &str = "p.signed_at >= date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'";
+
 /// SQL list of `statuses`, e.g. `('a', 'b')`, for queries built from the enum.
 pub fn sql_list(statuses: impl IntoIterator<Item = PaymentStatus>) -> String {
     let names: Vec<String> = statuses.into_iter().map(|s| format!("'{}'", s.as_str())).collect();
     format!("({})", names.join(", "))
+}
+
+/// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
+#[derive(Debug, Clone, serde::Serialize, diesel::QueryableByName)]
+pub struct Spend {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub agent_id: Uuid,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub disabled: bool,
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub max_per_call: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub daily_budget: Option<String>,
+    /// Spent (settled, or settled with the response lost) in the last 24 h.
+    #[diesel(sql_type = Text)]
+    pub settled_24h: String,
+    /// Signed authorizations that may still move money, however old: every intent that is
+    /// neither spent nor `expired` (an upstream's "rejected" or "not settled" releases nothing).
+    #[diesel(sql_type = Text)]
+    pub reserved_24h: String,
+    /// What the budget still allows (None: no budget).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub remaining_24h: Option<String>,
+    /// The calendar-month budget (UTC months), if any.
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub month_budget: Option<String>,
+    /// Spent by payments signed this calendar month (UTC).
+    #[diesel(sql_type = Text)]
+    pub settled_month: String,
+    /// What the month budget still allows: the budget less this month's spend and every
+    /// reservation (None: no month budget).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub remaining_month: Option<String>,
+    /// Upstream hosts this agent may call (None: any the SSRF guard allows).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// `payTo` addresses this agent may pay, lowercase (None: any).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    pub allowed_pay_to: Option<Vec<String>>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+    pub calls_per_minute: Option<i32>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+    pub payments_per_minute: Option<i32>,
+}
+
+impl Spend {
+    /// The per-call cap, if any.
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
+    pub fn cap(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
+        self.max_per_call.as_deref().map(crate::money::Amount::parse).transpose()
+    }
+
+    /// What the rolling budget still allows, if there is a budget.
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
+    pub fn remaining(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
+        self.remaining_24h.as_deref().map(crate::money::Amount::parse).transpose()
+    }
+
+    /// What the month budget still allows, if there is one.
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
+    pub fn remaining_this_month(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
+        self.remaining_month.as_deref().map(crate::money::Amount::parse).transpose()
+    }
 }
 
 /// What the recording transaction writes to the intent.

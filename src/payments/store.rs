@@ -10,6 +10,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::PaymentStatus;
+pub use super::Spend;
+use super::limits::Refusal;
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
@@ -194,7 +196,7 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
         let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
-            return Ok(Reservation::OverLimit("unknown agent".into()));
+            return Ok(Reservation::Refused(Refusal::OverBudget("unknown agent".into())));
         };
         let current: Option<PaymentRow> = payments::table
             .find((r.agent_id, r.id))
@@ -203,10 +205,14 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
             .first(c)
             .await
             .optional()?;
-        if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired)
-            && let Some(refusal) = over_limit(&spend, r.amount)
-        {
-            return Ok(Reservation::OverLimit(refusal));
+        // A new authorization is a new payment: never while paused. One that replaces an
+        // `expired` intent (which released its reservation) must fit every limit again.
+        if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired) {
+            if let Some(refusal) = super::limits::check_reservation(c, &spend, r.amount, r.pay_to).await? {
+                return Ok(Reservation::Refused(refusal));
+            }
+        } else if super::limits::settings(c, false).await?.paused {
+            return Ok(Reservation::Refused(Refusal::Paused));
         }
         let n = diesel::sql_query(
             "WITH owner AS ( \
@@ -243,6 +249,7 @@ pub struct Resign<'a> {
     pub agent_id: Uuid,
     pub lease: Uuid,
     pub amount: Amount,
+    pub pay_to: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
     pub authorization: &'a Value,
@@ -297,29 +304,6 @@ pub async fn finalize(conn: &mut AsyncPgConnection, agent_id: Uuid, fin: &super:
     Ok(())
 }
 
-/// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
-#[derive(Debug, Clone, serde::Serialize, QueryableByName)]
-pub struct Spend {
-    #[diesel(sql_type = SqlUuid)]
-    pub agent_id: Uuid,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    pub disabled: bool,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub max_per_call: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub daily_budget: Option<String>,
-    /// Spent (settled, or settled with the response lost) in the last 24 h.
-    #[diesel(sql_type = Text)]
-    pub settled_24h: String,
-    /// Signed authorizations that may still move money, however old: every intent that is
-    /// neither spent nor `expired` (an upstream's "rejected" or "not settled" releases nothing).
-    #[diesel(sql_type = Text)]
-    pub reserved_24h: String,
-    /// What the budget still allows (None: no budget).
-    #[diesel(sql_type = Nullable<Text>)]
-    pub remaining_24h: Option<String>,
-}
-
 /// The spend of `agent_id`. With `lock`, first locks the agent row in a statement of its
 /// own, so that (under READ COMMITTED) the sums are read from a snapshot taken after every
 /// earlier reservation of this agent committed: concurrent payments of one agent reserve
@@ -351,15 +335,21 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
         "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
                 u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
                 CASE WHEN a.daily_budget IS NULL THEN NULL \
-                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h \
+                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h, \
+                a.month_budget::text AS month_budget, u.settled_month::text AS settled_month, \
+                CASE WHEN a.month_budget IS NULL THEN NULL \
+                     ELSE GREATEST(a.month_budget - u.settled_month - u.reserved, 0)::text END AS remaining_month, \
+                a.allowed_hosts, a.allowed_pay_to, a.calls_per_minute, a.payments_per_minute \
            FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent}), 0) AS settled, \
+                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {window}), 0) AS settled, \
+                       COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {month}), 0) AS settled_month, \
                        COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
                   FROM payments p \
                  WHERE p.agent_id = a.id AND p.status NOT IN {released} \
-                   AND (p.status NOT IN {spent} OR {window})) u \
+                   AND (p.status NOT IN {spent} OR {window} OR {month})) u \
           WHERE a.id = $1",
-        window = super::IN_WINDOW_24H
+        window = super::IN_WINDOW_24H,
+        month = super::IN_MONTH,
     );
     diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
 }
@@ -369,8 +359,8 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
 pub enum Reservation {
     /// The intent is committed and counts against the budget.
     Reserved,
-    /// Over the per-call cap or the rolling 24 h budget.
-    OverLimit(String),
+    /// Refused by an operator's limit (caps, budgets, allowlist, pause, rate).
+    Refused(super::limits::Refusal),
     /// The caller no longer owns the key (or an intent exists already).
     Fenced,
 }
@@ -384,50 +374,14 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
         let Some(spend) = agent_spend(c, p.agent_id, true).await? else {
-            return Ok(Reservation::OverLimit("unknown agent".into()));
+            return Ok(Reservation::Refused(Refusal::OverBudget("unknown agent".into())));
         };
-        if let Some(refusal) = over_limit(&spend, p.amount) {
-            return Ok(Reservation::OverLimit(refusal));
+        if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to).await? {
+            return Ok(Reservation::Refused(refusal));
         }
         Ok(if insert_signed(c, p).await? { Reservation::Reserved } else { Reservation::Fenced })
     })
     .await
-}
-
-impl Spend {
-    /// The per-call cap, if any.
-    ///
-    /// # Errors
-    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
-    pub fn cap(&self) -> Result<Option<Amount>, crate::money::BadAmount> {
-        self.max_per_call.as_deref().map(Amount::parse).transpose()
-    }
-
-    /// What the rolling budget still allows, if there is a budget.
-    ///
-    /// # Errors
-    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
-    pub fn remaining(&self) -> Result<Option<Amount>, crate::money::BadAmount> {
-        self.remaining_24h.as_deref().map(Amount::parse).transpose()
-    }
-}
-
-/// Why `amount` may not be reserved for `spend`, if it may not. Unreadable limits refuse.
-fn over_limit(spend: &Spend, amount: Amount) -> Option<String> {
-    let (Ok(cap), Ok(remaining)) = (spend.cap(), spend.remaining()) else {
-        return Some("the agent's limits cannot be read; refusing to pay".into());
-    };
-    if let Some(cap) = cap
-        && amount > cap
-    {
-        return Some(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
-    }
-    if let Some(remaining) = remaining
-        && amount > remaining
-    {
-        return Some(format!("the price {amount} exceeds what remains of the agent's daily budget ({remaining})"));
-    }
-    None
 }
 
 /// Lowers an intent's `amount` (what it reserves, or once spent, what it charged) to

@@ -9,6 +9,11 @@ pub enum Error {
     /// The upstream URL is refused by the SSRF guard (before anything is written).
     #[error("{0}")]
     ForbiddenUpstream(String),
+    /// An operator's limit refuses the call before anything is recorded: a host off the
+    /// allowlist, a rate limit, a pause ([`Refusal`](crate::payments::limits::Refusal)).
+    /// After a claim, the key is released first, so the same key can be retried.
+    #[error("{}", refusal_message(.0))]
+    Refused(crate::payments::limits::Refusal),
     /// Another attempt owns the key.
     #[error("Original request still in flight; retry shortly")]
     InFlight,
@@ -28,6 +33,20 @@ pub enum Error {
     /// A query failed for a reason a retry would not fix, or an invariant broke.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
+}
+
+fn refusal_message(r: &crate::payments::limits::Refusal) -> String {
+    use crate::payments::limits::{RateKind, Refusal};
+    match r {
+        Refusal::OverBudget(why) | Refusal::PayToNotAllowed(why) | Refusal::HostNotAllowed(why) => why.clone(),
+        Refusal::Paused => "payments are paused by an operator; nothing was paid or recorded, retry later".into(),
+        Refusal::RateLimited { what: RateKind::Call, .. } => {
+            "the agent's calls per minute are used up; nothing was recorded, retry after Retry-After".into()
+        }
+        Refusal::RateLimited { what: RateKind::Payment, .. } => {
+            "the agent's payments per minute are used up; nothing was paid or recorded, retry after Retry-After".into()
+        }
+    }
 }
 
 impl Error {

@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::codes::Code;
 use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Stored};
+use crate::payments::limits;
 use crate::state::AppState;
 use crate::upstream::UpstreamError;
 pub use error::Error;
@@ -77,6 +78,13 @@ pub async fn handle(
                 .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
             let claim = async {
                 let mut conn = error::conn(&state.pool).await?;
+                // The operator's limits on calls (host allowlist, rate, a pause of all
+                // calls) refuse before the key is claimed: nothing is written.
+                let url = &call.upstream.url;
+                let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+                if let Some(refusal) = limits::admit(&mut conn, agent_id, &host, url.port()).await? {
+                    return Err(Error::Refused(refusal));
+                }
                 Ok::<_, Error>(state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?)
             };
             tokio::time::timeout_at(deadline.into(), claim)
@@ -127,6 +135,13 @@ async fn run_owned(
         () = heartbeat.lost() => return Err(Error::Superseded),
         done = run => match done {
             Ok(Ok(outcome)) => outcome,
+            // A pause or a rate limit refused the payment before anything was signed: give
+            // the key back, so that retrying it later starts afresh.
+            Ok(Err(e @ Error::Refused(_))) => {
+                let mut conn = error::conn(&state.pool).await?;
+                crate::idempotency::store::release(&mut conn, own.agent_id, own.key.as_str(), own.lease).await?;
+                return Err(e);
+            }
             // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
             // the key stays in flight and a later retry takes it over and decides.
             Ok(Err(e)) => return Err(e),
@@ -178,4 +193,19 @@ fn upstream_failure(e: &UpstreamError) -> Outcome {
     let failure = Failure::new(code, e.to_string()).timeout(timeout);
     let reached = !matches!(e, UpstreamError::Blocked(_) | UpstreamError::Unreachable(_));
     Outcome::Failed(if reached { failure } else { failure.without_receipt() })
+}
+
+/// Adds a payment that just became spent (`settled`, `settled_response_lost`) to
+/// `x402_router_paid_amount_total{network, asset}`: what the chain shows was charged (upto),
+/// else the signed amount. Other statuses add nothing.
+pub(crate) fn count_paid(
+    state: &crate::state::AppState,
+    signed: &crate::x402::SignedPayment,
+    status: crate::payments::PaymentStatus,
+    charged: Option<alloy::primitives::U256>,
+) {
+    if status.is_spent() {
+        let amount = charged.filter(|_| signed.is_upto()).unwrap_or_else(|| signed.amount());
+        state.metrics.count_paid(&signed.network().caip2(), &signed.asset().to_checksum(None), amount);
+    }
 }

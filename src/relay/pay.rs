@@ -29,6 +29,7 @@ use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::faults::{self, Point};
 use crate::idempotency::Ownership;
+use crate::payments::limits;
 use crate::payments::store::{self, PaymentRow};
 use crate::payments::{Final, PaymentStatus};
 use crate::state::AppState;
@@ -139,6 +140,30 @@ fn declined(state: &AppState, code: Code, upstream: Option<UpstreamResponse>, wh
     Outcome::Declined { code, upstream, reason, accepts }
 }
 
+/// The lower of two optional limits (None: no limit).
+fn min_limit(a: Option<crate::money::Amount>, b: Option<crate::money::Amount>) -> Option<crate::money::Amount> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The outcome of a reservation an operator's limit refused: over a budget or off the `payTo`
+/// allowlist is the call's recorded answer (402); a pause or a rate limit is an error of the
+/// router (503, 429) that records nothing, so the same key can be retried.
+fn refused(
+    state: &AppState,
+    refusal: limits::Refusal,
+    upstream: Option<UpstreamResponse>,
+    accepts: Value,
+) -> Result<Outcome, Error> {
+    match refusal {
+        limits::Refusal::OverBudget(why) => Ok(declined(state, Code::PaymentOverBudget, upstream, &why, accepts)),
+        limits::Refusal::PayToNotAllowed(why) => Ok(declined(state, Code::PaymentNotAllowed, upstream, &why, accepts)),
+        other => Err(Error::Refused(other)),
+    }
+}
+
 /// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
 /// intent, pay, verify.
 ///
@@ -165,25 +190,37 @@ pub async fn pay(
         let mut conn = super::error::conn(&state.pool).await?;
         store::agent_spend(&mut conn, own.agent_id, false).await?
     };
-    let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining())) {
+    let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
         None => (None, None),
-        Some((Ok(cap), Ok(left))) => (cap, left),
+        Some((Ok(cap), Ok(day), Ok(month))) => (cap, min_limit(day, month)),
         Some(_) => {
             let why = "the agent's limits cannot be read";
             let accepts = Value::Array(required.raw_accepts.clone());
             return Ok(declined(state, Code::PaymentOverBudget, Some(first), why, accepts));
         }
     };
-    let limit = match (cap, left) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let chosen = match x402::select(&required.accepts, &state.supported, call.max_amount, limit) {
+    let limit = min_limit(cap, left);
+    // Only options whose payTo the agent may pay (all, without an allowlist).
+    let allowed_pay_to = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
+    let payable: Vec<Requirement> = required
+        .accepts
+        .iter()
+        .filter(|r| {
+            allowed_pay_to.is_none_or(|list| list.iter().any(|a| a.eq_ignore_ascii_case(&r.pay_to().to_string())))
+        })
+        .cloned()
+        .collect();
+    if payable.is_empty() && !required.accepts.is_empty() {
+        let why = "no offered option pays a payTo address on the agent's allowlist";
+        let accepts = Value::Array(required.raw_accepts.clone());
+        return Ok(declined(state, Code::PaymentNotAllowed, Some(first), why, accepts));
+    }
+    let chosen = match x402::select(&payable, &state.supported, call.max_amount, limit) {
         Ok(r) => r.clone(),
         Err(rejection) => {
             let mut why = rejection.to_string();
             if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
-                why.push_str(&format!(" (the agent's rolling 24 h budget has {left} left)"));
+                why.push_str(&format!(" (the agent's budgets have {left} left)"));
             }
             let code = Code::for_rejection(&rejection);
             return Ok(declined(state, code, Some(first), &why, Value::Array(required.raw_accepts.clone())));
@@ -297,11 +334,11 @@ pub async fn pay(
     match store::reserve(&mut conn, &row).await? {
         store::Reservation::Reserved => {}
         store::Reservation::Fenced => return Err(Error::Superseded),
-        store::Reservation::OverLimit(why) => {
-            // A concurrent payment of the same agent took the budget first. This
-            // signature is dropped here: it was never stored nor sent.
+        store::Reservation::Refused(refusal) => {
+            // An operator's limit refuses it (a concurrent payment may have taken the budget
+            // first). This signature is dropped here: it was never stored nor sent.
             let accepts = Value::Array(required.raw_accepts.clone());
-            return Ok(declined(state, Code::PaymentOverBudget, Some(first), &why, accepts));
+            return refused(state, refusal, Some(first), accepts);
         }
     }
     drop(conn);
@@ -425,6 +462,7 @@ pub async fn resume(
             state.metrics.payments.with_label_values(&["recovered"]).inc();
             tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                 "the upstream's answer to a settled payment was recovered by a byte-identical re-send");
+            super::count_paid(state, &signed, PaymentStatus::Settled, charged);
             let status = PaymentStatus::Settled;
             let tx_hash = Some(tx_hash.to_string());
             let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
@@ -446,6 +484,7 @@ pub async fn resume(
         let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
         state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
+        super::count_paid(state, &signed, PaymentStatus::SettledResponseLost, charged);
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
@@ -492,6 +531,7 @@ pub async fn resume(
             agent_id: own.agent_id,
             lease: own.lease,
             amount: requirement.amount(),
+            pay_to: &intent.pay_to,
             valid_after: to_i64(a.valid_after()),
             valid_before: to_i64(a.valid_before()),
             authorization: &auth,
@@ -502,11 +542,11 @@ pub async fn resume(
         match store::resign(&mut conn, &resign).await? {
             store::Reservation::Reserved => {}
             store::Reservation::Fenced => return Err(Error::Superseded),
-            store::Reservation::OverLimit(why) => {
-                // The expired intent released its budget and the budget is gone now:
-                // nothing can be paid for this key. Nothing was sent in this attempt.
+            store::Reservation::Refused(refusal) => {
+                // The expired intent released its budget and a limit refuses a new one now
+                // (or payments are paused). Nothing was sent in this attempt.
                 let accepts = Value::Array(vec![raw_requirement.clone()]);
-                return Ok(declined(state, Code::PaymentOverBudget, None, &why, accepts));
+                return refused(state, refusal, None, accepts);
             }
         }
         tracing::info!(agent_id = %own.agent_id, "re-signed an expired, unused payment with the same nonce");
@@ -531,6 +571,7 @@ fn reaccessed(
     let kind = crate::payments::RecoveryKind::Reaccessed;
     state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
     state.metrics.payments.with_label_values(&[kind.as_str()]).inc();
+    super::count_paid(state, signed, PaymentStatus::Settled, None);
     tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
         "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
     let status = PaymentStatus::Settled;
@@ -621,6 +662,7 @@ async fn exchange(
             };
             let tx_hash = proven.tx_hash.map(|h| h.to_string());
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            super::count_paid(state, signed, status, proven.charged);
             let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
             let permit2 = reasons.names(x402::wire::PERMIT2_ALLOWANCE_REQUIRED);
             let msg = if permit2 && status == PaymentStatus::Rejected {
@@ -655,6 +697,7 @@ async fn exchange(
             let (status, tx_hash, note, charged) =
                 confirm(state, (own.agent_id, attempt.id), signed, claim.as_ref(), deadline).await;
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+            super::count_paid(state, signed, status, charged);
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
             let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
             if let Some(said) = claim.as_ref().and_then(|c| c.amount).filter(|_| signed.is_upto()) {
@@ -705,6 +748,7 @@ async fn lost_answer(
             let recorded = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
             if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
                 state.metrics.payments.with_label_values(&["recovered"]).inc();
+                super::count_paid(state, &attempt.signed, PaymentStatus::Settled, charged);
                 tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status, sends = recovery.sends,
                     "the answer to a settled payment, lost in transit, was recovered by a byte-identical re-send");
                 let status = PaymentStatus::Settled;
@@ -718,6 +762,7 @@ async fn lost_answer(
         }
     }
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+    super::count_paid(state, &attempt.signed, status, charged);
     let msg = match status {
         PaymentStatus::SettledResponseLost => format!("{e}; the payment settled on-chain but the response was lost"),
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),

@@ -167,6 +167,7 @@ where
         }
     };
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+    super::count_paid(state, paid.signed, status, charged);
     tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), "settlement claim decided");
     let mut shown = (paid.describe)(status, tx_hash.as_deref(), charged);
     if let Some(h) = hint {

@@ -5,14 +5,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::audit::{KeyQuery, PaymentQuery, ReceiptQuery, store};
-use crate::auth::Operator;
+use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
+use crate::auth::Viewer;
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// GET /audit/receipts — every agent's receipts, filtered, oldest first, keyset-paginated:
 /// `{"receipts": [...], "next_cursor": "…" | null}`.
-pub async fn receipts(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = ReceiptQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::receipts(&mut conn, &q).await.map_err(ApiError::database)?;
@@ -23,7 +23,7 @@ pub async fn receipts(state: web::Data<AppState>, _: Operator, req: HttpRequest)
 }
 
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
-pub async fn receipt(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn receipt(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     store::receipt(&mut conn, id)
@@ -34,7 +34,7 @@ pub async fn receipt(state: web::Data<AppState>, _: Operator, id: web::Path<Stri
 }
 
 /// GET /audit/idempotency?agent_id=&key= — one key's idempotency row and its payment intent.
-pub async fn idempotency(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn idempotency(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = KeyQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     store::idempotency(&mut conn, &q)
@@ -46,7 +46,7 @@ pub async fn idempotency(state: web::Data<AppState>, _: Operator, req: HttpReque
 
 /// GET /audit/payments?status= — the payment ledger (any status, `paid_not_served`,
 /// `stuck`), oldest first, keyset-paginated: `{"payments": [...], "next_cursor": …}`.
-pub async fn payments(state: web::Data<AppState>, _: Operator, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = PaymentQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::payments(&mut conn, &q).await.map_err(ApiError::database)?;
@@ -57,7 +57,7 @@ pub async fn payments(state: web::Data<AppState>, _: Operator, req: HttpRequest)
 }
 
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
-pub async fn spend(state: web::Data<AppState>, _: Operator, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     crate::payments::store::agent_spend(&mut conn, id, false)
@@ -69,8 +69,62 @@ pub async fn spend(state: web::Data<AppState>, _: Operator, id: web::Path<String
 
 /// GET /audit/upto — per upstream, its settled `upto` payments and how many took the whole
 /// signed maximum: `{"upstreams": [{"upstream", "settled", "at_max", "charged", "maximum"}]}`.
-pub async fn upto(state: web::Data<AppState>, _: Operator) -> Result<HttpResponse, ApiError> {
+pub async fn upto(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({ "upstreams": upstreams })))
+}
+
+/// GET /audit/payments.csv — the filters of `/audit/payments`, as CSV streamed to the end of
+/// the ledger (`limit` is the size of each page read; `cursor` starts after a row). Each page
+/// is read on a pooled connection returned before the next: a slow reader holds none.
+pub async fn payments_csv(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    use crate::audit::csv;
+    let q = PaymentQuery::parse(req.query_string())?;
+    // The first page before answering, so that an error before any row is a proper status.
+    let first = {
+        let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+        store::payments(&mut conn, &q).await.map_err(ApiError::database)?
+    };
+    let mut body = csv::header();
+    body.extend(first.rows.iter().map(csv::row));
+    let next = first.next.map(|c| PaymentQuery { page: Page { after: Some(c), ..q.page }, ..q.clone() });
+    let rest = futures_util::stream::unfold((state, next), |(state, next)| async move {
+        let q = next?;
+        let page = match state.pool.get().await {
+            Ok(mut conn) => store::payments(&mut conn, &q).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match page {
+            Ok(page) => {
+                let chunk: String = page.rows.iter().map(csv::row).collect();
+                let next = page.next.map(|c| PaymentQuery { page: Page { after: Some(c), ..q.page }, ..q });
+                Some((Ok(web::Bytes::from(chunk)), (state, next)))
+            }
+            Err(e) => {
+                // The status line is sent: end the body abruptly so the reader sees a cut file.
+                tracing::warn!(error = %e, "payments export stopped");
+                Some((Err(ApiError::Unavailable("database unavailable")), (state, None)))
+            }
+        }
+    });
+    let head = futures_util::stream::once(async move { Ok::<_, ApiError>(web::Bytes::from(body)) });
+    Ok(HttpResponse::Ok()
+        .content_type("text/csv; charset=utf-8")
+        .insert_header(("Content-Disposition", "attachment; filename=\"payments.csv\""))
+        .streaming(futures_util::StreamExt::chain(head, rest)))
+}
+
+/// GET /audit/operator-events — the operator audit trail, oldest first, keyset-paginated:
+/// `{"events": [...], "next_cursor": "…" | null}`.
+pub async fn operator_events(
+    state: web::Data<AppState>,
+    _: Viewer,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    use crate::operators::events;
+    let q = events::EventQuery::parse(req.query_string())?;
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let (rows, next) = events::list(&mut conn, &q).await.map_err(ApiError::database)?;
+    Ok(HttpResponse::Ok().json(json!({ "events": rows, "next_cursor": next })))
 }

@@ -4,7 +4,7 @@
 
 use actix_web::{HttpResponse, HttpResponseBuilder, web};
 
-use crate::auth::Operator;
+use crate::auth::Viewer;
 use crate::console::{Asset, INDEX, SECURITY_HEADERS, asset};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -12,7 +12,7 @@ use crate::state::AppState;
 /// GET /audit/overview — calls, paid calls, payments and settled payments per hour (24 h)
 /// and per day (30 d), money moved per asset, and the paid-not-served, stuck and pending
 /// counts (`audit::overview`).
-pub async fn overview(state: web::Data<AppState>, _: Operator) -> Result<HttpResponse, ApiError> {
+pub async fn overview(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let o = crate::audit::overview::overview(&mut conn).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(o))

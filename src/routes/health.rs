@@ -4,6 +4,7 @@ use actix_web::{HttpResponse, web};
 use diesel_async::RunQueryDsl;
 use serde_json::json;
 
+use crate::auth::Viewer;
 use crate::state::AppState;
 
 /// GET /healthz — the process is up.
@@ -26,8 +27,15 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     if postgres { HttpResponse::Ok().json(body) } else { HttpResponse::ServiceUnavailable().json(body) }
 }
 
-/// GET /metrics — Prometheus text format.
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+/// GET /metrics — Prometheus text format, for operators (any operator token). Prometheus
+/// without a token scrapes the `METRICS_ADDR` listener instead ([`metrics_open`]).
+pub async fn metrics(state: web::Data<AppState>, _: Viewer) -> HttpResponse {
+    metrics_open(state).await
+}
+
+/// GET /metrics on the `METRICS_ADDR` listener: no authentication (bind it to a private
+/// interface). The metrics carry no secret, but label agents by id (the budget gauge).
+pub async fn metrics_open(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
 }
 

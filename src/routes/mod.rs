@@ -3,6 +3,7 @@
 //! [`ROUTES`] lists every endpoint once; [`configure`] registers exactly that list, and a
 //! test holds `docs/openapi.json` (served at `GET /openapi.json`) to the same list.
 
+mod admin;
 mod agents;
 mod audit;
 mod console;
@@ -33,18 +34,34 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::DELETE, "/mcp", |r| r.to(crate::mcp::http::mcp)),
-    // Operators (Authorization: Bearer $OPERATOR_TOKEN).
+    // Operators (Authorization: Bearer x4o_… or $OPERATOR_TOKEN).
     (Method::GET, "/audit/receipts", |r| r.to(audit::receipts)),
     (Method::GET, "/audit/receipts/{id}", |r| r.to(audit::receipt)),
     (Method::GET, "/audit/idempotency", |r| r.to(audit::idempotency)),
     (Method::GET, "/audit/payments", |r| r.to(audit::payments)),
+    (Method::GET, "/audit/payments.csv", |r| r.to(audit::payments_csv)),
+    (Method::GET, "/audit/operator-events", |r| r.to(audit::operator_events)),
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
+    // The control plane: viewers read, admins change (Authorization: Bearer x4o_…).
+    (Method::POST, "/admin/agents", |r| r.to(admin::create_agent)),
+    (Method::GET, "/admin/agents", |r| r.to(admin::list_agents)),
+    (Method::GET, "/admin/agents/{id}", |r| r.to(admin::show_agent)),
+    (Method::PATCH, "/admin/agents/{id}", |r| r.to(admin::update_agent)),
+    (Method::POST, "/admin/agents/{id}/disable", |r| r.to(admin::disable_agent)),
+    (Method::POST, "/admin/agents/{id}/enable", |r| r.to(admin::enable_agent)),
+    (Method::POST, "/admin/agents/{id}/rotate-key", |r| r.to(admin::rotate_key)),
+    (Method::GET, "/admin/settings", |r| r.to(admin::settings)),
+    (Method::PATCH, "/admin/settings", |r| r.to(admin::update_settings)),
+    (Method::POST, "/admin/pause", |r| r.to(admin::pause)),
+    (Method::DELETE, "/admin/pause", |r| r.to(admin::resume)),
+    (Method::POST, "/admin/reconcile", |r| r.to(admin::reconcile)),
+    // Any operator token (Prometheus without one: the METRICS_ADDR listener).
+    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     // Anyone.
     (Method::GET, "/healthz", |r| r.to(health::healthz)),
     (Method::GET, "/readyz", |r| r.to(health::readyz)),
-    (Method::GET, "/metrics", |r| r.to(health::metrics)),
     (Method::GET, "/.well-known/x402-router", |r| r.to(health::well_known)),
     (Method::GET, "/openapi.json", |r| r.to(openapi)),
 ];
@@ -59,6 +76,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/console", web::get().to(console::index));
     cfg.route("/console/", web::get().to(console::index));
     cfg.route("/console/{file}", web::get().to(console::file));
+    cfg.default_service(web::to(not_found));
+}
+
+/// The `METRICS_ADDR` listener: `GET /metrics` without authentication, nothing else.
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(health::metrics_open));
     cfg.default_service(web::to(not_found));
 }
 

@@ -117,9 +117,16 @@ fn a_missing_or_bad_setting_stops_start_up_with_one_line_naming_it() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in
-        [&["serve"][..], &["migrate"], &["gc"], &["agents"], &["agents", "create"], &["wallet", "approve-permit2"]]
-    {
+    for sub in [
+        &["serve"][..],
+        &["migrate"],
+        &["gc"],
+        &["agents"],
+        &["agents", "create"],
+        &["operators"],
+        &["operators", "create"],
+        &["wallet", "approve-permit2"],
+    ] {
         let out = router_command().args(sub).arg("--help").output().unwrap();
         assert!(out.status.success(), "{sub:?}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));

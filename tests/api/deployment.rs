@@ -161,7 +161,7 @@ async fn redis_over_tls_caches_with_the_right_ca_and_names_a_wrong_one() {
     assert_eq!(app.route(&key, &body).await.status(), 200);
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.headers()["x-idempotent-replay"], "true");
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     let from_redis = metric_value(&metrics, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#);
     assert!(from_redis.unwrap_or(0.0) >= 1.0, "{metrics}");
     assert_eq!(up.hits.total(), 1);
@@ -212,7 +212,7 @@ async fn redis_cluster_spreads_agents_over_masters_and_a_killed_master_loses_not
         assert_eq!(replay.headers()["x-idempotent-replay"], "true");
         assert_eq!(&replay.json::<Value>().await.unwrap(), first);
     }
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     let from_redis = metric_value(&metrics, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#);
     assert_eq!(from_redis, Some(agents.len() as f64), "every replay came from the cluster");
     // The keys carry the agent as hash tag, and the agents are spread over the masters.
@@ -319,15 +319,17 @@ async fn sigterm_stops_within_the_shutdown_timeout_even_with_a_slow_call() {
 async fn metrics_expose_request_durations_process_metrics_and_the_wallet_balance() {
     let chain = Devnet::start().await;
     let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
-    let scrape =
-        || async { app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap() };
+    let scrape = || async { app.metrics_text().await };
     app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
     let text = scrape().await;
     assert!(
-        text.contains(r#"http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
+        text.contains(r#"x402_router_http_request_duration_seconds_bucket{route="/healthz",status="200",le="0.005"}"#),
         "{text}"
     );
-    assert!(metric_value(&text, r#"http_request_duration_seconds_count{route="/healthz",status="200"}"#) >= Some(1.0));
+    assert!(
+        metric_value(&text, r#"x402_router_http_request_duration_seconds_count{route="/healthz",status="200"}"#)
+            >= Some(1.0)
+    );
     assert!(metric_value(&text, "process_resident_memory_bytes").is_some_and(|v| v > 0.0), "{text}");
     assert!(metric_value(&text, "process_cpu_seconds_total").is_some(), "{text}");
     let asset = format!(r#"asset="{}""#, chain.token);
@@ -369,7 +371,9 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let db = TestDb::new().await;
     let agent = create_agent(&db, "budgeted").await;
     let unlimited = create_agent(&db, "unlimited").await;
-    exec(&db, &format!("UPDATE agents SET daily_budget = 100000 WHERE id = '{}'", agent.id)).await;
+    exec(&db, &format!("UPDATE agents SET daily_budget = 100000, month_budget = 40000 WHERE id = '{}'", agent.id))
+        .await;
+    exec(&db, "UPDATE router_settings SET wallet_daily_cap = 80000").await;
     insert_payment(&db, agent.id, "settled", "1 minute").await; // paid, never served
     insert_payment(&db, agent.id, "signed", "1 hour").await; // stuck
     insert_payment(&db, agent.id, "signed", "1 second").await; // in progress
@@ -382,8 +386,14 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let text = metrics.render();
     assert_eq!(metric_value(&text, "x402_router_payments_paid_not_served "), Some(1.0), "{text}");
     assert_eq!(metric_value(&text, "x402_router_payments_stuck "), Some(1.0), "{text}");
-    let ratio = format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}"}}"#, agent.id);
-    assert_eq!(metric_value(&text, &ratio), Some(0.3), "{text}");
+    let ratio =
+        |budget: &str| format!(r#"x402_router_agent_budget_used_ratio{{agent_id="{}",budget="{budget}"}}"#, agent.id);
+    assert_eq!(metric_value(&text, &ratio("24h")), Some(0.3), "{text}");
+    // This month (by signing time, which these rows take from their insertion): the same
+    // three, out of 40000.
+    assert_eq!(metric_value(&text, &ratio("month")), Some(0.75), "{text}");
+    // The wallet: every agent's payments in the window (signed now), out of 80000.
+    assert_eq!(metric_value(&text, r#"x402_router_agent_budget_used_ratio{agent_id="",budget="wallet"}"#), Some(0.5));
     assert!(!text.contains(&unlimited.id.to_string()), "agents without a budget have no gauge");
 }
 
@@ -403,7 +413,7 @@ async fn redis_sentinel_failover_keeps_serving_and_the_cache_follows_the_new_mas
         r["redis"] == "ok"
     };
     let from_redis = async || {
-        let text = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+        let text = app.metrics_text().await;
         metric_value(&text, r#"x402_router_idempotency_outcomes_total{outcome="replay-redis"}"#).unwrap_or(0.0)
     };
     wait_until("the cache to reach the master through Sentinel", Duration::from_secs(10), redis_ready).await;

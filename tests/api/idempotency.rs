@@ -428,7 +428,7 @@ async fn forged_or_corrupt_redis_entries_are_ignored_and_postgres_answers() {
     }
     assert_eq!(up.hits.get("/ok/forged"), 4);
 
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     assert!(metrics.contains("x402_router_cache_entries_rejected_total 5"), "{metrics}");
 }
 

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod admin;
 mod agents;
 mod audit;
 mod auth;
@@ -17,9 +18,11 @@ mod faults;
 mod gc;
 mod hostile;
 mod idempotency;
+mod limits;
 mod money;
 mod networks;
 mod operations;
+mod operators;
 mod payments;
 mod pending;
 mod permit2;

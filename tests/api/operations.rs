@@ -18,8 +18,7 @@ fn metric(text: &str, name_and_labels: &str) -> u64 {
 async fn metrics_counters_move_as_requests_are_made() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
-    let scrape =
-        || async { app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap() };
+    let scrape = || async { app.metrics_text().await };
     let before = scrape().await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/metrics")});

@@ -136,7 +136,8 @@ impl Crashed {
     }
 
     async fn metric(&self, outcome: &str) -> f64 {
-        let text = self.client.get(format!("{}/metrics", self.retrier.address)).send().await.unwrap();
+        let text =
+            self.client.get(format!("{}/metrics", self.retrier.address)).bearer_auth(OPERATOR).send().await.unwrap();
         let text = text.text().await.unwrap();
         let name = format!("x402_router_recoveries_total{{outcome=\"{outcome}\"}}");
         text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
@@ -406,17 +407,21 @@ impl Crashed {
     /// gauges are read at start).
     async fn recovery_gauge(&self, outcome: &str) -> i64 {
         let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-        let router = RouterProcess::spawn(
-            &self.db.url,
-            &AppOptions { extra: self.chain.router_extra(), ..Default::default() },
-            &prefix,
-        )
-        .await;
+        let extra = [self.chain.router_extra(), vec![("operator-token".into(), OPERATOR.into())]].concat();
+        let router = RouterProcess::spawn(&self.db.url, &AppOptions { extra, ..Default::default() }, &prefix).await;
         let name = format!("x402_router_payments_recovery{{outcome=\"{outcome}\"}}");
         let mut value = None;
         wait_until("the ledger gauges", Duration::from_secs(10), async || {
-            let text =
-                self.client.get(format!("{}/metrics", router.address)).send().await.unwrap().text().await.unwrap();
+            let text = self
+                .client
+                .get(format!("{}/metrics", router.address))
+                .bearer_auth(OPERATOR)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
             value = text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse().ok());
             value.is_some()
         })

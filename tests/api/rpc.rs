@@ -40,7 +40,7 @@ async fn a_dead_rpc_url_is_skipped_and_the_payment_settles_through_the_next() {
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled", "{env}");
     assert_eq!(chain.balance(PAY_TO).await, before + alloy::primitives::U256::from(PRICE));
-    let metrics = app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     let requests = "x402_router_rpc_endpoint_requests_total";
     let net = "network=\"eip155:84532\"";
     assert!(sample(&metrics, requests, &[net, "endpoint=\"0\"", "outcome=\"error\""]).unwrap_or(0.0) >= 1.0);

@@ -164,6 +164,7 @@ def test_the_retry_table() -> None:
     assert classify(409, {"code": "idempotency_key_in_flight"}) == "retry_same_key"
     assert classify(409, {"code": "idempotency_key_reused"}) == "fix_request"
     assert classify(503, {"code": "database_unavailable"}) == "retry_same_key"
+    assert classify(429, {"code": "rate_limited"}) == "retry_same_key"
     assert classify(502, {"code": "upstream_failed", "payment": None}) == "new_key_safe"
     assert classify(502, {"code": "payment_rejected", "payment": {"status": "rejected"}}) == "do_not_rekey"
     assert classify(502, {"code": "permit2_allowance_required", "payment": {"status": "rejected"}}) == "do_not_rekey"

@@ -137,7 +137,7 @@ export function classify(status: number, body: Partial<ErrorBody> | null | undef
   if (status === 402) return "new_key_safe";
   if (status === 409 && code === "idempotency_key_reused") return "fix_request";
   if (status === 409 && code === "already_paid") return "do_not_rekey";
-  if (status === 409 || status === 500 || status === 503) return "retry_same_key";
+  if (status === 409 || status === 429 || status === 500 || status === 503) return "retry_same_key";
   if (status === 502 || status === 504) {
     const payment = body?.payment;
     if (payment == null) return "new_key_safe";

@@ -146,6 +146,7 @@ describe("routerFetch against a real router", () => {
     assert.equal(classify(409, { code: "idempotency_key_in_flight" }), "retry_same_key");
     assert.equal(classify(409, { code: "idempotency_key_reused" }), "fix_request");
     assert.equal(classify(503, { code: "database_unavailable" }), "retry_same_key");
+    assert.equal(classify(429, { code: "rate_limited" }), "retry_same_key");
     assert.equal(classify(502, { code: "upstream_failed", payment: null }), "new_key_safe");
     assert.equal(classify(502, { code: "payment_rejected", payment: { status: "rejected" } }), "do_not_rekey");
     assert.equal(classify(502, { code: "permit2_allowance_required", payment: { status: "rejected" } }), "do_not_rekey");

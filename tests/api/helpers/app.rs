@@ -11,6 +11,7 @@ use uuid::Uuid;
 use x402_router::auth::{agents, generate_api_key, hash_api_key};
 use x402_router::cli::{Cli, Command};
 use x402_router::config::Config;
+use x402_router::operators::Role;
 use x402_router::startup::{Application, Hooks};
 
 use super::db::TestDb;
@@ -67,6 +68,10 @@ pub struct Agent {
 
 pub struct TestApp {
     pub address: String,
+    /// The `METRICS_ADDR` listener (`http://127.0.0.1:port`), when the options set one.
+    pub metrics_address: Option<String>,
+    /// A viewer operator token (created for every test app; for /metrics).
+    pub viewer_token: String,
     pub db: Arc<TestDb>,
     pub agent: Agent,
     pub redis_prefix: String,
@@ -124,6 +129,17 @@ pub async fn create_agent(db: &TestDb, name: &str) -> Agent {
     Agent { id, key }
 }
 
+/// Creates an operator directly in the database: its id and token.
+pub async fn create_operator(db: &TestDb, name: &str, role: Role) -> (Uuid, String) {
+    let mut conn = db.conn().await;
+    let id = Uuid::new_v4();
+    let token = x402_router::operators::generate_token().unwrap();
+    x402_router::operators::store::create(&mut conn, id, name, role, &x402_router::operators::hash_token(&token))
+        .await
+        .unwrap();
+    (id, token)
+}
+
 /// A router in this process, on a fresh database, with one agent.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(AppOptions::default()).await
@@ -144,11 +160,13 @@ pub async fn spawn_app_on(db: Arc<TestDb>, options: AppOptions) -> TestApp {
     x402_router::startup::preflight(&mut config).await.expect("preflight");
     let app = Application::build(config, options.hooks.clone()).expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let metrics_address = app.metrics_port().map(|p| format!("http://127.0.0.1:{p}"));
+    let (_, viewer_token) = create_operator(&db, "test-viewer", Role::Viewer).await;
     let server = app.into_server();
     let handle = server.handle();
     tokio::spawn(server);
     let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-    TestApp { address, db, agent, redis_prefix, client, options, handle }
+    TestApp { address, metrics_address, viewer_token, db, agent, redis_prefix, client, options, handle }
 }
 
 impl Drop for TestApp {
@@ -180,6 +198,14 @@ impl TestApp {
             req = req.header("Idempotency-Key", k);
         }
         req.send().await.unwrap()
+    }
+
+    /// GET /metrics (as a viewer operator): the text.
+    pub async fn metrics_text(&self) -> String {
+        let resp = self.client.get(format!("{}/metrics", self.address)).bearer_auth(&self.viewer_token).send().await;
+        let resp = resp.unwrap();
+        assert_eq!(resp.status(), 200, "GET /metrics");
+        resp.text().await.unwrap()
     }
 
     /// Rows in idempotency_keys (all agents).
@@ -235,6 +261,7 @@ pub fn router_command() -> std::process::Command {
         "X402_RPC_TIMEOUT_MS",
         "X402_ASSETS",
         "OPERATOR_TOKEN",
+        "METRICS_ADDR",
         "RECONCILE_OLDER_THAN_SECS",
         "IDEMPOTENCY_ABANDON_AFTER_MS",
         "RUST_LOG",

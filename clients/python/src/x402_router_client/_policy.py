@@ -21,7 +21,7 @@ def classify(status: int, body: Mapping[str, Any] | None) -> Next:
         return "fix_request"
     if status == 409 and code == "already_paid":
         return "do_not_rekey"
-    if status in (409, 500, 503):
+    if status in (409, 429, 500, 503):
         return "retry_same_key"
     if status in (502, 504):
         payment = (body or {}).get("payment")

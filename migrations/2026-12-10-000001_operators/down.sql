@@ -1,0 +1,3 @@
+DROP TABLE operator_events;
+DROP FUNCTION operator_events_append_only();
+DROP TABLE operators;

@@ -1,0 +1,93 @@
+//! The operator extractors: [`Viewer`] (any live operator token, or the bootstrap
+//! `OPERATOR_TOKEN`) and [`Admin`] (the admin role only). Both carry the [`Actor`] that
+//! [`crate::operators::events::record`] writes down.
+//!
+//! - no or an unknown/revoked token: 401 `unauthorized`;
+//! - an agent key (`x4r_…`): 403 `operator_only`;
+//! - a viewer token on an admin endpoint: 403 `operator_only` ("this needs an admin operator
+//!   token").
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, web};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+use crate::operators::{Actor, BOOTSTRAP_NAME, Role, TOKEN_PREFIX, hash_token, store};
+use crate::state::AppState;
+
+/// Any operator (viewer or admin).
+#[derive(Debug, Clone)]
+pub struct Viewer {
+    pub actor: Actor,
+}
+
+/// An admin operator.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub actor: Actor,
+}
+
+/// Longest token looked up (a real one is 47 characters).
+const MAX_TOKEN_LEN: usize = 200;
+
+/// Authenticates the request's bearer token as an operator.
+async fn authenticate(
+    state: Option<web::Data<AppState>>,
+    token: Option<String>,
+    remote_addr: Option<String>,
+) -> Result<Actor, ApiError> {
+    let state = state.ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+    let token = token.ok_or(ApiError::Unauthorized)?;
+    if let Some(expected) = state.config.operator_token.as_ref()
+        && bool::from(token.as_bytes().ct_eq(expected.expose().as_bytes()))
+    {
+        return Ok(Actor { operator_id: None, name: BOOTSTRAP_NAME.into(), role: Role::Admin, remote_addr });
+    }
+    // An agent key is a valid credential, but not for this surface.
+    if token.starts_with(super::KEY_PREFIX) {
+        return Err(ApiError::OperatorOnly);
+    }
+    if !token.starts_with(TOKEN_PREFIX) || token.len() > MAX_TOKEN_LEN {
+        return Err(ApiError::Unauthorized);
+    }
+    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let found = store::find_by_hash(&mut conn, &hash_token(&token)).await.map_err(ApiError::database)?;
+    let op = found.ok_or(ApiError::Unauthorized)?;
+    let role = Role::parse(&op.role)
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("operator {} has an unknown role", op.id)))?;
+    Ok(Actor { operator_id: Some(op.id), name: op.name, role, remote_addr })
+}
+
+fn parts(req: &HttpRequest) -> (Option<web::Data<AppState>>, Option<String>, Option<String>) {
+    (
+        req.app_data::<web::Data<AppState>>().cloned(),
+        super::bearer(req).map(str::to_owned),
+        req.peer_addr().map(|a| a.ip().to_string()),
+    )
+}
+
+impl FromRequest for Viewer {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let (state, token, remote) = parts(req);
+        Box::pin(async move { authenticate(state, token, remote).await.map(|actor| Self { actor }) })
+    }
+}
+
+impl FromRequest for Admin {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let (state, token, remote) = parts(req);
+        Box::pin(async move {
+            let actor = authenticate(state, token, remote).await?;
+            if actor.role == Role::Admin { Ok(Self { actor }) } else { Err(ApiError::AdminOnly) }
+        })
+    }
+}

@@ -1,0 +1,407 @@
+//! The limits an operator sets (docs/DESIGN.md §6): per agent a per-call cap, a rolling
+//! 24 h budget, a calendar-month budget, allowlists of upstream hosts and of `payTo`
+//! addresses, and rate limits (calls and payments per minute); wallet-wide a rolling 24 h cap
+//! across every agent and a pause switch.
+//!
+//! Two places check them, both in Postgres so that every router process sees the same
+//! answer:
+//! * [`admit`], before a call claims its key: host allowlist, calls per minute, and a pause
+//!   that includes unpaid calls. A refused call writes nothing (not even a rate window count).
+//! * [`check_reservation`], inside the transaction that reserves a payment, under the agent's
+//!   row lock (and, with a wallet cap, the settings row's lock): pause, caps, budgets, the
+//!   `payTo` allowlist and payments per minute. Concurrent payments therefore reserve one
+//!   after another and can never exceed any limit together.
+
+use diesel::sql_types::{Array, Bool, Integer, Nullable, Text, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryResult, QueryableByName};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::PaymentStatus;
+use super::Spend;
+use crate::db::PrepareExt;
+use crate::money::Amount;
+
+/// Why a payment or a call is refused by an operator's limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a cap or budget (per call, 24 h, month, wallet-wide): recorded as
+    /// `payment_over_budget`.
+    OverBudget(String),
+    /// The `payTo` is not on the agent's allowlist: recorded as `payment_not_allowed`.
+    PayToNotAllowed(String),
+    /// The upstream host is not on the agent's allowlist: 403 `upstream_not_allowed`,
+    /// nothing written.
+    HostNotAllowed(String),
+    /// Payments (or, with `unpaid`, all calls) are paused: 503 `payments_paused`, nothing
+    /// recorded for the call.
+    Paused,
+    /// Over a per-minute rate: 429 `rate_limited`, nothing recorded for the call.
+    RateLimited { what: RateKind, retry_after: u32 },
+}
+
+/// What a per-minute rate counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateKind {
+    Call,
+    Payment,
+}
+
+impl RateKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Call => "call",
+            Self::Payment => "payment",
+        }
+    }
+}
+
+/// The wallet-wide settings (`router_settings`).
+#[derive(Debug, Clone, serde::Serialize, QueryableByName)]
+pub struct Settings {
+    #[diesel(sql_type = Bool)]
+    pub paused: bool,
+    #[diesel(sql_type = Bool)]
+    pub pause_unpaid: bool,
+    /// Atomic units, decimal; None: no cap.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub wallet_daily_cap: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Reads the settings; with `lock`, locks their row (`FOR NO KEY UPDATE`) so that the
+/// wallet-wide sums read next see every earlier reservation under the cap.
+///
+/// # Errors
+/// Database errors (also when the row is missing: migrations seed it).
+pub async fn settings(conn: &mut AsyncPgConnection, lock: bool) -> QueryResult<Settings> {
+    let sql = if lock {
+        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, updated_at \
+           FROM router_settings WHERE id FOR NO KEY UPDATE"
+    } else {
+        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, updated_at \
+           FROM router_settings WHERE id"
+    };
+    diesel::sql_query(sql).prepared().get_result(conn).await
+}
+
+#[derive(QueryableByName)]
+struct Used {
+    #[diesel(sql_type = Text)]
+    used: String,
+}
+
+/// What all agents together spent in the rolling 24 h window plus every authorization that
+/// may still move money (the wallet-wide counterpart of an agent's `settled_24h +
+/// reserved_24h`).
+///
+/// # Errors
+/// Database errors.
+pub async fn wallet_used_24h(conn: &mut AsyncPgConnection) -> QueryResult<String> {
+    let released = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    let sql = format!(
+        "SELECT COALESCE(sum(p.amount), 0)::text AS used FROM payments p \
+          WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})",
+        window = super::IN_WINDOW_24H
+    );
+    let row: Used = diesel::sql_query(sql).prepared().get_result(conn).await?;
+    Ok(row.used)
+}
+
+/// Counts one more `kind` for `agent_id` in the current minute if fewer than `limit` were
+/// counted; `Some(seconds until the next minute)` if the limit is reached (nothing counted).
+///
+/// # Errors
+/// Database errors.
+pub async fn take_rate(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    kind: RateKind,
+    limit: i32,
+) -> QueryResult<Option<u32>> {
+    #[derive(QueryableByName)]
+    struct Counted {
+        #[diesel(sql_type = Integer)]
+        #[expect(dead_code, reason = "only whether a row came back matters")]
+        count: i32,
+    }
+    let counted: Option<Counted> = diesel::sql_query(
+        "INSERT INTO agent_rate_windows AS w (agent_id, kind, window_start, count) \
+         VALUES ($1, $2, date_trunc('minute', now()), 1) \
+         ON CONFLICT (agent_id, kind, window_start) DO UPDATE SET count = w.count + 1 WHERE w.count < $3 \
+         RETURNING w.count",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(kind.as_str())
+    .bind::<Integer, _>(limit)
+    .prepared()
+    .get_result(conn)
+    .await
+    .optional()?;
+    if counted.is_some() {
+        return Ok(None);
+    }
+    // A limit of 0 rows inserted can only mean the window is full.
+    #[derive(QueryableByName)]
+    struct Left {
+        #[diesel(sql_type = Integer)]
+        secs: i32,
+    }
+    let left: Left = diesel::sql_query(
+        "SELECT GREATEST(1, CEIL(EXTRACT(EPOCH FROM date_trunc('minute', now()) + interval '1 minute' - now())))::int AS secs",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(Some(u32::try_from(left.secs).unwrap_or(60)))
+}
+
+/// Deletes rate windows older than an hour (run by `gc`); returns how many.
+///
+/// # Errors
+/// Database errors.
+pub async fn delete_old_rate_windows(conn: &mut AsyncPgConnection) -> QueryResult<usize> {
+    diesel::sql_query("DELETE FROM agent_rate_windows WHERE window_start < now() - interval '1 hour'")
+        .execute(conn)
+        .await
+}
+
+/// Why a payment of `amount` to `pay_to` may not be reserved for `spend` (the agent's limits
+/// and usage, read under its lock), if it may not. Unreadable limits refuse.
+pub fn agent_refusal(spend: &Spend, amount: Amount, pay_to: &str) -> Option<Refusal> {
+    let over = |s: String| Some(Refusal::OverBudget(s));
+    let (Ok(cap), Ok(remaining), Ok(month)) = (spend.cap(), spend.remaining(), spend.remaining_this_month()) else {
+        return over("the agent's limits cannot be read; refusing to pay".into());
+    };
+    if let Some(cap) = cap
+        && amount > cap
+    {
+        return over(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
+    }
+    if let Some(remaining) = remaining
+        && amount > remaining
+    {
+        return over(format!("the price {amount} exceeds what remains of the agent's daily budget ({remaining})"));
+    }
+    if let Some(month) = month
+        && amount > month
+    {
+        return over(format!("the price {amount} exceeds what remains of the agent's month budget ({month})"));
+    }
+    if let Some(allowed) = &spend.allowed_pay_to
+        && !allowed.iter().any(|a| a.eq_ignore_ascii_case(pay_to))
+    {
+        return Some(Refusal::PayToNotAllowed(format!("the payTo {pay_to} is not on the agent's allowlist")));
+    }
+    None
+}
+
+/// Every limit of a reservation, in the reserving transaction, after `spend` was read under
+/// the agent's lock: pause, the agent's limits, the wallet-wide cap (under the settings row's
+/// lock) and, last, payments per minute (counted only for a payment that passes the rest).
+///
+/// # Errors
+/// Database errors.
+pub async fn check_reservation(
+    conn: &mut AsyncPgConnection,
+    spend: &Spend,
+    amount: Amount,
+    pay_to: &str,
+) -> QueryResult<Option<Refusal>> {
+    let found = settings(conn, false).await?;
+    if found.paused {
+        return Ok(Some(Refusal::Paused));
+    }
+    if let Some(refusal) = agent_refusal(spend, amount, pay_to) {
+        return Ok(Some(refusal));
+    }
+    if found.wallet_daily_cap.is_some() {
+        // Re-read under the lock, in a statement of its own (a fresh snapshot): reservations
+        // of every agent pass here one at a time while a cap is set.
+        let locked = settings(conn, true).await?;
+        if locked.paused {
+            return Ok(Some(Refusal::Paused));
+        }
+        if let Some(cap) = locked.wallet_daily_cap.as_deref() {
+            let (Ok(cap), Ok(used)) = (Amount::parse(cap), Amount::parse(&wallet_used_24h(conn).await?)) else {
+                return Ok(Some(Refusal::OverBudget("the wallet's daily cap cannot be read; refusing to pay".into())));
+            };
+            let left = Amount::from_u256(cap.as_u256().saturating_sub(used.as_u256()));
+            if amount > left {
+                return Ok(Some(Refusal::OverBudget(format!(
+                    "the price {amount} exceeds what remains of the wallet-wide daily cap ({left})"
+                ))));
+            }
+        }
+    }
+    if let Some(limit) = spend.payments_per_minute
+        && let Some(retry_after) = take_rate(conn, spend.agent_id, RateKind::Payment, limit).await?
+    {
+        return Ok(Some(Refusal::RateLimited { what: RateKind::Payment, retry_after }));
+    }
+    Ok(None)
+}
+
+/// What [`admit`] reads.
+#[derive(Debug, QueryableByName)]
+struct Gate {
+    #[diesel(sql_type = Nullable<Array<Text>>)]
+    allowed_hosts: Option<Vec<String>>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    calls_per_minute: Option<i32>,
+    #[diesel(sql_type = Bool)]
+    pause_unpaid: bool,
+}
+
+/// Whether `agent_id` may start a call to `host` (lowercase, with its port when the URL
+/// names one) now: host allowlist, a pause that includes unpaid calls, calls per minute (the
+/// call is counted when admitted). `Ok(None)`: admitted (also for an unknown agent, which
+/// authentication refuses anyway).
+///
+/// # Errors
+/// Database errors.
+pub async fn admit(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    host: &str,
+    port: Option<u16>,
+) -> QueryResult<Option<Refusal>> {
+    let gate: Option<Gate> = diesel::sql_query(
+        "SELECT a.allowed_hosts, a.calls_per_minute, (s.paused AND s.pause_unpaid) AS pause_unpaid \
+           FROM agents a, router_settings s WHERE a.id = $1 AND s.id",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .prepared()
+    .get_result(conn)
+    .await
+    .optional()?;
+    let Some(gate) = gate else { return Ok(None) };
+    if gate.pause_unpaid {
+        return Ok(Some(Refusal::Paused));
+    }
+    if let Some(allowed) = &gate.allowed_hosts
+        && !allowed.iter().any(|pattern| host_matches(pattern, host, port))
+    {
+        let shown = port.map_or_else(|| host.to_owned(), |p| format!("{host}:{p}"));
+        return Ok(Some(Refusal::HostNotAllowed(format!(
+            "the upstream host {shown} is not on this agent's allowlist"
+        ))));
+    }
+    if let Some(limit) = gate.calls_per_minute
+        && let Some(retry_after) = take_rate(conn, agent_id, RateKind::Call, limit).await?
+    {
+        return Ok(Some(Refusal::RateLimited { what: RateKind::Call, retry_after }));
+    }
+    Ok(None)
+}
+
+/// Whether an allowlist entry matches a host: `api.example.com` exactly, `*.example.com` any
+/// host below `example.com` (not `example.com` itself), each optionally with `:port`, which
+/// must then be the URL's port (without one, any port). Hosts compare case-insensitively.
+pub fn host_matches(pattern: &str, host: &str, port: Option<u16>) -> bool {
+    let (name, want_port) = match pattern.rsplit_once(':') {
+        // An IPv6 literal keeps its colons inside brackets.
+        Some((n, p)) if !p.contains(']') && p.chars().all(|c| c.is_ascii_digit()) => (n, p.parse::<u16>().ok()),
+        _ => (pattern, None),
+    };
+    if want_port.is_some() && want_port != port {
+        return false;
+    }
+    let host = host.trim_end_matches('.');
+    match name.strip_prefix("*.") {
+        Some(suffix) => {
+            host.len() > suffix.len() + 1
+                && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+        }
+        None => name.eq_ignore_ascii_case(host),
+    }
+}
+
+/// Checks an allowlist entry given by an operator: a host name (letters, digits, `-`, `.`),
+/// an IPv4 literal or a bracketed IPv6 literal, optionally `*.`-prefixed (names only) and
+/// `:port`-suffixed. Returns the entry lowercased.
+///
+/// # Errors
+/// A sentence naming what is wrong.
+pub fn parse_host_pattern(raw: &str) -> Result<String, String> {
+    let entry = raw.trim().to_ascii_lowercase();
+    let bad = || format!("{raw:?} is not a host, `*.domain` or either with `:port`");
+    if entry.is_empty() || entry.len() > 260 {
+        return Err(bad());
+    }
+    let (name, port) = match entry.rsplit_once(':') {
+        Some((n, p)) if !p.contains(']') => (n, Some(p)),
+        _ => (entry.as_str(), None),
+    };
+    if let Some(p) = port
+        && p.parse::<u16>().ok().filter(|p| *p > 0).is_none()
+    {
+        return Err(bad());
+    }
+    if let Some(v6) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        return v6.parse::<std::net::Ipv6Addr>().map(|_| entry.clone()).map_err(|_| bad());
+    }
+    let labels = name.strip_prefix("*.").unwrap_or(name);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if labels.split('.').all(label_ok) { Ok(entry) } else { Err(bad()) }
+}
+
+/// Checks a `payTo` allowlist entry: an EVM address (`0x` + 40 hex digits). Returns it
+/// lowercased.
+///
+/// # Errors
+/// A sentence naming what is wrong.
+pub fn parse_pay_to(raw: &str) -> Result<String, String> {
+    let entry = raw.trim();
+    let hex = entry.strip_prefix("0x").or_else(|| entry.strip_prefix("0X"));
+    match hex {
+        Some(h) if h.len() == 40 && h.chars().all(|c| c.is_ascii_hexdigit()) => Ok(entry.to_ascii_lowercase()),
+        _ => Err(format!("{raw:?} is not an address (0x followed by 40 hex digits)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_patterns_match_exactly_what_they_say() {
+        assert!(host_matches("api.example.com", "API.example.com", None));
+        assert!(host_matches("api.example.com", "api.example.com", Some(8443)));
+        assert!(!host_matches("api.example.com", "evil-api.example.com", None));
+        assert!(!host_matches("api.example.com", "api.example.com.evil.net", None));
+        assert!(host_matches("*.example.com", "a.example.com", None));
+        assert!(host_matches("*.example.com", "a.b.example.com", None));
+        assert!(!host_matches("*.example.com", "example.com", None));
+        assert!(!host_matches("*.example.com", "badexample.com", None));
+        assert!(!host_matches("*.example.com", "a.example.com.evil.net", None));
+        assert!(host_matches("127.0.0.1:8080", "127.0.0.1", Some(8080)));
+        assert!(!host_matches("127.0.0.1:8080", "127.0.0.1", Some(8081)));
+        assert!(!host_matches("127.0.0.1:8080", "127.0.0.1", None));
+        assert!(host_matches("[::1]", "[::1]", Some(1)));
+    }
+
+    #[test]
+    fn operators_entries_are_checked() {
+        assert_eq!(parse_host_pattern(" API.Example.com ").as_deref(), Ok("api.example.com"));
+        assert_eq!(parse_host_pattern("*.example.com:443").as_deref(), Ok("*.example.com:443"));
+        assert_eq!(parse_host_pattern("[::1]:8080").as_deref(), Ok("[::1]:8080"));
+        for bad in ["", "*", "*.", "a..b", "-a.com", "a.com:0", "a.com:99999", "a b.com", "ex*.com", "a.com/x", "[zz]"]
+        {
+            assert!(parse_host_pattern(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_pay_to("0x00000000000000000000000000000000000000Ab").is_ok());
+        for bad in ["0x123", "00000000000000000000000000000000000000000a", "0xzz00000000000000000000000000000000000000"]
+        {
+            assert!(parse_pay_to(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Operators (issue 23): role tokens made by the CLI, the Viewer/Admin extractors, the
+//! append-only operator events, the payments CSV export and the metrics listener.
+
+use actix_web::{HttpResponse, web};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use serde_json::{Value, json};
+use uuid::Uuid;
+use x402_router::auth::{Admin, Viewer};
+use x402_router::operators::{Actor, Role, events};
+
+use crate::helpers::tls_services::wait_until;
+use crate::helpers::*;
+
+const BOOTSTRAP: &str = "operators-bootstrap-token-0123456789";
+
+/// `x402-router operators …` on `db`: success, stdout.
+fn cli(db: &TestDb, args: &[&str]) -> (bool, String) {
+    let out = router_command().arg("operators").args(args).env("DATABASE_URL", &db.url).output().unwrap();
+    (out.status.success(), String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap())
+}
+
+async fn get(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
+    app.client.get(format!("{}{path}", app.address)).bearer_auth(token).send().await.unwrap()
+}
+
+#[actix_web::test]
+async fn cli_tokens_have_roles_and_a_revoked_token_is_refused_at_once() {
+    let app = spawn_app().await;
+    let (ok, out) = cli(&app.db, &["create", "--name", "alice", "--role", "viewer"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.lines().count(), 1, "one JSON line: {out}");
+    let created: Value = serde_json::from_str(out.trim()).unwrap();
+    let token = created["token"].as_str().unwrap().to_owned();
+    let id = created["operator_id"].as_str().unwrap().to_owned();
+    assert!(token.starts_with("x4o_") && token.len() == 47, "{token}");
+    assert_eq!(created["role"], "viewer");
+    let hash = x402_router::operators::hash_token(&token);
+    assert_eq!(count(&app.db, &format!("SELECT count(*) AS n FROM operators WHERE token_hash = '{hash}'")).await, 1);
+
+    let (ok, listed) = cli(&app.db, &["list"]);
+    assert!(ok && listed.contains(&id) && listed.contains("\"alice\""), "{listed}");
+    assert!(!listed.contains(&token) && !listed.contains(&hash), "the list never shows a token or its hash");
+
+    // The viewer reads the audit API; agent keys and strangers do not.
+    assert_eq!(get(&app, "/audit/payments", &token).await.status(), 200);
+    assert_eq!(get(&app, "/audit/operator-events", &token).await.status(), 200);
+    let agent = get(&app, "/audit/operator-events", &app.agent.key).await;
+    assert_eq!(agent.status(), 403);
+    assert_eq!(agent.json::<Value>().await.unwrap()["code"], "operator_only");
+    let forged = format!("x4o_{}", "A".repeat(43));
+    assert_eq!(get(&app, "/audit/payments", &forged).await.status(), 401);
+
+    let (ok, out) = cli(&app.db, &["revoke", &id]);
+    assert!(ok, "{out}");
+    // Refused from the moment the revocation committed (no cache).
+    let resp = get(&app, "/audit/payments", &token).await;
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "unauthorized");
+    assert_eq!(
+        app.client.get(format!("{}/metrics", app.address)).bearer_auth(&token).send().await.unwrap().status(),
+        401
+    );
+
+    // Bad input changes nothing.
+    for bad in [
+        &["create", "--name", "x", "--role", "root"][..],
+        &["create", "--name", " ", "--role", "admin"],
+        &["revoke", "nope"],
+    ] {
+        assert!(!cli(&app.db, bad).0, "{bad:?}");
+    }
+    let (ok, out) = cli(&app.db, &["revoke", &Uuid::new_v4().to_string()]);
+    assert!(!ok && out.contains("no operator"), "{out}");
+
+    // The CLI's changes are in the trail, as `cli`.
+    let (_, admin_token) = create_operator(&app.db, "root", Role::Admin).await;
+    let body: Value = get(&app, "/audit/operator-events", &admin_token).await.json().await.unwrap();
+    let events = body["events"].as_array().unwrap();
+    let actions: Vec<&str> = events.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["operators.create", "operators.revoke"], "{body}");
+    for e in events {
+        assert_eq!(e["operator_name"], "cli");
+        assert!(e["operator_id"].is_null() && e["remote_addr"].is_null());
+        assert_eq!(e["target"], id.as_str());
+        assert!(!e.to_string().contains(&token) && !e.to_string().contains(&hash), "{e}");
+    }
+    assert!(events[1]["before"]["revoked_at"].is_null() && events[1]["after"]["revoked_at"].is_string());
+}
+
+/// The extractors on a route of their own (the admin endpoints live elsewhere): a viewer is
+/// refused where an admin is needed, with the actor each one carries.
+#[actix_web::test]
+async fn the_admin_extractor_refuses_viewers_and_names_the_actor() {
+    let db = std::sync::Arc::new(TestDb::new().await);
+    let mut args = serve_args(&AppOptions::default(), &db.url, "ops:", "127.0.0.1:0");
+    args.extend(["--operator-token".into(), BOOTSTRAP.into()]);
+    let built = x402_router::startup::Application::build(config_from(&args), Default::default()).unwrap();
+    let service = actix_web::test::init_service(
+        actix_web::App::new()
+            .app_data(web::Data::new(built.state().clone()))
+            .route("/admin", web::get().to(|a: Admin| async move { HttpResponse::Ok().json(a.actor) }))
+            .route("/viewer", web::get().to(|v: Viewer| async move { HttpResponse::Ok().json(v.actor) })),
+    )
+    .await;
+    let (viewer_id, viewer) = create_operator(&db, "vera", Role::Viewer).await;
+    let (admin_id, admin) = create_operator(&db, "adam", Role::Admin).await;
+    let agent = create_agent(&db, "bot").await;
+    let peer: std::net::SocketAddr = "10.1.2.3:4567".parse().unwrap();
+    let call = async |path: &str, token: Option<&str>| {
+        let mut req = actix_web::test::TestRequest::get().uri(path).peer_addr(peer);
+        if let Some(t) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let resp = actix_web::test::call_service(&service, req.to_request()).await;
+        let status = resp.status().as_u16();
+        (status, actix_web::test::read_body_json::<Value, _>(resp).await)
+    };
+
+    let (status, body) = call("/admin", Some(&viewer)).await;
+    assert_eq!((status, body["code"].as_str()), (403, Some("operator_only")), "{body}");
+    assert_eq!(body["error"], "this needs an admin operator token");
+    let (status, body) = call("/viewer", Some(&viewer)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"operator_id": viewer_id, "name": "vera", "role": "viewer", "remote_addr": "10.1.2.3"}));
+    let (status, body) = call("/admin", Some(&admin)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["operator_id"], json!(admin_id));
+    let (status, body) = call("/admin", Some(BOOTSTRAP)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"operator_id": null, "name": "bootstrap", "role": "admin", "remote_addr": "10.1.2.3"}));
+    let (status, body) = call("/admin", Some(&agent.key)).await;
+    assert_eq!((status, body["code"].as_str()), (403, Some("operator_only")));
+    assert_eq!(call("/admin", None).await.0, 401);
+    assert_eq!(call("/viewer", Some("operators-bootstrap-token-012345678")).await.0, 401);
+    exec(&db, &format!("UPDATE operators SET revoked_at = now() WHERE id = '{admin_id}'")).await;
+    assert_eq!(call("/admin", Some(&admin)).await.0, 401);
+}
+
+#[actix_web::test]
+async fn operator_events_are_append_only_at_the_database() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    events::record(&mut conn, &Actor::cli(), "test.action", Some("x"), None, Some(&json!({"a": 1}))).await.unwrap();
+    for sql in
+        ["UPDATE operator_events SET action = 'forged'", "DELETE FROM operator_events", "TRUNCATE operator_events"]
+    {
+        let e = diesel::sql_query(sql).execute(&mut conn).await.unwrap_err();
+        assert!(e.to_string().contains("append-only"), "{sql}: {e}");
+    }
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM operator_events WHERE action = 'test.action'").await, 1);
+}
+
+#[actix_web::test]
+async fn a_change_that_fails_leaves_no_event() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let actor = Actor { operator_id: Some(Uuid::new_v4()), name: "eve".into(), role: Role::Admin, remote_addr: None };
+    // The event first, then a change the database refuses: both roll back.
+    let failed = conn
+        .transaction::<(), diesel::result::Error, _>(async |c| {
+            events::record(c, &actor, "operators.create", Some("x"), None, None).await?;
+            diesel::sql_query(
+                "INSERT INTO operators (id, name, role, token_hash) VALUES (gen_random_uuid(), 'x', 'root', 'h')",
+            )
+            .execute(c)
+            .await?;
+            Ok(())
+        })
+        .await;
+    assert!(failed.is_err());
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM operator_events").await, 0);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM operators").await, 0);
+    // And a change that commits commits its event.
+    conn.transaction::<(), diesel::result::Error, _>(async |c| {
+        events::record(c, &actor, "settings.update", None, Some(&json!({"x": 1})), Some(&json!({"x": 2}))).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM operator_events WHERE operator_name = 'eve'").await, 1);
+}
+
+#[actix_web::test]
+async fn operator_events_filter_and_paginate() {
+    let app = spawn_app().await;
+    let (viewer_id, viewer) = create_operator(&app.db, "v", Role::Viewer).await;
+    let mut conn = app.db.conn().await;
+    let someone = Actor { operator_id: Some(viewer_id), name: "v".into(), role: Role::Viewer, remote_addr: None };
+    for i in 0..5 {
+        let action = if i % 2 == 0 { "a.even" } else { "a.odd" };
+        events::record(&mut conn, &someone, action, Some(&i.to_string()), None, None).await.unwrap();
+    }
+    events::record(&mut conn, &Actor::cli(), "a.even", None, None, None).await.unwrap();
+    let mut seen = vec![];
+    let mut cursor: Option<String> = None;
+    loop {
+        let q = cursor.as_ref().map(|c| format!("&cursor={c}")).unwrap_or_default();
+        let body: Value = get(&app, &format!("/audit/operator-events?limit=2&operator_id={viewer_id}{q}"), &viewer)
+            .await
+            .json()
+            .await
+            .unwrap();
+        seen.extend(body["events"].as_array().unwrap().iter().map(|e| e["target"].as_str().unwrap().to_owned()));
+        match body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["0", "1", "2", "3", "4"]);
+    let body: Value = get(&app, "/audit/operator-events?action=a.even", &viewer).await.json().await.unwrap();
+    assert_eq!(body["events"].as_array().unwrap().len(), 4);
+    let body: Value = get(&app, "/audit/operator-events?to=2000-01-01T00:00:00Z", &viewer).await.json().await.unwrap();
+    assert_eq!(body["events"].as_array().unwrap().len(), 0);
+    for bad in ["operator_id=x", "limit=0", "cursor=nope", "who=x", "from=yesterday"] {
+        assert_eq!(get(&app, &format!("/audit/operator-events?{bad}"), &viewer).await.status(), 400, "{bad}");
+    }
+}
+
+/// A payment row with chosen text in the cells a spreadsheet might evaluate.
+async fn insert_payment(db: &TestDb, agent: Uuid, key: &str, status: &str, error: Option<&str>, age_secs: i64) -> Uuid {
+    use diesel::sql_types::{BigInt, Nullable, Text, Uuid as SqlUuid};
+    let id = Uuid::new_v4();
+    let mut conn = db.conn().await;
+    diesel::sql_query(
+        "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
+         pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
+         header_name, header_value, status, error, created_at, updated_at, request_hash) VALUES \
+         ($1, $2, $3, 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', 10000, \
+          '0x209693Bc6afc0C5328bA36FaF03C514EF312287C', '0x70997970C51812dc3A010C7d01b50e0d17dc79C8', \
+          '0x' || md5($3), 0, 1, '{}', '{}', '{\"signature\": \"0xSECRETSIGNATURE\"}', 'PAYMENT-SIGNATURE', \
+          'SECRETHEADER', $4, $5, now() - make_interval(secs => $6), now() - make_interval(secs => $6), '')",
+    )
+    .bind::<SqlUuid, _>(id)
+    .bind::<SqlUuid, _>(agent)
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(status)
+    .bind::<Nullable<Text>, _>(error)
+    .bind::<BigInt, _>(age_secs)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    id
+}
+
+/// Parses RFC 4180 CSV (quoted cells, doubled quotes, CRLF rows).
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let (mut rows, mut row, mut cell, mut quoted, mut chars) =
+        (vec![], vec![], String::new(), false, text.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                cell.push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => row.push(std::mem::take(&mut cell)),
+            ('\r', false) => {}
+            ('\n', false) => {
+                row.push(std::mem::take(&mut cell));
+                rows.push(std::mem::take(&mut row));
+            }
+            (c, _) => cell.push(c),
+        }
+    }
+    rows
+}
+
+#[actix_web::test]
+async fn the_payments_csv_is_quoted_neutralized_filtered_and_streams_every_page() {
+    let app = spawn_app().await;
+    let other = create_agent(&app.db, "other").await;
+    let (_, viewer) = create_operator(&app.db, "v", Role::Viewer).await;
+    let tricky = insert_payment(
+        &app.db,
+        app.agent.id,
+        "key,with \"quotes\"\nand a line",
+        "rejected",
+        Some("=HYPERLINK(\"http://evil\")"),
+        50,
+    )
+    .await;
+    let minus = insert_payment(&app.db, app.agent.id, "-2+3-key-0123456789", "settled", Some("@SUM(A1)"), 40).await;
+    let mut settled = vec![minus];
+    for i in 0..7 {
+        settled.push(
+            insert_payment(&app.db, app.agent.id, &format!("bulk-key-{i:04}-0123456789"), "settled", None, 30 - i)
+                .await,
+        );
+    }
+    insert_payment(&app.db, other.id, "other-agent-key-0123456789", "settled", None, 1).await;
+
+    let resp = get(&app, "/audit/payments.csv", &viewer).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
+    let text = resp.text().await.unwrap();
+    assert!(!text.contains("SECRET"), "never the signed authorization or the header");
+    let rows = parse_csv(&text);
+    let header = &rows[0];
+    assert_eq!(&header[..3], ["id", "agent_id", "idempotency_key"]);
+    assert_eq!(rows.len(), 1 + 10, "{text}");
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let row_of = |id: Uuid| rows.iter().find(|r| r[0] == id.to_string()).unwrap().clone();
+    let t = row_of(tricky);
+    assert_eq!(t[col("idempotency_key")], "key,with \"quotes\"\nand a line");
+    assert_eq!(t[col("error")], "'=HYPERLINK(\"http://evil\")");
+    let m = row_of(minus);
+    assert_eq!(m[col("idempotency_key")], "'-2+3-key-0123456789");
+    assert_eq!(m[col("error")], "'@SUM(A1)");
+    assert_eq!(m[col("amount")], "10000");
+
+    // Filters as /audit/payments; pages of 2 walked to the end (9 rows: 5 pages).
+    let text = get(&app, &format!("/audit/payments.csv?status=settled&agent_id={}&limit=2", app.agent.id), &viewer)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let ids: Vec<String> = parse_csv(&text)[1..].iter().map(|r| r[0].clone()).collect();
+    assert_eq!(ids, settled.iter().map(Uuid::to_string).collect::<Vec<_>>(), "oldest first, every page once");
+    let none = get(&app, "/audit/payments.csv?to=2000-01-01T00:00:00Z", &viewer).await.text().await.unwrap();
+    assert_eq!(parse_csv(&none).len(), 1, "the header row only");
+
+    assert_eq!(get(&app, "/audit/payments.csv?status=lost", &viewer).await.status(), 400);
+    assert_eq!(get(&app, "/audit/payments.csv", &app.agent.key).await.status(), 403);
+    assert_eq!(app.client.get(format!("{}/audit/payments.csv", app.address)).send().await.unwrap().status(), 401);
+}
+
+#[actix_web::test]
+async fn metrics_need_a_token_on_the_main_listener_and_none_on_metrics_addr() {
+    let app =
+        spawn_app_with(AppOptions { extra: vec![("metrics-addr".into(), "127.0.0.1:0".into())], ..Default::default() })
+            .await;
+    let main = format!("{}/metrics", app.address);
+    assert_eq!(app.client.get(&main).send().await.unwrap().status(), 401);
+    assert_eq!(app.client.get(&main).bearer_auth(&app.agent.key).send().await.unwrap().status(), 403);
+    let text = app.metrics_text().await;
+    assert!(text.contains(&format!("x402_router_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
+    let open = app.metrics_address.clone().expect("a metrics listener");
+    let resp = app.client.get(format!("{open}/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("x402_router_build_info"));
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        assert!(line.starts_with("x402_router_") || line.starts_with("process_"), "unprefixed metric: {line}");
+    }
+    // Only /metrics there: the API is not reachable through the open listener.
+    for path in ["/audit/payments", "/healthz", "/route"] {
+        assert_eq!(app.client.get(format!("{open}{path}")).send().await.unwrap().status(), 404, "{path}");
+    }
+    // The ledger gauge by status is read at start.
+    wait_until("payments_by_status", std::time::Duration::from_secs(10), async || {
+        app.metrics_text().await.contains("x402_router_payments_by_status{status=\"settled\"} 0")
+    })
+    .await;
+}
+
+#[test]
+fn a_bad_metrics_addr_stops_start_up_naming_it() {
+    for bad in ["nope", "127.0.0.1:8080"] {
+        let out = router_command()
+            .args(["serve", "--bind", "127.0.0.1:8080", "--metrics-addr", bad])
+            .env("DATABASE_URL", "postgres://x/y")
+            .env("REDIS_URL", "redis://x")
+            .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("METRICS_ADDR"), "{bad}");
+    }
+}
+
+#[actix_web::test]
+async fn a_paid_call_adds_its_amount_to_the_paid_amount_counter() {
+    let chain = Devnet::start().await;
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    let asset = env["payment"]["asset"].as_str().unwrap().to_owned();
+    let text = app.metrics_text().await;
+    let name = format!("x402_router_paid_amount_total{{asset=\"{asset}\",network=\"eip155:84532\"}}");
+    let value = text.lines().find(|l| l.starts_with(&name)).and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(value, Some(PRICE), "{text}");
+}
