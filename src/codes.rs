@@ -1,7 +1,7 @@
 //! The machine-readable `code` of every error body (`{"error": "…", "code": "…"}`).
 //!
 //! `error` is a sentence for humans and may change; `code` is the contract: agents and the
-//! client libraries (`clients/`) branch on it. [`Code::ALL`] is the one list: the README's
+//! client libraries (`clients/`) branch on it. [`Code::ALL`] is the one list: docs/api.md's
 //! table, `docs/openapi.json` (one schema per code, checked by a test) and the clients'
 //! retry rules are written from it. A code is never renamed or reused for another meaning.
 //!

@@ -2,7 +2,7 @@
 //!
 //! Stricter than [`Receipt::verify_json`]: the signature must cover the document exactly as
 //! given. The signed message is the JCS (RFC 8785) form of the document without its
-//! `signature` member, which is also what a generic Ethereum tool checks (README, "Verifying
+//! `signature` member, which is also what a generic Ethereum tool checks (docs/operations.md, "Verifying
 //! a receipt"). A document with an extra member, or a value written differently from how the
 //! router signed it, is refused even though its known fields would verify.
 
