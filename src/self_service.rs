@@ -44,6 +44,20 @@ pub struct Me {
     pub reserved: String,
     /// What the budget still allows; `null` without a budget.
     pub remaining: Option<String>,
+    /// The calendar-month budget (UTC), `null`: none.
+    pub month_budget: Option<String>,
+    /// Spent by payments signed this calendar month.
+    pub spent_month: String,
+    /// What the month budget still allows (reservations included); `null` without one.
+    pub remaining_month: Option<String>,
+    /// Upstream hosts this agent may call (`null`: any); others get 403 `upstream_not_allowed`.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// `payTo` addresses this agent may pay (`null`: any); others get 402 `payment_not_allowed`.
+    pub allowed_pay_to: Option<Vec<String>>,
+    /// Calls per minute (`null`: no limit); over it, 429 `rate_limited`.
+    pub calls_per_minute: Option<i32>,
+    /// Payments per minute (`null`: no limit); over it, 429 `rate_limited`.
+    pub payments_per_minute: Option<i32>,
     /// The same sums per (network, asset).
     pub assets: Vec<AssetSpend>,
 }
@@ -112,6 +126,13 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
         spent: spend.settled_24h,
         reserved: spend.reserved_24h,
         remaining: spend.remaining_24h,
+        month_budget: spend.month_budget,
+        spent_month: spend.settled_month,
+        remaining_month: spend.remaining_month,
+        allowed_hosts: spend.allowed_hosts,
+        allowed_pay_to: spend.allowed_pay_to,
+        calls_per_minute: spend.calls_per_minute,
+        payments_per_minute: spend.payments_per_minute,
         assets,
     }))
 }

@@ -20,7 +20,11 @@ async fn agents_me_and_payments_show_limits_spend_per_asset_and_a_keys_payment()
     let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
     exec(
         &app.db,
-        &format!("UPDATE agents SET max_per_call = 50000, daily_budget = 1000000 WHERE id = '{}'", app.agent.id),
+        &format!(
+            "UPDATE agents SET max_per_call = 50000, daily_budget = 1000000, month_budget = 3000000, \
+             allowed_hosts = ARRAY['127.0.0.1'], payments_per_minute = 100 WHERE id = '{}'",
+            app.agent.id
+        ),
     )
     .await;
 
@@ -45,6 +49,11 @@ async fn agents_me_and_payments_show_limits_spend_per_asset_and_a_keys_payment()
     assert_eq!(me["assets"][0]["network"], "eip155:84532");
     assert_eq!(me["assets"][0]["asset"], env["payment"]["asset"]);
     assert_eq!(me["assets"][0]["spent"], PRICE.to_string());
+    // The operator's other limits, as the agent is held to them.
+    assert_eq!((me["month_budget"].as_str(), me["spent_month"].as_str()), (Some("3000000"), Some("10000")));
+    assert_eq!(me["remaining_month"], (3_000_000 - PRICE).to_string());
+    assert_eq!((me["allowed_hosts"].clone(), me["allowed_pay_to"].clone()), (json!(["127.0.0.1"]), Value::Null));
+    assert_eq!((me["payments_per_minute"].as_i64(), me["calls_per_minute"].as_i64()), (Some(100), None));
 
     // The ledger's view of the key: final, paid, so a new key is not safe.
     let key = new_key();

@@ -255,3 +255,38 @@ async fn a_pause_refuses_every_new_payment_records_nothing_and_resuming_pays_onc
     assert_eq!(moved(&chain).await - before, U256::from(PRICE));
     assert_eq!(chain.stats().await["/v2/weather"]["paid"], 1);
 }
+
+#[actix_web::test]
+async fn a_month_budget_and_payments_per_minute_hold_across_two_router_processes() {
+    let chain = Devnet::start().await;
+    let db = TestDb::new().await;
+    let monthly = create_agent(&db, "monthly").await;
+    let paced = create_agent(&db, "paced").await;
+    exec(&db, &format!("UPDATE agents SET month_budget = {} WHERE id = '{}'", 2 * PRICE, monthly.id)).await;
+    exec(&db, &format!("UPDATE agents SET payments_per_minute = 3 WHERE id = '{}'", paced.id)).await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions { acquire_timeout_ms: 10_000, extra: chain.router_extra(), ..Default::default() };
+    let routers =
+        [RouterProcess::spawn(&db.url, &opts, &prefix).await, RouterProcess::spawn(&db.url, &opts, &prefix).await];
+    let client = reqwest::Client::new();
+    let before = moved(&chain).await;
+    let body = paid_body(&chain);
+    early_in_a_minute().await;
+    let results = join_all((0..32).map(|i| {
+        let agent = if i % 2 == 0 { monthly.clone() } else { paced.clone() };
+        let (client, addr, body) = (client.clone(), routers[(i / 2) % 2].address.clone(), body.clone());
+        async move {
+            let resp = route_at(&client, &addr, &agent, &new_key(), &body).await;
+            let status = resp.status().as_u16();
+            (agent.id, status, resp.json::<Value>().await.unwrap())
+        }
+    }))
+    .await;
+    let paid =
+        |id| results.iter().filter(|(a, s, b)| *a == id && *s == 200 && b["payment"]["status"] == "settled").count();
+    assert_eq!((paid(monthly.id), paid(paced.id)), (2, 3), "{results:?}");
+    let refused = |id, code: &str| results.iter().filter(|(a, _, b)| *a == id && b["code"] == code).count();
+    assert_eq!((refused(monthly.id, "payment_over_budget"), refused(paced.id, "rate_limited")), (14, 13));
+    assert_eq!(moved(&chain).await - before, U256::from(5 * PRICE));
+    assert_eq!(chain.stats().await["/v2/weather"]["paid"], 5);
+}

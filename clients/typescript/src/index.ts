@@ -124,6 +124,13 @@ export interface Budget {
   spent: string;
   reserved: string;
   remaining: string | null;
+  month_budget: string | null;
+  spent_month: string;
+  remaining_month: string | null;
+  allowed_hosts: string[] | null;
+  allowed_pay_to: string[] | null;
+  calls_per_minute: number | null;
+  payments_per_minute: number | null;
   assets: { network: string; asset: string; spent: string; reserved: string }[];
 }
 
