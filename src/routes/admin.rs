@@ -11,12 +11,16 @@ use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// A JSON body (an empty body is `{}`), or 400.
-fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+/// Most bytes an admin request body may hold (a change of one agent is well under 16 KiB).
+const MAX_BODY: usize = 64 * 1024;
+
+/// A JSON body of at most [`MAX_BODY`] bytes (413 beyond; an empty body is `{}`), or 400.
+async fn json_body(payload: web::Payload) -> Result<Value, ApiError> {
+    let body = super::read_limited(payload, MAX_BODY).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("the body is not JSON: {e}")))
+    serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("the body is not JSON: {e}")))
 }
 
 fn agent_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -25,8 +29,12 @@ fn agent_id(raw: &str) -> Result<Uuid, ApiError> {
 
 /// POST /admin/agents — creates an agent: 201 `{"agent": {...}, "api_key": "x4r_…"}` (the
 /// key is shown this once).
-pub async fn create_agent(state: web::Data<AppState>, op: Admin, body: web::Bytes) -> Result<HttpResponse, ApiError> {
-    let change = AgentChange::parse(&json_body(&body)?)?;
+pub async fn create_agent(
+    state: web::Data<AppState>,
+    op: Admin,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::create_agent(&mut conn, &op.actor, &change).await?;
     Ok(HttpResponse::Created().json(json!({ "agent": agent, "api_key": key })))
@@ -56,10 +64,10 @@ pub async fn update_agent(
     state: web::Data<AppState>,
     op: Admin,
     id: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
-    let change = AgentChange::parse(&json_body(&body)?)?;
+    let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     Ok(HttpResponse::Ok().json(admin::update_agent(&mut conn, &op.actor, id, &change).await?))
 }
@@ -111,17 +119,17 @@ pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpRespo
 pub async fn update_settings(
     state: web::Data<AppState>,
     op: Admin,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let cap = admin::parse_settings(&json_body(&body)?)?;
+    let cap = admin::parse_settings(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     Ok(HttpResponse::Ok().json(admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?))
 }
 
 /// POST /admin/pause — refuses every new payment (503 `payments_paused`); with
 /// `{"unpaid": true}` every new call. In-flight payments finish.
-pub async fn pause(state: web::Data<AppState>, op: Admin, body: web::Bytes) -> Result<HttpResponse, ApiError> {
-    let body = json_body(&body)?;
+pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let body = json_body(payload).await?;
     let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;
     if let Some(other) = obj.keys().find(|k| *k != "unpaid") {
         return Err(Invalid(format!("unknown field {other:?}")).into());
@@ -146,8 +154,8 @@ pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpRespons
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:
 /// reads the chain now and records what it shows (as `x402-router reconcile` does, without
 /// its grace period); answers its report.
-pub async fn reconcile(state: web::Data<AppState>, op: Admin, body: web::Bytes) -> Result<HttpResponse, ApiError> {
-    let body = json_body(&body)?;
+pub async fn reconcile(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let body = json_body(payload).await?;
     let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;
     if let Some(other) = obj.keys().find(|k| *k != "payment_id") {
         return Err(Invalid(format!("unknown field {other:?}")).into());

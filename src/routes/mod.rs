@@ -13,11 +13,12 @@ mod route;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, Route, web};
+use futures_util::StreamExt;
 
 pub use console::no_store;
 
 use crate::codes::Code;
-use crate::error::json_error;
+use crate::error::{ApiError, json_error};
 
 /// Attaches an endpoint's handler to a route that already matches its method.
 pub type Handler = fn(Route) -> Route;
@@ -91,6 +92,19 @@ pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 /// GET /openapi.json — the API description.
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(OPENAPI_JSON)
+}
+
+/// Reads the request body, refusing more than `limit` bytes with a JSON 413.
+pub(crate) async fn read_limited(mut payload: web::Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("could not read the request body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
 }
 
 async fn not_found() -> HttpResponse {

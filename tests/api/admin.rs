@@ -166,6 +166,17 @@ async fn bad_input_and_wrong_roles_change_nothing() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
+    let huge = format!("{{\"name\": \"{}\"}}", "x".repeat(1 << 20));
+    let resp = app
+        .client
+        .patch(format!("{}/admin/agents/{id}", app.address))
+        .bearer_auth(&ops.admin)
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payload_too_large");
     // Wrong credentials: viewer, agent key, none, revoked-looking.
     let change = Some(json!({"month_budget": "1"}));
     let path = format!("/admin/agents/{id}");
