@@ -100,6 +100,21 @@ async fn the_overview_counts_per_hour_and_day_and_sums_what_moved_per_asset() {
     // before; the 3-hour-old one is in neither.
     let recent = hourly[23]["payments"].as_i64().unwrap() + hourly[22]["payments"].as_i64().unwrap();
     assert!((5..=6).contains(&recent), "{recent}");
+    // Per bucket: the queues by signing time, and the amount settled per asset.
+    assert_eq!((sum(hourly, "stuck"), sum(daily, "stuck")), (1, 1));
+    assert_eq!((sum(hourly, "paid_not_served"), sum(daily, "paid_not_served")), (3, 4));
+    let moved_in = |buckets: &Value, asset: &str| -> u64 {
+        buckets
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b["moved"].as_array().unwrap().clone())
+            .filter(|m| m["asset"] == asset)
+            .map(|m| m["amount"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!((moved_in(hourly, usdc), moved_in(hourly, other)), (20000, 10000));
+    assert_eq!((moved_in(daily, usdc), moved_in(daily, other)), (30000, 10000));
     let moved = o["moved"].as_array().unwrap();
     assert_eq!(moved.len(), 2);
     let of = |asset: &str| moved.iter().find(|m| m["asset"] == asset).unwrap().clone();
