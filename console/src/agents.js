@@ -41,7 +41,7 @@ function bar(label, spent, budget) {
   const pct = b > 0 ? Math.round((Math.min(s, b) / b) * 100) : 100;
   return el('div', { class: 'bar' },
     el('span', { text: `${label}: ${spent} of ${budget} (${pct} %)` }),
-    el('meter', { min: '0', max: String(b), value: String(Math.min(s, b)), high: String(b * 0.8), optimum: '0', 'aria-label': `${label}: ${spent} of ${budget}` }));
+    el('meter', { min: '0', max: String(b), value: String(Math.min(s, b)), low: String(b * 0.5), high: String(b * 0.8), optimum: '0', 'aria-label': `${label}: ${spent} of ${budget}` }));
 }
 
 export function showKey(agent, key) {
