@@ -192,3 +192,32 @@ async fn payments_are_listed_between_from_and_to() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(q("from=yesterday".into()).await.0, 400);
 }
+
+#[actix_web::test]
+async fn whoami_names_the_operator_and_its_role_for_the_console() {
+    let app = operator_app().await;
+    let (viewer_id, viewer) = create_operator(&app.db, "vera", x402_router::operators::Role::Viewer).await;
+    let (admin_id, admin) = create_operator(&app.db, "adam", x402_router::operators::Role::Admin).await;
+    let me = |token: String| {
+        let app = &app;
+        async move {
+            let resp = get(app, "/audit/whoami", Some(&token)).await;
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let v = me(viewer).await;
+    assert_eq!(
+        (v["operator_id"].as_str(), v["name"].as_str(), v["role"].as_str()),
+        (Some(viewer_id.to_string().as_str()), Some("vera"), Some("viewer"))
+    );
+    let a = me(admin).await;
+    assert_eq!(
+        (a["operator_id"].as_str(), a["name"].as_str(), a["role"].as_str()),
+        (Some(admin_id.to_string().as_str()), Some("adam"), Some("admin"))
+    );
+    let b = me(OPERATOR_TOKEN.to_owned()).await;
+    assert_eq!((b["operator_id"].is_null(), b["role"].as_str()), (true, Some("admin")));
+    assert_eq!(get(&app, "/audit/whoami", None).await.status(), 401);
+    assert_eq!(get(&app, "/audit/whoami", Some(&app.agent.key)).await.status(), 403);
+}
