@@ -455,6 +455,76 @@ await scenario('pause in the console: a paid call gets 503 payments_paused; resu
   }
 });
 
+async function freeCall() {
+  seq += 1;
+  const resp = await fetch(`${ROUTER}/route`, {
+    method: 'POST',
+    headers: {
+      Authorization: `Bearer ${AGENT_KEY}`,
+      'Idempotency-Key': `console-free-${process.pid}-${Date.now()}-${seq}`,
+      'Content-Type': 'application/json',
+    },
+    body: JSON.stringify({ url: `${UPSTREAM}/free` }),
+  });
+  return { status: resp.status, body: await resp.text() };
+}
+
+await scenario('pause with "also refuse unpaid calls": a free call gets 503 too; resume and both pass', async (open) => {
+  const { page } = await open();
+  try {
+    await signIn(page);
+    await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    await page.getByLabel('also refuse unpaid calls').check();
+    await page.getByRole('button', { name: 'Pause payments' }).click();
+    await page.getByText(/^PAUSED: every new call is refused/).waitFor({ timeout: WAIT });
+    const free = await freeCall();
+    assert(free.status === 503 && code(free) === 'payments_paused', `free while paused: HTTP ${free.status} ${free.body}`);
+    const paid = await paidCall();
+    assert(paid.status === 503 && code(paid) === 'payments_paused', `paid while paused: HTTP ${paid.status} ${paid.body}`);
+    await page.getByRole('button', { name: 'Resume payments' }).click();
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    const after = await freeCall();
+    assert(after.status === 200, `free after resume: HTTP ${after.status} ${after.body}`);
+  } finally {
+    await fetch(`${ROUTER}/admin/pause`, { method: 'DELETE', headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
+  }
+});
+
+await scenario('the wallet daily cap set in the console refuses the next paid call; cleared, it pays', async (open) => {
+  const opened = await open();
+  const { page } = opened;
+  try {
+    await signIn(page);
+    await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+    const before = await operator('/admin/settings');
+    // A cap of what was already used: nothing more fits.
+    await page.getByLabel(/Wallet daily cap/).fill(before.wallet_used_24h);
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await until('the cap saved', async () => (await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h);
+    await page.getByText(`cap: ${before.wallet_used_24h}`).waitFor({ timeout: WAIT });
+    const refused = await paidCall();
+    assert(refused.status === 402 && code(refused) === 'payment_over_budget' && refused.body.includes('wallet'),
+      `over the wallet cap: HTTP ${refused.status} ${refused.body}`);
+    await page.getByLabel(/Wallet daily cap/).fill('abc');
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await page.getByText(/wallet_daily_cap must be a decimal string/).waitFor({ timeout: WAIT });
+    expectRefused(opened, 400);
+    assert((await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h, 'a bad cap changed the setting');
+    await page.getByLabel(/Wallet daily cap/).fill('');
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await until('the cap cleared', async () => (await operator('/admin/settings')).wallet_daily_cap === null);
+    const paid = await paidCall();
+    assert(paid.status === 200, `cap cleared: HTTP ${paid.status} ${paid.body}`);
+  } finally {
+    await fetch(`${ROUTER}/admin/settings`, {
+      method: 'PATCH',
+      headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+      body: '{"wallet_daily_cap": null}',
+    });
+  }
+});
+
 await scenario('a viewer sees everything, every change control is disabled, and a forced change gets 403', async (open) => {
   const opened = await open();
   const { page } = opened;
