@@ -31,8 +31,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::{Value, json};
 use url::Url;
 
-use crate::payments::RecoveryKind;
 use crate::payments::store::{PaymentRow, SentRequest};
+use crate::payments::{Exchange, RecoveryKind, RecoveryStep};
 use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
 use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
@@ -136,7 +136,7 @@ pub enum Ending {
 #[derive(Debug)]
 pub struct Recovery {
     pub ending: Ending,
-    pub log: Vec<Value>,
+    pub log: Vec<RecoveryStep>,
     /// How many requests were sent to the upstream.
     pub sends: u32,
 }
@@ -144,7 +144,7 @@ pub struct Recovery {
 impl Recovery {
     /// Nothing tried, for the reason given.
     pub fn skipped(why: &str) -> Self {
-        Self { ending: Ending::Lost, log: vec![json!({"action": "none", "why": why})], sends: 0 }
+        Self { ending: Ending::Lost, log: vec![RecoveryStep::none(why)], sends: 0 }
     }
 
     pub fn kind(&self) -> RecoveryKind {
@@ -170,9 +170,9 @@ fn coordinates(row: &PaymentRow) -> Result<(Network, Address, Address, B256), No
 pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow, deadline: Instant) -> Recovery {
     let mut log = Vec::new();
     let mut sends = 0;
-    let lost = |log: Vec<Value>, sends| Recovery { ending: Ending::Lost, log, sends };
+    let lost = |log: Vec<RecoveryStep>, sends| Recovery { ending: Ending::Lost, log, sends };
     if !can_resend(row) {
-        log.push(json!({"action": "none", "why": "the upstream did not advertise payment-identifier"}));
+        log.push(RecoveryStep::none("the upstream did not advertise payment-identifier"));
         return lost(log, sends);
     }
     let prepared = stored_request(row)
@@ -181,20 +181,20 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
     let (request, header, (network, asset, payer, nonce)) = match prepared {
         Ok(p) => p,
         Err(why) => {
-            log.push(json!({"action": "none", "why": why.0}));
+            log.push(RecoveryStep::none(why.0));
             return lost(log, sends);
         }
     };
     // The same upstream policy as every call of the router (one constructor, one guard): an
     // address it refuses is never re-sent to, and that is final (a retry cannot change it).
     if let Err(e) = upstream.guard().check_url(&request.url) {
-        log.push(json!({"action": "none", "why": format!("refused by the upstream policy: {e}")}));
+        log.push(RecoveryStep::none(format!("refused by the upstream policy: {e}")));
         return lost(log, sends);
     }
     while sends < MAX_SENDS {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            log.push(json!({"action": "stop", "why": "route deadline"}));
+            log.push(RecoveryStep::Stop { why: "route deadline".into() });
             break;
         }
         sends += 1;
@@ -202,19 +202,19 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         let resp = match upstream.send(&request, std::slice::from_ref(&header), left.min(upstream.timeout())).await {
             Ok(r) => r,
             Err(crate::upstream::UpstreamError::Blocked(e)) => {
-                log.push(json!({"action": "none", "why": format!("refused by the upstream policy: {e}")}));
+                log.push(RecoveryStep::none(format!("refused by the upstream policy: {e}")));
                 return lost(log, sends - 1);
             }
             Err(e) => {
                 // The re-send is byte-identical and the upstream keys it by its id: trying
                 // again after a dropped or stalled connection can neither pay nor run twice.
-                log.push(json!({"action": "resend", "at": at, "error": e.to_string()}));
+                log.push(RecoveryStep::Resend(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
                 let left = deadline.saturating_duration_since(Instant::now());
                 tokio::time::sleep(TRANSPORT_RETRY.min(left)).await;
                 continue;
             }
         };
-        let mut entry = json!({"action": "resend", "at": at, "status": resp.status});
+        let mut entry = Exchange { status: Some(resp.status), ..Exchange::at(&at) };
         match resp.status {
             200 => {
                 let claim = parse_settlement(&resp.headers).ok().flatten();
@@ -232,39 +232,40 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
                 };
                 match (claimed, proven) {
                     (Some(c), Some(p)) if c == p => {
-                        entry["result"] = json!("recovered");
-                        entry["transaction"] = json!(p.to_string());
-                        log.push(entry);
+                        entry.result = Some("recovered".into());
+                        entry.transaction = Some(p.to_string());
+                        log.push(RecoveryStep::Resend(entry));
                         return Recovery { ending: Ending::Recovered { resp, tx_hash: p }, log, sends };
                     }
                     _ => {
-                        entry["result"] = json!(
+                        entry.result = Some(
                             "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment"
+                                .into(),
                         );
-                        entry["claimed_transaction"] = json!(claimed.map(|c| c.to_string()));
-                        log.push(entry);
+                        entry.claimed_transaction = claimed.map(|c| c.to_string());
+                        log.push(RecoveryStep::Resend(entry));
                         break;
                     }
                 }
             }
             503 => {
                 let wait = retry_after(&resp.headers);
-                entry["result"] = json!("in flight upstream; retrying");
-                entry["retry_after_ms"] = json!(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
-                log.push(entry);
+                entry.result = Some("in flight upstream; retrying".into());
+                entry.retry_after_ms = Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+                log.push(RecoveryStep::Resend(entry));
                 if sends < MAX_SENDS {
                     let left = deadline.saturating_duration_since(Instant::now());
                     tokio::time::sleep(wait.min(left)).await;
                 }
             }
             409 | 402 => {
-                entry["result"] = json!("stopped: the upstream refused the re-sent payment");
-                log.push(entry);
+                entry.result = Some("stopped: the upstream refused the re-sent payment".into());
+                log.push(RecoveryStep::Resend(entry));
                 break;
             }
             _ => {
-                entry["result"] = json!("stopped: unexpected answer");
-                log.push(entry);
+                entry.result = Some("stopped: unexpected answer".into());
+                log.push(RecoveryStep::Resend(entry));
                 break;
             }
         }
@@ -276,13 +277,10 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
 /// short while the upstream might still answer (its last attempt was a 503 "still in
 /// flight", a transport error, or the deadline). A refusal (409, 402), a wrong or
 /// unexpected answer, or nothing to re-send are final.
-pub fn worth_retrying(log: &[Value]) -> bool {
-    let Some(last) = log.last() else {
-        return false;
-    };
-    match last.get("action").and_then(Value::as_str) {
-        Some("resend") => last.get("error").is_some() || last.get("status").and_then(Value::as_u64) == Some(503),
-        Some("stop") => true,
+pub fn worth_retrying(log: &[RecoveryStep]) -> bool {
+    match log.last() {
+        Some(RecoveryStep::Resend(e)) => e.error.is_some() || e.status == Some(503),
+        Some(RecoveryStep::Stop { .. }) => true,
         _ => false,
     }
 }
@@ -315,7 +313,7 @@ mod tests {
 
     #[test]
     fn only_a_recovery_cut_short_is_worth_retrying() {
-        let retry = |log: Value| worth_retrying(log.as_array().unwrap());
+        let retry = |log: Value| worth_retrying(&serde_json::from_value::<Vec<RecoveryStep>>(log).unwrap());
         assert!(!retry(json!([])));
         assert!(!retry(json!([{"action": "none", "why": "not advertised"}])));
         assert!(!retry(json!([{"action": "resend", "status": 409}])));

@@ -79,7 +79,7 @@ use crate::db::schema::payments as payments_table;
 use crate::faults::{self, Point};
 use crate::money::Amount;
 use crate::payments::store::PaymentRow;
-use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind};
+use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::{Chain, Network, SignedPayment};
@@ -465,7 +465,7 @@ async fn lost_answers(conn: &mut AsyncPgConnection, after: Option<Cursor>) -> Qu
 
 /// The attempts recorded so far when `row` may be tried (again), else `None`: see the
 /// module's rules.
-fn eligible(row: &PaymentRow) -> Option<Vec<Value>> {
+fn eligible(row: &PaymentRow) -> Option<Vec<RecoveryStep>> {
     if row.status != SettledResponseLost {
         return None;
     }
@@ -475,8 +475,8 @@ fn eligible(row: &PaymentRow) -> Option<Vec<Value>> {
     if rec.get("outcome").and_then(Value::as_str) != Some(RecoveryKind::Lost.as_str()) {
         return None;
     }
-    let attempts = rec.get("attempts").and_then(Value::as_array).cloned().unwrap_or_default();
-    let rounds = attempts.iter().filter(|a| a.get("action").and_then(Value::as_str) == Some("round")).count();
+    let attempts = RecoveryStep::stored(Some(rec));
+    let rounds = attempts.iter().filter(|a| matches!(a, RecoveryStep::Round { .. })).count();
     (rounds < MAX_ROUNDS && recovery::worth_retrying(&attempts)).then_some(attempts)
 }
 
@@ -526,9 +526,9 @@ async fn recover_lost(
             report.resends += u64::from(attempt.sends);
             let kind = attempt.kind();
             let mut log = earlier;
-            log.push(json!({"action": "round", "by": "reconcile", "at": Utc::now().to_rfc3339()}));
+            log.push(RecoveryStep::Round { by: "reconcile".into(), at: Utc::now().to_rfc3339() });
             log.extend(attempt.log);
-            let note = json!({"outcome": kind.as_str(), "attempts": log});
+            let note = payments::RecoveryNote { kind, log }.to_json();
             let answer = match attempt.ending {
                 Ending::Recovered { resp, tx_hash } => Some((resp, tx_hash)),
                 Ending::Lost => None,

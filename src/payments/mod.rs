@@ -222,20 +222,119 @@ impl RecoveryKind {
 #[derive(Debug, Clone)]
 pub struct RecoveryNote {
     pub kind: RecoveryKind,
-    /// A JSON array, one object per attempt.
-    pub log: serde_json::Value,
+    /// One entry per attempt, oldest first.
+    pub log: Vec<RecoveryStep>,
 }
 
 impl RecoveryNote {
-    /// The `payments.recovery` value.
+    /// The `payments.recovery` value: `{"outcome", "attempts": [{"action": …}, …]}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "outcome": self.kind.as_str(), "attempts": self.log })
+    }
+}
+
+/// One attempt of a recovery, as stored in `payments.recovery.attempts` (`{"action": …}`).
+/// Written and read only through this type, never as hand-built JSON.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum RecoveryStep {
+    /// Nothing could be tried, and why (nothing stored to re-send, not advertised, refused
+    /// by the upstream policy, disabled).
+    None { why: String },
+    /// Cut short by the deadline, while the upstream might still answer.
+    Stop { why: String },
+    /// A byte-identical re-send of the paid request (`payment-identifier`).
+    Resend(Exchange),
+    /// The unpaid request that fetches a sign-in challenge (SIWX).
+    Challenge(Exchange),
+    /// Signing in as the payer to run the request again (SIWX).
+    SignIn(Exchange),
+    /// A later round of recovery began (`reconcile`).
+    Round { by: String, at: String },
+    /// An entry this version does not know (kept as it was, never rewritten).
+    #[serde(untagged)]
+    Unknown(serde_json::Value),
+}
+
+/// What one request of a recovery did. Absent fields did not apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Exchange {
+    /// When it was sent (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    /// The upstream's HTTP status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The transport error, when no answer came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What came of it, in words (`recovered`, `refused: …`, `not tried: …`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The transaction the chain shows used the payment (a recovered answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction: Option<String>,
+    /// The transaction an answer claimed when it was refused for naming the wrong one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_transaction: Option<String>,
+    /// The upstream's `Retry-After`, when it said "still in flight".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The sign-in challenge's nonce (SIWX).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+}
+
+impl RecoveryStep {
+    /// Nothing tried, because `why`.
+    pub fn none(why: impl Into<String>) -> Self {
+        Self::None { why: why.into() }
+    }
+
+    /// The attempts stored in a `payments.recovery` value (none when absent or unreadable).
+    pub fn stored(recovery: Option<&serde_json::Value>) -> Vec<Self> {
+        recovery
+            .and_then(|r| r.get("attempts"))
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Exchange {
+    /// A request sent at `at` (RFC 3339).
+    pub fn at(at: &str) -> Self {
+        Self { at: Some(at.to_owned()), ..Self::default() }
+    }
+
+    /// Nothing sent: only what came of it.
+    pub fn result(result: impl Into<String>) -> Self {
+        Self { result: Some(result.into()), ..Self::default() }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recovery_steps_keep_the_stored_shape_and_unknown_entries() {
+        use serde_json::json;
+        let step = RecoveryStep::Resend(Exchange { status: Some(503), ..Exchange::at("2026-12-04T00:00:00Z") });
+        let stored = json!({"action": "resend", "at": "2026-12-04T00:00:00Z", "status": 503});
+        assert_eq!(serde_json::to_value(&step).unwrap(), stored);
+        let log = json!([
+            {"action": "none", "why": "not advertised"},
+            {"action": "sign-in", "result": "reaccessed", "status": 200},
+            {"action": "round", "by": "reconcile", "at": "t"},
+            {"action": "teleport", "to": "mars"},
+        ]);
+        let steps = RecoveryStep::stored(Some(&json!({"outcome": "lost", "attempts": log})));
+        assert_eq!(steps[0], RecoveryStep::none("not advertised"));
+        assert!(matches!(&steps[1], RecoveryStep::SignIn(e) if e.status == Some(200)));
+        assert!(matches!(&steps[2], RecoveryStep::Round { .. }));
+        assert!(matches!(&steps[3], RecoveryStep::Unknown(_)));
+        assert_eq!(serde_json::to_value(&steps).unwrap(), log, "written back as read");
+    }
 
     #[test]
     fn names_round_trip() {

@@ -443,13 +443,7 @@ pub async fn resume(
                     | PaymentStatus::Rejected
             );
             if unserved {
-                let mut log = intent
-                    .recovery
-                    .as_ref()
-                    .and_then(|r| r.get("attempts"))
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
+                let mut log = crate::payments::RecoveryStep::stored(intent.recovery.as_ref());
                 let again = super::reaccess::reaccess(state, &intent, deadline).await;
                 log.extend(again.log);
                 if let Some(resp) = again.answer {
@@ -473,7 +467,7 @@ pub async fn resume(
             crate::recovery::Recovery::skipped("recovery is disabled (RECOVER_LOST_ANSWERS=false)")
         };
         let kind = recovery.kind();
-        let note = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
+        let note = crate::payments::RecoveryNote { kind, log: recovery.log };
         if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
             state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
             state.metrics.payments.with_label_values(&["recovered"]).inc();
@@ -489,16 +483,13 @@ pub async fn resume(
         }
         // Nothing came back: for a GET/HEAD whose 402 advertised sign-in-with-x, sign in as
         // the payer and run the request again (a new execution, never a payment).
-        let mut log = match note.log {
-            Value::Array(log) => log,
-            other => vec![other],
-        };
+        let mut log = note.log;
         let again = super::reaccess::reaccess(state, &intent, deadline).await;
         log.extend(again.log);
         if let Some(resp) = again.answer {
             return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
         }
-        let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+        let note = crate::payments::RecoveryNote { kind, log };
         state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
         state.metrics.payments.with_label_values(&["settled_response_lost"]).inc();
         super::count_paid(state, &signed, PaymentStatus::SettledResponseLost, charged);
@@ -583,7 +574,7 @@ fn reaccessed(
     id: Uuid,
     tx_hash: Option<String>,
     resp: UpstreamResponse,
-    log: Vec<Value>,
+    log: Vec<crate::payments::RecoveryStep>,
 ) -> Outcome {
     let kind = crate::payments::RecoveryKind::Reaccessed;
     state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
@@ -594,7 +585,7 @@ fn reaccessed(
     let status = PaymentStatus::Settled;
     let mut shown = describe(version, signed, status, tx_hash.as_deref());
     shown["recovery"] = json!(kind.as_str());
-    let note = crate::payments::RecoveryNote { kind, log: Value::Array(log) };
+    let note = crate::payments::RecoveryNote { kind, log };
     let ledger = Final { id, status, tx_hash, error: None, recovery: Some(note) };
     Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
 }
@@ -762,7 +753,7 @@ async fn lost_answer(
             let recovery = crate::recovery::recover(&state.upstream, &state.chain, &intent, deadline).await;
             let kind = recovery.kind();
             state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
-            let recorded = crate::payments::RecoveryNote { kind, log: Value::Array(recovery.log) };
+            let recorded = crate::payments::RecoveryNote { kind, log: recovery.log };
             if let crate::recovery::Ending::Recovered { resp, tx_hash } = recovery.ending {
                 state.metrics.payments.with_label_values(&["recovered"]).inc();
                 super::count_paid(state, &attempt.signed, PaymentStatus::Settled, charged);

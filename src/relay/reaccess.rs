@@ -18,10 +18,11 @@ use std::time::Instant;
 use alloy::primitives::Address;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderName, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::remaining;
 use crate::payments::store::PaymentRow;
+use crate::payments::{Exchange, RecoveryStep};
 use crate::state::AppState;
 use crate::upstream::UpstreamResponse;
 use crate::x402::siwx::{self, Challenge};
@@ -30,7 +31,7 @@ use crate::x402::{Network, wire};
 /// How a re-access ended, and what it tried (one JSON object per step, for the ledger).
 pub struct Reaccess {
     pub answer: Option<UpstreamResponse>,
-    pub log: Vec<Value>,
+    pub log: Vec<RecoveryStep>,
 }
 
 /// True when the payment's 402 advertised sign-in-with-x (the stored extensions).
@@ -50,8 +51,9 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
     }
     let method = row.request_method.as_deref().unwrap_or_default();
     if method != "GET" && method != "HEAD" {
-        log.push(json!({"action": "sign-in", "result": format!(
-            "not tried: sign-in-with-x is advertised, but {method} may not be run again")}));
+        log.push(RecoveryStep::SignIn(Exchange::result(format!(
+            "not tried: sign-in-with-x is advertised, but {method} may not be run again"
+        ))));
         return Reaccess { answer: None, log };
     }
     let request = match crate::recovery::stored_request(row)
@@ -59,7 +61,7 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
     {
         Ok(r) => r,
         Err(why) => {
-            log.push(json!({"action": "sign-in", "result": format!("not tried: {why}")}));
+            log.push(RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}"))));
             return Reaccess { answer: None, log };
         }
     };
@@ -69,30 +71,30 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
     let (network, payer) = match coordinates {
         Ok(c) => c,
         Err(why) => {
-            log.push(json!({"action": "sign-in", "result": format!("not tried: {why}")}));
+            log.push(RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}"))));
             return Reaccess { answer: None, log };
         }
     };
     if payer != state.config.signer.address() {
-        log.push(json!({"action": "sign-in", "result": "not tried: the payment was made by another wallet"}));
+        log.push(RecoveryStep::SignIn(Exchange::result("not tried: the payment was made by another wallet")));
         return Reaccess { answer: None, log };
     }
 
     // 1. A fresh challenge: the stored request, unpaid.
     let left = remaining(deadline);
     if left.is_zero() {
-        log.push(json!({"action": "challenge", "result": "not tried: route deadline"}));
+        log.push(RecoveryStep::Challenge(Exchange::result("not tried: route deadline")));
         return Reaccess { answer: None, log };
     }
     let at = chrono::Utc::now().to_rfc3339();
     let first = match state.upstream.send(&request, &[], left.min(state.upstream.timeout())).await {
         Ok(r) => r,
         Err(e) => {
-            log.push(json!({"action": "challenge", "at": at, "error": e.to_string()}));
+            log.push(RecoveryStep::Challenge(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
             return Reaccess { answer: None, log };
         }
     };
-    let mut entry = json!({"action": "challenge", "at": at, "status": first.status});
+    let mut entry = Exchange { status: Some(first.status), ..Exchange::at(&at) };
     let extensions = if first.status == 402 {
         wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body)
             .map_err(|e| format!("refused: the 402 could not be read: {e}"))
@@ -107,8 +109,8 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
     let challenge = match challenge {
         Ok(c) => c,
         Err(why) => {
-            entry["result"] = json!(why);
-            log.push(entry);
+            entry.result = Some(why);
+            log.push(RecoveryStep::Challenge(entry));
             return Reaccess { answer: None, log };
         }
     };
@@ -120,34 +122,41 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
     let header = match header {
         Ok(h) => h,
         Err(why) => {
-            entry["result"] = json!(format!("not signed: {why}"));
-            log.push(entry);
+            entry.result = Some(format!("not signed: {why}"));
+            log.push(RecoveryStep::Challenge(entry));
             return Reaccess { answer: None, log };
         }
     };
-    entry["result"] = json!("signed in");
-    entry["nonce"] = json!(challenge.nonce());
-    log.push(entry);
+    entry.result = Some("signed in".into());
+    entry.nonce = Some(challenge.nonce().to_string());
+    log.push(RecoveryStep::Challenge(entry));
 
     // 2. The stored request again, signed in, without any payment.
     let left = remaining(deadline);
     if left.is_zero() {
-        log.push(json!({"action": "sign-in", "result": "not sent: route deadline"}));
+        log.push(RecoveryStep::SignIn(Exchange::result("not sent: route deadline")));
         return Reaccess { answer: None, log };
     }
     let at = chrono::Utc::now().to_rfc3339();
     match state.upstream.send(&request, std::slice::from_ref(&header), left.min(state.upstream.timeout())).await {
         Ok(resp) if resp.status == 200 => {
-            log.push(json!({"action": "sign-in", "at": at, "status": 200, "result": "reaccessed"}));
+            log.push(RecoveryStep::SignIn(Exchange {
+                status: Some(200),
+                result: Some("reaccessed".into()),
+                ..Exchange::at(&at)
+            }));
             Reaccess { answer: Some(resp), log }
         }
         Ok(resp) => {
-            log.push(json!({"action": "sign-in", "at": at, "status": resp.status,
-                "result": "refused: the upstream did not accept the sign-in"}));
+            log.push(RecoveryStep::SignIn(Exchange {
+                status: Some(resp.status),
+                result: Some("refused: the upstream did not accept the sign-in".into()),
+                ..Exchange::at(&at)
+            }));
             Reaccess { answer: None, log }
         }
         Err(e) => {
-            log.push(json!({"action": "sign-in", "at": at, "error": e.to_string()}));
+            log.push(RecoveryStep::SignIn(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
             Reaccess { answer: None, log }
         }
     }

@@ -311,6 +311,23 @@ fn only_the_payments_module_writes_the_payments_table() {
 /// `reconcile`'s recovery (`commands.rs`). The other HTTP clients are not for upstreams: the
 /// stdio MCP server's client of the router (`mcp/backend.rs`) and the chain's RPC transport
 /// (`x402/rpc.rs`, alloy).
+/// A recovery's log is `payments::RecoveryStep`, never JSON built by hand.
+#[test]
+fn recovery_logs_are_typed_steps() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let found: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let code = code_of(&std::fs::read_to_string(f).unwrap());
+            code.split_whitespace().collect::<String>().contains("json!({\"action\"")
+        })
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    assert!(found.is_empty(), "hand-built recovery entries in: {found:?}");
+}
+
 /// Errors are types of their layer (`thiserror`), never bare strings: a caller can match on
 /// them, and the HTTP mapping in `error.rs` sees what it maps.
 #[test]
