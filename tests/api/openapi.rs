@@ -336,6 +336,31 @@ async fn every_endpoint_answers_as_the_document_says() {
         let (status, env) = c.route(&bob_agent, &new_key(), &free).await;
         assert_eq!((status, env["code"].as_str()), (429, Some("rate_limited")), "{env}");
     }
+    // An agent with allowlists: another host, another payee.
+    let (status, dave) =
+        c.call("POST", "/admin/agents", "/admin/agents", Some(&admin), Some(json!({"name": "dave"}))).await;
+    assert_eq!(status, 201);
+    let dave_agent = Agent {
+        id: dave["agent"]["agent_id"].as_str().unwrap().parse().unwrap(),
+        key: dave["api_key"].as_str().unwrap().to_owned(),
+    };
+    let dave_path = format!("/admin/agents/{}", dave_agent.id);
+    let lists = json!({"allowed_hosts": ["127.0.0.1"], "allowed_pay_to": [format!("0x{}", "ab".repeat(20))]});
+    assert_eq!(c.call("PATCH", "/admin/agents/{id}", &dave_path, Some(&admin), Some(lists)).await.0, 200);
+    let elsewhere = json!({"url": "http://localhost:9/x"});
+    let (status, env) = c.route(&dave_agent, &new_key(), &elsewhere).await;
+    assert_eq!((status, env["code"].as_str()), (403, Some("upstream_not_allowed")), "{env}");
+    let (status, env) = c.route(&dave_agent, &new_key(), &paid).await;
+    assert_eq!((status, env["code"].as_str()), (402, Some("payment_not_allowed")), "{env}");
+    // An upstream whose 402 cannot be read.
+    let q: String = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("amount", "1e30")
+        .append_pair("asset", &chain.token.to_string())
+        .finish();
+    let unreadable = json!({"url": up.url(&format!("/v1-402-price?{q}")), "max_amount": "10000"});
+    let (status, env) = c.route(&agent, &new_key(), &unreadable).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("upstream_invalid_402")), "{env}");
+
     for action in ["disable", "enable", "rotate-key"] {
         let template = format!("/admin/agents/{{id}}/{action}");
         assert_eq!(c.call("POST", &template, &format!("{bob}/{action}"), Some(&admin), None).await.0, 200);
@@ -418,4 +443,61 @@ async fn every_endpoint_answers_as_the_document_says() {
         }
     }
     eprintln!("declared, not provoked by this test: {unseen:#?}");
+}
+
+/// With Postgres unreachable, every endpoint that needs it answers a declared 503 that fits
+/// the document (and the others still answer as declared).
+#[actix_web::test]
+async fn with_postgres_down_every_endpoint_answers_a_declared_503() {
+    let db = TestDb::new().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".into()).await;
+    let proxied_url = {
+        let tail = db.url.rsplit_once('/').unwrap().1;
+        format!("postgres://postgres@127.0.0.1:{}/{tail}", proxy.port)
+    };
+    let app = spawn_app_on(
+        std::sync::Arc::new(db),
+        AppOptions { database_url: Some(proxied_url), acquire_timeout_ms: 300, ..Default::default() },
+    )
+    .await;
+    let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
+    let spec = Spec::new();
+    let up = TestUpstream::start().await;
+    proxy.cut();
+
+    let id = Uuid::new_v4();
+    let anyone = ["/healthz", "/.well-known/x402-router", "/openapi.json"];
+    for (method, template, _) in ROUTES {
+        let m = method.as_str();
+        let mut path = template.replace("{id}", &id.to_string());
+        match *template {
+            "/payments" => path.push_str("?idempotency_key=test-0123456789abcdef"),
+            "/audit/idempotency" => path.push_str(&format!("?agent_id={id}&key=test-0123456789abcdef")),
+            _ => {}
+        }
+        let agent_side = ["/route", "/receipts", "/agents/me", "/payments", "/mcp"]
+            .iter()
+            .any(|p| *template == *p || template.starts_with(&format!("{p}/")));
+        let token = if agent_side { &app.agent.key } else { &admin };
+        let mut req = app
+            .client
+            .request(reqwest::Method::from_bytes(m.as_bytes()).unwrap(), format!("{}{path}", app.address))
+            .bearer_auth(token);
+        req = match (m, *template) {
+            ("POST", "/route") => req.header("Idempotency-Key", new_key()).json(&json!({"url": up.url("/ok")})),
+            ("POST", "/mcp") => req.header("accept", "application/json, text/event-stream").json(&json!({
+                "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})),
+            ("POST", "/admin/agents") | ("PATCH", "/admin/agents/{id}") => req.json(&json!({"name": "x"})),
+            ("PATCH", "/admin/settings") => req.json(&json!({"wallet_daily_cap": null})),
+            ("POST", _) => req.json(&json!({})),
+            _ => req,
+        };
+        let (status, body) = spec.check(m, template, req.send().await.unwrap()).await;
+        if anyone.contains(template) {
+            assert_eq!(status, 200, "{m} {template}: {body}");
+        } else {
+            assert_eq!(status, 503, "{m} {template}: {body}");
+        }
+    }
 }
