@@ -2,7 +2,7 @@
 //!
 //! `error` is a sentence for humans and may change; `code` is the contract: agents and the
 //! client libraries (`clients/`) branch on it. [`Code::ALL`] is the one list: docs/api.md's
-//! table, the OpenAPI document (`crate::openapi` writes one schema per code from it) and the clients'
+//! table, the OpenAPI document (`routes::openapi` writes one schema per code from it) and the clients'
 //! retry rules are written from it. A code is never renamed or reused for another meaning.
 //!
 //! What an agent may do after each answer is `mcp::policy` (one table, which the client
@@ -10,7 +10,6 @@
 
 use serde::Serialize;
 
-use crate::mcp::policy::{Next, classify};
 use crate::x402::select::{RejectReason, Rejection};
 
 /// Every error code the router answers with.
@@ -186,23 +185,15 @@ impl Code {
         }
     }
 
-    /// The `payment.status` an answer with this code carries (codes of a call that signed).
-    fn payment_status(self) -> Option<&'static str> {
+    /// The `payment.status` an answer with this code carries (the codes of a call that
+    /// signed); `upstream_failed` carries one only when it paid.
+    pub fn payment_status(self) -> Option<&'static str> {
         match self {
             Self::PaymentRejected | Self::Permit2AllowanceRequired => Some("rejected"),
             Self::SettledResponseLost => Some("settled_response_lost"),
             Self::PaymentUnknown => Some("unknown"),
             _ => None,
         }
-    }
-
-    /// What an agent does after an answer with this code: the retry table of
-    /// [`crate::mcp::policy`] applied to this code's status (for `upstream_failed`, the one
-    /// without a payment; a paid call's `payment.status` decides).
-    pub fn next(self) -> Next {
-        let status = self.http_status().first().copied().unwrap_or(500);
-        let payment = self.payment_status().map(|s| serde_json::json!({ "status": s }));
-        classify(status, &serde_json::json!({ "code": self.as_str(), "payment": payment }))
     }
 
     /// What the code means and what was (not) done, for the API description.

@@ -44,7 +44,6 @@ pub mod keys;
 pub mod mcp;
 pub mod metrics;
 pub mod money;
-pub mod openapi;
 pub mod operators;
 pub mod payments;
 pub mod problem;

@@ -22,7 +22,7 @@ struct Spec {
 
 impl Spec {
     fn new() -> Self {
-        Self { doc: x402_router::openapi::document(), seen: Mutex::new(BTreeSet::new()) }
+        Self { doc: x402_router::routes::openapi::document(), seen: Mutex::new(BTreeSet::new()) }
     }
 
     /// Follows a local `$ref` (`#/components/...`) until an object without one.

@@ -4,9 +4,10 @@
 //! Two sources make the document:
 //! - [`crate::codes::Code::ALL`] writes `ErrorCode` and one `Error_<code>` schema per code
 //!   (`x-http-status` from [`Code::http_status`], `x-next` from the retry table of
-//!   [`crate::mcp::policy`] via [`Code::next`]);
+//!   [`crate::mcp::policy`] applied to the code, its status and its `payment.status`), and
+//!   the `code` enums of /route's `PaymentDeclined` (402) and `RouteError` (502/504);
 //! - `operations.json` (next to this file) holds the operations, keyed by the route table
-//!   [`crate::routes::ROUTES`]: the document's paths are exactly ROUTES, in its order (an entry
+//!   [`super::ROUTES`]: the document's paths are exactly ROUTES (an entry
 //!   of ROUTES without an operation is a panic the tests catch; an operation not in ROUTES is
 //!   dropped), and the body schemas. A test validates real responses of every endpoint
 //!   against the result, so neither can drift.
@@ -18,8 +19,9 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value, json};
 
+use super::ROUTES;
 use crate::codes::Code;
-use crate::routes::ROUTES;
+use crate::mcp::policy::{Next, classify};
 
 /// The hand-described operations and body schemas (no error codes, no path list).
 const OPERATIONS: &str = include_str!("operations.json");
@@ -79,7 +81,7 @@ pub fn document() -> Value {
 fn error_schema(code: Code) -> Value {
     let statuses = code.http_status();
     let listed = statuses.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-    let next = serde_json::to_value(code.next()).unwrap_or(Value::Null);
+    let next = serde_json::to_value(next(code)).unwrap_or(Value::Null);
     let next_str = next.as_str().unwrap_or_default();
     json!({
         "allOf": [{ "$ref": "#/components/schemas/Error" }],
@@ -88,4 +90,13 @@ fn error_schema(code: Code) -> Value {
         "x-http-status": statuses,
         "x-next": next,
     })
+}
+
+/// What an agent does after an answer with this code: the retry table of
+/// [`crate::mcp::policy`] applied to the code's (first) status and its `payment.status`
+/// (for `upstream_failed`, the answer without a payment).
+pub fn next(code: Code) -> Next {
+    let status = code.http_status().first().copied().unwrap_or(500);
+    let payment = code.payment_status().map(|s| json!({ "status": s }));
+    classify(status, &json!({ "code": code.as_str(), "payment": payment }))
 }
