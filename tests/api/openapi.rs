@@ -159,6 +159,41 @@ impl Caller<'_> {
     }
 }
 
+/// A request for the endpoint `method template` of ROUTES with a well-formed body and query,
+/// `{id}` standing for `id`.
+fn request(app: &TestApp, m: &str, template: &str, token: Option<&str>, id: Uuid) -> reqwest::RequestBuilder {
+    let mut path = template.replace("{id}", &id.to_string());
+    match template {
+        "/payments" => path.push_str("?idempotency_key=test-0123456789abcdef"),
+        "/audit/idempotency" => path.push_str(&format!("?agent_id={id}&key=test-0123456789abcdef")),
+        _ => {}
+    }
+    let mut req =
+        app.client.request(reqwest::Method::from_bytes(m.as_bytes()).unwrap(), format!("{}{path}", app.address));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    match (m, template) {
+        ("POST", "/route") => req.header("Idempotency-Key", new_key()).json(&json!({"url": "http://127.0.0.1:9/x"})),
+        ("POST", "/mcp") => req.header("accept", "application/json, text/event-stream").json(&json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})),
+        ("POST", "/admin/agents") | ("PATCH", "/admin/agents/{id}") => req.json(&json!({"name": "x"})),
+        ("PATCH", "/admin/settings") => req.json(&json!({"wallet_daily_cap": null})),
+        ("POST", _) => req.json(&json!({})),
+        _ => req,
+    }
+}
+
+/// Whether `template` is an agent endpoint (agent key), else an operator one.
+fn agent_side(template: &str) -> bool {
+    ["/route", "/receipts", "/agents/me", "/payments", "/mcp"]
+        .iter()
+        .any(|p| template == *p || template.starts_with(&format!("{p}/")))
+}
+
+const ANYONE: [&str; 4] = ["/healthz", "/readyz", "/.well-known/x402-router", "/openapi.json"];
+
 #[actix_web::test]
 async fn every_endpoint_answers_as_the_document_says() {
     let chain = Devnet::start().await;
@@ -257,6 +292,9 @@ async fn every_endpoint_answers_as_the_document_says() {
     assert_eq!(spec.check("POST", "/mcp", resp).await.0, 200);
     *session.lock().unwrap() = id;
     assert_eq!(spec.check("POST", "/mcp", mcp(None, reqwest::Method::POST, Some(&init)).await.unwrap()).await.0, 401);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let resp = mcp(Some(&key), reqwest::Method::POST, Some(&initialized)).await.unwrap();
+    assert_eq!(spec.check("POST", "/mcp", resp).await.0, 202, "a notification is accepted");
     let (status, _) = spec.check("GET", "/mcp", mcp(Some(&key), reqwest::Method::GET, None).await.unwrap()).await;
     assert_eq!(status, 200, "the session's event stream");
     assert_eq!(spec.check("GET", "/mcp", mcp(None, reqwest::Method::GET, None).await.unwrap()).await.0, 401);
@@ -424,6 +462,27 @@ async fn every_endpoint_answers_as_the_document_says() {
     assert_eq!(c.call("DELETE", "/admin/pause", "/admin/pause", Some(&viewer), None).await.0, 403);
     assert_eq!(c.call("DELETE", "/admin/pause", "/admin/pause", Some(&admin), None).await.0, 200);
 
+    // Credentials, endpoint by endpoint: none (401), an agent key on the operator API (403),
+    // a viewer's token on what changes (403).
+    for (method, template, _) in ROUTES {
+        let m = method.as_str();
+        if ANYONE.contains(template) {
+            continue;
+        }
+        let (status, body) =
+            spec.check(m, template, request(&app, m, template, None, nobody).send().await.unwrap()).await;
+        assert_eq!(status, 401, "{m} {template}: {body}");
+        if !agent_side(template) {
+            let resp = request(&app, m, template, Some(&key), nobody).send().await.unwrap();
+            let (status, body) = spec.check(m, template, resp).await;
+            assert_eq!((status, body["code"].as_str()), (403, Some("operator_only")), "{m} {template}: {body}");
+        }
+        if template.starts_with("/admin/") && m != "GET" {
+            let resp = request(&app, m, template, Some(&viewer), nobody).send().await.unwrap();
+            assert_eq!(spec.check(m, template, resp).await.0, 403, "{m} {template}");
+        }
+    }
+
     // Every endpoint was called, each answered at least one success, and what the document
     // declares but no call produced is listed (not every failure can be provoked here).
     let seen = spec.seen.lock().unwrap().clone();
@@ -462,39 +521,15 @@ async fn with_postgres_down_every_endpoint_answers_a_declared_503() {
     .await;
     let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
     let spec = Spec::new();
-    let up = TestUpstream::start().await;
     proxy.cut();
 
     let id = Uuid::new_v4();
-    let anyone = ["/healthz", "/.well-known/x402-router", "/openapi.json"];
     for (method, template, _) in ROUTES {
         let m = method.as_str();
-        let mut path = template.replace("{id}", &id.to_string());
-        match *template {
-            "/payments" => path.push_str("?idempotency_key=test-0123456789abcdef"),
-            "/audit/idempotency" => path.push_str(&format!("?agent_id={id}&key=test-0123456789abcdef")),
-            _ => {}
-        }
-        let agent_side = ["/route", "/receipts", "/agents/me", "/payments", "/mcp"]
-            .iter()
-            .any(|p| *template == *p || template.starts_with(&format!("{p}/")));
-        let token = if agent_side { &app.agent.key } else { &admin };
-        let mut req = app
-            .client
-            .request(reqwest::Method::from_bytes(m.as_bytes()).unwrap(), format!("{}{path}", app.address))
-            .bearer_auth(token);
-        req = match (m, *template) {
-            ("POST", "/route") => req.header("Idempotency-Key", new_key()).json(&json!({"url": up.url("/ok")})),
-            ("POST", "/mcp") => req.header("accept", "application/json, text/event-stream").json(&json!({
-                "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})),
-            ("POST", "/admin/agents") | ("PATCH", "/admin/agents/{id}") => req.json(&json!({"name": "x"})),
-            ("PATCH", "/admin/settings") => req.json(&json!({"wallet_daily_cap": null})),
-            ("POST", _) => req.json(&json!({})),
-            _ => req,
-        };
+        let token = if agent_side(template) { &app.agent.key } else { &admin };
+        let req = request(&app, m, template, Some(token), id);
         let (status, body) = spec.check(m, template, req.send().await.unwrap()).await;
-        if anyone.contains(template) {
+        if ANYONE.contains(template) && *template != "/readyz" {
             assert_eq!(status, 200, "{m} {template}: {body}");
         } else {
             assert_eq!(status, 503, "{m} {template}: {body}");
