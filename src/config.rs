@@ -97,8 +97,8 @@ impl DatabaseConfig {
 
     pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
         let url = required("DATABASE_URL", args.database_url.as_deref())?;
-        crate::db::conninfo::ConnInfo::parse(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
-        let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
+        crate::db::conninfo::ConnInfo::parse(url).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
+        let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
         let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
         if pool_size == 0 {
             return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
@@ -116,7 +116,7 @@ impl DatabaseConfig {
             )?,
         };
         let session = config.session_url()?;
-        crate::db::Connector::from_url(session.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
+        crate::db::Connector::from_url(session.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
         Ok(config)
     }
 
@@ -131,8 +131,8 @@ impl DatabaseConfig {
     /// # Errors
     /// A `DATABASE_URL` that is neither a URL nor key/value pairs.
     pub fn session_url(&self) -> Result<Secret, ConfigError> {
-        let mut info =
-            crate::db::conninfo::ConnInfo::parse(self.url.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e))?;
+        let mut info = crate::db::conninfo::ConnInfo::parse(self.url.expose())
+            .map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
         let ms = |d: Duration| d.as_millis();
         let ours = format!(
             "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
@@ -305,7 +305,7 @@ impl Config {
         let redis_cluster = parse_bool("REDIS_CLUSTER", &args.redis_cluster)?;
         let sentinel_master = args.redis_sentinel_master.as_deref().map(str::trim).filter(|m| !m.is_empty());
         let redis = crate::idempotency::redis_link::RedisTarget::parse(redis_url, redis_cluster, sentinel_master)
-            .map_err(|e| ConfigError::new("REDIS_URL", e))?;
+            .map_err(|e| ConfigError::new("REDIS_URL", e.0))?;
         let bind = SocketAddr::from_str(args.bind.trim())
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(&args.key)?

@@ -38,6 +38,23 @@ use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
 use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
 
+/// Why a stored paid request cannot be sent again byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotResendable(pub String);
+
+impl From<String> for NotResendable {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for NotResendable {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// Most re-sends of one recovery (the first plus retries after a 503 or a transport error);
 /// the deadline bounds them too.
 pub const MAX_SENDS: u32 = 10;
@@ -51,7 +68,7 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// # Errors
 /// Header values that are not visible ASCII/UTF-8 cannot be stored (never from `/route`,
 /// whose headers come from JSON strings).
-pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, String> {
+pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, NotResendable> {
     let mut pairs = Vec::with_capacity(req.headers.len());
     for (name, value) in &req.headers {
         let value = value.to_str().map_err(|e| format!("header {name} is not storable: {e}"))?;
@@ -65,7 +82,7 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, String> {
 ///
 /// # Errors
 /// A stored part that no longer parses (never for rows this version wrote).
-pub fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, String> {
+pub fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, NotResendable> {
     let (Some(method), Some(url), Some(headers)) = (&row.request_method, &row.request_url, &row.request_headers) else {
         return Ok(None);
     };
@@ -82,7 +99,7 @@ pub fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, Strin
 }
 
 /// The payment header exactly as stored.
-fn stored_payment_header(row: &PaymentRow) -> Result<(HeaderName, HeaderValue), String> {
+fn stored_payment_header(row: &PaymentRow) -> Result<(HeaderName, HeaderValue), NotResendable> {
     let name = HeaderName::from_bytes(row.header_name.as_bytes()).map_err(|e| format!("stored header name: {e}"))?;
     let value = HeaderValue::from_str(&row.header_value).map_err(|e| format!("stored payment header: {e}"))?;
     Ok((name, value))
@@ -139,7 +156,7 @@ impl Recovery {
 }
 
 /// The on-chain coordinates of the row's authorization.
-fn coordinates(row: &PaymentRow) -> Result<(Network, Address, Address, B256), String> {
+fn coordinates(row: &PaymentRow) -> Result<(Network, Address, Address, B256), NotResendable> {
     let network = Network::parse(&row.network).map_err(|e| format!("network: {e}"))?;
     let asset = Address::from_str(&row.asset).map_err(|e| format!("asset: {e}"))?;
     let payer = Address::from_str(&row.payer).map_err(|e| format!("payer: {e}"))?;
@@ -159,12 +176,12 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         return lost(log, sends);
     }
     let prepared = stored_request(row)
-        .and_then(|r| r.ok_or_else(|| "the request as sent was not recorded".to_owned()))
+        .and_then(|r| r.ok_or_else(|| NotResendable::from("the request as sent was not recorded")))
         .and_then(|r| Ok((r, stored_payment_header(row)?, coordinates(row)?)));
     let (request, header, (network, asset, payer, nonce)) = match prepared {
         Ok(p) => p,
         Err(why) => {
-            log.push(json!({"action": "none", "why": why}));
+            log.push(json!({"action": "none", "why": why.0}));
             return lost(log, sends);
         }
     };

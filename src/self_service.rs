@@ -21,6 +21,23 @@ use crate::payments::store::agent_spend;
 use crate::receipts::Receipt;
 use crate::receipts::store::ReceiptRow;
 
+/// A malformed `GET /receipts` query.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadPage(pub String);
+
+impl From<String> for BadPage {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for BadPage {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// Receipts per page when `limit` is absent.
 pub const DEFAULT_LIMIT: i64 = 50;
 /// The largest `limit` accepted.
@@ -150,12 +167,12 @@ impl ReceiptPage {
     ///
     /// # Errors
     /// A sentence for the 400.
-    pub fn parse(query: &str) -> Result<Self, String> {
+    pub fn parse(query: &str) -> Result<Self, BadPage> {
         let mut page = Self { before: None, limit: DEFAULT_LIMIT };
         let mut seen = std::collections::HashSet::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             if !seen.insert(name.to_string()) {
-                return Err(format!("`{name}` given more than once"));
+                return Err(format!("`{name}` given more than once").into());
             }
             match name.as_ref() {
                 "limit" => {
@@ -168,7 +185,7 @@ impl ReceiptPage {
                 "cursor" => {
                     page.before = Some(Cursor::decode(&value).ok_or("`cursor` is not a cursor of this service")?);
                 }
-                other => return Err(format!("unknown parameter `{other}` (allowed: limit, cursor)")),
+                other => return Err(format!("unknown parameter `{other}` (allowed: limit, cursor)").into()),
             }
         }
         Ok(page)

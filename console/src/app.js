@@ -2,14 +2,15 @@
 // this tab's sessionStorage only and travels as a bearer header (never in a URL).
 import uPlot from 'uplot';
 import { verifyReceipt } from './verify.js';
+import { $, ApiError, Unauthorized, act, api, change, el, fetchText, isAdmin, saveBlob, state as session, upstreamOf as hostOf } from './util.js';
+import { clearKey, initAgents, renderAgents } from './agents.js';
+import { renderQueues } from './queues.js';
+import { renderEvents } from './events.js';
 
 const TOKEN_KEY = 'x402-router.operator-token';
 const POLL_MS = 1500;
-const $ = (id) => document.getElementById(id);
 
 const state = {
-  token: null,
-  signer: null,
   payments: new Map(), // id -> payment view
   tailCursor: null, // the cursor that fetched the last (partial) page
   since: null, // RFC 3339: the list's lower bound
@@ -21,41 +22,24 @@ const state = {
   charts: {},
 };
 
-class Unauthorized extends Error {}
-
-async function api(path) {
-  const headers = { Accept: 'application/json' };
-  if (state.token) headers.Authorization = `Bearer ${state.token}`;
-  const resp = await fetch(path, { headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' });
-  if (resp.status === 401 || resp.status === 403) throw new Unauthorized('the token was refused');
-  if (!resp.ok) throw new Error(`${path.split('?')[0]}: HTTP ${resp.status}`);
-  return resp.json();
-}
-
-function el(tag, attrs = {}, ...children) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === 'class') e.className = v;
-    else if (k === 'text') e.textContent = v;
-    else e.setAttribute(k, v);
-  }
-  for (const c of children) e.append(c);
-  return e;
-}
-
 // ------------------------------------------------------------------ sign-in
 async function signIn(token) {
-  state.token = token;
+  session.token = token;
+  let me;
   try {
-    await api('/audit/payments?limit=1'); // throws on a refused token
+    me = await api('/audit/whoami'); // throws on a refused token
   } catch (e) {
     // Without OPERATOR_TOKEN the router serves no operator API at all (404).
-    if (/HTTP 404$/.test(e.message)) throw new Error('this router has no operator API (OPERATOR_TOKEN is not set)');
+    if (e instanceof ApiError && e.status === 404) throw new Error('this router has no operator API (OPERATOR_TOKEN is not set)');
     throw e;
   }
+  session.role = me.role;
+  session.operator = me.name;
   sessionStorage.setItem(TOKEN_KEY, token);
+  $('role').textContent = `${me.name} (${me.role})`;
+  $('readonly').hidden = isAdmin();
   const wk = await api('/.well-known/x402-router');
-  state.signer = wk.receipt_signer;
+  session.signer = wk.receipt_signer;
   $('signer').textContent = `signer ${wk.receipt_signer}`;
   $('signin').hidden = true;
   $('nav').hidden = false;
@@ -67,7 +51,9 @@ async function signIn(token) {
 
 function signOut(message = '') {
   sessionStorage.removeItem(TOKEN_KEY);
-  state.token = null;
+  session.token = null;
+  session.role = null;
+  clearKey();
   state.payments.clear();
   state.seen.clear();
   state.tailCursor = null;
@@ -120,20 +106,11 @@ function schedule() {
       if (e instanceof Unauthorized) return signOut('Signed out: the token was refused.');
       $('live').textContent = `not updating: ${e.message}`;
     }
-    if (state.token) schedule();
+    if (session.token) schedule();
   }, POLL_MS);
 }
 
-function upstreamOf(p) {
-  const r = p.resource;
-  const url = typeof r === 'string' ? r : r && typeof r.url === 'string' ? r.url : null;
-  if (!url) return '';
-  try {
-    return new URL(url).host;
-  } catch {
-    return '';
-  }
-}
+const upstreamOf = (p) => hostOf(p.resource);
 
 function filters() {
   const f = Object.fromEntries(new FormData($('filters')).entries());
@@ -176,61 +153,134 @@ function renderPayments() {
   if (state.seen.size === 0) state.seen.add('');
 }
 
-function csvCell(v) {
-  const s = v === null || v === undefined ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v);
-  // A leading =, +, - or @ would be a formula in a spreadsheet.
-  const safe = /^[=+\-@]/.test(s) ? `'${s}` : s;
-  return /[",\n\r]/.test(safe) ? `"${safe.replaceAll('"', '""')}"` : safe;
+// Splits CSV text (RFC 4180, as the router writes it) into records of cells.
+function csvRecords(text) {
+  const records = [];
+  let cell = '';
+  let record = [];
+  let quoted = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quoted) {
+      if (c === '"' && text[i + 1] === '"') { cell += '"'; i++; } else if (c === '"') quoted = false;
+      else cell += c;
+    } else if (c === '"') quoted = true;
+    else if (c === ',') { record.push(cell); cell = ''; } else if (c === '\r' && text[i + 1] === '\n') {
+      record.push(cell); records.push(record); record = []; cell = ''; i++;
+    } else cell += c;
+  }
+  if (cell !== '' || record.length) { record.push(cell); records.push(record); }
+  return records;
 }
 
-function exportCsv() {
-  const cols = ['id', 'created_at', 'agent_id', 'idempotency_key', 'network', 'asset', 'amount', 'pay_to', 'status', 'tx_hash', 'receipt_id'];
-  const lines = [cols.join(',')];
-  for (const p of filtered()) lines.push([...cols.map((c) => csvCell(p[c])), csvCell(upstreamOf(p))].join(','));
-  lines[0] += ',upstream_host';
-  const blob = new Blob([lines.join('\r\n') + '\r\n'], { type: 'text/csv' });
-  const a = el('a', { href: URL.createObjectURL(blob), download: 'payments.csv' });
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+// The filtered list as the router's CSV (GET /audit/payments.csv with the bearer header,
+// saved as a blob: the token is never in a URL). Agent, status and time are the API's own
+// filters; the upstream host (not an API filter) is applied to the rows here.
+async function exportCsv() {
+  const f = filters();
+  const q = new URLSearchParams({ limit: '500' });
+  if (f.agent) q.set('agent_id', f.agent);
+  if (f.status) q.set('status', f.status);
+  q.set('from', new Date(f.from ?? Date.parse(state.since)).toISOString());
+  if (f.to !== null) q.set('to', new Date(f.to).toISOString());
+  $('csv-error').textContent = '';
+  let text;
+  try {
+    text = await fetchText(`/audit/payments.csv?${q}`);
+  } catch (e) {
+    if (e instanceof Unauthorized) throw e;
+    $('csv-error').textContent = `Export failed: ${e.message}`;
+    return;
+  }
+  if (f.host) {
+    const records = csvRecords(text);
+    const col = records[0].indexOf('resource');
+    // Keep the header and each record whose resource's host matches; records are re-joined
+    // from the original text to keep the router's quoting.
+    const keep = [records[0]];
+    for (const r of records.slice(1)) {
+      let resource = r[col];
+      try { resource = JSON.parse(resource); } catch { /* a plain URL */ }
+      if (hostOf(resource).toLowerCase().includes(f.host)) keep.push(r);
+    }
+    const quote = (c) => (/[",\r\n]/.test(c) ? `"${c.replaceAll('"', '""')}"` : c);
+    text = keep.map((r) => r.map(quote).join(',')).join('\r\n') + '\r\n';
+  }
+  saveBlob(text, 'payments.csv', 'text/csv');
 }
 
 // ------------------------------------------------------------------ overview
 
-// uPlot's columns from the server's buckets: x (seconds), calls, paid calls, settled payments.
+// uPlot's columns from the server's buckets: x (seconds), then calls, paid calls, settled
+// payments, paid-not-served, stuck.
+const COUNT_SERIES = [
+  { label: 'calls', stroke: '#1f4e79', fill: 'rgba(31,78,121,.25)', paths: uPlot.paths.bars({ size: [0.8] }) },
+  { label: 'paid calls', stroke: '#8a4b00', width: 2 },
+  { label: 'settled payments', stroke: '#14642e', width: 2, dash: [6, 4] },
+  { label: 'paid, not served', stroke: '#a11818', width: 2 },
+  { label: 'stuck', stroke: '#6b2d8f', width: 2, dash: [2, 3] },
+];
+
 function columns(buckets) {
   return [
     buckets.map((b) => Date.parse(b.start) / 1000),
     buckets.map((b) => b.calls),
     buckets.map((b) => b.paid_calls),
     buckets.map((b) => b.settled),
+    buckets.map((b) => b.paid_not_served),
+    buckets.map((b) => b.stuck),
   ];
 }
 
-function chart(id, data, step) {
+const ASSET_COLORS = ['#14642e', '#1f4e79', '#8a4b00', '#6b2d8f', '#a11818', '#005f66'];
+
+// The amount settled per (network, asset) and bucket: one series per asset (atomic units).
+function movedColumns(buckets) {
+  const assets = [...new Set(buckets.flatMap((b) => b.moved.map((m) => `${m.network} ${m.asset}`)))].sort();
+  const series = assets.map((a, i) => ({ label: `${a.split(' ')[1].slice(0, 10)}… (${a.split(' ')[0]})`, stroke: ASSET_COLORS[i % ASSET_COLORS.length], width: 2, points: { show: true } }));
+  const data = [buckets.map((b) => Date.parse(b.start) / 1000)];
+  for (const a of assets) {
+    data.push(buckets.map((b) => {
+      const m = b.moved.find((x) => `${x.network} ${x.asset}` === a);
+      return m ? Number(m.amount) : 0;
+    }));
+  }
+  return { series, data, key: assets.join('|') };
+}
+
+function chart(id, data, step, series = COUNT_SERIES, yLabel = 'count', key = '') {
   const box = $(id);
   const width = Math.max(260, box.clientWidth || 600);
-  if (state.charts[id] && state.charts[id].width === width) {
-    state.charts[id].setData(data);
+  const old = state.charts[id];
+  if (old && old.width === width && old.key === key) {
+    old.setData(data);
     return;
   }
-  state.charts[id]?.destroy();
-  state.charts[id] = new uPlot({
+  old?.destroy();
+  const u = new uPlot({
     width,
     height: 220,
-    series: [
-      {},
-      { label: 'calls', stroke: '#1f4e79', fill: 'rgba(31,78,121,.25)', paths: uPlot.paths.bars({ size: [0.8] }) },
-      { label: 'paid calls', stroke: '#8a4b00', width: 2 },
-      { label: 'settled payments', stroke: '#14642e', width: 2, dash: [6, 4] },
-    ],
-    axes: [{}, { label: 'count', incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }],
+    series: [{}, ...series],
+    axes: [{}, { label: yLabel, size: 70, ...(yLabel === 'count' ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] } : {}) }],
     scales: {
-      x: { time: true, range: (u, min, max) => [min - step / 2, max + step / 2] },
-      y: { range: (u, min, max) => [0, Math.max(1, max)] },
+      x: { time: true, range: (_, min, max) => [min - step / 2, max + step / 2] },
+      y: { range: (_, min, max) => [0, Math.max(1, max)] },
     },
   }, data, box);
+  u.key = key;
+  state.charts[id] = u;
+}
+
+function movedChart(id, buckets, step) {
+  const { series, data, key } = movedColumns(buckets);
+  if (series.length === 0) {
+    state.charts[id]?.destroy();
+    delete state.charts[id];
+    $(id).replaceChildren(el('p', { class: 'muted', text: 'nothing settled in this period' }));
+    return;
+  }
+  if (!state.charts[id]) $(id).replaceChildren();
+  chart(id, data, step, series, 'atomic units', key);
 }
 
 async function renderOverview() {
@@ -252,71 +302,67 @@ async function renderOverview() {
   $('wallet').replaceChildren(...(wallet.length
     ? wallet.map((w) => el('tr', {}, el('td', { text: w.network }), el('td', { class: 'mono', text: w.asset }), el('td', { class: 'num', text: w.balance })))
     : [el('tr', {}, el('td', { colspan: '3', text: 'not read yet' }))]));
+  await refreshSettings();
   chart('chart-hour', columns(o.hourly), 3600);
   chart('chart-day', columns(o.daily), 86400);
+  movedChart('moved-hour', o.hourly, 3600);
+  movedChart('moved-day', o.daily, 86400);
+}
+
+// The global pause switch and the wallet-wide cap (GET /admin/settings; changes need an
+// admin token). Updated in place on every poll so that a half-typed cap is not lost.
+function renderSettings(st) {
+  const paused = st.paused;
+  $('pause-state').textContent = paused
+    ? (st.pause_unpaid ? 'PAUSED: every new call is refused (503 payments_paused).' : 'PAUSED: every new payment is refused (503 payments_paused); unpaid calls pass.')
+    : 'Running: payments are allowed.';
+  $('pause-card').classList.toggle('paused', paused);
+  change($('pause'));
+  change($('pause-unpaid'));
+  change($('resume'));
+  change($('cap'));
+  change($('cap-save'));
+  $('pause').disabled = $('pause').disabled || paused;
+  $('resume').disabled = $('resume').disabled || !paused;
+  $('cap-used').textContent = `used in 24 h: ${st.wallet_used_24h}; cap: ${st.wallet_daily_cap ?? 'none'}`;
+  if (!$('cap').dataset.touched) $('cap').value = st.wallet_daily_cap ?? '';
+}
+
+async function refreshSettings() {
+  renderSettings(await api('/admin/settings'));
+}
+
+function initSettings() {
+  const err = $('pause-error');
+  $('pause').addEventListener('click', () => act($('pause'), err, async () => {
+    await api('/admin/pause', { method: 'POST', body: { unpaid: $('pause-unpaid').checked } });
+  }).then(refreshSettings).catch(showError));
+  $('resume').addEventListener('click', () => act($('resume'), err, async () => {
+    await api('/admin/pause', { method: 'DELETE' });
+  }).then(refreshSettings).catch(showError));
+  $('cap').addEventListener('input', () => { $('cap').dataset.touched = '1'; });
+  $('cap-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const v = $('cap').value.trim();
+    act($('cap-save'), $('cap-error'), async () => {
+      await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: v === '' ? null : v } });
+      delete $('cap').dataset.touched;
+    }).then(refreshSettings).catch(showError);
+  });
 }
 
 // The paying wallet's balances, from the router's own gauge
 // `x402_router_wallet_balance{network, asset}` on /metrics (refreshed in the background).
 async function walletBalances() {
   // /metrics needs an operator token on the main listener, like /audit/*.
-  const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
-  const resp = await fetch('/metrics', { headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' });
-  if (!resp.ok) throw new Error(`/metrics: HTTP ${resp.status}`);
   const rows = [];
-  for (const line of (await resp.text()).split('\n')) {
+  for (const line of (await fetchText('/metrics')).split('\n')) {
     const m = /^x402_router_wallet_balance\{([^}]*)\}\s+(\S+)$/.exec(line);
     if (!m) continue;
     const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="([^"]*)"/g)].map((l) => [l[1], l[2]]));
     rows.push({ network: labels.network || '?', asset: labels.asset || '?', balance: m[2] });
   }
   return rows;
-}
-
-// ------------------------------------------------------------------ queues
-function queueItem(p) {
-  const li = el('li', {}, `${new Date(p.created_at).toLocaleString()} · agent ${p.agent_id.slice(0, 8)} · ${upstreamOf(p) || '?'} · ${p.amount} · ${p.status} `);
-  if (p.tx_hash) li.append(el('span', { class: 'mono', text: p.tx_hash }));
-  return li;
-}
-
-async function renderQueues() {
-  const fill = (id, rows) => $(id).replaceChildren(...(rows.length ? rows.map(queueItem) : [el('li', { text: 'empty' })]));
-  fill('q-pns', (await api('/audit/payments?status=paid_not_served&limit=500')).payments);
-  fill('q-stuck', (await api('/audit/payments?status=stuck&limit=500')).payments);
-  // An upstream that answered `settlement_pending` (or whose settlement the chain does not
-  // show yet) leaves the intent `unconfirmed` or `unknown` until reconcile reads the chain.
-  const pending = [];
-  for (const status of ['unconfirmed', 'unknown']) pending.push(...(await api(`/audit/payments?status=${status}&limit=500`)).payments);
-  fill('q-pending', pending);
-}
-
-// ------------------------------------------------------------------ agents
-// Atomic units per hour over the last 24 h, exact (BigInt), one decimal.
-function burnRate(settled24h) {
-  const tenths = (BigInt(settled24h) * 10n) / 24n;
-  return `${tenths / 10n}.${tenths % 10n}`;
-}
-
-async function renderAgents() {
-  const ids = [...new Set([...state.payments.values()].map((p) => p.agent_id))];
-  const cards = [];
-  for (const id of ids) {
-    const s = await api(`/audit/agents/${encodeURIComponent(id)}/spend`);
-    const spent = Number(s.settled_24h);
-    const budget = s.daily_budget === null ? null : Number(s.daily_budget);
-    const card = el('div', { class: 'card agent', 'data-agent': id },
-      el('h3', { class: 'mono', text: id }),
-      el('div', { text: s.disabled ? 'disabled' : 'enabled' }),
-      el('div', { text: `settled in 24 h: ${s.settled_24h}; reserved: ${s.reserved_24h}; daily budget: ${s.daily_budget ?? 'none'}; per call: ${s.max_per_call ?? 'no limit'}` }),
-      el('div', { class: 'burn', text: `burn rate: ${burnRate(s.settled_24h)} per hour (24 h average)` }));
-    if (budget !== null) {
-      const label = `${id.slice(0, 8)}: 24 h spend against the daily budget`;
-      card.append(el('meter', { min: '0', max: String(budget), value: String(Math.min(spent, budget)), high: String(budget * 0.8), 'aria-label': label, title: `${spent} of ${budget}` }));
-    }
-    cards.push(card);
-  }
-  $('agents').replaceChildren(...(cards.length ? cards : [el('p', { text: 'No agent has paid yet.' })]));
 }
 
 // ------------------------------------------------------------------ receipt
@@ -354,17 +400,19 @@ function show(view) {
 }
 
 function route() {
-  if (!state.token) return;
+  if (!session.token) return;
   const hash = location.hash.slice(1);
   if (hash.startsWith('receipt/')) {
     show('receipt');
     renderReceipt(hash.slice('receipt/'.length)).catch(showError);
     return;
   }
-  const view = ['overview', 'payments', 'queues', 'agents'].includes(hash) ? hash : 'overview';
+  const view = ['overview', 'payments', 'queues', 'agents', 'events'].includes(hash) ? hash : 'overview';
+  if (view !== 'agents') clearKey(); // a new key is shown once, never kept
   show(view);
   if (view === 'queues') renderQueues().catch(showError);
   else if (view === 'agents') renderAgents().catch(showError);
+  else if (view === 'events') renderEvents().catch(showError);
   else render();
 }
 
@@ -386,7 +434,9 @@ function init() {
     } else renderPayments();
   });
   $('filters').addEventListener('submit', (ev) => ev.preventDefault());
-  $('csv').addEventListener('click', exportCsv);
+  $('csv').addEventListener('click', () => exportCsv().catch(showError));
+  initSettings();
+  initAgents();
   $('back').addEventListener('click', () => { location.hash = 'payments'; });
   window.addEventListener('hashchange', route);
   const saved = sessionStorage.getItem(TOKEN_KEY);

@@ -108,7 +108,11 @@ fn amount(field: &str, v: &Value) -> Result<Option<Amount>, Invalid> {
     }
 }
 
-fn list(field: &str, v: &Value, parse: fn(&str) -> Result<String, String>) -> Result<Option<Vec<String>>, Invalid> {
+fn list(
+    field: &str,
+    v: &Value,
+    parse: fn(&str) -> Result<String, limits::BadEntry>,
+) -> Result<Option<Vec<String>>, Invalid> {
     let items = match v {
         Value::Null => return Ok(None),
         Value::Array(items) => items,

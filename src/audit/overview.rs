@@ -4,7 +4,8 @@
 //! Buckets are whole UTC hours (the last 24, the current one last) and whole UTC days (the
 //! last 30); every bucket is present, empty ones as zeros. "Calls" are receipts (calls that
 //! reached an upstream), "paid calls" the receipts with a payment; "payments" are intents
-//! signed in the bucket, "settled" those of them whose money moved.
+//! signed in the bucket, "settled" those of them whose money moved, "paid_not_served" and
+//! "stuck" those of them in that queue now, and "moved" the amount settled per asset.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
@@ -17,18 +18,58 @@ use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
 use crate::payments::{self, PaymentStatus};
 
 /// One time bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Bucket {
-    #[diesel(sql_type = Timestamptz)]
     pub start: DateTime<Utc>,
-    #[diesel(sql_type = BigInt)]
     pub calls: i64,
-    #[diesel(sql_type = BigInt)]
     pub paid_calls: i64,
-    #[diesel(sql_type = BigInt)]
     pub payments: i64,
-    #[diesel(sql_type = BigInt)]
     pub settled: i64,
+    /// Payments signed in the bucket that are paid-not-served now.
+    pub paid_not_served: i64,
+    /// Payments signed in the bucket that are stuck now.
+    pub stuck: i64,
+    /// The amount settled per (network, asset), payments signed in the bucket; only assets
+    /// that moved.
+    pub moved: Vec<BucketMoved>,
+}
+
+/// The amount of one asset settled in one bucket (atomic units, a decimal string).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BucketMoved {
+    pub network: String,
+    pub asset: String,
+    pub amount: String,
+}
+
+#[derive(QueryableByName)]
+struct BucketRow {
+    #[diesel(sql_type = Timestamptz)]
+    start: DateTime<Utc>,
+    #[diesel(sql_type = BigInt)]
+    calls: i64,
+    #[diesel(sql_type = BigInt)]
+    paid_calls: i64,
+    #[diesel(sql_type = BigInt)]
+    payments: i64,
+    #[diesel(sql_type = BigInt)]
+    settled: i64,
+    #[diesel(sql_type = BigInt)]
+    paid_not_served: i64,
+    #[diesel(sql_type = BigInt)]
+    stuck: i64,
+}
+
+#[derive(QueryableByName)]
+struct MovedRow {
+    #[diesel(sql_type = Timestamptz)]
+    start: DateTime<Utc>,
+    #[diesel(sql_type = Text)]
+    network: String,
+    #[diesel(sql_type = Text)]
+    asset: String,
+    #[diesel(sql_type = Text)]
+    amount: String,
 }
 
 /// Money moved per (network, asset), atomic units as decimal strings.
@@ -70,27 +111,60 @@ struct Count {
 
 async fn buckets(conn: &mut AsyncPgConnection, unit: &str, count: i32) -> diesel::QueryResult<Vec<Bucket>> {
     let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    diesel::sql_query(format!(
+    let signed = PaymentStatus::Signed.as_str();
+    let first = "date_trunc($1, now(), 'UTC') - ($2 - 1) * ('1 ' || $1)::interval";
+    let rows: Vec<BucketRow> = diesel::sql_query(format!(
         "WITH b AS ( \
-              SELECT generate_series(date_trunc($1, now(), 'UTC') - ($2 - 1) * ('1 ' || $1)::interval, \
-                                     date_trunc($1, now(), 'UTC'), ('1 ' || $1)::interval) AS start), \
+              SELECT generate_series({first}, date_trunc($1, now(), 'UTC'), ('1 ' || $1)::interval) AS start), \
               r AS ( \
               SELECT date_trunc($1, created_at, 'UTC') AS start, count(*) AS calls, \
                      count(*) FILTER (WHERE payment IS NOT NULL) AS paid_calls \
                 FROM receipts WHERE created_at >= (SELECT min(start) FROM b) GROUP BY 1), \
               p AS ( \
-              SELECT date_trunc($1, created_at, 'UTC') AS start, count(*) AS payments, \
-                     count(*) FILTER (WHERE status IN {spent}) AS settled \
-                FROM payments WHERE created_at >= (SELECT min(start) FROM b) GROUP BY 1) \
+              SELECT date_trunc($1, p.created_at, 'UTC') AS start, count(*) AS payments, \
+                     count(*) FILTER (WHERE p.status IN {spent}) AS settled, \
+                     count(*) FILTER (WHERE {PAID_NOT_SERVED}) AS paid_not_served, \
+                     count(*) FILTER (WHERE p.status = '{signed}' \
+                                        AND p.updated_at < now() - make_interval(secs => {DEFAULT_STUCK_SECS})) AS stuck \
+                FROM payments p \
+                LEFT JOIN idempotency_keys k ON k.agent_id = p.agent_id AND k.key = p.idempotency_key \
+               WHERE p.created_at >= (SELECT min(start) FROM b) GROUP BY 1) \
          SELECT b.start, COALESCE(r.calls, 0) AS calls, COALESCE(r.paid_calls, 0) AS paid_calls, \
-                COALESCE(p.payments, 0) AS payments, COALESCE(p.settled, 0) AS settled \
+                COALESCE(p.payments, 0) AS payments, COALESCE(p.settled, 0) AS settled, \
+                COALESCE(p.paid_not_served, 0) AS paid_not_served, COALESCE(p.stuck, 0) AS stuck \
            FROM b LEFT JOIN r ON r.start = b.start LEFT JOIN p ON p.start = b.start \
           ORDER BY b.start"
     ))
     .bind::<Text, _>(unit)
     .bind::<Integer, _>(count)
     .load(conn)
-    .await
+    .await?;
+    let moved: Vec<MovedRow> = diesel::sql_query(format!(
+        "SELECT date_trunc($1, created_at, 'UTC') AS start, network, asset, sum(amount)::text AS amount \
+           FROM payments WHERE status IN {spent} AND created_at >= {first} \
+          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    ))
+    .bind::<Text, _>(unit)
+    .bind::<Integer, _>(count)
+    .load(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Bucket {
+            moved: moved
+                .iter()
+                .filter(|m| m.start == r.start)
+                .map(|m| BucketMoved { network: m.network.clone(), asset: m.asset.clone(), amount: m.amount.clone() })
+                .collect(),
+            start: r.start,
+            calls: r.calls,
+            paid_calls: r.paid_calls,
+            payments: r.payments,
+            settled: r.settled,
+            paid_not_served: r.paid_not_served,
+            stuck: r.stuck,
+        })
+        .collect())
 }
 
 /// The overview, now.

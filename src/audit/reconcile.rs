@@ -84,6 +84,23 @@ use crate::recovery::{self, Ending};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::{Chain, Network, SignedPayment};
 
+/// A stored intent whose fields cannot be read back (left as it was, counted as an error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreadable(pub String);
+
+impl From<String> for Unreadable {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for Unreadable {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// Intents read per batch.
 const BATCH: i64 = 200;
 /// Every status whose fate the chain can still change: all but the spent and the expired.
@@ -263,7 +280,7 @@ fn now_unix() -> i64 {
 
 /// The intent's signed record, checked against its columns (a record that disagrees with
 /// the row it is stored in is not trusted).
-fn signed_record(c: &Candidate) -> Result<SignedPayment, String> {
+fn signed_record(c: &Candidate) -> Result<SignedPayment, Unreadable> {
     let signed: SignedPayment =
         serde_json::from_value(c.signed_authorization.clone()).map_err(|e| format!("stored authorization: {e}"))?;
     let (network, asset, payer, nonce) = coordinates(c)?;
@@ -274,7 +291,7 @@ fn signed_record(c: &Candidate) -> Result<SignedPayment, String> {
 }
 
 /// The on-chain coordinates of an intent, parsed from its stored text.
-fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), String> {
+fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Unreadable> {
     let network = Network::parse(&c.network).map_err(|e| format!("network: {e}"))?;
     let asset = Address::from_str(&c.asset).map_err(|e| format!("asset: {e}"))?;
     let payer = Address::from_str(&c.payer).map_err(|e| format!("payer: {e}"))?;
@@ -332,7 +349,7 @@ async fn decide_all(
             let signed = signed_record(c);
             let used = match &signed {
                 Err(e) => Err(e.clone()),
-                Ok(signed) => signed.used_on(chain).await.map_err(|e| e.to_string()),
+                Ok(signed) => signed.used_on(chain).await.map_err(|e| Unreadable(e.to_string())),
             };
             let used = match used {
                 Ok(used) => used,
@@ -609,10 +626,10 @@ fn render(
     kind: RecoveryKind,
     resp: &UpstreamResponse,
     tx_hash: Option<&str>,
-) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), String> {
+) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), Unreadable> {
     use crate::idempotency::{Status, canonical};
     use crate::relay::envelope;
-    let mut shown = crate::relay::pay::describe_row(row, Settled, tx_hash)?;
+    let mut shown = crate::relay::pay::describe_row(row, Settled, tx_hash).map_err(|e| Unreadable(e.0))?;
     shown["recovery"] = json!(kind.as_str());
     let receipt_id = Uuid::new_v4();
     let (outcome, http_status, body) = if resp.status < 500 {

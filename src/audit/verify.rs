@@ -11,11 +11,28 @@ use serde_json::Value;
 
 use crate::receipts::Receipt;
 
+/// Why a receipt document does not verify (one line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotVerified(pub String);
+
+impl From<String> for NotVerified {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for NotVerified {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// The signer of a receipt document, or why it does not verify.
 ///
 /// # Errors
 /// A one-line reason.
-pub fn verify_receipt(text: &str) -> Result<Address, String> {
+pub fn verify_receipt(text: &str) -> Result<Address, NotVerified> {
     let document: Value = serde_json::from_str(text.trim()).map_err(|e| format!("not a JSON document: {e}"))?;
     let receipt: Receipt = serde_json::from_value(document.clone()).map_err(|e| format!("not a receipt: {e}"))?;
     let mut unsigned = document;
@@ -26,7 +43,7 @@ pub fn verify_receipt(text: &str) -> Result<Address, String> {
     if as_given != receipt.signed_bytes() {
         return Err("the document holds members or values that the signature does not cover".into());
     }
-    receipt.verify().map_err(|e| e.to_string())
+    receipt.verify().map_err(|e| NotVerified(e.to_string()))
 }
 
 #[cfg(test)]
@@ -67,9 +84,9 @@ mod tests {
     fn an_extra_member_or_a_changed_byte_is_invalid() {
         let (_, text) = signed();
         let extra = text.replacen('{', "{\"note\": \"unsigned\",", 1);
-        assert!(verify_receipt(&extra).unwrap_err().contains("does not cover"));
+        assert!(verify_receipt(&extra).unwrap_err().0.contains("does not cover"));
         let changed = text.replacen("\"GET\"", "\"PUT\"", 1);
-        assert!(verify_receipt(&changed).unwrap_err().contains("signature"));
+        assert!(verify_receipt(&changed).unwrap_err().0.contains("signature"));
         assert!(verify_receipt("[]").is_err());
         assert!(verify_receipt("not json").is_err());
     }

@@ -11,6 +11,23 @@
 //! tokio-postgres reads both, several hosts included: it tries them in order and, with
 //! `target_session_attrs=read-write`, skips a server that is read-only (a standby).
 
+/// A malformed libpq connection string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadConnInfo(pub String);
+
+impl From<String> for BadConnInfo {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for BadConnInfo {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// A connection string's form and its parameters, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnInfo {
@@ -25,7 +42,7 @@ impl ConnInfo {
     /// # Errors
     /// Neither form, or a key/value string that does not parse (unterminated quote, a
     /// word without `=`).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, BadConnInfo> {
         let s = s.trim();
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             let (base, query) = s.split_once('?').unwrap_or((s, ""));
@@ -53,7 +70,7 @@ impl ConnInfo {
     ///
     /// # Errors
     /// `key` given more than once.
-    pub fn take(&mut self, key: &str) -> Result<Option<String>, String> {
+    pub fn take(&mut self, key: &str) -> Result<Option<String>, BadConnInfo> {
         let mut found: Vec<String> = Vec::new();
         self.params.retain(|(k, v)| {
             if k == key {
@@ -66,7 +83,7 @@ impl ConnInfo {
         match found.len() {
             0 => Ok(None),
             1 => Ok(found.pop()),
-            _ => Err(format!("{key} is given twice")),
+            _ => Err(format!("{key} is given twice").into()),
         }
     }
 
@@ -110,7 +127,7 @@ impl std::fmt::Display for ConnInfo {
 
 /// libpq's key/value syntax: `key = value` pairs separated by whitespace; a value is a word
 /// or a single-quoted string; a backslash escapes the next character in both.
-fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
+fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, BadConnInfo> {
     let mut out = Vec::new();
     let mut chars = s.chars().peekable();
     let skip_ws = |it: &mut std::iter::Peekable<std::str::Chars<'_>>| {
@@ -133,7 +150,7 @@ fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
         }
         skip_ws(&mut chars);
         if chars.next() != Some('=') {
-            return Err(format!("connection parameter {key:?} has no value (key=value)"));
+            return Err(format!("connection parameter {key:?} has no value (key=value)").into());
         }
         skip_ws(&mut chars);
         let mut value = String::new();
@@ -144,7 +161,7 @@ fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
                     Some('\\') => value.push(chars.next().ok_or("unterminated quoted value")?),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(format!("unterminated quoted value of {key:?}")),
+                    None => return Err(format!("unterminated quoted value of {key:?}").into()),
                 }
             }
         } else {

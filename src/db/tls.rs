@@ -34,6 +34,29 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+/// A TLS setting for Postgres that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsSetupError(pub String);
+
+impl From<String> for TlsSetupError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<super::conninfo::BadConnInfo> for TlsSetupError {
+    fn from(e: super::conninfo::BadConnInfo) -> Self {
+        Self(e.0)
+    }
+}
+
+impl From<&str> for TlsSetupError {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// libpq's `sslmode` values that the router supports (`allow` is not: it is never what an
 /// operator wants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +69,7 @@ pub enum SslMode {
 }
 
 impl FromStr for SslMode {
-    type Err = String;
+    type Err = TlsSetupError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
             "disable" => Self::Disable,
@@ -57,7 +80,8 @@ impl FromStr for SslMode {
             other => {
                 return Err(format!(
                     "sslmode={other} is not supported (disable, prefer, require, verify-ca, verify-full)"
-                ));
+                )
+                .into());
             }
         })
     }
@@ -85,7 +109,7 @@ impl TlsParams {
     ///
     /// # Errors
     /// An unknown `sslmode`, a repeated parameter, or an unparsable URL.
-    pub fn take_from_url(url: &str, default_mode: SslMode) -> Result<(String, Self), String> {
+    pub fn take_from_url(url: &str, default_mode: SslMode) -> Result<(String, Self), TlsSetupError> {
         let mut parsed = url::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
         let mut mode = None;
         let mut root = None;
@@ -96,7 +120,7 @@ impl TlsParams {
                 "sslrootcert" if root.is_none() => {
                     root = Some(if v == "system" { RootCerts::System } else { RootCerts::File(PathBuf::from(&*v)) })
                 }
-                "sslmode" | "sslrootcert" => return Err(format!("{k} is given twice")),
+                "sslmode" | "sslrootcert" => return Err(format!("{k} is given twice").into()),
                 _ => rest.push((k.into_owned(), v.into_owned())),
             }
         }
@@ -118,7 +142,10 @@ impl TlsParams {
     ///
     /// # Errors
     /// An unknown `sslmode` or a repeated parameter.
-    pub fn take_from_conninfo(info: &mut super::conninfo::ConnInfo, default_mode: SslMode) -> Result<Self, String> {
+    pub fn take_from_conninfo(
+        info: &mut super::conninfo::ConnInfo,
+        default_mode: SslMode,
+    ) -> Result<Self, TlsSetupError> {
         let mode = info.take("sslmode")?.map(|m| m.parse::<SslMode>()).transpose()?;
         let root = info
             .take("sslrootcert")?
@@ -139,7 +166,7 @@ impl TlsParams {
     ///
     /// # Errors
     /// An unreadable file, or one without a single certificate.
-    pub fn root_store(&self) -> Result<RootCertStore, String> {
+    pub fn root_store(&self) -> Result<RootCertStore, TlsSetupError> {
         let mut store = RootCertStore::empty();
         match &self.root_certs {
             RootCerts::System => {
@@ -155,7 +182,7 @@ impl TlsParams {
                     .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
                 let (added, _) = store.add_parsable_certificates(certs);
                 if added == 0 {
-                    return Err(format!("sslrootcert {}: no certificate in the file", path.display()));
+                    return Err(format!("sslrootcert {}: no certificate in the file", path.display()).into());
                 }
             }
         }
@@ -166,7 +193,7 @@ impl TlsParams {
     ///
     /// # Errors
     /// See [`TlsParams::root_store`].
-    pub fn client_config(&self) -> Result<Option<ClientConfig>, String> {
+    pub fn client_config(&self) -> Result<Option<ClientConfig>, TlsSetupError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
@@ -293,7 +320,7 @@ impl Connector {
     ///
     /// # Errors
     /// A one-line reason (the caller names the setting).
-    pub fn from_url(url: &str) -> Result<Self, String> {
+    pub fn from_url(url: &str) -> Result<Self, TlsSetupError> {
         let mut info = super::conninfo::ConnInfo::parse(url)?;
         let params = TlsParams::take_from_conninfo(&mut info, SslMode::Prefer)?;
         let mut config = tokio_postgres::Config::from_str(&info.to_string()).map_err(|e| e.to_string())?;

@@ -35,6 +35,29 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Tls
 
 use crate::db::tls::{RootCerts, SslMode, TlsParams};
 
+/// A Redis URL or topology setting that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRedisUrl(pub String);
+
+impl From<String> for BadRedisUrl {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<crate::db::tls::TlsSetupError> for BadRedisUrl {
+    fn from(e: crate::db::tls::TlsSetupError) -> Self {
+        Self(e.0)
+    }
+}
+
+impl From<&str> for BadRedisUrl {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// A parsed `REDIS_URL`: ready to connect, not connected.
 #[derive(Clone)]
 pub enum RedisTarget {
@@ -60,7 +83,7 @@ struct Seed {
     tls: Option<TlsParams>,
 }
 
-fn parse_seed(url: &str) -> Result<Seed, String> {
+fn parse_seed(url: &str) -> Result<Seed, BadRedisUrl> {
     let url = url.trim();
     let tls = url.starts_with("rediss://");
     if !tls && !url.starts_with("redis://") {
@@ -86,11 +109,11 @@ fn parse_seed(url: &str) -> Result<Seed, String> {
     Ok(Seed { info, tls: tls.then_some(params) })
 }
 
-fn root_pem(params: &TlsParams) -> Result<Option<Vec<u8>>, String> {
+fn root_pem(params: &TlsParams) -> Result<Option<Vec<u8>>, BadRedisUrl> {
     match &params.root_certs {
         RootCerts::System => Ok(None),
         RootCerts::File(path) => {
-            std::fs::read(path).map(Some).map_err(|e| format!("sslrootcert {}: {e}", path.display()))
+            std::fs::read(path).map(Some).map_err(|e| BadRedisUrl(format!("sslrootcert {}: {e}", path.display())))
         }
     }
 }
@@ -101,7 +124,7 @@ impl RedisTarget {
     ///
     /// # Errors
     /// A one-line reason; the caller names the setting.
-    pub fn parse(url: &str, cluster: bool, sentinel_master: Option<&str>) -> Result<Self, String> {
+    pub fn parse(url: &str, cluster: bool, sentinel_master: Option<&str>) -> Result<Self, BadRedisUrl> {
         if let Some(master) = sentinel_master {
             if cluster {
                 return Err("REDIS_CLUSTER and REDIS_SENTINEL_MASTER exclude each other".into());
@@ -114,7 +137,9 @@ impl RedisTarget {
             }
             let seed = parse_seed(url)?;
             let Some(tls) = seed.tls else {
-                return redis::Client::open(seed.info).map(|c| Self::Single(Box::new(c))).map_err(|e| e.to_string());
+                return redis::Client::open(seed.info)
+                    .map(|c| Self::Single(Box::new(c)))
+                    .map_err(|e| BadRedisUrl(e.to_string()));
             };
             let mut info = seed.info;
             if let Some(root_cert) = root_pem(&tls)? {
@@ -130,7 +155,9 @@ impl RedisTarget {
                 addr.set_danger_accept_invalid_hostnames(true);
                 info = info.set_addr(addr);
             }
-            return redis::Client::open(info).map(|c| Self::Single(Box::new(c))).map_err(|e| e.to_string());
+            return redis::Client::open(info)
+                .map(|c| Self::Single(Box::new(c)))
+                .map_err(|e| BadRedisUrl(e.to_string()));
         }
         let seeds = url.split(',').map(parse_seed).collect::<Result<Vec<_>, _>>()?;
         let Some(first) = seeds.first() else {
@@ -149,10 +176,10 @@ impl RedisTarget {
                 builder = builder.danger_accept_invalid_hostnames(true);
             }
         }
-        builder.build().map(|c| Self::Cluster(Box::new(c))).map_err(|e| e.to_string())
+        builder.build().map(|c| Self::Cluster(Box::new(c))).map_err(|e| BadRedisUrl(e.to_string()))
     }
 
-    fn sentinel(url: &str, master: &str) -> Result<Self, String> {
+    fn sentinel(url: &str, master: &str) -> Result<Self, BadRedisUrl> {
         let seeds = url.split(',').map(parse_seed).collect::<Result<Vec<_>, _>>()?;
         let Some(first) = seeds.first() else {
             return Err("no Sentinel address".into());

@@ -13,6 +13,23 @@ use crate::idempotency::IdempotencyKey;
 use crate::relay::{self, request::RouteCall};
 use crate::state::AppState;
 
+/// Why the MCP server could not reach the router (one line for the model).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+impl From<String> for BackendError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for BackendError {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// One call of the router's agent API.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -82,7 +99,7 @@ impl Backend {
     ///
     /// # Errors
     /// A connection-level failure (no HTTP answer): the outcome is unknown.
-    pub async fn call(&self, agent: Option<Uuid>, call: &Call) -> Result<Reply, String> {
+    pub async fn call(&self, agent: Option<Uuid>, call: &Call) -> Result<Reply, BackendError> {
         match self {
             Self::Remote { client, base, agent_key } => remote(client, base, agent_key, call).await,
             Self::Local(state) => {
@@ -95,7 +112,7 @@ impl Backend {
     }
 }
 
-async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Call) -> Result<Reply, String> {
+async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Call) -> Result<Reply, BackendError> {
     let join = |path: &str| base.join(path).map_err(|e| format!("bad router URL: {e}"));
     let req = match call {
         Call::Route { key: idem, body } => client.post(join("route")?).header("Idempotency-Key", idem).json(body),

@@ -236,7 +236,7 @@ impl RouterTools {
             attempt += 1;
             let (next, reply, transport) = match backend.call(agent, &call).await {
                 Ok(reply) => (policy::classify(reply.status, &reply.body), Some(reply), None),
-                Err(e) => (Next::RetrySameKey, None, Some(e)),
+                Err(e) => (Next::RetrySameKey, None, Some(e.0)),
             };
             if next == Next::RetrySameKey {
                 let wait = wait_before_retry(reply.as_ref().and_then(|r| r.retry_after), attempt);
@@ -261,7 +261,7 @@ impl RouterTools {
                 structured(body, false)
             }
             Ok(reply) => structured(json!({ "http_status": reply.status, "response": reply.body }), true),
-            Err(e) => structured(json!({ "error": e, "next": Next::RetrySameKey }), true),
+            Err(e) => structured(json!({ "error": e.0, "next": Next::RetrySameKey }), true),
         }
     }
 }

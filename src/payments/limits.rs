@@ -22,6 +22,23 @@ use super::Spend;
 use crate::db::PrepareExt;
 use crate::money::Amount;
 
+/// An allowlist entry an operator got wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadEntry(pub String);
+
+impl From<String> for BadEntry {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for BadEntry {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// Why a payment or a call is refused by an operator's limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -325,9 +342,9 @@ pub fn host_matches(pattern: &str, host: &str, port: Option<u16>) -> bool {
 ///
 /// # Errors
 /// A sentence naming what is wrong.
-pub fn parse_host_pattern(raw: &str) -> Result<String, String> {
+pub fn parse_host_pattern(raw: &str) -> Result<String, BadEntry> {
     let entry = raw.trim().to_ascii_lowercase();
-    let bad = || format!("{raw:?} is not a host, `*.domain` or either with `:port`");
+    let bad = || BadEntry(format!("{raw:?} is not a host, `*.domain` or either with `:port`"));
     if entry.is_empty() || entry.len() > 260 {
         return Err(bad());
     }
@@ -359,12 +376,12 @@ pub fn parse_host_pattern(raw: &str) -> Result<String, String> {
 ///
 /// # Errors
 /// A sentence naming what is wrong.
-pub fn parse_pay_to(raw: &str) -> Result<String, String> {
+pub fn parse_pay_to(raw: &str) -> Result<String, BadEntry> {
     let entry = raw.trim();
     let hex = entry.strip_prefix("0x").or_else(|| entry.strip_prefix("0X"));
     match hex {
         Some(h) if h.len() == 40 && h.chars().all(|c| c.is_ascii_hexdigit()) => Ok(entry.to_ascii_lowercase()),
-        _ => Err(format!("{raw:?} is not an address (0x followed by 40 hex digits)")),
+        _ => Err(BadEntry(format!("{raw:?} is not an address (0x followed by 40 hex digits)"))),
     }
 }
 

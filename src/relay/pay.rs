@@ -36,6 +36,23 @@ use crate::state::AppState;
 use crate::upstream::{UpstreamError, UpstreamResponse};
 use crate::x402::{self, Network, Requirement, SignedPayment, X402Version};
 
+/// Why a payment could not be signed or described (nothing was signed or sent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PayError(pub String);
+
+impl From<String> for PayError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for PayError {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
 /// A stored authorization with less validity left than this is re-signed, not resent
 /// (the official facilitator wants `validBefore ≥ now + 6 s`).
 const MIN_VALIDITY_SECS: u64 = 30;
@@ -110,7 +127,7 @@ fn describe_charged(
 ///
 /// # Errors
 /// A stored authorization or version that cannot be read.
-pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<Value, String> {
+pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<Value, PayError> {
     let signed: SignedPayment = serde_json::from_value(row.signed_authorization.clone())
         .map_err(|e| format!("stored authorization unreadable: {e}"))?;
     let version = X402Version::from_number(u64::try_from(row.x402_version).unwrap_or(0))
@@ -299,7 +316,7 @@ pub async fn pay(
         json!({ "version": required.version.number(), "resource": required.resource, "extensions": extensions });
     let attempt = match sign(state, required.version, &chosen, &context, nonce) {
         Ok(a) => a,
-        Err(msg) => return Ok(stopped_after_402(state, first, "sign_failed", Code::PaymentNotMade, &msg, None)),
+        Err(msg) => return Ok(stopped_after_402(state, first, "sign_failed", Code::PaymentNotMade, &msg.0, None)),
     };
 
     // Commit the intent before the payment leaves (fenced by our lease).
@@ -589,7 +606,7 @@ fn sign(
     requirement: &Requirement,
     context: &Value,
     nonce: B256,
-) -> Result<Attempt, String> {
+) -> Result<Attempt, PayError> {
     let max_auth = state.config.payments.max_auth_secs;
     let signed = x402::sign_payment(&state.config.signer, requirement, nonce, now_unix(), max_auth)
         .map_err(|e| format!("cannot sign the payment: {e}"))?;

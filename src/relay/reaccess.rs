@@ -55,7 +55,7 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
         return Reaccess { answer: None, log };
     }
     let request = match crate::recovery::stored_request(row)
-        .and_then(|r| r.ok_or_else(|| "the request as sent was not recorded".to_owned()))
+        .and_then(|r| r.ok_or_else(|| crate::recovery::NotResendable::from("the request as sent was not recorded")))
     {
         Ok(r) => r,
         Err(why) => {

@@ -23,7 +23,7 @@ pub async fn receipts(
     agent: AuthenticatedAgent,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let page = ReceiptPage::parse(req.query_string()).map_err(ApiError::BadRequest)?;
+    let page = ReceiptPage::parse(req.query_string()).map_err(|e| ApiError::BadRequest(e.0))?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (rows, next) = self_service::receipts(&mut conn, agent.id, page).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({ "receipts": rows, "next_cursor": next.map(|c| c.encode()) })))

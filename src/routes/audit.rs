@@ -128,3 +128,14 @@ pub async fn operator_events(
     let (rows, next) = events::list(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(json!({ "events": rows, "next_cursor": next })))
 }
+
+/// GET /audit/whoami — the operator the token belongs to: `{"operator_id", "name", "role"}`
+/// (`operator_id` null for the bootstrap `OPERATOR_TOKEN`). The console shows its change
+/// controls to an admin only.
+pub async fn whoami(op: Viewer) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "operator_id": op.actor.operator_id,
+        "name": op.actor.name,
+        "role": op.actor.role,
+    }))
+}

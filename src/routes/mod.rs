@@ -47,6 +47,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/audit/agents/{id}/spend", |r| r.to(audit::spend)),
     (Method::GET, "/audit/upto", |r| r.to(audit::upto)),
     (Method::GET, "/audit/overview", |r| r.to(console::overview)),
+    (Method::GET, "/audit/whoami", |r| r.to(audit::whoami)),
     // The control plane: viewers read, admins change (Authorization: Bearer x4o_…).
     (Method::POST, "/admin/agents", |r| r.to(admin::create_agent)),
     (Method::GET, "/admin/agents", |r| r.to(admin::list_agents)),

@@ -75,6 +75,18 @@ async fn an_admin_creates_limits_disables_enables_and_rotates_an_agent_and_each_
     };
     assert_eq!(route(agent.clone()).await, 200);
 
+    // As `curl -d` sends it (a form content type): the body is read as JSON all the same.
+    let resp = app
+        .client
+        .post(format!("{}/admin/agents", app.address))
+        .bearer_auth(&ops.admin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"name":"curl-bot","daily_budget":"200000"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+
     // Listed with its spend; shown alone; the key never.
     let (status, list) = call(&app, "GET", "/admin/agents", &ops.viewer, None).await;
     assert_eq!(status, 200);
@@ -118,6 +130,7 @@ async fn an_admin_creates_limits_disables_enables_and_rotates_an_agent_and_each_
     let trail: Vec<Value> = events(&app).await.into_iter().filter(|e| e["target"] == id.as_str()).collect();
     let actions: Vec<&str> = trail.iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(actions, ["agent.create", "agent.update", "agent.disable", "agent.enable", "agent.rotate_key"]);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM agents WHERE name = 'curl-bot'").await, 1);
     assert!(trail.iter().all(|e| e["operator_name"] == "ada" && e["remote_addr"] == "127.0.0.1"), "{trail:?}");
     assert_eq!(trail[1]["before"]["daily_budget"], Value::Null);
     assert_eq!(trail[1]["after"]["daily_budget"], "100000");

@@ -100,6 +100,21 @@ async fn the_overview_counts_per_hour_and_day_and_sums_what_moved_per_asset() {
     // before; the 3-hour-old one is in neither.
     let recent = hourly[23]["payments"].as_i64().unwrap() + hourly[22]["payments"].as_i64().unwrap();
     assert!((5..=6).contains(&recent), "{recent}");
+    // Per bucket: the queues by signing time, and the amount settled per asset.
+    assert_eq!((sum(hourly, "stuck"), sum(daily, "stuck")), (1, 1));
+    assert_eq!((sum(hourly, "paid_not_served"), sum(daily, "paid_not_served")), (3, 4));
+    let moved_in = |buckets: &Value, asset: &str| -> u64 {
+        buckets
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b["moved"].as_array().unwrap().clone())
+            .filter(|m| m["asset"] == asset)
+            .map(|m| m["amount"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!((moved_in(hourly, usdc), moved_in(hourly, other)), (20000, 10000));
+    assert_eq!((moved_in(daily, usdc), moved_in(daily, other)), (30000, 10000));
     let moved = o["moved"].as_array().unwrap();
     assert_eq!(moved.len(), 2);
     let of = |asset: &str| moved.iter().find(|m| m["asset"] == asset).unwrap().clone();
@@ -176,4 +191,33 @@ async fn payments_are_listed_between_from_and_to() {
     let (status, body) = q(format!("from={}&to={}", enc(at(1)), enc(at(2)))).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(q("from=yesterday".into()).await.0, 400);
+}
+
+#[actix_web::test]
+async fn whoami_names_the_operator_and_its_role_for_the_console() {
+    let app = operator_app().await;
+    let (viewer_id, viewer) = create_operator(&app.db, "vera", x402_router::operators::Role::Viewer).await;
+    let (admin_id, admin) = create_operator(&app.db, "adam", x402_router::operators::Role::Admin).await;
+    let me = |token: String| {
+        let app = &app;
+        async move {
+            let resp = get(app, "/audit/whoami", Some(&token)).await;
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let v = me(viewer).await;
+    assert_eq!(
+        (v["operator_id"].as_str(), v["name"].as_str(), v["role"].as_str()),
+        (Some(viewer_id.to_string().as_str()), Some("vera"), Some("viewer"))
+    );
+    let a = me(admin).await;
+    assert_eq!(
+        (a["operator_id"].as_str(), a["name"].as_str(), a["role"].as_str()),
+        (Some(admin_id.to_string().as_str()), Some("adam"), Some("admin"))
+    );
+    let b = me(OPERATOR_TOKEN.to_owned()).await;
+    assert_eq!((b["operator_id"].is_null(), b["role"].as_str()), (true, Some("admin")));
+    assert_eq!(get(&app, "/audit/whoami", None).await.status(), 401);
+    assert_eq!(get(&app, "/audit/whoami", Some(&app.agent.key)).await.status(), 403);
 }

@@ -52,7 +52,7 @@ fn cli_agent(db_url: &str) -> Agent {
 
 async fn connect_error(url: &str) -> String {
     match Connector::from_url(url) {
-        Err(e) => e,
+        Err(e) => e.0,
         Ok(c) => match c.connect().await {
             Ok(_) => panic!("{url} connected"),
             Err(e) => e.to_string(),

@@ -305,7 +305,7 @@ async fn every_endpoint_answers_as_the_document_says() {
 
     // The audit API: a viewer reads; no token, an agent key and bad queries are refused.
     let agent_id = agent.id;
-    let audits: [(&str, String); 9] = [
+    let audits: [(&str, String); 10] = [
         ("/audit/receipts", "/audit/receipts?limit=5".into()),
         ("/audit/receipts/{id}", format!("/audit/receipts/{receipt_id}")),
         ("/audit/idempotency", format!("/audit/idempotency?agent_id={agent_id}&key={paid_key}")),
@@ -315,6 +315,7 @@ async fn every_endpoint_answers_as_the_document_says() {
         ("/audit/agents/{id}/spend", format!("/audit/agents/{agent_id}/spend")),
         ("/audit/upto", "/audit/upto".into()),
         ("/audit/overview", "/audit/overview".into()),
+        ("/audit/whoami", "/audit/whoami".into()),
     ];
     for (template, path) in &audits {
         assert_eq!(c.call("GET", template, path, Some(&viewer), None).await.0, 200, "{path}");

@@ -311,6 +311,42 @@ fn only_the_payments_module_writes_the_payments_table() {
 /// `reconcile`'s recovery (`commands.rs`). The other HTTP clients are not for upstreams: the
 /// stdio MCP server's client of the router (`mcp/backend.rs`) and the chain's RPC transport
 /// (`x402/rpc.rs`, alloy).
+/// Errors are types of their layer (`thiserror`), never bare strings: a caller can match on
+/// them, and the HTTP mapping in `error.rs` sees what it maps.
+#[test]
+fn no_function_in_src_returns_a_bare_string_error() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        let folded: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        // `Result<T, String>` with any T (nested generics included), and `type Err = String`.
+        let bare = folded.contains(", String>")
+            && folded.split("Result<").skip(1).any(|rest| {
+                let mut depth = 1;
+                for (i, ch) in rest.char_indices() {
+                    match ch {
+                        '<' => depth += 1,
+                        '>' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return rest[..i].trim_end().ends_with(", String");
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                false
+            });
+        if bare || folded.contains("type Err = String") {
+            found.push(file.strip_prefix(&src).unwrap().display().to_string());
+        }
+    }
+    assert!(found.is_empty(), "bare String errors in: {found:?}");
+}
+
 #[test]
 fn only_the_upstream_module_builds_a_client_that_reaches_upstreams() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -16,6 +16,7 @@ const env = (name) => {
 };
 const ROUTER = env('X402_ROUTER_URL');
 const OPERATOR_TOKEN = env('OPERATOR_TOKEN');
+const VIEWER_TOKEN = env('X402_VIEWER_TOKEN');
 const AGENT_KEY = env('X402_ROUTER_AGENT_KEY');
 const UPSTREAM = env('X402_TEST_UPSTREAM');
 const SHOTS = env('SCREENSHOTS');
@@ -45,10 +46,37 @@ async function paidCall(key = AGENT_KEY) {
   return { status: resp.status, body: await resp.text() };
 }
 
-async function operator(path) {
-  const resp = await fetch(`${ROUTER}${path}`, { headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
+async function operator(path, method = 'GET') {
+  const resp = await fetch(`${ROUTER}${path}`, { method, headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
   assert(resp.ok, `${path}: HTTP ${resp.status}`);
   return resp.json();
+}
+
+// Polls `fn` until it returns a truthy value (returned) or the deadline passes (throws).
+async function until(what, fn, timeout = WAIT) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    assert(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const code = (call) => {
+  try {
+    return JSON.parse(call.body).code;
+  } catch {
+    return null;
+  }
+};
+
+// Chromium reports a refused fetch (e.g. an expected 403) as a console error: drop exactly
+// those, and fail if there was none.
+function expectRefused(opened, status) {
+  const expected = (p) => p.startsWith('console error: Failed to load resource') && p.includes(String(status));
+  assert(opened.problems.some(expected), `no HTTP ${status} was reported`);
+  opened.problems.splice(0, opened.problems.length, ...opened.problems.filter((p) => !expected(p)));
 }
 
 const browser = await chromium.launch({
@@ -82,6 +110,9 @@ async function signIn(page, token = OPERATOR_TOKEN) {
   await page.getByLabel('Operator token').fill(token);
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
+
+// A section button of the top navigation (exact names: "Pause payments" is not "Payments").
+const nav = (page, name) => page.locator('#nav').getByRole('button', { name, exact: true });
 
 async function noSidewaysScroll(page, what) {
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
@@ -192,7 +223,7 @@ let paidReceiptId = null;
 await scenario('a paid call through the demo upstream appears live, and filters find it', async (open) => {
   const { page } = await open();
   await signIn(page);
-  await page.getByRole('button', { name: 'Payments' }).click();
+  await nav(page, 'Payments').click();
   await page.getByRole('heading', { name: /Payments/ }).waitFor({ timeout: WAIT });
   const before = await page.locator('#payments tbody tr').count();
   const call = await paidCall();
@@ -228,19 +259,30 @@ await scenario('a paid call through the demo upstream appears live, and filters 
   await page.getByText(/^0 of 0 payments since/).waitFor({ timeout: WAIT });
   await page.getByLabel(/^From/).fill('');
   await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ timeout: WAIT });
+  // Export CSV: the router's /audit/payments.csv for the same filters, fetched with the bearer
+  // header and saved as a blob; it holds exactly the rows the filtered list shows.
+  const shown = await page.locator('#payments tbody tr[data-id]').evaluateAll((rows) => rows.map((r) => r.dataset.id));
   const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Export CSV' }).click()]);
+  assert(download.url().startsWith('blob:'), `download URL: ${download.url()}`);
   const csv = await (await download.createReadStream()).toArray().then((c) => Buffer.concat(c).toString());
   const lines = csv.trim().split('\r\n');
-  assert(lines[0].startsWith('id,created_at,agent_id'), `csv header: ${lines[0]}`);
-  assert(lines.length >= 2 && lines.slice(1).every((l) => l.includes(',settled,')), 'csv holds the filtered rows');
-  assert(lines.some((l) => l.startsWith(id)), 'csv holds the paid call');
+  assert(lines[0].startsWith('id,agent_id,idempotency_key,'), `csv header: ${lines[0]}`);
+  assert(lines.length >= 2 && lines.slice(1).every((l) => l.includes(',settled,') && l.includes(payment.agent_id)), 'csv holds the filtered rows');
+  const ids = lines.slice(1).map((l) => l.split(',')[0]);
+  assert(ids.includes(id), 'csv holds the paid call');
+  assert(JSON.stringify([...ids].sort()) === JSON.stringify([...shown].sort()), `csv rows ${ids} differ from the list ${shown}`);
+  // Another host: the header only.
+  await page.getByLabel('Upstream host').fill('no-such-host.example');
+  const [empty] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Export CSV' }).click()]);
+  const emptyCsv = await (await empty.createReadStream()).toArray().then((c) => Buffer.concat(c).toString());
+  assert(emptyCsv.trim().split('\r\n').length === 1, `csv for another host: ${emptyCsv}`);
 });
 
 await scenario('the receipt view verifies the signature in the browser', async (open) => {
   assert(paidReceiptId, 'no paid receipt from the scenario before');
   const { page } = await open();
   await signIn(page);
-  await page.getByRole('button', { name: 'Payments' }).click();
+  await nav(page, 'Payments').click();
   await page.getByRole('link', { name: /^receipt of payment/ }).first().click();
   await page.getByRole('status').filter({ hasText: 'signature valid' }).waitFor({ timeout: WAIT });
   await page.screenshot({ path: `${SHOTS}/receipt-laptop.png`, fullPage: true });
@@ -260,26 +302,299 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
     await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
     await page.locator('#tiles .tile').first().waitFor({ timeout: WAIT });
     await page.locator('#chart-hour canvas').waitFor({ timeout: WAIT });
+    await page.locator('#chart-day canvas').waitFor({ timeout: WAIT });
+    await page.locator('#moved-hour canvas').waitFor({ timeout: WAIT });
+    await page.locator('#moved-day canvas').waitFor({ timeout: WAIT });
+    await page.getByText(/^Running: payments are allowed/).waitFor({ timeout: WAIT });
+    assert(await page.getByRole('button', { name: 'Pause payments' }).isEnabled(), 'an admin cannot pause');
     await page.locator('#wallet tr td.num').first().waitFor({ timeout: WAIT });
     const paid = await page.locator('#tiles .tile', { hasText: 'paid calls, 24 h' }).locator('.v').textContent();
     assert(Number(paid) >= 1, `the paid calls tile shows ${paid}`);
     await page.locator('#moved td.num').first().waitFor({ timeout: WAIT });
     await page.screenshot({ path: `${SHOTS}/overview-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} overview`);
-    await page.getByRole('button', { name: 'Queues' }).click();
+    await nav(page, 'Queues').click();
     await page.getByRole('heading', { name: 'Paid, not served' }).waitFor({ timeout: WAIT });
     await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
-    await page.getByRole('button', { name: 'Agents' }).click();
+    await nav(page, 'Agents').click();
     await page.locator('#agents meter').first().waitFor({ timeout: WAIT });
+    // Oldest first: the first card is the agent that paid above.
     const burn = await page.locator('#agents .burn').first().textContent();
-    assert(/^burn rate: [1-9]\d*\.\d per hour/.test(burn), `burn rate: ${burn}`);
+    assert(/^burn rate: [1-9]\d*\.\d per hour \(24 h spend \/ 24\)/.test(burn), `burn rate: ${burn}`);
     await page.screenshot({ path: `${SHOTS}/agents-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} agents`);
-    await page.getByRole('button', { name: 'Payments' }).click();
+    await nav(page, 'Payments').click();
     await page.locator('#payments tbody tr').first().waitFor({ timeout: WAIT });
     await page.screenshot({ path: `${SHOTS}/payments-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} payments`);
   }
+});
+
+await scenario('agents: create, a bad limit shows the API error, a month budget refuses the next paid call, disable refuses calls', async (open) => {
+  const opened = await open();
+  const { page } = opened;
+  await signIn(page);
+  await nav(page, 'Agents').click();
+  await page.getByRole('heading', { name: 'Agents' }).waitFor({ timeout: WAIT });
+  const name = `console-budget-${process.pid}`;
+  await page.getByText('Create an agent').click();
+  await page.getByLabel('Name', { exact: true }).fill(name);
+  await page.getByRole('button', { name: 'Create agent' }).click();
+  const keyBox = page.getByLabel('New API key', { exact: true });
+  await keyBox.waitFor({ timeout: WAIT });
+  const key = await keyBox.inputValue();
+  assert(key.startsWith('x4r_'), `new key: ${key}`);
+  const agent = (await operator('/admin/agents')).agents.find((a) => a.name === name);
+  assert(agent, 'the agent was created');
+  const card = page.locator(`[data-agent="${agent.agent_id}"]`);
+  await card.waitFor({ timeout: WAIT });
+  assert((await paidCall(key)).status === 200, 'the new agent pays');
+
+  // Bad input: the API's 400 text is shown, nothing changes.
+  await card.getByLabel(/^Month budget/).fill('12abc');
+  await card.getByRole('button', { name: 'Save limits' }).click();
+  const alert = card.getByRole('alert');
+  // The same request straight to the API (refused, so it changes nothing): its error text.
+  const direct = await fetch(`${ROUTER}/admin/agents/${agent.agent_id}`, {
+    method: 'PATCH',
+    headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ month_budget: '12abc' }),
+  });
+  assert(direct.status === 400, `direct bad PATCH: HTTP ${direct.status}`);
+  const apiError = (await direct.json()).error;
+  assert(apiError.includes('month_budget'), `the API's error does not name the field: ${apiError}`);
+  await until(`the API's error text "${apiError}"`, async () => (await alert.textContent()).includes(apiError));
+  expectRefused(opened, 400);
+  assert((await operator(`/admin/agents/${agent.agent_id}`)).month_budget === null, 'a bad month budget changed the agent');
+
+  // A month budget below what it has spent: the next paid call is refused.
+  await card.getByLabel(/^Month budget/).fill('1');
+  await card.getByRole('button', { name: 'Save limits' }).click();
+  await until('the saved budget', async () => (await operator(`/admin/agents/${agent.agent_id}`)).month_budget === '1');
+  await page.locator(`[data-agent="${agent.agent_id}"]`).getByText(/^Month: \d+ of 1 /).waitFor({ timeout: WAIT });
+  const over = await paidCall(key);
+  assert(code(over) === 'payment_over_budget', `over budget: HTTP ${over.status} ${over.body}`);
+  await page.screenshot({ path: `${SHOTS}/agents-budget.png`, fullPage: true });
+
+  // Disable: its next call is refused (403); enable again.
+  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Disable' }).click();
+  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Enable' }).waitFor({ timeout: WAIT });
+  // Routers trust an enabled key for up to 1 s (the agent cache): refused within that.
+  const t0 = Date.now();
+  let refused;
+  await until('the disabled agent refused', async () => {
+    refused = await paidCall(key);
+    return refused.status === 403;
+  }, 2000).catch(() => {});
+  assert(refused.status === 403 && code(refused) === 'agent_disabled', `disabled: HTTP ${refused.status} ${refused.body}`);
+  assert(Date.now() - t0 < 2000, 'the disabled agent was served for more than 2 s');
+  assert(!refused.body.includes('receipt_id'), 'a refused call left a receipt');
+  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Enable' }).click();
+  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Disable' }).waitFor({ timeout: WAIT });
+  const again = await paidCall(key);
+  assert(code(again) === 'payment_over_budget', `enabled again: HTTP ${again.status} ${again.body}`);
+});
+
+await scenario('rotate key: the new key is shown once, the old one is refused at once', async (open) => {
+  const { page } = await open();
+  await signIn(page);
+  const created = await fetch(`${ROUTER}/admin/agents`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ name: `console-rotate-${process.pid}` }),
+  }).then((r) => r.json());
+  const oldKey = created.api_key;
+  const me = (k) => fetch(`${ROUTER}/agents/me`, { headers: { Authorization: `Bearer ${k}` } }).then((r) => r.status);
+  assert((await me(oldKey)) === 200, 'the old key works before');
+  await nav(page, 'Agents').click();
+  const card = page.locator(`[data-agent="${created.agent.agent_id}"]`);
+  page.once('dialog', (d) => d.accept());
+  await card.getByRole('button', { name: 'Rotate key' }).click();
+  const keyBox = page.getByLabel('New API key', { exact: true });
+  await until('the new key', async () => (await keyBox.inputValue()).startsWith('x4r_'));
+  const newKey = await keyBox.inputValue();
+  const t0 = Date.now();
+  assert(newKey !== oldKey, 'the key did not change');
+  await until('the old key refused', async () => (await me(oldKey)) === 401, 1000);
+  assert(Date.now() - t0 <= 1000, 'the old key was accepted for more than 1 s');
+  assert((await me(newKey)) === 200, 'the new key works');
+  await page.screenshot({ path: `${SHOTS}/rotated-key.png`, fullPage: true });
+  // Copy button (the clipboard of a headless browser may refuse: then the text is selected).
+  await page.getByRole('button', { name: 'Copy key' }).click();
+  await page.getByText('Copied. It will not be shown again.').waitFor({ timeout: WAIT });
+  // Kept nowhere: not in storage, gone once dismissed and never shown again.
+  const stored = await page.evaluate(() => JSON.stringify({ ...sessionStorage }) + JSON.stringify({ ...localStorage }));
+  assert(!stored.includes(newKey), 'the new key was stored');
+  await page.getByRole('button', { name: 'Done' }).click();
+  assert(!(await keyBox.isVisible()), 'the key is still shown');
+  assert((await page.locator('#new-key').inputValue()) === '', 'the key is still in the page');
+  await nav(page, 'Overview').click();
+  await nav(page, 'Agents').click();
+  await card.waitFor({ timeout: WAIT });
+  assert(!(await page.content()).includes(newKey), 'the key is in the page again');
+});
+
+await scenario('pause in the console: a paid call gets 503 payments_paused; resume and it pays', async (open) => {
+  const { page } = await open();
+  try {
+    await signIn(page);
+    await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    await page.getByRole('button', { name: 'Pause payments' }).click();
+    await page.getByText(/^PAUSED/).waitFor({ timeout: WAIT });
+    assert(await page.getByRole('button', { name: 'Pause payments' }).isDisabled(), 'pause stays enabled while paused');
+    const paused = await paidCall();
+    assert(paused.status === 503 && code(paused) === 'payments_paused', `paused: HTTP ${paused.status} ${paused.body}`);
+    await page.screenshot({ path: `${SHOTS}/paused.png`, fullPage: true });
+    await page.getByRole('button', { name: 'Resume payments' }).click();
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    const resumed = await paidCall();
+    assert(resumed.status === 200, `resumed: HTTP ${resumed.status} ${resumed.body}`);
+  } finally {
+    await fetch(`${ROUTER}/admin/pause`, { method: 'DELETE', headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
+  }
+});
+
+async function freeCall() {
+  seq += 1;
+  const resp = await fetch(`${ROUTER}/route`, {
+    method: 'POST',
+    headers: {
+      Authorization: `Bearer ${AGENT_KEY}`,
+      'Idempotency-Key': `console-free-${process.pid}-${Date.now()}-${seq}`,
+      'Content-Type': 'application/json',
+    },
+    body: JSON.stringify({ url: `${UPSTREAM}/free` }),
+  });
+  return { status: resp.status, body: await resp.text() };
+}
+
+await scenario('pause with "also refuse unpaid calls": a free call gets 503 too; resume and both pass', async (open) => {
+  const { page } = await open();
+  try {
+    await signIn(page);
+    await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    await page.getByLabel('also refuse unpaid calls').check();
+    await page.getByRole('button', { name: 'Pause payments' }).click();
+    await page.getByText(/^PAUSED: every new call is refused/).waitFor({ timeout: WAIT });
+    const free = await freeCall();
+    assert(free.status === 503 && code(free) === 'payments_paused', `free while paused: HTTP ${free.status} ${free.body}`);
+    const paid = await paidCall();
+    assert(paid.status === 503 && code(paid) === 'payments_paused', `paid while paused: HTTP ${paid.status} ${paid.body}`);
+    await page.getByRole('button', { name: 'Resume payments' }).click();
+    await page.getByText('Running: payments are allowed.').waitFor({ timeout: WAIT });
+    const after = await freeCall();
+    assert(after.status === 200, `free after resume: HTTP ${after.status} ${after.body}`);
+  } finally {
+    await fetch(`${ROUTER}/admin/pause`, { method: 'DELETE', headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } });
+  }
+});
+
+await scenario('the wallet daily cap set in the console refuses the next paid call; cleared, it pays', async (open) => {
+  const opened = await open();
+  const { page } = opened;
+  try {
+    await signIn(page);
+    await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+    const before = await operator('/admin/settings');
+    // A cap of what was already used: nothing more fits.
+    await page.getByLabel(/Wallet daily cap/).fill(before.wallet_used_24h);
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await until('the cap saved', async () => (await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h);
+    await page.getByText(`cap: ${before.wallet_used_24h}`).waitFor({ timeout: WAIT });
+    const refused = await paidCall();
+    assert(refused.status === 402 && code(refused) === 'payment_over_budget' && refused.body.includes('wallet'),
+      `over the wallet cap: HTTP ${refused.status} ${refused.body}`);
+    await page.getByLabel(/Wallet daily cap/).fill('abc');
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await page.getByText(/wallet_daily_cap must be a decimal string/).waitFor({ timeout: WAIT });
+    expectRefused(opened, 400);
+    assert((await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h, 'a bad cap changed the setting');
+    await page.getByLabel(/Wallet daily cap/).fill('');
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await until('the cap cleared', async () => (await operator('/admin/settings')).wallet_daily_cap === null);
+    const paid = await paidCall();
+    assert(paid.status === 200, `cap cleared: HTTP ${paid.status} ${paid.body}`);
+  } finally {
+    await fetch(`${ROUTER}/admin/settings`, {
+      method: 'PATCH',
+      headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+      body: '{"wallet_daily_cap": null}',
+    });
+  }
+});
+
+await scenario('a viewer sees everything, every change control is disabled, and a forced change gets 403', async (open) => {
+  const opened = await open();
+  const { page } = opened;
+  await signIn(page, VIEWER_TOKEN);
+  await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+  await page.getByText(/^Read-only: this is a viewer token/).waitFor({ timeout: WAIT });
+  await page.getByText(/^Running: payments are allowed/).waitFor({ timeout: WAIT });
+  await page.locator('#chart-day canvas').waitFor({ timeout: WAIT });
+  const enabledChanges = async () => page.locator('.change').evaluateAll((cs) => cs.filter((c) => !c.disabled).map((c) => c.id || c.name || c.textContent));
+  for (const name of ['Pause payments', 'Resume payments', 'Save cap']) {
+    assert(await page.getByRole('button', { name }).isDisabled(), `${name} is enabled for a viewer`);
+  }
+  assert((await enabledChanges()).length === 0, `enabled on the overview: ${await enabledChanges()}`);
+  await nav(page, 'Agents').click();
+  await page.locator('#agents [data-agent]').first().waitFor({ timeout: WAIT });
+  assert(await page.locator('#agents .change').count() > 5, 'the agents have no change controls to check');
+  assert((await enabledChanges()).length === 0, `enabled on agents: ${await enabledChanges()}`);
+  await page.screenshot({ path: `${SHOTS}/viewer-agents.png`, fullPage: true });
+  await nav(page, 'Queues').click();
+  await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
+  assert((await enabledChanges()).length === 0, `enabled on queues: ${await enabledChanges()}`);
+  await nav(page, 'Operator events').click();
+  await page.locator('#events tbody tr').first().waitFor({ timeout: WAIT });
+  // The API refuses a change from this page with the viewer's token, whatever the page shows.
+  const forced = await page.evaluate(async () => {
+    const token = sessionStorage.getItem('x402-router.operator-token');
+    const out = [];
+    for (const [method, path, body] of [['POST', '/admin/pause', '{}'], ['PATCH', '/admin/settings', '{"wallet_daily_cap":"1"}'], ['POST', '/admin/agents', '{"name":"viewer-made"}'], ['POST', '/admin/reconcile', '{}']]) {
+      const r = await fetch(path, { method, body, headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' } });
+      out.push([path, r.status, (await r.json()).code]);
+    }
+    return out;
+  });
+  for (const [path, status, c] of forced) assert(status === 403 && c === 'operator_only', `${path}: ${status} ${c}`);
+  expectRefused(opened, 403);
+  const settings = await operator('/admin/settings');
+  assert(!settings.paused && settings.wallet_daily_cap === null, 'a viewer changed the settings');
+});
+
+await scenario('the operator events page lists the changes made, with before and after', async (open) => {
+  const { page } = await open(PHONE);
+  await signIn(page);
+  await nav(page, 'Operator events').click();
+  await page.getByRole('heading', { name: 'Operator events' }).waitFor({ timeout: WAIT });
+  for (const action of ['agent.create', 'agent.update', 'agent.disable', 'agent.enable', 'agent.rotate_key', 'payments.pause', 'payments.resume']) {
+    await page.locator(`#events tbody tr[data-action="${action}"]`).first().waitFor({ timeout: WAIT });
+  }
+  const update = page.locator('#events tbody tr[data-action="agent.update"]').first();
+  await update.getByText('month_budget: null → "1"').waitFor({ timeout: WAIT });
+  assert((await update.textContent()).includes('bootstrap'), 'the operator is not named');
+  await page.locator('#events tbody tr[data-action="payments.pause"]').first().getByText('paused: false → true').waitFor({ timeout: WAIT });
+  await page.screenshot({ path: `${SHOTS}/operator-events-phone.png`, fullPage: true });
+  await noSidewaysScroll(page, 'phone operator events');
+});
+
+await scenario('queues: reconcile on demand shows the report', async (open) => {
+  const { page } = await open();
+  await signIn(page);
+  await nav(page, 'Queues').click();
+  await page.getByRole('button', { name: 'Reconcile all now' }).waitFor({ timeout: WAIT });
+  await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
+  // A row, when a queue holds one (the local chain may have settled everything): its own button.
+  const row = page.locator('.queue li[data-id]').first();
+  if (await row.count()) {
+    await row.getByRole('button', { name: /^Reconcile payment/ }).click();
+    await row.getByText(/^report: /).waitFor({ timeout: WAIT });
+  }
+  await page.getByRole('button', { name: 'Reconcile all now' }).click();
+  await page.locator('#reconcile-all-report').getByText(/^report: /).waitFor({ timeout: WAIT });
+  await page.screenshot({ path: `${SHOTS}/queues-laptop.png`, fullPage: true });
 });
 
 await scenario('keyboard only: sign in and reach every section', async (open) => {
@@ -288,7 +603,7 @@ await scenario('keyboard only: sign in and reach every section', async (open) =>
   await page.keyboard.type(OPERATOR_TOKEN); // the token field has focus on load
   await page.keyboard.press('Enter');
   await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
-  await page.getByRole('button', { name: 'Payments' }).focus();
+  await nav(page, 'Payments').focus();
   await page.keyboard.press('Enter');
   await page.getByRole('heading', { name: /Payments/ }).waitFor({ timeout: WAIT });
   // Every form control has a label.
