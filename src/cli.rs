@@ -35,6 +35,8 @@ pub enum Command {
     /// Serve the MCP tools (fetch, get_receipt, get_budget) on stdin/stdout, as a client of
     /// a running router (no database access).
     Mcp(McpArgs),
+    /// Print the OpenAPI 3.1 document (the one served at GET /openapi.json) on stdout.
+    Openapi,
 }
 
 #[derive(Debug, Args)]

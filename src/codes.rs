@@ -2,7 +2,7 @@
 //!
 //! `error` is a sentence for humans and may change; `code` is the contract: agents and the
 //! client libraries (`clients/`) branch on it. [`Code::ALL`] is the one list: docs/api.md's
-//! table, `docs/openapi.json` (one schema per code, checked by a test) and the clients'
+//! table, the OpenAPI document (`routes::openapi` writes one schema per code from it) and the clients'
 //! retry rules are written from it. A code is never renamed or reused for another meaning.
 //!
 //! What an agent may do after each answer is `mcp::policy` (one table, which the client
@@ -154,6 +154,124 @@ impl Code {
             Self::PaymentUnknown => "payment_unknown",
             Self::AlreadyPaid => "already_paid",
             Self::Permit2AllowanceRequired => "permit2_allowance_required",
+        }
+    }
+
+    /// The HTTP status(es) an answer with this code has (the one mapping is `crate::error`;
+    /// a test holds the two together).
+    pub fn http_status(self) -> &'static [u16] {
+        match self {
+            Self::BadRequest | Self::IdempotencyKeyRequired => &[400],
+            Self::PayloadTooLarge => &[413],
+            Self::Unauthorized => &[401],
+            Self::AgentDisabled | Self::OperatorOnly | Self::UpstreamNotAllowed => &[403],
+            Self::NotFound => &[404],
+            Self::IdempotencyKeyReused | Self::IdempotencyKeyInFlight | Self::Superseded | Self::AlreadyPaid => &[409],
+            Self::RateLimited => &[429],
+            Self::PaymentsPaused | Self::DatabaseUnavailable | Self::PaymentNetworkUnavailable => &[503],
+            Self::InternalError => &[500],
+            Self::PaymentOverMaxAmount
+            | Self::PaymentOverBudget
+            | Self::PaymentNotAllowed
+            | Self::PaymentUnsupported => &[402],
+            Self::UpstreamFailed
+            | Self::UpstreamInvalid402
+            | Self::PaymentNotMade
+            | Self::PaymentRejected
+            | Self::SettledResponseLost
+            | Self::Permit2AllowanceRequired => &[502],
+            Self::UpstreamTimeout => &[504],
+            Self::PaymentUnknown => &[502, 504],
+        }
+    }
+
+    /// The `payment.status` an answer with this code carries (the codes of a call that
+    /// signed); `upstream_failed` carries one only when it paid.
+    pub fn payment_status(self) -> Option<&'static str> {
+        match self {
+            Self::PaymentRejected | Self::Permit2AllowanceRequired => Some("rejected"),
+            Self::SettledResponseLost => Some("settled_response_lost"),
+            Self::PaymentUnknown => Some("unknown"),
+            _ => None,
+        }
+    }
+
+    /// What the code means and what was (not) done, for the API description.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::BadRequest => {
+                "Malformed JSON, URL, method, header, amount, query or cursor; or a forbidden upstream address. Nothing was written."
+            }
+            Self::IdempotencyKeyRequired => {
+                "The `Idempotency-Key` header is missing or not 16–128 visible ASCII characters."
+            }
+            Self::PayloadTooLarge => "The request body is larger than `REQUEST_MAX_BYTES`.",
+            Self::Unauthorized => "Missing or unknown API key (or operator token).",
+            Self::AgentDisabled => "The agent is disabled.",
+            Self::OperatorOnly => "An agent key was presented to the operator API.",
+            Self::UpstreamNotAllowed => {
+                "The upstream's host is not on the agent's allowlist (set by an operator); nothing was written or sent."
+            }
+            Self::NotFound => "No such endpoint or record; another agent's records are not found either.",
+            Self::IdempotencyKeyReused => {
+                "The key was used before for a different request (a client bug: a key names one request)."
+            }
+            Self::IdempotencyKeyInFlight => {
+                "The key's first request is still running. Retry the same key after `Retry-After` (5 s)."
+            }
+            Self::Superseded => {
+                "This attempt lost its key to a retry that took it over; retry the same key to read the recorded result."
+            }
+            Self::RateLimited => {
+                "The agent's calls or payments per minute (set by an operator) are used up; nothing was recorded. Retry the same key after `Retry-After` seconds."
+            }
+            Self::PaymentsPaused => {
+                "An operator paused payments (or all calls); nothing was paid or recorded. Retry the same key after `Retry-After` seconds."
+            }
+            Self::DatabaseUnavailable => {
+                "Postgres is unreachable: nothing was executed or paid, or an executed call's result is not recorded yet (the key stays in flight). Retry the same key after `Retry-After`."
+            }
+            Self::PaymentNetworkUnavailable => {
+                "A retry that took over a key cannot read the chain to check the earlier attempt's payment; nothing was decided or paid. Retry the same key after `Retry-After`."
+            }
+            Self::InternalError => "A bug; the cause is in the router's log. Retry the same key.",
+            Self::PaymentOverMaxAmount => {
+                "The price is above the call's `max_amount` (or no `max_amount` was given). Nothing was signed. The key is completed."
+            }
+            Self::PaymentOverBudget => {
+                "The price is above the agent's per-call cap, what remains of its daily or month budget (`GET /agents/me`), or of the wallet-wide daily cap. Nothing was signed."
+            }
+            Self::PaymentNotAllowed => {
+                "No offered option pays a `payTo` address on the agent's allowlist (set by an operator). Nothing was signed."
+            }
+            Self::PaymentUnsupported => {
+                "No offered option has a scheme, network or asset the router pays with. Nothing was signed."
+            }
+            Self::UpstreamFailed => {
+                "The upstream answered 5xx, was unreachable or broke off. With `payment` null nothing was paid; a paid call that got 5xx carries its payment's status."
+            }
+            Self::UpstreamTimeout => {
+                "The upstream did not answer in time, or the route deadline passed before any payment."
+            }
+            Self::UpstreamInvalid402 => "The upstream's 402 could not be read; nothing was paid.",
+            Self::PaymentNotMade => {
+                "The payment could not be prepared (signing failed, or the chain could not be read before signing); nothing was signed or paid."
+            }
+            Self::PaymentRejected => {
+                "The upstream refused the payment and the chain shows it unused (`payment.status` `rejected`; `invalidReason`/`errorReason` passed through). The refusal is the upstream's word: the signed authorization may still be submitted until `reconcile` sees it expire unused."
+            }
+            Self::SettledResponseLost => {
+                "The payment settled on-chain but the upstream's answer was lost (paid, not served). Never pay again for this call."
+            }
+            Self::PaymentUnknown => {
+                "A signed payment left and its fate is unknown: it may still settle until its `validBefore`. Do not re-key; `GET /receipts/{id}` shows `X-Payment-Status` once `reconcile` decided (`expired`: nothing was paid, a new key is safe)."
+            }
+            Self::AlreadyPaid => {
+                "The same request was re-sent under an Idempotency-Key that had expired, and its payment went through before: nothing is paid again. `previous_receipt_id` names that payment's receipt. A new key buys again."
+            }
+            Self::Permit2AllowanceRequired => {
+                "The upstream answered 412 (or 402) `permit2_allowance_required`: it takes payment only from a wallet that approved Uniswap Permit2 for the token, and the router's wallet has not. Nothing moved (`payment.status` `rejected` after the chain check). An operator runs `x402-router wallet approve-permit2 --network <caip2> --asset <token>`. (the signed authorization stays reserved until reconcile sees it expire unused)"
+            }
         }
     }
 

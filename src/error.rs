@@ -211,3 +211,39 @@ impl ResponseError for ApiError {
 pub fn json_error(status: StatusCode, code: Code, message: impl Into<String>) -> HttpResponse {
     HttpResponse::build(status).json(json!({ "error": message.into(), "code": code }))
 }
+
+#[cfg(test)]
+mod tests {
+    use actix_web::ResponseError;
+
+    use super::*;
+
+    /// The status of every error is one its code documents (`Code::http_status`, the
+    /// OpenAPI document's `x-http-status`).
+    #[test]
+    fn every_error_status_is_one_its_code_documents() {
+        let all = [
+            ApiError::BadRequest("x".into()),
+            ApiError::IdempotencyKeyRequired,
+            ApiError::PayloadTooLarge(1),
+            ApiError::Unauthorized,
+            ApiError::Forbidden,
+            ApiError::OperatorOnly,
+            ApiError::UpstreamNotAllowed("x".into()),
+            ApiError::RateLimited { message: "x".into(), retry_after: 1 },
+            ApiError::PaymentsPaused("x".into()),
+            ApiError::AdminOnly,
+            ApiError::NotFound,
+            ApiError::KeyReused,
+            ApiError::InFlight,
+            ApiError::Superseded,
+            ApiError::Unavailable("x"),
+            ApiError::PaymentNetworkUnavailable,
+            ApiError::Internal(anyhow::anyhow!("x")),
+        ];
+        for e in all {
+            let status = e.status_code().as_u16();
+            assert!(e.code().http_status().contains(&status), "{e:?}: {status} vs {:?}", e.code().http_status());
+        }
+    }
+}

@@ -16,6 +16,10 @@ async fn main() -> std::process::ExitCode {
         Command::Reconcile(args) => commands::reconcile(args).await,
         Command::Mcp(args) => commands::mcp(args).await,
         Command::Wallet(args) => commands::wallet(args).await,
+        Command::Openapi => {
+            print!("{}", x402_router::routes::openapi::json());
+            Ok(())
+        }
         // Prints its own verdict and chooses its exit code (0 valid, 1 invalid, 2 unreadable).
         Command::Receipts(args) => return commands::receipts(args),
     };

@@ -122,7 +122,7 @@ async fn receipts_list_is_the_agents_own_newest_first_and_pages_without_repeats(
 
 #[actix_web::test]
 async fn the_openapi_document_has_one_schema_per_error_code() {
-    let doc: Value = serde_json::from_str(x402_router::routes::OPENAPI_JSON).unwrap();
+    let doc: Value = serde_json::from_str(x402_router::routes::openapi::json()).unwrap();
     let schemas = &doc["components"]["schemas"];
     let listed: Vec<&str> =
         schemas["ErrorCode"]["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();

@@ -579,7 +579,7 @@ async fn receipts_verify_accepts_a_served_receipt_and_refuses_one_changed_byte()
 
 #[actix_web::test]
 async fn the_openapi_document_describes_exactly_the_served_route_table() {
-    let doc: Value = serde_json::from_str(x402_router::routes::OPENAPI_JSON).unwrap();
+    let doc: Value = serde_json::from_str(x402_router::routes::openapi::json()).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
     let mut documented = BTreeSet::new();
@@ -609,6 +609,20 @@ async fn the_openapi_document_describes_exactly_the_served_route_table() {
             app.client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), &url).send().await.unwrap();
         assert!(![404, 405].contains(&resp.status().as_u16()), "{method} {path}: {}", resp.status());
     }
+}
+
+/// docs/openapi.json is the generated document, committed for readers and the clients.
+#[test]
+fn the_committed_openapi_copy_is_the_generated_document() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).unwrap();
+    assert!(
+        committed == x402_router::routes::openapi::json(),
+        "docs/openapi.json differs from the generated document: run `cargo run --quiet -- openapi > docs/openapi.json`"
+    );
+    // The `openapi` subcommand prints the same document.
+    let out = router_command().arg("openapi").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), x402_router::routes::openapi::json());
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod idempotency;
 mod limits;
 mod money;
 mod networks;
+mod openapi;
 mod operations;
 mod operators;
 mod payments;

@@ -39,7 +39,7 @@ sol! {
 /// The `payment` object a real call returned fits `Payment` in the served OpenAPI document:
 /// only documented members, each required one present, enums and consts respected.
 fn assert_documented_payment(p: &Value) {
-    let doc: Value = serde_json::from_str(x402_router::routes::OPENAPI_JSON).unwrap();
+    let doc: Value = serde_json::from_str(x402_router::routes::openapi::json()).unwrap();
     let schema = &doc["components"]["schemas"]["Payment"];
     let props = schema["properties"].as_object().unwrap();
     for required in schema["required"].as_array().unwrap() {
