@@ -537,3 +537,40 @@ async fn with_postgres_down_every_endpoint_answers_a_declared_503() {
         }
     }
 }
+
+/// The `/route` answers the main test cannot reach with one router: an asset the router does
+/// not pay with (402 `payment_unsupported`), a chain it cannot read before signing (502
+/// `payment_not_made`), an upstream slower than its timeout (504 `upstream_timeout`). Each must
+/// be declared and fit the document.
+#[actix_web::test]
+async fn the_rarer_route_answers_fit_the_document_too() {
+    let chain = Devnet::start().await;
+    let spec = Spec::new();
+    let paid = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    let other_asset = spawn_app_with(AppOptions {
+        extra: vec![
+            ("x402-rpc-urls".into(), format!("eip155:84532={}", chain.rpc_url)),
+            ("x402-assets".into(), "eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let (status, env) = spec.check("POST", "/route", other_asset.route(&new_key(), &paid).await).await;
+    assert_eq!((status, env["code"].as_str()), (402, Some("payment_unsupported")), "{env}");
+    let rpc_down = spawn_app_with(AppOptions {
+        extra: vec![
+            ("x402-rpc-urls".into(), format!("eip155:84532=http://127.0.0.1:{}", free_port())),
+            ("x402-assets".into(), format!("eip155:84532={}@6", chain.token)),
+            ("x402-rpc-timeout-ms".into(), "1000".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let (status, env) = spec.check("POST", "/route", rpc_down.route(&new_key(), &paid).await).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("payment_not_made")), "{env}");
+    let slow = spawn_app_with(AppOptions { upstream_timeout_ms: 300, ..Default::default() }).await;
+    let up = TestUpstream::start().await;
+    let (status, env) =
+        spec.check("POST", "/route", slow.route(&new_key(), &json!({"url": up.url("/slow/t?ms=2000")})).await).await;
+    assert_eq!((status, env["code"].as_str()), (504, Some("upstream_timeout")), "{env}");
+}
