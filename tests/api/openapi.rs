@@ -574,3 +574,41 @@ async fn the_rarer_route_answers_fit_the_document_too() {
         spec.check("POST", "/route", slow.route(&new_key(), &json!({"url": up.url("/slow/t?ms=2000")})).await).await;
     assert_eq!((status, env["code"].as_str()), (504, Some("upstream_timeout")), "{env}");
 }
+
+/// Two more `/route` answers, each needing its own chain state: the same request re-sent
+/// under its key after GC removed it, its payment settled (409 `already_paid`), and an
+/// upstream whose facilitator wants a Permit2 approval the wallet lacks (502
+/// `permit2_allowance_required`).
+#[actix_web::test]
+async fn already_paid_and_permit2_allowance_required_fit_the_document() {
+    let chain = Devnet::start().await;
+    let spec = Spec::new();
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    let key = new_key();
+    let paid = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    assert_eq!(spec.check("POST", "/route", app.route(&key, &paid).await).await.0, 200);
+    // What GC leaves of the key: no idempotency row, no Redis entry.
+    exec(&app.db, &format!("DELETE FROM idempotency_keys WHERE key = '{key}'")).await;
+    let redis = redis::Client::open(redis_url()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("{}idem:{{{}}}:{key}", app.redis_prefix, app.agent.id))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (status, env) = spec.check("POST", "/route", app.route(&key, &paid).await).await;
+    assert_eq!((status, env["code"].as_str()), (409, Some("already_paid")), "{env}");
+
+    let revoked = router_command()
+        .args(["wallet", "approve-permit2", "--network", "eip155:84532", "--asset", &chain.token.to_string()])
+        .args(["--amount", "0"])
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .env("X402_RPC_URLS", format!("eip155:{}={}", chain.chain_id, chain.rpc_url))
+        .env("X402_ASSETS", format!("eip155:{}={}@6", chain.chain_id, chain.token))
+        .output()
+        .unwrap();
+    assert!(revoked.status.success(), "{}", String::from_utf8_lossy(&revoked.stderr));
+    let gated = json!({"url": chain.url("/v2/permit2-gate"), "max_amount": "50000"});
+    let (status, env) = spec.check("POST", "/route", app.route(&new_key(), &gated).await).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("permit2_allowance_required")), "{env}");
+}
