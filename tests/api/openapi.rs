@@ -568,6 +568,14 @@ async fn the_rarer_route_answers_fit_the_document_too() {
     .await;
     let (status, env) = spec.check("POST", "/route", rpc_down.route(&new_key(), &paid).await).await;
     assert_eq!((status, env["code"].as_str()), (502, Some("payment_not_made")), "{env}");
+    // A paid request cut off by the route deadline while the upstream holds the authorization.
+    let cut = spawn_app_with(AppOptions { deadline_ms: 1500, extra: chain.router_extra(), ..Default::default() }).await;
+    let stalled = json!({"url": chain.url("/v2/stall?seconds=3"), "max_amount": "10000"});
+    let (status, env) = spec.check("POST", "/route", cut.route(&new_key(), &stalled).await).await;
+    assert_eq!(
+        (status, env["code"].as_str(), env["payment"]["status"].as_str()),
+        (504, Some("payment_unknown"), Some("unknown"))
+    );
     let slow = spawn_app_with(AppOptions { upstream_timeout_ms: 300, ..Default::default() }).await;
     let up = TestUpstream::start().await;
     let (status, env) =
