@@ -228,15 +228,20 @@ impl Params {
         self.0.remove(name)
     }
 
-    fn page(&mut self) -> Result<Page, BadQuery> {
-        let limit = match self.take("limit") {
-            None => DEFAULT_LIMIT,
+    /// `limit`: 1 to [`MAX_LIMIT`], [`DEFAULT_LIMIT`] when absent.
+    pub(crate) fn limit(&mut self) -> Result<i64, BadQuery> {
+        match self.take("limit") {
+            None => Ok(DEFAULT_LIMIT),
             Some(v) => v
                 .parse::<i64>()
                 .ok()
                 .filter(|l| (1..=MAX_LIMIT).contains(l))
-                .ok_or_else(|| BadQuery(format!("`limit` must be an integer from 1 to {MAX_LIMIT}")))?,
-        };
+                .ok_or_else(|| BadQuery(format!("`limit` must be an integer from 1 to {MAX_LIMIT}"))),
+        }
+    }
+
+    fn page(&mut self) -> Result<Page, BadQuery> {
+        let limit = self.limit()?;
         let after = self
             .take("cursor")
             .map(|c| Cursor::decode(&c).ok_or_else(|| BadQuery("`cursor` is not valid".into())))

@@ -14,7 +14,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Actor;
-use crate::audit::{BadQuery, DEFAULT_LIMIT, MAX_LIMIT, Params, time, uuid};
+use crate::audit::{BadQuery, Params, time, uuid};
 
 /// Appends one event. Call it on the connection (and inside the transaction) of the change
 /// it records.
@@ -113,14 +113,7 @@ impl EventQuery {
             Some(a) if !a.trim().is_empty() && a.len() <= 100 => Some(a.trim().to_owned()),
             Some(_) => return Err(BadQuery("`action` must be 1 to 100 characters".into())),
         };
-        let limit = match p.take("limit") {
-            None => DEFAULT_LIMIT,
-            Some(v) => v
-                .parse::<i64>()
-                .ok()
-                .filter(|l| (1..=MAX_LIMIT).contains(l))
-                .ok_or_else(|| BadQuery(format!("`limit` must be an integer from 1 to {MAX_LIMIT}")))?,
-        };
+        let limit = p.limit()?;
         let after = p
             .take("cursor")
             .map(|c| decode_cursor(&c).ok_or_else(|| BadQuery("`cursor` is not valid".into())))
