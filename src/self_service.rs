@@ -324,6 +324,24 @@ impl KeyPayment {
     }
 }
 
+/// `GET /payments?idempotency_key=` (and MCP `payment_status`): the key's payment, whether a
+/// new key is safe, and an answer recovered after the key's final answer.
+#[derive(Debug, Serialize)]
+pub struct KeyPaymentView<'a> {
+    #[serde(flatten)]
+    pub payment: &'a KeyPayment,
+    /// Whether the payment's state lets the agent buy again under a new key.
+    pub new_key_safe: bool,
+    /// See [`KeyPayment::recovered_answer`]; `null` when none.
+    pub recovered_answer: Option<serde_json::Value>,
+}
+
+impl<'a> KeyPaymentView<'a> {
+    pub fn new(payment: &'a KeyPayment, new_key_safe: bool) -> Self {
+        Self { payment, new_key_safe, recovered_answer: payment.recovered_answer() }
+    }
+}
+
 /// The payment of (agent, key), if one was signed. Never the signed authorization or its
 /// header (bearer instruments).
 ///

@@ -11,7 +11,7 @@ use diesel::sql_types::{Array, Bool, Integer, Nullable, Text, Timestamptz, Uuid 
 use diesel::{OptionalExtension, QueryResult, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::keys::{generate_api_key, hash_api_key};
@@ -387,10 +387,19 @@ pub async fn settings(conn: &mut AsyncPgConnection) -> QueryResult<Value> {
     Ok(settings_json(&s, &used))
 }
 
+/// The settings as shown, with the wallet's rolling 24 h usage.
+#[derive(Serialize)]
+struct SettingsView<'a> {
+    #[serde(flatten)]
+    settings: &'a Settings,
+    /// What the wallet-wide cap counts now.
+    wallet_used_24h: &'a str,
+}
+
 fn settings_json(s: &Settings, used: &str) -> Value {
-    let mut v = serde_json::to_value(s).unwrap_or_else(|_| Value::Object(Map::new()));
-    v["wallet_used_24h"] = json!(used);
-    v
+    // Through a value: members in name order, as before.
+    serde_json::to_value(SettingsView { settings: s, wallet_used_24h: used })
+        .unwrap_or_else(|_| Value::Object(Map::new()))
 }
 
 /// Sets (or, with None, removes) the wallet-wide daily cap.
@@ -484,6 +493,8 @@ pub async fn reconcile(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -71,7 +71,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::Cursor;
@@ -81,6 +81,7 @@ use crate::money::Amount;
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
+use crate::relay::view::{StoredIntent, decode_authorization};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::{Chain, Network, SignedPayment};
 
@@ -281,8 +282,7 @@ fn now_unix() -> i64 {
 /// The intent's signed record, checked against its columns (a record that disagrees with
 /// the row it is stored in is not trusted).
 fn signed_record(c: &Candidate) -> Result<SignedPayment, Unreadable> {
-    let signed: SignedPayment =
-        serde_json::from_value(c.signed_authorization.clone()).map_err(|e| format!("stored authorization: {e}"))?;
+    let signed = decode_authorization(&c.signed_authorization).map_err(|e| Unreadable(e.to_string()))?;
     let (network, asset, payer, nonce) = coordinates(c)?;
     if (signed.network(), signed.asset(), signed.payer(), signed.nonce()) != (network, asset, payer, nonce) {
         return Err("stored authorization disagrees with its row".into());
@@ -410,7 +410,7 @@ async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut
         };
         after = Some((last.created_at, last.id));
         for p in &batch {
-            let signed: SignedPayment = match serde_json::from_value(p.signed_authorization.clone()) {
+            let signed = match decode_authorization(&p.signed_authorization) {
                 Ok(s) => s,
                 Err(e) => {
                     report.errors += 1;
@@ -627,24 +627,11 @@ fn render(
     resp: &UpstreamResponse,
     tx_hash: Option<&str>,
 ) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), Unreadable> {
-    use crate::idempotency::{Status, canonical};
-    use crate::relay::envelope;
-    let mut shown = crate::relay::pay::describe_row(row, Settled, tx_hash).map_err(|e| Unreadable(e.0))?;
-    shown["recovery"] = json!(kind.as_str());
+    use crate::idempotency::canonical;
+    let view = StoredIntent::decode(row).map_err(|e| Unreadable(e.to_string()))?;
+    let shown = view.view(Settled, tx_hash).recovery(Some(kind));
     let receipt_id = Uuid::new_v4();
-    let (outcome, http_status, body) = if resp.status < 500 {
-        (Status::Completed, 200, envelope::envelope(resp, Some(&shown), receipt_id))
-    } else {
-        let msg = format!("upstream answered {}", resp.status);
-        let body = envelope::error_envelope(
-            crate::codes::Code::UpstreamFailed,
-            &msg,
-            Some(resp),
-            Some(&shown),
-            Some(receipt_id),
-        );
-        (Status::Errored, 502, body)
-    };
+    let (outcome, http_status, body) = crate::relay::outcome::answered(resp, Some(&shown), receipt_id);
     let draft = crate::receipts::Draft {
         id: receipt_id,
         agent_id: row.agent_id,
@@ -654,12 +641,12 @@ fn render(
         url: row.request_url.clone().unwrap_or_default(),
         upstream_status: Some(i32::from(resp.status)),
         upstream_body_sha256: canonical::sha256_hex(&resp.body),
-        payment: Some(shown),
+        payment: Some(shown.to_value()),
         outcome: outcome.as_str().to_owned(),
         trace_id: crate::telemetry::current_trace_id(),
     };
     let receipt = draft.sign(signer).map_err(|e| format!("signing the receipt: {e}"))?;
-    Ok((receipt, http_status, body.to_bytes()))
+    Ok((receipt, http_status, body))
 }
 
 #[cfg(test)]

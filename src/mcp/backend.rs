@@ -205,11 +205,8 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
                     .map_err(ApiError::database)?
                     .ok_or(ApiError::NotFound)?;
                 let safe = super::policy::RELEASED_PAYMENT_STATES.contains(&p.status.as_str());
-                let mut body = serde_json::to_value(&p).map_err(|e| ApiError::Internal(e.into()))?;
-                if let Value::Object(map) = &mut body {
-                    map.insert("new_key_safe".into(), Value::Bool(safe));
-                    map.insert("recovered_answer".into(), p.recovered_answer().unwrap_or(Value::Null));
-                }
+                let body = serde_json::to_value(crate::self_service::KeyPaymentView::new(&p, safe))
+                    .map_err(|e| ApiError::Internal(e.into()))?;
                 Ok::<_, ApiError>(body)
             }
             .await;

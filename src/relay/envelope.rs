@@ -15,6 +15,7 @@ use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
+use super::view::PaymentView;
 use crate::codes::Code;
 use crate::upstream::{UpstreamResponse, is_kept_response_header};
 
@@ -89,7 +90,7 @@ fn upstream_fields(env: &mut Envelope, resp: &UpstreamResponse) {
 }
 
 /// The envelope for an upstream answer.
-pub fn envelope(resp: &UpstreamResponse, payment: Option<&Value>, receipt_id: Uuid) -> Envelope {
+pub fn envelope(resp: &UpstreamResponse, payment: Option<&PaymentView>, receipt_id: Uuid) -> Envelope {
     let mut env = Envelope::default();
     upstream_fields(&mut env, resp);
     env.set("payment", &payment).set("receipt_id", &receipt_id);
@@ -101,7 +102,7 @@ pub fn error_envelope(
     code: Code,
     error: &str,
     resp: Option<&UpstreamResponse>,
-    payment: Option<&Value>,
+    payment: Option<&PaymentView>,
     receipt_id: Option<Uuid>,
 ) -> Envelope {
     let mut env = Envelope::default();

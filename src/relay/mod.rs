@@ -21,6 +21,7 @@ pub mod reaccess;
 pub mod record;
 pub mod request;
 mod settled;
+pub mod view;
 
 use std::time::{Duration, Instant};
 

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::envelope;
 use super::request::RouteCall;
+use super::view::PaymentView;
 use crate::codes::Code;
 use crate::idempotency::{Ownership, Status, Stored, canonical};
 use crate::payments::Final;
@@ -19,7 +20,7 @@ use crate::upstream::UpstreamResponse;
 #[derive(Debug, Clone)]
 pub struct PaymentNote {
     /// The envelope's `payment` object.
-    pub shown: Value,
+    pub shown: PaymentView,
     /// The intent's final state (`None` when no intent was written in the ledger).
     pub ledger: Option<Final>,
 }
@@ -96,7 +97,7 @@ pub enum Outcome {
     /// This very request was already paid under this key before the key expired (it was
     /// reused for the same request): 409, `errored`, nothing sent, no new receipt; the body
     /// points at the receipt recorded for the payment.
-    AlreadyPaid { previous_receipt: Option<Uuid>, payment: Value },
+    AlreadyPaid { previous_receipt: Option<Uuid>, payment: PaymentView },
 }
 
 /// What the recording transaction writes for an outcome.
@@ -107,35 +108,41 @@ pub struct Rendered {
     pub payment: Option<Final>,
 }
 
+/// The idempotency status, HTTP status and envelope bytes of an upstream's answer (after a
+/// payment, if any): < 500 ⇒ 200 + envelope; ≥ 500 ⇒ 502 with the envelope fields. The one
+/// rendering of an answer, for `/route` and for the answers `reconcile` recovers.
+pub fn answered(resp: &UpstreamResponse, payment: Option<&PaymentView>, receipt_id: Uuid) -> (Status, u16, Vec<u8>) {
+    if resp.status < 500 {
+        (Status::Completed, 200, envelope::envelope(resp, payment, receipt_id).to_bytes())
+    } else {
+        let msg = format!("upstream answered {}", resp.status);
+        let body = envelope::error_envelope(Code::UpstreamFailed, &msg, Some(resp), payment, Some(receipt_id));
+        (Status::Errored, 502, body.to_bytes())
+    }
+}
+
 impl Outcome {
     /// Renders the answer, the receipt draft and the payment's final state.
     pub fn render(self, own: &Ownership, call: &RouteCall) -> Rendered {
         let receipt_id = Uuid::new_v4();
-        let draft = |status: Status, upstream: Option<&UpstreamResponse>, payment: Option<&Value>| receipts::Draft {
-            id: receipt_id,
-            agent_id: own.agent_id,
-            idempotency_key: own.key.as_str().to_owned(),
-            request_hash: call.request_hash.clone(),
-            method: call.upstream.method.to_string(),
-            url: call.upstream.url.to_string(),
-            upstream_status: upstream.map(|r| i32::from(r.status)),
-            upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),
-            payment: payment.cloned(),
-            outcome: status.as_str().to_owned(),
-            trace_id: crate::telemetry::current_trace_id(),
-        };
+        let draft =
+            |status: Status, upstream: Option<&UpstreamResponse>, payment: Option<&PaymentView>| receipts::Draft {
+                id: receipt_id,
+                agent_id: own.agent_id,
+                idempotency_key: own.key.as_str().to_owned(),
+                request_hash: call.request_hash.clone(),
+                method: call.upstream.method.to_string(),
+                url: call.upstream.url.to_string(),
+                upstream_status: upstream.map(|r| i32::from(r.status)),
+                upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),
+                payment: payment.map(PaymentView::to_value),
+                outcome: status.as_str().to_owned(),
+                trace_id: crate::telemetry::current_trace_id(),
+            };
         match self {
             Self::Answered { resp, payment } => {
                 let shown = payment.as_ref().map(|p| &p.shown);
-                let (status, http_status, body) = if resp.status < 500 {
-                    (Status::Completed, 200, envelope::envelope(&resp, shown, receipt_id))
-                } else {
-                    let msg = format!("upstream answered {}", resp.status);
-                    let body =
-                        envelope::error_envelope(Code::UpstreamFailed, &msg, Some(&resp), shown, Some(receipt_id));
-                    (Status::Errored, 502, body)
-                };
-                let body = body.to_bytes();
+                let (status, http_status, body) = answered(&resp, shown, receipt_id);
                 let receipt = draft(status, Some(&resp), shown);
                 Rendered {
                     stored: Stored { status, http_status, body, receipt_id: Some(receipt_id) },

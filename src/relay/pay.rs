@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::request::RouteCall;
+use super::view::{PaymentView, StoredIntent};
 use super::{Error, Failure, Outcome, PaymentNote, remaining};
 use crate::clock::now_unix;
 use crate::codes::Code;
@@ -73,66 +74,14 @@ struct Attempt {
 
 impl Attempt {
     /// The envelope's `payment` object (upto: `amount` is what the chain shows moved, when known).
-    fn describe(
+    fn view(
         &self,
         status: PaymentStatus,
         tx_hash: Option<&str>,
         charged: Option<alloy::primitives::U256>,
-    ) -> Value {
-        describe_charged(self.version, &self.signed, status, tx_hash, charged)
+    ) -> PaymentView {
+        PaymentView::of(self.version, &self.signed, status, tx_hash).charged(charged)
     }
-}
-
-fn describe(version: X402Version, signed: &SignedPayment, status: PaymentStatus, tx_hash: Option<&str>) -> Value {
-    let mut shown = json!({
-        "x402_version": version.number(),
-        "scheme": signed.scheme(),
-        "network": signed.network().caip2(),
-        "asset": signed.asset().to_checksum(None),
-        "amount": signed.amount().to_string(),
-        "pay_to": signed.pay_to().to_checksum(None),
-        "payer": signed.payer().to_checksum(None),
-        "nonce": signed.nonce().to_string(),
-        "tx_hash": tx_hash,
-        "status": status.as_str(),
-    });
-    if let SignedPayment::Permit2(_) = signed {
-        shown["asset_transfer_method"] = json!(signed.transfer_method());
-    }
-    if signed.is_upto() {
-        // Until the chain shows what moved, the whole signed maximum is what may be charged.
-        shown["max_amount"] = json!(signed.amount().to_string());
-    }
-    shown
-}
-
-/// [`describe`] with what the chain shows was charged (upto: `amount` becomes the amount
-/// moved, `max_amount` stays the signed maximum).
-fn describe_charged(
-    version: X402Version,
-    signed: &SignedPayment,
-    status: PaymentStatus,
-    tx_hash: Option<&str>,
-    charged: Option<alloy::primitives::U256>,
-) -> Value {
-    let mut shown = describe(version, signed, status, tx_hash);
-    if let Some(charged) = charged.filter(|_| signed.is_upto()) {
-        shown["amount"] = json!(charged.to_string());
-    }
-    shown
-}
-
-/// The envelope's `payment` object for a stored intent, in `status` (for answers recorded
-/// outside a route call, e.g. by `reconcile`).
-///
-/// # Errors
-/// A stored authorization or version that cannot be read.
-pub fn describe_row(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<Value, PayError> {
-    let signed: SignedPayment = serde_json::from_value(row.signed_authorization.clone())
-        .map_err(|e| format!("stored authorization unreadable: {e}"))?;
-    let version = X402Version::from_number(u64::try_from(row.x402_version).unwrap_or(0))
-        .ok_or_else(|| format!("stored x402 version {}", row.x402_version))?;
-    Ok(describe(version, &signed, status, tx_hash))
 }
 
 /// A 502 for a call that stopped after the upstream's 402 without paying in this attempt:
@@ -143,7 +92,7 @@ fn stopped_after_402(
     metric: &str,
     code: Code,
     msg: &str,
-    payment: Option<Value>,
+    payment: Option<PaymentView>,
 ) -> Outcome {
     state.metrics.payments.with_label_values(&[metric]).inc();
     let payment = payment.map(|shown| PaymentNote { shown, ledger: None });
@@ -265,11 +214,8 @@ pub async fn pay(
     match used_anywhere(state, payer, eip3009_nonce, permit2_nonce).await {
         Ok(None) => {}
         Ok(Some((network, asset))) => {
-            let payment = json!({
-                "x402_version": required.version.number(), "scheme": chosen.scheme(), "network": network.caip2(),
-                "asset": asset.to_checksum(None), "payer": payer.to_checksum(None), "nonce": nonce.to_string(),
-                "status": PaymentStatus::SettledResponseLost.as_str(),
-            });
+            let payment =
+                PaymentView::found_on_chain(required.version, chosen.scheme(), (network, asset), payer, nonce);
             let msg = "this request's payment under this Idempotency-Key was already settled on-chain; \
                        the router will not pay again";
             return Ok(stopped_after_402(
@@ -376,9 +322,7 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
     let mut conn = super::error::conn(&state.pool).await?;
     let intent = store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
     let payment = intent.and_then(|row| {
-        let signed: SignedPayment = serde_json::from_value(row.signed_authorization).ok()?;
-        let version = X402Version::from_number(u64::try_from(row.x402_version).ok()?)?;
-        let shown = describe(version, &signed, PaymentStatus::Unknown, None);
+        let shown = StoredIntent::decode(&row).ok()?.view(PaymentStatus::Unknown, None);
         let error = Some("route deadline exceeded".into());
         let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error, recovery: None };
         Some(PaymentNote { shown, ledger: Some(ledger) })
@@ -413,10 +357,8 @@ pub async fn resume(
     deadline: Instant,
     mode: Resume,
 ) -> Result<Outcome, Error> {
-    let signed: SignedPayment = serde_json::from_value(intent.signed_authorization.clone())
-        .map_err(|e| Error::invariant(format!("stored authorization unreadable: {e}")))?;
-    let version = X402Version::from_number(u64::try_from(intent.x402_version).unwrap_or(0))
-        .ok_or_else(|| Error::invariant(format!("stored x402 version {}", intent.x402_version)))?;
+    let StoredIntent { version, signed } =
+        StoredIntent::decode(&intent).map_err(|e| Error::invariant(e.to_string()))?;
     faults::at(state.faults.as_ref(), Point::ResumeStart).await;
     let used = match chain_used(state, &signed).await {
         Ok(used) => used,
@@ -456,7 +398,7 @@ pub async fn resume(
                 crate::receipts::store::latest_for_request(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash)
                     .await?
             };
-            let shown = describe_charged(version, &signed, intent.status, tx_hash.as_deref(), charged);
+            let shown = PaymentView::of(version, &signed, intent.status, tx_hash.as_deref()).charged(charged);
             return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown });
         }
         // Paid, and the answer was lost: try to get it back without paying again
@@ -476,8 +418,8 @@ pub async fn resume(
             super::count_paid(state, &signed, PaymentStatus::Settled, charged);
             let status = PaymentStatus::Settled;
             let tx_hash = Some(tx_hash.to_string());
-            let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
-            shown["recovery"] = json!(kind.as_str());
+            let shown =
+                PaymentView::of(version, &signed, status, tx_hash.as_deref()).charged(charged).recovery(Some(kind));
             let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
             return Ok(Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) });
         }
@@ -496,8 +438,7 @@ pub async fn resume(
         tracing::warn!(agent_id = %own.agent_id, sends = recovery.sends,
             "resumed key was already paid on-chain and its answer could not be recovered: settled, response lost");
         let status = PaymentStatus::SettledResponseLost;
-        let mut shown = describe_charged(version, &signed, status, tx_hash.as_deref(), charged);
-        shown["recovery"] = json!(kind.as_str());
+        let shown = PaymentView::of(version, &signed, status, tx_hash.as_deref()).charged(charged).recovery(Some(kind));
         let ledger = Final { id: intent.id, status, tx_hash, error: None, recovery: Some(note) };
         let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
         let payment = Some(PaymentNote { shown, ledger: Some(ledger) });
@@ -583,8 +524,7 @@ fn reaccessed(
     tracing::info!(agent_id = %own.agent_id, upstream.status = resp.status,
         "the answer to a settled payment was lost; the resource was re-accessed by signing in as the payer");
     let status = PaymentStatus::Settled;
-    let mut shown = describe(version, signed, status, tx_hash.as_deref());
-    shown["recovery"] = json!(kind.as_str());
+    let shown = PaymentView::of(version, signed, status, tx_hash.as_deref()).recovery(Some(kind));
     let note = crate::payments::RecoveryNote { kind, log };
     let ledger = Final { id, status, tx_hash, error: None, recovery: Some(note) };
     Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
@@ -652,7 +592,7 @@ async fn exchange(
                 id: attempt.id,
                 signed,
                 used: || chain_used(state, signed),
-                describe: |status, tx: Option<&str>, charged| attempt.describe(status, tx, charged),
+                describe: |status, tx: Option<&str>, charged| attempt.view(status, tx, charged),
             };
             super::pending::unanswered(state, own, paid, resp, deadline).await
         }
@@ -678,7 +618,7 @@ async fn exchange(
             } else {
                 format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"))
             };
-            let shown = attempt.describe(status, tx_hash.as_deref(), proven.charged);
+            let shown = attempt.view(status, tx_hash.as_deref(), proven.charged);
             let ledger = Final { id: attempt.id, status, tx_hash, error: reason, recovery: None };
             let payment = PaymentNote { shown, ledger: Some(ledger) };
             let code = match status {
@@ -707,11 +647,9 @@ async fn exchange(
             state.metrics.payments.with_label_values(&[status.as_str()]).inc();
             super::count_paid(state, signed, status, charged);
             tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
-            let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
-            if let Some(said) = claim.as_ref().and_then(|c| c.amount).filter(|_| signed.is_upto()) {
-                // The upstream's word, beside what the chain shows (`amount`).
-                shown["claimed_amount"] = json!(said.to_string());
-            }
+            // upto: the upstream's word, beside what the chain shows (`amount`).
+            let said = claim.as_ref().and_then(|c| c.amount).map(|a| a.to_string());
+            let shown = attempt.view(status, tx_hash.as_deref(), charged).claimed_amount(said);
             let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
             let ledger = Final { id: attempt.id, status, tx_hash, error, recovery: None };
             Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) }
@@ -761,8 +699,7 @@ async fn lost_answer(
                     "the answer to a settled payment, lost in transit, was recovered by a byte-identical re-send");
                 let status = PaymentStatus::Settled;
                 let tx_hash = Some(tx_hash.to_string());
-                let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
-                shown["recovery"] = json!(kind.as_str());
+                let shown = attempt.view(status, tx_hash.as_deref(), charged).recovery(Some(kind));
                 let ledger = Final { id: attempt.id, status, tx_hash, error: None, recovery: Some(recorded) };
                 return Outcome::Answered { resp, payment: Some(PaymentNote { shown, ledger: Some(ledger) }) };
             }
@@ -776,10 +713,7 @@ async fn lost_answer(
         _ => format!("{e}; the payment was not seen on-chain (the signed authorization stays valid until it expires)"),
     };
     let tx_hash = proven.tx_hash.map(|h| h.to_string());
-    let mut shown = attempt.describe(status, tx_hash.as_deref(), charged);
-    if let Some(n) = &note {
-        shown["recovery"] = json!(n.kind.as_str());
-    }
+    let shown = attempt.view(status, tx_hash.as_deref(), charged).recovery(note.as_ref().map(|n| n.kind));
     let ledger = Final { id: attempt.id, status, tx_hash, error: Some(e.to_string()), recovery: note };
     let payment = PaymentNote { shown, ledger: Some(ledger) };
     let code =

@@ -23,9 +23,9 @@
 use std::time::{Duration, Instant};
 
 use alloy::primitives::B256;
-use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::view::PaymentView;
 use super::{Failure, Outcome, PaymentNote, remaining};
 use crate::codes::Code;
 use crate::idempotency::Ownership;
@@ -115,7 +115,7 @@ pub(super) async fn unanswered<U, F, D>(
 where
     U: Fn() -> F,
     F: Future<Output = Result<bool, x402::ChainError>>,
-    D: Fn(PaymentStatus, Option<&str>, Option<alloy::primitives::U256>) -> Value,
+    D: Fn(PaymentStatus, Option<&str>, Option<alloy::primitives::U256>) -> PaymentView,
 {
     let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
     let hint = claim.as_ref().and_then(|c| c.tx_hash);
@@ -169,10 +169,7 @@ where
     state.metrics.payments.with_label_values(&[status.as_str()]).inc();
     super::count_paid(state, paid.signed, status, charged);
     tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), "settlement claim decided");
-    let mut shown = (paid.describe)(status, tx_hash.as_deref(), charged);
-    if let Some(h) = hint {
-        shown["claimed_tx_hash"] = json!(h.to_string());
-    }
+    let shown = (paid.describe)(status, tx_hash.as_deref(), charged).claimed_tx_hash(hint);
     let ledger = Final { id: paid.id, status, tx_hash, error: Some(error), recovery: None };
     Outcome::Failed(
         Failure::new(code, msg)

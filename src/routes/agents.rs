@@ -53,10 +53,8 @@ pub async fn payment(
     let found = self_service::payment_for_key(&mut conn, agent.id, &key).await.map_err(ApiError::database)?;
     let p = found.ok_or(ApiError::NotFound)?;
     let safe = crate::mcp::policy::RELEASED_PAYMENT_STATES.contains(&p.status.as_str());
-    let mut body = serde_json::to_value(&p).map_err(|e| ApiError::Internal(e.into()))?;
-    if let serde_json::Value::Object(map) = &mut body {
-        map.insert("new_key_safe".into(), serde_json::Value::Bool(safe));
-        map.insert("recovered_answer".into(), p.recovered_answer().unwrap_or(serde_json::Value::Null));
-    }
+    // Through a value: members in name order, as before.
+    let body =
+        serde_json::to_value(self_service::KeyPaymentView::new(&p, safe)).map_err(|e| ApiError::Internal(e.into()))?;
     Ok(HttpResponse::Ok().json(body))
 }

@@ -1,0 +1,247 @@
+//! What a payment looks like to its readers: the `payment` object of the `/route` envelope,
+//! of a receipt, of an answer `reconcile` recovered and of the MCP `fetch` result.
+//!
+//! [`PaymentView`] is built from the decoded intent ([`StoredIntent`], or the signed payment
+//! of this attempt) and is the only place that decides its fields; nothing patches the JSON
+//! afterwards. A stored intent is decoded here once, where it is read from the ledger
+//! ([`StoredIntent::decode`]): nothing downstream re-parses the authorization or re-derives
+//! the x402 version from its number.
+
+use alloy::primitives::{Address, B256, U256};
+use serde::Serialize;
+
+use crate::payments::store::PaymentRow;
+use crate::payments::{PaymentStatus, RecoveryKind};
+use crate::x402::{Network, SignedPayment, X402Version};
+
+/// A stored intent that cannot be read back (a corrupted or foreign row).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("stored authorization unreadable: {0}")]
+    Authorization(String),
+    #[error("stored x402 version {0}")]
+    Version(i16),
+}
+
+/// A stored `signed_authorization` (the ledger's JSONB), decoded: the one place it is parsed.
+///
+/// # Errors
+/// [`DecodeError::Authorization`] when it is not a signed payment.
+pub fn decode_authorization(stored: &serde_json::Value) -> Result<SignedPayment, DecodeError> {
+    serde_json::from_value(stored.clone()).map_err(|e| DecodeError::Authorization(e.to_string()))
+}
+
+/// A ledger row's payment, decoded once: the x402 version it was made for and the signed
+/// payment (scheme, network, asset, amounts, payer, EIP-3009 authorization or Permit2 witness).
+#[derive(Debug, Clone)]
+pub struct StoredIntent {
+    pub version: X402Version,
+    pub signed: SignedPayment,
+}
+
+impl StoredIntent {
+    /// Decodes the row's stored authorization and version.
+    ///
+    /// # Errors
+    /// [`DecodeError`] when either cannot be read.
+    pub fn decode(row: &PaymentRow) -> Result<Self, DecodeError> {
+        let signed = decode_authorization(&row.signed_authorization)?;
+        let version = u64::try_from(row.x402_version)
+            .ok()
+            .and_then(X402Version::from_number)
+            .ok_or(DecodeError::Version(row.x402_version))?;
+        Ok(Self { version, signed })
+    }
+
+    /// The view of this payment in `status`.
+    pub fn view(&self, status: PaymentStatus, tx_hash: Option<&str>) -> PaymentView {
+        PaymentView::of(self.version, &self.signed, status, tx_hash)
+    }
+}
+
+/// The `payment` object shown for a call. Members are declared in name order: the
+/// serialized object is the same, byte for byte, as the sorted JSON object it replaced
+/// (stored envelopes are replayed as stored, and new ones must read the same).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PaymentView {
+    /// What was (or, until the chain shows it, may be) charged, in the asset's base units;
+    /// for `upto`, the amount the chain shows moved once known. Absent when this attempt
+    /// signed nothing (an earlier payment was found on-chain).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    amount: Option<String>,
+    /// The token contract (checksummed).
+    asset: String,
+    /// `permit2` for a Permit2 payment; absent for EIP-3009.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    asset_transfer_method: Option<&'static str>,
+    /// `upto`: the amount the upstream said it charged, beside what the chain shows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claimed_amount: Option<String>,
+    /// `settlement_pending`: the transaction the upstream named, before the chain decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claimed_tx_hash: Option<String>,
+    /// `upto`: the signed maximum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_amount: Option<String>,
+    /// CAIP-2 network id.
+    network: String,
+    /// The payment's nonce (EIP-3009 nonce, or the Permit2 nonce), `0x`-hex.
+    nonce: String,
+    /// The recipient (checksummed); absent when this attempt signed nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pay_to: Option<String>,
+    /// The router's wallet (checksummed).
+    payer: String,
+    /// How a lost answer was got back (`recovered`, `reaccessed`, `lost`), when recovery ran.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "kind_str")]
+    recovery: Option<RecoveryKind>,
+    /// `exact` or `upto`.
+    scheme: String,
+    /// The ledger state shown with the answer.
+    #[serde(serialize_with = "status_str")]
+    status: PaymentStatus,
+    /// The settling transaction the chain proves (`null` until proven); absent when this
+    /// attempt signed nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tx_hash: Option<Option<String>>,
+    /// The x402 protocol version of the payment.
+    x402_version: u8,
+}
+
+fn status_str<S: serde::Serializer>(s: &PaymentStatus, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(s.as_str())
+}
+
+fn kind_str<S: serde::Serializer>(k: &Option<RecoveryKind>, out: S) -> Result<S::Ok, S::Error> {
+    match k {
+        Some(k) => out.serialize_str(k.as_str()),
+        None => out.serialize_none(),
+    }
+}
+
+impl PaymentView {
+    /// A signed payment in `status` (upto: `amount` is the signed maximum until
+    /// [`Self::charged`] says what moved).
+    pub fn of(version: X402Version, signed: &SignedPayment, status: PaymentStatus, tx_hash: Option<&str>) -> Self {
+        let amount = signed.amount().to_string();
+        Self {
+            max_amount: signed.is_upto().then(|| amount.clone()),
+            amount: Some(amount),
+            asset: signed.asset().to_checksum(None),
+            asset_transfer_method: matches!(signed, SignedPayment::Permit2(_)).then(|| signed.transfer_method()),
+            claimed_amount: None,
+            claimed_tx_hash: None,
+            network: signed.network().caip2(),
+            nonce: signed.nonce().to_string(),
+            pay_to: Some(signed.pay_to().to_checksum(None)),
+            payer: signed.payer().to_checksum(None),
+            recovery: None,
+            scheme: signed.scheme().to_owned(),
+            status,
+            tx_hash: Some(tx_hash.map(str::to_owned)),
+            x402_version: version.number(),
+        }
+    }
+
+    /// A payment this attempt did not make: the request's nonce was found used on-chain
+    /// before anything was signed (no amount, recipient or transaction is known).
+    pub fn found_on_chain(
+        version: X402Version,
+        scheme: &str,
+        (network, asset): (Network, Address),
+        payer: Address,
+        nonce: B256,
+    ) -> Self {
+        Self {
+            amount: None,
+            asset: asset.to_checksum(None),
+            asset_transfer_method: None,
+            claimed_amount: None,
+            claimed_tx_hash: None,
+            max_amount: None,
+            network: network.caip2(),
+            nonce: nonce.to_string(),
+            pay_to: None,
+            payer: payer.to_checksum(None),
+            recovery: None,
+            scheme: scheme.to_owned(),
+            status: PaymentStatus::SettledResponseLost,
+            tx_hash: None,
+            x402_version: version.number(),
+        }
+    }
+
+    /// `upto`: `amount` becomes what the chain shows moved (`max_amount` stays the signed
+    /// maximum). Nothing changes for `exact` or when nothing is known.
+    #[must_use]
+    pub fn charged(mut self, charged: Option<U256>) -> Self {
+        if let Some(c) = charged.filter(|_| self.max_amount.is_some()) {
+            self.amount = Some(c.to_string());
+        }
+        self
+    }
+
+    /// How recovery of a lost answer ended.
+    #[must_use]
+    pub fn recovery(mut self, kind: Option<RecoveryKind>) -> Self {
+        self.recovery = kind;
+        self
+    }
+
+    /// `upto`: what the upstream said it charged.
+    #[must_use]
+    pub fn claimed_amount(mut self, said: Option<String>) -> Self {
+        self.claimed_amount = said.filter(|_| self.max_amount.is_some());
+        self
+    }
+
+    /// The transaction an upstream named in a settlement claim.
+    #[must_use]
+    pub fn claimed_tx_hash(mut self, hash: Option<B256>) -> Self {
+        self.claimed_tx_hash = hash.map(|h| h.to_string());
+        self
+    }
+
+    /// The view as a JSON value (what a receipt stores and signs).
+    pub fn to_value(&self) -> serde_json::Value {
+        // A struct of strings and integers always serializes.
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PaymentView {
+        PaymentView {
+            amount: Some("1".into()),
+            asset: "0xA".into(),
+            asset_transfer_method: Some("permit2"),
+            claimed_amount: Some("2".into()),
+            claimed_tx_hash: Some("0xc".into()),
+            max_amount: Some("3".into()),
+            network: "eip155:1".into(),
+            nonce: "0x1".into(),
+            pay_to: Some("0xB".into()),
+            payer: "0xC".into(),
+            recovery: Some(RecoveryKind::Lost),
+            scheme: "upto".into(),
+            status: PaymentStatus::Settled,
+            tx_hash: Some(None),
+            x402_version: 2,
+        }
+    }
+
+    /// The struct serializes in the same member order as the sorted JSON object it replaced.
+    #[test]
+    fn members_serialize_in_name_order() {
+        let direct = serde_json::to_string(&sample()).unwrap();
+        let sorted = serde_json::to_string(&sample().to_value()).unwrap();
+        assert_eq!(direct, sorted);
+        assert!(direct.contains(r#""tx_hash":null"#), "{direct}");
+        let none = PaymentView { tx_hash: None, claimed_tx_hash: None, recovery: None, amount: None, ..sample() };
+        let text = serde_json::to_string(&none).unwrap();
+        assert!(!text.contains("tx_hash") && !text.contains("recovery") && !text.contains("\"amount\""), "{text}");
+    }
+}
