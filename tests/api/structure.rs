@@ -404,6 +404,30 @@ fn no_json_object_is_patched_outside_the_view() {
     assert!(found.is_empty(), "JSON objects patched outside the view: {found:?}");
 }
 
+/// A stored intent is decoded once (issue 28): only `relay/view.rs` parses a ledger row's
+/// `signed_authorization` or turns its stored version number back into an `X402Version`.
+#[test]
+fn stored_intents_are_decoded_only_by_the_view() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    source_files(&src, &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel.starts_with("x402/") || rel == "relay/view.rs" {
+            continue;
+        }
+        let folded: String = code_of(&std::fs::read_to_string(file).unwrap()).split_whitespace().collect();
+        let parses = folded.match_indices("from_value(").any(|(i, m)| {
+            folded[i + m.len()..].split(')').next().is_some_and(|arg| arg.contains("signed_authorization"))
+        });
+        if parses || folded.contains("from_number(") {
+            found.push(rel);
+        }
+    }
+    assert!(found.is_empty(), "stored intents decoded outside relay/view.rs: {found:?}");
+}
+
 #[test]
 fn only_the_upstream_module_builds_a_client_that_reaches_upstreams() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
