@@ -1,0 +1,95 @@
+//! Committing an intent before its payment leaves, fenced by the caller's lease: a new
+//! intent ([`reserve`]) or an expired one signed again with the same nonce ([`resign`]). The
+//! ledger re-checks the agent's limits under its lock.
+
+use super::sign::Signing;
+use super::{Attempt, to_i64};
+use crate::faults::{self, Point};
+use crate::idempotency::Ownership;
+use crate::payments::limits::Refusal;
+use crate::payments::store::{self, PaymentRow, Reservation};
+use crate::relay::Error;
+use crate::state::AppState;
+use crate::x402::{PaymentRequired, Requirement};
+
+/// Commits the new intent; a refusal by an operator's limit, if any.
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost; database errors.
+pub(super) async fn reserve(
+    state: &AppState,
+    own: &Ownership,
+    required: &PaymentRequired,
+    chosen: &Requirement,
+    signing: &Signing,
+) -> Result<Option<Refusal>, Error> {
+    let attempt = &signing.attempt;
+    let authorization = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
+    let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let row = store::NewPayment {
+        id: attempt.id,
+        agent_id: own.agent_id,
+        idempotency_key: own.key.as_str(),
+        request_hash: &own.request_hash,
+        lease: own.lease,
+        x402_version: i16::from(required.version.number()),
+        scheme: chosen.scheme(),
+        network: &chosen.network().caip2(),
+        asset: &chosen.asset().to_checksum(None),
+        amount: chosen.amount(),
+        pay_to: &chosen.pay_to().to_checksum(None),
+        payer: &state.config.signer.address().to_checksum(None),
+        nonce: &signing.nonce.to_string(),
+        valid_after: to_i64(attempt.signed.valid_after()),
+        valid_before: to_i64(attempt.signed.valid_before()),
+        requirement: &chosen.raw_json(),
+        context: &signing.context,
+        authorization: &authorization,
+        header_name: attempt.header.0.as_str(),
+        header_value,
+        request: &signing.sent,
+        advertised_extensions: signing.advertised.as_deref(),
+    };
+    faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
+    let mut conn = crate::relay::error::conn(&state.pool).await?;
+    fenced(store::reserve(&mut conn, &row).await?)
+}
+
+/// Records `attempt`, signed again for the expired intent `intent` with its nonce; a refusal
+/// by an operator's limit, if any (the expired intent released its budget).
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost; database errors.
+pub(super) async fn resign(
+    state: &AppState,
+    own: &Ownership,
+    intent: &PaymentRow,
+    requirement: &Requirement,
+    attempt: &Attempt,
+) -> Result<Option<Refusal>, Error> {
+    let auth = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
+    let header = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let a = &attempt.signed;
+    let resign = store::Resign {
+        id: intent.id,
+        agent_id: own.agent_id,
+        lease: own.lease,
+        amount: requirement.amount(),
+        pay_to: &intent.pay_to,
+        valid_after: to_i64(a.valid_after()),
+        valid_before: to_i64(a.valid_before()),
+        authorization: &auth,
+        header_value: header,
+    };
+    faults::at(state.faults.as_ref(), Point::BeforeResign).await;
+    let mut conn = crate::relay::error::conn(&state.pool).await?;
+    fenced(store::resign(&mut conn, &resign).await?)
+}
+
+fn fenced(reservation: Reservation) -> Result<Option<Refusal>, Error> {
+    match reservation {
+        Reservation::Reserved => Ok(None),
+        Reservation::Fenced => Err(Error::Superseded),
+        Reservation::Refused(refusal) => Ok(Some(refusal)),
+    }
+}

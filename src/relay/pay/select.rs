@@ -1,0 +1,105 @@
+//! Choosing what to pay: the offered options narrowed by the agent's limits (per-call cap,
+//! budgets left, `payTo` allowlist) and the router's configuration, and, for a recorded
+//! intent about to be sent again, whether it is still allowed.
+
+use crate::codes::Code;
+use crate::payments::store;
+use crate::relay::Error;
+use crate::relay::request::RouteCall;
+use crate::state::AppState;
+use crate::x402::{self, PaymentRequired, Requirement};
+
+/// Why no option may be paid: the 402's code and reason.
+pub(super) type Declined = (Code, String);
+
+/// The option to pay, or why none may be paid. The agent's limits narrow the choice up front;
+/// `store::reserve` re-checks them atomically.
+///
+/// # Errors
+/// [`Error`] when the agent's limits cannot be read from the database.
+pub(super) async fn choose(
+    state: &AppState,
+    agent_id: uuid::Uuid,
+    call: &RouteCall,
+    required: &PaymentRequired,
+) -> Result<Result<Requirement, Declined>, Error> {
+    let spend = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
+        None => (None, None),
+        Some((Ok(cap), Ok(day), Ok(month))) => (cap, min_limit(day, month)),
+        Some(_) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+    };
+    let limit = min_limit(cap, left);
+    // Only options whose payTo the agent may pay (all, without an allowlist).
+    let allowed_pay_to = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
+    let payable: Vec<Requirement> = required
+        .accepts
+        .iter()
+        .filter(|r| {
+            allowed_pay_to.is_none_or(|list| list.iter().any(|a| a.eq_ignore_ascii_case(&r.pay_to().to_string())))
+        })
+        .cloned()
+        .collect();
+    if payable.is_empty() && !required.accepts.is_empty() {
+        let why = "no offered option pays a payTo address on the agent's allowlist";
+        return Ok(Err((Code::PaymentNotAllowed, why.into())));
+    }
+    Ok(match x402::select(&payable, &state.supported, call.max_amount, limit) {
+        Ok(r) => Ok(r.clone()),
+        Err(rejection) => {
+            let mut why = rejection.to_string();
+            if let Some(left) = left.filter(|l| rejection.is_over_budget() && cap.is_none_or(|c| *l <= c)) {
+                why.push_str(&format!(" (the agent's budgets have {left} left)"));
+            }
+            Err((Code::for_rejection(&rejection), why))
+        }
+    })
+}
+
+/// The lower of two optional limits (None: no limit).
+fn min_limit(a: Option<crate::money::Amount>, b: Option<crate::money::Amount>) -> Option<crate::money::Amount> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Why a recorded intent may no longer be sent, if it may not: the agent is disabled or
+/// gone, its asset is no longer configured (or not in the router's unit), or its amount is
+/// over the agent's current per-call cap (an unreadable cap refuses).
+pub(super) async fn still_allowed(
+    state: &AppState,
+    agent_id: uuid::Uuid,
+    requirement: &Requirement,
+) -> Result<Option<(Code, String)>, Error> {
+    let spend = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    let Some(spend) = spend else {
+        return Ok(Some((Code::PaymentNotMade, "the agent no longer exists".into())));
+    };
+    if spend.disabled {
+        return Ok(Some((Code::PaymentNotMade, "the agent is disabled".into())));
+    }
+    let (network, asset) = (requirement.network(), requirement.asset());
+    let unit_ok =
+        state.supported.unit().is_some() && state.supported.decimals(network, asset) == state.supported.unit();
+    if !state.supported.allows_asset(network, asset) || !unit_ok {
+        return Ok(Some((
+            Code::PaymentUnsupported,
+            format!("asset {asset} on {network} is no longer configured for payments"),
+        )));
+    }
+    match spend.cap() {
+        Err(_) => Ok(Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+        Ok(Some(cap)) if requirement.amount() > cap => Ok(Some((
+            Code::PaymentOverBudget,
+            format!("the price {} exceeds the agent's per-call cap {cap}", requirement.amount()),
+        ))),
+        Ok(_) => Ok(None),
+    }
+}
