@@ -18,6 +18,11 @@ use crate::cli::{DatabaseArgs, KeyArgs, ServeArgs, UpstreamArgs};
 pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
+mod parse;
+
+pub use self::parse::{Assets, parse_mcp_wait, parse_ms, parse_num, parse_rpc_urls};
+use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
+
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
 /// environment variable and flag (by default the variable in lower case with dashes).
 #[derive(Debug, thiserror::Error)]
@@ -383,152 +388,6 @@ impl Config {
             mcp_fetch_wait: parse_mcp_wait(&args.mcp_fetch_wait_seconds)?,
         })
     }
-}
-
-fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, ConfigError> {
-    match value.map(str::trim) {
-        Some(v) if !v.is_empty() => Ok(v),
-        _ => Err(ConfigError::new(env, "is required")),
-    }
-}
-
-/// A non-negative integer setting.
-///
-/// # Errors
-/// A value that does not parse, naming the setting.
-pub fn parse_num<T: FromStr>(env: &'static str, raw: &str) -> Result<T, ConfigError> {
-    raw.trim().parse().map_err(|_| ConfigError::new(env, format!("expected a non-negative integer, got {raw:?}")))
-}
-
-/// `MCP_FETCH_WAIT_SECONDS`: 1 s to 1 h.
-///
-/// # Errors
-/// A value that does not parse or is out of range, naming the setting.
-pub fn parse_mcp_wait(raw: &str) -> Result<Duration, ConfigError> {
-    let secs: u64 = parse_num("MCP_FETCH_WAIT_SECONDS", raw)?;
-    if !(1..=3600).contains(&secs) {
-        return Err(ConfigError::new("MCP_FETCH_WAIT_SECONDS", "must be between 1 and 3600 seconds"));
-    }
-    Ok(Duration::from_secs(secs))
-}
-
-/// A duration in milliseconds, greater than zero.
-///
-/// # Errors
-/// A value that does not parse or is zero, naming the setting.
-pub fn parse_ms(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    let ms: u64 = parse_num(env, raw)?;
-    if ms == 0 {
-        return Err(ConfigError::new(env, "must be greater than 0"));
-    }
-    Ok(Duration::from_millis(ms))
-}
-
-fn parse_bool(env: &'static str, raw: &str) -> Result<bool, ConfigError> {
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" => Ok(true),
-        "false" | "0" | "no" | "" => Ok(false),
-        _ => Err(ConfigError::new(env, format!("expected true or false, got {raw:?}"))),
-    }
-}
-
-fn parse_cidrs(raw: &str) -> Result<Vec<IpNet>, ConfigError> {
-    split_list(raw)
-        .map(|item| {
-            item.parse::<IpNet>()
-                .or_else(|_| item.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| ConfigError::new("UPSTREAM_ALLOW_CIDRS", format!("{item:?} is not an IP or CIDR")))
-        })
-        .collect()
-}
-
-fn split_list(raw: &str) -> impl Iterator<Item = &str> {
-    raw.split(',').map(str::trim).filter(|s| !s.is_empty())
-}
-
-fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str), ConfigError> {
-    let (network, value) = item
-        .split_once('=')
-        .ok_or_else(|| ConfigError::new(env, format!("{item:?} is not of the form network=value")))?;
-    let network = Network::parse(network.trim()).map_err(|e| ConfigError::new(env, format!("{network:?}: {e}")))?;
-    Ok((network, value.trim()))
-}
-
-/// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names). A network may be
-/// listed several times: its URLs, in the order given, are its endpoints (fallback).
-///
-/// # Errors
-/// A malformed entry or the same URL listed twice for a network. Messages never quote a URL
-/// (it may carry an API key); they name the network and the URL's position.
-pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigError> {
-    let mut out: BTreeMap<Network, Vec<Url>> = BTreeMap::new();
-    for item in split_list(raw) {
-        let (network, url) = split_pair("X402_RPC_URLS", item)?;
-        let list = out.entry(network).or_default();
-        let position = list.len();
-        let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
-            ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is not an http(s) URL"))
-        })?;
-        if list.contains(&parsed) {
-            return Err(ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is listed twice")));
-        }
-        list.push(parsed);
-    }
-    Ok(out)
-}
-
-/// Assets per network, the decimals known of them, and those paid only via Permit2.
-pub type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>, BTreeSet<(Network, Address)>);
-
-/// Suffix of an `X402_ASSETS` entry whose token has no EIP-3009 (paid only via Permit2).
-const PERMIT2_ONLY: &str = "+permit2";
-
-/// `X402_ASSETS`: `network=0x…[@decimals][+permit2],…`. Decimals given here win; built-in
-/// USDC is known. `+permit2`: the token has no EIP-3009.
-fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
-    let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
-    let mut decimals = BTreeMap::new();
-    let mut permit2_only = BTreeSet::new();
-    for item in split_list(raw) {
-        let (network, spec) = split_pair("X402_ASSETS", item)?;
-        let (spec, only_permit2) = match spec.trim().strip_suffix(PERMIT2_ONLY) {
-            Some(rest) => (rest, true),
-            None => (spec, false),
-        };
-        let (addr, dec) = match spec.split_once('@') {
-            Some((a, d)) => {
-                let d = d.trim().parse::<u8>().ok().filter(|d| *d <= 36).ok_or_else(|| {
-                    ConfigError::new("X402_ASSETS", format!("{d:?} is not a number of decimals (0 to 36)"))
-                })?;
-                (a.trim(), Some(d))
-            }
-            None => (spec, None),
-        };
-        let asset = Address::from_str(addr)
-            .map_err(|_| ConfigError::new("X402_ASSETS", format!("{addr:?} is not a 0x address")))?;
-        let known = (built_in_usdc(network) == Some(asset)).then_some(USDC_DECIMALS);
-        if let Some(d) = dec.or(known) {
-            decimals.insert((network, asset), d);
-        }
-        if only_permit2 {
-            permit2_only.insert((network, asset));
-        }
-        let list = out.entry(network).or_default();
-        if !list.contains(&asset) {
-            list.push(asset);
-        }
-    }
-    Ok((out, decimals, permit2_only))
-}
-
-/// `X402_MAX_AUTH_SECONDS`: 10 s to 24 h (an authorization must outlive one exchange, and
-/// must not outlive the rolling budget window).
-fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
-    let v: u64 = parse_num("X402_MAX_AUTH_SECONDS", raw)?;
-    if !(10..=86_400).contains(&v) {
-        return Err(ConfigError::new("X402_MAX_AUTH_SECONDS", "must be between 10 and 86400 seconds"));
-    }
-    Ok(v)
 }
 
 /// The router's key from `ROUTER_PRIVATE_KEY` or `ROUTER_PRIVATE_KEY_FILE`; `None` when
