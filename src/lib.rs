@@ -3,7 +3,7 @@
 //!
 //! Map (start at `routes/mod.rs`, the route table; docs/ARCHITECTURE.md has the data flow):
 //! * `routes/`       HTTP adaptation only (the route table), and `error` maps errors to HTTP.
-//! * `relay/`        the `/route` use case: idempotency, the payment flow (`relay/pay.rs`), recording.
+//! * `relay/`        the `/route` use case: idempotency, the payment flow (`relay/pay/`), recording.
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
 //! * `payments/`     the payment intent ledger: statuses, spend, storage.
 //! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,

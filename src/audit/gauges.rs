@@ -59,31 +59,7 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     .bind::<BigInt, _>(STUCK_AFTER_SECS)
     .get_result(conn)
     .await?;
-    // The same arithmetic as the budget the router enforces (`payments::store::agent_spend`):
-    // spent in the window plus every reservation that may still move money.
-    let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    let released = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
-    let budgets: Vec<BudgetUse> = diesel::sql_query(format!(
-        "SELECT a.id::text AS agent_id, b.budget, b.ratio \
-           FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {window}), 0) AS day, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {month}), 0) AS month \
-                  FROM payments p \
-                 WHERE p.agent_id = a.id AND p.status NOT IN {released}) u, \
-                LATERAL (VALUES ('24h', (u.day / NULLIF(a.daily_budget, 0))::float8), \
-                                ('month', (u.month / NULLIF(a.month_budget, 0))::float8)) b(budget, ratio) \
-          WHERE NOT a.disabled AND b.ratio IS NOT NULL \
-         UNION ALL \
-         SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
-           FROM router_settings s, LATERAL ( \
-                SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
-                 WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})) w \
-          WHERE s.wallet_daily_cap > 0",
-        window = payments::IN_WINDOW_24H,
-        month = payments::IN_MONTH,
-    ))
-    .load(conn)
-    .await?;
+    let budgets = budget_uses(conn).await?;
     let mut recoveries = Vec::new();
     for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
         let n: Count = diesel::sql_query(
@@ -113,6 +89,41 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
     }
     metrics.stuck_intents.set(stuck.n as f64);
+    set_budgets(metrics, budgets);
+    Ok(())
+}
+
+/// Each agent's budgets and the wallet-wide cap, as the share used.
+async fn budget_uses(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec<BudgetUse>> {
+    // The same arithmetic as the budget the router enforces (`payments::store::agent_spend`):
+    // spent in the window plus every reservation that may still move money.
+    let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
+    let released = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    diesel::sql_query(format!(
+        "SELECT a.id::text AS agent_id, b.budget, b.ratio \
+           FROM agents a, LATERAL ( \
+                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {window}), 0) AS day, \
+                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {month}), 0) AS month \
+                  FROM payments p \
+                 WHERE p.agent_id = a.id AND p.status NOT IN {released}) u, \
+                LATERAL (VALUES ('24h', (u.day / NULLIF(a.daily_budget, 0))::float8), \
+                                ('month', (u.month / NULLIF(a.month_budget, 0))::float8)) b(budget, ratio) \
+          WHERE NOT a.disabled AND b.ratio IS NOT NULL \
+         UNION ALL \
+         SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
+           FROM router_settings s, LATERAL ( \
+                SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
+                 WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})) w \
+          WHERE s.wallet_daily_cap > 0",
+        window = payments::IN_WINDOW_24H,
+        month = payments::IN_MONTH,
+    ))
+    .load(conn)
+    .await
+}
+
+/// Sets the budget gauges, logging each budget that crossed a level since the last refresh.
+fn set_budgets(metrics: &Metrics, budgets: Vec<BudgetUse>) {
     // Spend alerts: a warning in the log when a budget crosses 80 % and when it is used up
     // (once per crossing seen by this process; Prometheus alerts on the gauge itself).
     let before: std::collections::HashMap<(String, String), f64> = budgets
@@ -133,7 +144,6 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         }
         metrics.budget_used.with_label_values(&[b.agent_id.as_str(), b.budget.as_str()]).set(b.ratio);
     }
-    Ok(())
 }
 
 /// Starts the refresh task on the current runtime. Returns at once.

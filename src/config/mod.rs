@@ -317,24 +317,8 @@ impl Config {
             .ok_or_else(|| ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"))?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
         let (assets, decimals, permit2_only) = configured_assets(&args.x402_assets, &rpc_urls)?;
-        let operator_token = match args.operator_token.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(t) if t.len() < 16 => {
-                return Err(ConfigError::new("OPERATOR_TOKEN", "must be at least 16 characters"));
-            }
-            Some(t) => Some(Secret::new(t.to_owned())),
-        };
-        let metrics_addr = match args.metrics_addr.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(a) => {
-                let addr = SocketAddr::from_str(a)
-                    .map_err(|_| ConfigError::new("METRICS_ADDR", "expected host:port, e.g. 127.0.0.1:9464"))?;
-                if addr.port() != 0 && addr == bind {
-                    return Err(ConfigError::new("METRICS_ADDR", "must differ from BIND"));
-                }
-                Some(addr)
-            }
-        };
+        let operator_token = operator_token(args.operator_token.as_deref())?;
+        let metrics_addr = metrics_addr(args.metrics_addr.as_deref(), bind)?;
         let upstream = UpstreamConfig::from_args(&args.upstream)?;
         let idempotency = IdempotencyTiming {
             abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
@@ -388,6 +372,32 @@ impl Config {
             mcp_fetch_wait: parse_mcp_wait(&args.mcp_fetch_wait_seconds)?,
         })
     }
+}
+
+/// `OPERATOR_TOKEN`: unset, or at least 16 characters.
+fn operator_token(raw: Option<&str>) -> Result<Option<Secret>, ConfigError> {
+    Ok(match raw.map(str::trim) {
+        None | Some("") => None,
+        Some(t) if t.len() < 16 => {
+            return Err(ConfigError::new("OPERATOR_TOKEN", "must be at least 16 characters"));
+        }
+        Some(t) => Some(Secret::new(t.to_owned())),
+    })
+}
+
+/// `METRICS_ADDR`: unset, or an address other than `bind`.
+fn metrics_addr(raw: Option<&str>, bind: SocketAddr) -> Result<Option<SocketAddr>, ConfigError> {
+    Ok(match raw.map(str::trim) {
+        None | Some("") => None,
+        Some(a) => {
+            let addr = SocketAddr::from_str(a)
+                .map_err(|_| ConfigError::new("METRICS_ADDR", "expected host:port, e.g. 127.0.0.1:9464"))?;
+            if addr.port() != 0 && addr == bind {
+                return Err(ConfigError::new("METRICS_ADDR", "must differ from BIND"));
+            }
+            Some(addr)
+        }
+    })
 }
 
 /// The router's key from `ROUTER_PRIVATE_KEY` or `ROUTER_PRIVATE_KEY_FILE`; `None` when

@@ -3,7 +3,7 @@
 //! ```text
 //! handle ─▶ Redis hint ─▶ SSRF pre-flight ─▶ claim (Postgres) ─┬─▶ replay / 409
 //!                                                              └─▶ run_owned (own task, heartbeat, deadline)
-//!                                                                    ├─▶ execute: upstream call; on 402 ─▶ pay (pay.rs)
+//!                                                                    ├─▶ execute: upstream call; on 402 ─▶ pay (pay/)
 //!                                                                    └─▶ record (record.rs): receipt + payment + final state,
 //!                                                                        one transaction, fenced by the lease
 //! ```

@@ -108,7 +108,7 @@ async fn write(state: &AppState, own: &Ownership, rendered: &Rendered) -> Result
         Some(d) => Some(d.clone().sign(&state.receipt_signer).map_err(|e| Error::Internal(e.into()))?),
         None => None,
     };
-    let (stored, payment) = (&rendered.stored, rendered.payment.as_ref());
+    let stored = &rendered.stored;
     let mut last_err = None;
     for (attempt, backoff_ms) in [0u64, 200, 1000].into_iter().enumerate() {
         // No sleep before the first attempt: even a zero sleep waits for the next timer tick.
@@ -144,43 +144,7 @@ async fn write(state: &AppState, own: &Ownership, rendered: &Rendered) -> Result
                 }
             }
         }
-        let receipt = receipt.as_ref();
-        let faults = state.faults.as_ref();
-        let result = conn
-            .transaction::<_, RecordError, _>(async |c| {
-                if let Some(r) = receipt {
-                    receipts::store::insert(c, r).await?;
-                }
-                if let Some(p) = payment {
-                    crate::payments::store::finalize(c, own.agent_id, p).await?;
-                }
-                let applied = crate::idempotency::store::finish(
-                    c,
-                    own.agent_id,
-                    own.key.as_str(),
-                    own.lease,
-                    stored.status,
-                    i32::from(stored.http_status),
-                    &stored.body[..],
-                    stored.receipt_id,
-                )
-                .await?;
-                if !applied {
-                    return Err(RecordError::Fenced);
-                }
-                faults::at(faults, Point::BeforeCommit).await;
-                Ok(())
-            })
-            .await;
-        let result = match result {
-            Ok(()) if faults::at(faults, Point::AfterCommit).await == Inject::ConnectionLost => {
-                Err(RecordError::Db(diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::ClosedConnection,
-                    Box::new("injected: the COMMIT acknowledgement was lost".to_owned()),
-                )))
-            }
-            other => other,
-        };
+        let result = commit(&mut conn, state, own, rendered, receipt.as_ref()).await;
         match result {
             Ok(()) => return Ok(Written::Done),
             Err(RecordError::Fenced) => {
@@ -193,4 +157,52 @@ async fn write(state: &AppState, own: &Ownership, rendered: &Rendered) -> Result
     }
     tracing::error!(agent_id = %own.agent_id, error = ?last_err, "could not record the result of an executed call");
     Err(Error::Unavailable("database unavailable; the call's result could not be recorded"))
+}
+
+/// One attempt at the recording transaction: the receipt, the payment's final state and the
+/// key's terminal state, fenced by the lease.
+async fn commit(
+    conn: &mut diesel_async::AsyncPgConnection,
+    state: &AppState,
+    own: &Ownership,
+    rendered: &Rendered,
+    receipt: Option<&Receipt>,
+) -> Result<(), RecordError> {
+    let (stored, payment) = (&rendered.stored, rendered.payment.as_ref());
+    let faults = state.faults.as_ref();
+    let result = conn
+        .transaction::<_, RecordError, _>(async |c| {
+            if let Some(r) = receipt {
+                receipts::store::insert(c, r).await?;
+            }
+            if let Some(p) = payment {
+                crate::payments::store::finalize(c, own.agent_id, p).await?;
+            }
+            let applied = crate::idempotency::store::finish(
+                c,
+                own.agent_id,
+                own.key.as_str(),
+                own.lease,
+                stored.status,
+                i32::from(stored.http_status),
+                &stored.body[..],
+                stored.receipt_id,
+            )
+            .await?;
+            if !applied {
+                return Err(RecordError::Fenced);
+            }
+            faults::at(faults, Point::BeforeCommit).await;
+            Ok(())
+        })
+        .await;
+    match result {
+        Ok(()) if faults::at(faults, Point::AfterCommit).await == Inject::ConnectionLost => {
+            Err(RecordError::Db(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::ClosedConnection,
+                Box::new("injected: the COMMIT acknowledgement was lost".to_owned()),
+            )))
+        }
+        other => other,
+    }
 }
