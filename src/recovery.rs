@@ -156,12 +156,43 @@ impl Recovery {
 }
 
 /// The on-chain coordinates of the row's authorization.
-fn coordinates(row: &PaymentRow) -> Result<(Network, Address, Address, B256), NotResendable> {
+/// A payment's network, asset, payer and nonce.
+type Coordinates = (Network, Address, Address, B256);
+
+fn coordinates(row: &PaymentRow) -> Result<Coordinates, NotResendable> {
     let network = Network::parse(&row.network).map_err(|e| format!("network: {e}"))?;
     let asset = Address::from_str(&row.asset).map_err(|e| format!("asset: {e}"))?;
     let payer = Address::from_str(&row.payer).map_err(|e| format!("payer: {e}"))?;
     let nonce = B256::from_str(&row.nonce).map_err(|e| format!("nonce: {e}"))?;
     Ok((network, asset, payer, nonce))
+}
+
+/// What a re-send needs: the stored request, its payment header and the payment's on-chain
+/// coordinates, when the row may be re-sent at all.
+fn prepare(
+    upstream: &UpstreamClient,
+    row: &PaymentRow,
+) -> Result<(UpstreamRequest, (HeaderName, HeaderValue), Coordinates), NotResendable> {
+    if !can_resend(row) {
+        return Err("the upstream did not advertise payment-identifier".into());
+    }
+    let request = stored_request(row)?.ok_or_else(|| NotResendable::from("the request as sent was not recorded"))?;
+    let prepared = (stored_payment_header(row)?, coordinates(row)?);
+    // The same upstream policy as every call of the router (one constructor, one guard): an
+    // address it refuses is never re-sent to, and that is final (a retry cannot change it).
+    upstream.guard().check_url(&request.url).map_err(|e| format!("refused by the upstream policy: {e}"))?;
+    Ok((request, prepared.0, prepared.1))
+}
+
+/// The transaction the chain shows using this payment, when it is the one `claimed`:
+/// EIP-3009's event, or (Permit2) the proxy call of these terms.
+async fn proof(chain: &Chain, row: &PaymentRow, coordinates: Coordinates, claimed: Option<B256>) -> Option<B256> {
+    let (network, asset, payer, nonce) = coordinates;
+    match (claimed, Permit2Terms::from_record(&row.signed_authorization)) {
+        (Some(c), Some(terms)) => chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash),
+        (Some(c), None) => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
+        (None, _) => None,
+    }
 }
 
 /// Tries to get back the answer of the paid request recorded in `row`, whose nonce the chain
@@ -171,26 +202,10 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
     let mut log = Vec::new();
     let mut sends = 0;
     let lost = |log: Vec<RecoveryStep>, sends| Recovery { ending: Ending::Lost, log, sends };
-    if !can_resend(row) {
-        log.push(RecoveryStep::none("the upstream did not advertise payment-identifier"));
-        return lost(log, sends);
-    }
-    let prepared = stored_request(row)
-        .and_then(|r| r.ok_or_else(|| NotResendable::from("the request as sent was not recorded")))
-        .and_then(|r| Ok((r, stored_payment_header(row)?, coordinates(row)?)));
-    let (request, header, (network, asset, payer, nonce)) = match prepared {
+    let (request, header, coordinates) = match prepare(upstream, row) {
         Ok(p) => p,
-        Err(why) => {
-            log.push(RecoveryStep::none(why.0));
-            return lost(log, sends);
-        }
+        Err(why) => return lost(vec![RecoveryStep::none(why.0)], 0),
     };
-    // The same upstream policy as every call of the router (one constructor, one guard): an
-    // address it refuses is never re-sent to, and that is final (a retry cannot change it).
-    if let Err(e) = upstream.guard().check_url(&request.url) {
-        log.push(RecoveryStep::none(format!("refused by the upstream policy: {e}")));
-        return lost(log, sends);
-    }
     while sends < MAX_SENDS {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -219,17 +234,7 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
             200 => {
                 let claim = parse_settlement(&resp.headers).ok().flatten();
                 let claimed = claim.as_ref().and_then(|c| c.tx_hash);
-                // The chain names the transaction that used this payment: EIP-3009's event,
-                // or (Permit2) the proxy call of these terms.
-                let proven = match (claimed, Permit2Terms::from_record(&row.signed_authorization)) {
-                    (Some(c), Some(terms)) => {
-                        chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash)
-                    }
-                    (Some(c), None) => {
-                        chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten()
-                    }
-                    (None, _) => None,
-                };
+                let proven = proof(chain, row, coordinates, claimed).await;
                 match (claimed, proven) {
                     (Some(c), Some(p)) if c == p => {
                         entry.result = Some("recovered".into());
@@ -258,13 +263,12 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
                     tokio::time::sleep(wait.min(left)).await;
                 }
             }
-            409 | 402 => {
-                entry.result = Some("stopped: the upstream refused the re-sent payment".into());
-                log.push(RecoveryStep::Resend(entry));
-                break;
-            }
-            _ => {
-                entry.result = Some("stopped: unexpected answer".into());
+            other => {
+                let why = match other {
+                    409 | 402 => "stopped: the upstream refused the re-sent payment",
+                    _ => "stopped: unexpected answer",
+                };
+                entry.result = Some(why.into());
                 log.push(RecoveryStep::Resend(entry));
                 break;
             }

@@ -24,7 +24,7 @@ use super::remaining;
 use crate::payments::store::PaymentRow;
 use crate::payments::{Exchange, RecoveryStep};
 use crate::state::AppState;
-use crate::upstream::UpstreamResponse;
+use crate::upstream::{UpstreamRequest, UpstreamResponse};
 use crate::x402::siwx::{self, Challenge};
 use crate::x402::{Network, wire};
 
@@ -45,92 +45,22 @@ fn advertised(row: &PaymentRow) -> bool {
 /// Tries to re-access the resource of `row` by signing in as its payer. Sends nothing unless
 /// the stored request is a GET or HEAD and its 402 advertised sign-in-with-x.
 pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> Reaccess {
-    let mut log = Vec::new();
     if !advertised(row) {
-        return Reaccess { answer: None, log };
+        return Reaccess { answer: None, log: Vec::new() };
     }
-    let method = row.request_method.as_deref().unwrap_or_default();
-    if method != "GET" && method != "HEAD" {
-        log.push(RecoveryStep::SignIn(Exchange::result(format!(
-            "not tried: sign-in-with-x is advertised, but {method} may not be run again"
-        ))));
-        return Reaccess { answer: None, log };
-    }
-    let request = match crate::recovery::stored_request(row)
-        .and_then(|r| r.ok_or_else(|| crate::recovery::NotResendable::from("the request as sent was not recorded")))
-    {
+    let (request, network, payer) = match eligible(state, row) {
         Ok(r) => r,
         Err(why) => {
-            log.push(RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}"))));
+            let log = vec![RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}")))];
             return Reaccess { answer: None, log };
         }
     };
-    let coordinates = Network::parse(&row.network)
-        .map_err(|e| e.to_string())
-        .and_then(|n| Ok((n, Address::from_str(&row.payer).map_err(|e| e.to_string())?)));
-    let (network, payer) = match coordinates {
-        Ok(c) => c,
-        Err(why) => {
-            log.push(RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}"))));
-            return Reaccess { answer: None, log };
-        }
-    };
-    if payer != state.config.signer.address() {
-        log.push(RecoveryStep::SignIn(Exchange::result("not tried: the payment was made by another wallet")));
-        return Reaccess { answer: None, log };
-    }
-
     // 1. A fresh challenge: the stored request, unpaid.
-    let left = remaining(deadline);
-    if left.is_zero() {
-        log.push(RecoveryStep::Challenge(Exchange::result("not tried: route deadline")));
+    let (step, header) = challenge(state, &request, (network, payer), deadline).await;
+    let mut log = vec![step];
+    let Some(header) = header else {
         return Reaccess { answer: None, log };
-    }
-    let at = chrono::Utc::now().to_rfc3339();
-    let first = match state.upstream.send(&request, &[], left.min(state.upstream.timeout())).await {
-        Ok(r) => r,
-        Err(e) => {
-            log.push(RecoveryStep::Challenge(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
-            return Reaccess { answer: None, log };
-        }
     };
-    let mut entry = Exchange { status: Some(first.status), ..Exchange::at(&at) };
-    let extensions = if first.status == 402 {
-        wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body)
-            .map_err(|e| format!("refused: the 402 could not be read: {e}"))
-            .and_then(|r| r.extensions.ok_or_else(|| "refused: the 402 advertises no extensions".to_owned()))
-    } else {
-        Err("refused: the upstream did not answer 402 with a challenge".to_owned())
-    };
-    let challenge = extensions.and_then(|e| {
-        Challenge::from_extensions(&e, &request.url, network, payer, chrono::Utc::now())
-            .map_err(|e| format!("refused: {e}"))
-    });
-    let challenge = match challenge {
-        Ok(c) => c,
-        Err(why) => {
-            entry.result = Some(why);
-            log.push(RecoveryStep::Challenge(entry));
-            return Reaccess { answer: None, log };
-        }
-    };
-    let header = siwx::sign_in(&state.config.signer, &challenge)
-        .map_err(|e| e.to_string())
-        .and_then(|v| HeaderValue::from_str(&v).map_err(|e| e.to_string()));
-    let header =
-        header.and_then(|v| Ok((HeaderName::from_bytes(siwx::HEADER.as_bytes()).map_err(|e| e.to_string())?, v)));
-    let header = match header {
-        Ok(h) => h,
-        Err(why) => {
-            entry.result = Some(format!("not signed: {why}"));
-            log.push(RecoveryStep::Challenge(entry));
-            return Reaccess { answer: None, log };
-        }
-    };
-    entry.result = Some("signed in".into());
-    entry.nonce = Some(challenge.nonce().to_string());
-    log.push(RecoveryStep::Challenge(entry));
-
     // 2. The stored request again, signed in, without any payment.
     let left = remaining(deadline);
     if left.is_zero() {
@@ -158,6 +88,83 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
         Err(e) => {
             log.push(RecoveryStep::SignIn(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
             Reaccess { answer: None, log }
+        }
+    }
+}
+
+/// Why a sign-in is not tried for `row`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotTried(String);
+
+/// The stored request, the payment's network and payer, when a sign-in may be tried: a
+/// GET or HEAD, recorded as sent, paid by this router's wallet.
+fn eligible(state: &AppState, row: &PaymentRow) -> Result<(UpstreamRequest, Network, Address), NotTried> {
+    let method = row.request_method.as_deref().unwrap_or_default();
+    if method != "GET" && method != "HEAD" {
+        return Err(NotTried(format!("sign-in-with-x is advertised, but {method} may not be run again")));
+    }
+    let request = crate::recovery::stored_request(row)
+        .and_then(|r| r.ok_or_else(|| crate::recovery::NotResendable::from("the request as sent was not recorded")))
+        .map_err(|why| NotTried(why.to_string()))?;
+    let network = Network::parse(&row.network).map_err(|e| NotTried(e.to_string()))?;
+    let payer = Address::from_str(&row.payer).map_err(|e| NotTried(e.to_string()))?;
+    if payer != state.config.signer.address() {
+        return Err(NotTried("the payment was made by another wallet".into()));
+    }
+    Ok((request, network, payer))
+}
+
+/// Asks for a fresh challenge (the stored request, unpaid) and signs in to it: the step for
+/// the log, and the sign-in header when one was made.
+async fn challenge(
+    state: &AppState,
+    request: &UpstreamRequest,
+    (network, payer): (Network, Address),
+    deadline: Instant,
+) -> (RecoveryStep, Option<(HeaderName, HeaderValue)>) {
+    let left = remaining(deadline);
+    if left.is_zero() {
+        return (RecoveryStep::Challenge(Exchange::result("not tried: route deadline")), None);
+    }
+    let at = chrono::Utc::now().to_rfc3339();
+    let first = match state.upstream.send(request, &[], left.min(state.upstream.timeout())).await {
+        Ok(r) => r,
+        Err(e) => return (RecoveryStep::Challenge(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }), None),
+    };
+    let mut entry = Exchange { status: Some(first.status), ..Exchange::at(&at) };
+    let extensions = if first.status == 402 {
+        wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body)
+            .map_err(|e| format!("refused: the 402 could not be read: {e}"))
+            .and_then(|r| r.extensions.ok_or_else(|| "refused: the 402 advertises no extensions".to_owned()))
+    } else {
+        Err("refused: the upstream did not answer 402 with a challenge".to_owned())
+    };
+    let challenge = extensions.and_then(|e| {
+        Challenge::from_extensions(&e, &request.url, network, payer, chrono::Utc::now())
+            .map_err(|e| format!("refused: {e}"))
+    });
+    let challenge = match challenge {
+        Ok(c) => c,
+        Err(why) => {
+            entry.result = Some(why);
+            return (RecoveryStep::Challenge(entry), None);
+        }
+    };
+    let header = siwx::sign_in(&state.config.signer, &challenge)
+        .map_err(|e| e.to_string())
+        .and_then(|v| HeaderValue::from_str(&v).map_err(|e| e.to_string()));
+    let header =
+        header.and_then(|v| Ok((HeaderName::from_bytes(siwx::HEADER.as_bytes()).map_err(|e| e.to_string())?, v)));
+    match header {
+        Ok(h) => {
+            entry.result = Some("signed in".into());
+            entry.nonce = Some(challenge.nonce().to_string());
+            (RecoveryStep::Challenge(entry), Some(h))
+        }
+        Err(why) => {
+            entry.result = Some(format!("not signed: {why}"));
+            (RecoveryStep::Challenge(entry), None)
         }
     }
 }

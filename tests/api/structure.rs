@@ -433,7 +433,8 @@ fn stored_intents_are_decoded_only_by_the_view() {
 const SIZE_EXEMPT_DIRS: [&str; 2] = ["x402/", "bin/"];
 
 /// Functions still over the line limit, to be cut and removed from this list (issue 28).
-const LONG_FUNCTIONS_LEFT: [&str; 3] = ["metrics.rs: new", "relay/reaccess.rs: reaccess", "recovery.rs: recover"];
+/// (`Metrics::new` is the table of every metric's definition and registration.)
+const LONG_FUNCTIONS_LEFT: [&str; 1] = ["metrics.rs: new"];
 
 /// The code of a file before its `#[cfg(test)] mod tests` block (comments kept: a function's
 /// length is what a reader reads).
