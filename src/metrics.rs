@@ -60,145 +60,39 @@ impl Metrics {
     /// # Errors
     /// Only on a programming error (duplicate or invalid metric definitions).
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let http_requests = IntCounterVec::new(
-            Opts::new("x402_router_http_requests_total", "HTTP requests by route and status"),
-            &["route", "status"],
-        )?;
-        let idempotency = IntCounterVec::new(
-            Opts::new("x402_router_idempotency_outcomes_total", "Idempotency decisions by outcome"),
-            &["outcome"],
-        )?;
-        let payments =
-            IntCounterVec::new(Opts::new("x402_router_payments_total", "Payments by outcome"), &["outcome"])?;
-        let recoveries = IntCounterVec::new(
-            Opts::new("x402_router_recoveries_total", "Recoveries of paid answers that were lost, by outcome"),
-            &["outcome"],
-        )?;
-        let recovery_outcomes = IntGaugeVec::new(
-            Opts::new(
-                "x402_router_payments_recovery",
-                "Payments of the last 24 h whose lost answer recovery tried, by outcome (recovered, reaccessed, lost)",
-            ),
-            &["outcome"],
-        )?;
-        let http_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "x402_router_http_request_duration_seconds",
-                "HTTP request duration by route and status",
-            )
-            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
-            &["route", "status"],
-        )?;
-        let wallet_balance = GaugeVec::new(
-            Opts::new("x402_router_wallet_balance", "The paying wallet's token balance, in atomic units"),
-            &["network", "asset"],
-        )?;
-        let rpc_errors = IntCounterVec::new(
-            Opts::new("x402_router_rpc_errors_total", "Chain RPC reads that failed or timed out"),
-            &["method"],
-        )?;
-        let paid_not_served = Gauge::new(
-            "x402_router_payments_paid_not_served",
-            "Payments settled in the last 24 h whose call was not served (see /audit/payments?status=paid_not_served)",
-        )?;
-        let stuck_intents = Gauge::new(
-            "x402_router_payments_stuck",
-            "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update",
-        )?;
-        let budget_used = GaugeVec::new(
-            Opts::new(
-                "x402_router_agent_budget_used_ratio",
-                "Share of a budget spent or reserved: budget=24h or month per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)",
-            ),
-            &["agent_id", "budget"],
-        )?;
-        let cache_rejected = IntCounter::new(
-            "x402_router_cache_entries_rejected_total",
-            "Redis idempotency entries ignored because their MAC did not verify (forged, corrupt, of another key)",
-        )?;
-        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-        let upstream_seconds = HistogramVec::new(
-            HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency").buckets(buckets.clone()),
-            &["kind"],
-        )?;
-        let rpc_seconds = HistogramVec::new(
-            HistogramOpts::new("x402_router_rpc_seconds", "Chain RPC latency").buckets(buckets.clone()),
-            &["method"],
-        )?;
-        let rpc_endpoint_requests = IntCounterVec::new(
-            Opts::new(
-                "x402_router_rpc_endpoint_requests_total",
-                "JSON-RPC attempts per RPC URL (endpoint = its position among the network's URLs) by outcome",
-            ),
-            &["network", "endpoint", "outcome"],
-        )?;
-        let rpc_endpoint_seconds = HistogramVec::new(
-            HistogramOpts::new("x402_router_rpc_endpoint_seconds", "JSON-RPC attempt latency per RPC URL")
-                .buckets(buckets),
-            &["network", "endpoint"],
-        )?;
-        let rpc_endpoint_up = IntGaugeVec::new(
-            Opts::new("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0"),
-            &["network", "endpoint"],
-        )?;
-        let paid_amount = IntCounterVec::new(
-            Opts::new("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)"),
-            &["network", "asset"],
-        )?;
-        let payments_by_status = IntGaugeVec::new(
-            Opts::new("x402_router_payments_by_status", "Payment intents in the ledger by status"),
-            &["status"],
-        )?;
-        let build_info =
-            IntGaugeVec::new(Opts::new("x402_router_build_info", "The router's version (always 1)"), &["version"])?;
+        let r = Registered(Registry::new());
+        let latency = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+        let mut http_buckets = latency.clone();
+        http_buckets.push(60.0);
+        let build_info = r.int_gauges("x402_router_build_info", "The router's version (always 1)", &["version"])?;
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        registry.register(Box::new(paid_amount.clone()))?;
-        registry.register(Box::new(payments_by_status.clone()))?;
-        registry.register(Box::new(build_info.clone()))?;
-        registry.register(Box::new(http_requests.clone()))?;
-        registry.register(Box::new(idempotency.clone()))?;
-        registry.register(Box::new(payments.clone()))?;
-        registry.register(Box::new(recoveries.clone()))?;
-        registry.register(Box::new(recovery_outcomes.clone()))?;
-        registry.register(Box::new(cache_rejected.clone()))?;
-        registry.register(Box::new(upstream_seconds.clone()))?;
-        registry.register(Box::new(rpc_seconds.clone()))?;
-        registry.register(Box::new(http_duration.clone()))?;
-        registry.register(Box::new(wallet_balance.clone()))?;
-        registry.register(Box::new(rpc_errors.clone()))?;
-        registry.register(Box::new(paid_not_served.clone()))?;
-        registry.register(Box::new(stuck_intents.clone()))?;
-        registry.register(Box::new(budget_used.clone()))?;
-        registry.register(Box::new(rpc_endpoint_requests.clone()))?;
-        registry.register(Box::new(rpc_endpoint_seconds.clone()))?;
-        registry.register(Box::new(rpc_endpoint_up.clone()))?;
+        let metrics = Self {
+            http_requests: r.counters("x402_router_http_requests_total", "HTTP requests by route and status", &["route", "status"])?,
+            http_duration: r.histograms(HistogramOpts::new("x402_router_http_request_duration_seconds", "HTTP request duration by route and status").buckets(http_buckets), &["route", "status"])?,
+            wallet_balance: r.add(GaugeVec::new(Opts::new("x402_router_wallet_balance", "The paying wallet's token balance, in atomic units"), &["network", "asset"])?)?,
+            rpc_errors: r.counters("x402_router_rpc_errors_total", "Chain RPC reads that failed or timed out", &["method"])?,
+            paid_not_served: r.add(Gauge::new("x402_router_payments_paid_not_served", "Payments settled in the last 24 h whose call was not served (see /audit/payments?status=paid_not_served)")?)?,
+            stuck_intents: r.add(Gauge::new("x402_router_payments_stuck", "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update")?)?,
+            budget_used: r.add(GaugeVec::new(Opts::new("x402_router_agent_budget_used_ratio", "Share of a budget spent or reserved: budget=24h or month per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)"), &["agent_id", "budget"])?)?,
+            cache_rejected: r.add(IntCounter::new("x402_router_cache_entries_rejected_total", "Redis idempotency entries ignored because their MAC did not verify (forged, corrupt, of another key)")?)?,
+            idempotency: r.counters("x402_router_idempotency_outcomes_total", "Idempotency decisions by outcome", &["outcome"])?,
+            payments: r.counters("x402_router_payments_total", "Payments by outcome", &["outcome"])?,
+            recoveries: r.counters("x402_router_recoveries_total", "Recoveries of paid answers that were lost, by outcome", &["outcome"])?,
+            recovery_outcomes: r.int_gauges("x402_router_payments_recovery", "Payments of the last 24 h whose lost answer recovery tried, by outcome (recovered, reaccessed, lost)", &["outcome"])?,
+            upstream_seconds: r.histograms(HistogramOpts::new("x402_router_upstream_seconds", "Upstream exchange latency").buckets(latency.clone()), &["kind"])?,
+            rpc_seconds: r.histograms(HistogramOpts::new("x402_router_rpc_seconds", "Chain RPC latency").buckets(latency.clone()), &["method"])?,
+            rpc_endpoint_requests: r.counters("x402_router_rpc_endpoint_requests_total", "JSON-RPC attempts per RPC URL (endpoint = its position among the network's URLs) by outcome", &["network", "endpoint", "outcome"])?,
+            rpc_endpoint_seconds: r.histograms(HistogramOpts::new("x402_router_rpc_endpoint_seconds", "JSON-RPC attempt latency per RPC URL").buckets(latency), &["network", "endpoint"])?,
+            rpc_endpoint_up: r.int_gauges("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0", &["network", "endpoint"])?,
+            paid_amount: r.counters("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)", &["network", "asset"])?,
+            payments_by_status: r.int_gauges("x402_router_payments_by_status", "Payment intents in the ledger by status", &["status"])?,
+            build_info,
+            registry: r.0,
+        };
         // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, … (Linux).
         #[cfg(target_os = "linux")]
-        registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-        Ok(Self {
-            registry,
-            http_requests,
-            http_duration,
-            wallet_balance,
-            rpc_errors,
-            paid_not_served,
-            stuck_intents,
-            budget_used,
-            cache_rejected,
-            idempotency,
-            payments,
-            recoveries,
-            recovery_outcomes,
-            upstream_seconds,
-            rpc_seconds,
-            rpc_endpoint_requests,
-            rpc_endpoint_seconds,
-            rpc_endpoint_up,
-            paid_amount,
-            payments_by_status,
-            build_info,
-        })
+        metrics.registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(metrics)
     }
 
     /// Adds a settled payment's amount (atomic units) to `x402_router_paid_amount_total`,
@@ -221,6 +115,28 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// A registry that hands back each metric it registers.
+struct Registered(Registry);
+
+impl Registered {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, metric: C) -> Result<C, prometheus::Error> {
+        self.0.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn int_gauges(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn histograms(&self, opts: HistogramOpts, labels: &[&str]) -> Result<HistogramVec, prometheus::Error> {
+        self.add(HistogramVec::new(opts, labels)?)
     }
 }
 

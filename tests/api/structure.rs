@@ -432,10 +432,6 @@ fn stored_intents_are_decoded_only_by_the_view() {
 /// upstream (`src/x402`, `src/bin`; being moved to crates of their own, issue 28 item 7).
 const SIZE_EXEMPT_DIRS: [&str; 2] = ["x402/", "bin/"];
 
-/// Functions still over the line limit, to be cut and removed from this list (issue 28).
-/// (`Metrics::new` is the table of every metric's definition and registration.)
-const LONG_FUNCTIONS_LEFT: [&str; 1] = ["metrics.rs: new"];
-
 /// The code of a file before its `#[cfg(test)] mod tests` block (comments kept: a function's
 /// length is what a reader reads).
 fn without_tests(text: &str) -> &str {
@@ -496,7 +492,6 @@ fn no_function_over_80_lines_and_no_file_over_600() {
     let mut files = Vec::new();
     source_files(&src, &mut files);
     let mut found = Vec::new();
-    let mut left = BTreeSet::new();
     for file in &files {
         let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
         if SIZE_EXEMPT_DIRS.iter().any(|d| rel.starts_with(d)) || rel.ends_with("tests.rs") {
@@ -508,17 +503,12 @@ fn no_function_over_80_lines_and_no_file_over_600() {
             found.push(format!("{rel}: {} lines", code.lines().count()));
         }
         for (name, line, len) in functions(code) {
-            let id = format!("{rel}: {name}");
-            if len > 80 && LONG_FUNCTIONS_LEFT.contains(&id.as_str()) {
-                left.insert(id);
-            } else if len > 80 {
+            if len > 80 {
                 found.push(format!("{rel}:{line} fn {name}: {len} lines"));
             }
         }
     }
     assert!(found.is_empty(), "too long: {found:#?}");
-    let fixed: Vec<&str> = LONG_FUNCTIONS_LEFT.iter().copied().filter(|f| !left.contains(*f)).collect();
-    assert!(fixed.is_empty(), "no longer over 80 lines, remove from LONG_FUNCTIONS_LEFT: {fixed:?}");
 }
 
 #[test]
