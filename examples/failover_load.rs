@@ -35,6 +35,7 @@ use diesel::QueryableByName;
 use diesel_async::RunQueryDsl;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
+use x402_router_testkit::wait::{Deadline, let_time_pass};
 
 sol! {
     event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
@@ -125,6 +126,9 @@ async fn send(http: &reqwest::Client, router: &str, agent: &str, key: &str, body
 async fn drive(http: &reqwest::Client, args: &Args, call: &mut Call, give_up: Instant) {
     let body =
         if call.paid { json!({"url": args.paid_url, "max_amount": "50000"}) } else { json!({"url": args.free_url}) };
+    // A short pause between retries of one key (the load itself never waits).
+    let limit = give_up.saturating_duration_since(Instant::now());
+    let mut retries = Deadline::after(limit, &call.key).every(Duration::from_millis(100));
     while Instant::now() < give_up {
         call.attempts += 1;
         let router = (call.router + call.attempts as usize - 1) % args.routers.len();
@@ -139,8 +143,9 @@ async fn drive(http: &reqwest::Client, args: &Args, call: &mut Call, give_up: In
             call.router = router;
             return;
         }
-        // A short pause between retries of one key (the load itself never waits).
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if retries.next_poll().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -169,7 +174,8 @@ async fn main() -> anyhow::Result<()> {
     let trigger = {
         let (args, failover) = (Arc::clone(&args), Arc::clone(&failover));
         tokio::spawn(async move {
-            tokio::time::sleep(args.failover_after).await;
+            // lets time pass: the load runs `--failover-after` before the failover is triggered.
+            let_time_pass(args.failover_after).await;
             let begin = Instant::now();
             let status = tokio::process::Command::new("bash").arg("-c").arg(&args.failover_cmd).status().await;
             let end = Instant::now();

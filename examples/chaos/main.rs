@@ -9,10 +9,7 @@
 
 #![allow(clippy::print_stdout)]
 
-#[path = "../../tests/api/helpers/invariants.rs"]
-mod invariants;
 mod procs;
-mod proxy;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,7 +24,9 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use procs::{Chain, Postgres, Redis, Router};
-use proxy::Proxy;
+use x402_router_testkit::Proxy;
+use x402_router_testkit::invariants;
+use x402_router_testkit::wait::{Deadline, let_time_pass, wait_for_every, wait_until};
 
 #[derive(Parser, Debug)]
 #[command(about = "Chaos run: faults injected into 3 routers under load; invariants checked on-chain")]
@@ -292,7 +291,8 @@ impl Ctx {
                 })
                 .max()
                 .unwrap_or_default();
-            tokio::time::sleep(wait).await;
+            // lets time pass: the routers' Retry-After before the operation is sent again.
+            let_time_pass(wait).await;
         }
         None
     }
@@ -354,8 +354,8 @@ impl Ctx {
         let key = op.key.as_str();
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut takeovers = 0;
+        let mut collecting = Deadline::after(Duration::from_secs(60), key).every(Duration::from_millis(300));
         loop {
-            anyhow::ensure!(Instant::now() < deadline, "the row of {key} was never collected");
             let attempt = async {
                 let db = connect(&self.direct_db).await?;
                 let rows = db
@@ -374,23 +374,28 @@ impl Ctx {
                 Ok::<_, anyhow::Error>(left == 0)
             };
             if matches!(attempt.await, Ok(true)) {
-                tokio::time::sleep(LATE_CACHE_WRITES).await;
-                let rkey = format!("chaos:idem:{{{}}}:{key}", self.agents[op.agent].0);
-                // Redis may be restarting (an injected fault): try until the deadline.
-                loop {
-                    let deleted = async {
-                        let client = redis::Client::open(self.redis_url.as_str())?;
-                        let mut conn = client.get_multiplexed_async_connection().await?;
-                        redis::cmd("DEL").arg(&rkey).query_async::<()>(&mut conn).await
-                    };
-                    match deleted.await {
-                        Ok(()) => return Ok(takeovers),
-                        Err(e) if Instant::now() >= deadline + LATE_CACHE_WRITES => return Err(e.into()),
-                        Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-                    }
-                }
+                break;
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            anyhow::ensure!(collecting.next_poll().await.is_ok(), "the row of {key} was never collected");
+        }
+        // lets time pass: a router frozen between its commit and its Redis write, or behind a
+        // stalled connection, may still write the old answer; nothing signals that it won't.
+        let_time_pass(LATE_CACHE_WRITES).await;
+        let rkey = format!("chaos:idem:{{{}}}:{key}", self.agents[op.agent].0);
+        // Redis may be restarting (an injected fault): try until the deadline.
+        let limit = (deadline + LATE_CACHE_WRITES).saturating_duration_since(Instant::now());
+        let mut deleting = Deadline::after(limit, &rkey).every(Duration::from_millis(300));
+        loop {
+            let deleted = async {
+                let client = redis::Client::open(self.redis_url.as_str())?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("DEL").arg(&rkey).query_async::<()>(&mut conn).await
+            };
+            match deleted.await {
+                Ok(()) => return Ok(takeovers),
+                Err(e) if deleting.next_poll().await.is_err() => return Err(e.into()),
+                Err(_) => {}
+            }
         }
     }
 }
@@ -500,7 +505,8 @@ impl World {
                 let world = Arc::clone(self);
                 tokio::spawn(async move {
                     world.routers[i].lock().await.signal("STOP");
-                    tokio::time::sleep(frozen).await;
+                    // lets time pass: the fault is a router frozen for this long.
+                    let_time_pass(frozen).await;
                     world.routers[i].lock().await.signal("CONT");
                 });
             }
@@ -769,7 +775,8 @@ async fn chaos(
     let total_weight: u64 = FAULTS.iter().map(|(_, w)| w).sum();
     let mut made = 0;
     while made < target {
-        tokio::time::sleep(interval).await;
+        // lets time pass: the injector's pace (`--interval-ms`) between two faults.
+        let_time_pass(interval).await;
         let mut roll = rng.below(total_weight);
         let kind = FAULTS
             .iter()
@@ -796,9 +803,13 @@ async fn chaos(
     println!("chaos: {made} injections made; letting every operation finish");
     // Faults still running (a frozen router, a Postgres restart) end by themselves; then the
     // system is healed and every operation driven to its end.
-    while world.pg_busy.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let pg_busy = &world.pg_busy;
+    wait_until(
+        Duration::from_secs(120),
+        "the Postgres restart to end",
+        || async move { !pg_busy.load(Ordering::SeqCst) },
+    )
+    .await?;
     world.heal().await;
     for c in clients {
         let _ = c.await;
@@ -807,14 +818,13 @@ async fn chaos(
 
     // A third party settles what the hostile route kept; then reconcile, as operators'
     // CronJob does, settles the ledger's open questions from the chain.
-    let mut settled_kept = false;
-    for _ in 0..20 {
-        if settle_kept(&ctx.client, &upstream_direct).await.is_ok() {
-            settled_kept = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (client, upstream) = (&ctx.client, upstream_direct.as_str());
+    let settled_kept =
+        wait_for_every(Duration::from_secs(10), Duration::from_millis(500), "kept payments settled", || async move {
+            settle_kept(client, upstream).await.ok()
+        })
+        .await
+        .is_ok();
     let rpc_direct = chain.rpc_url();
     let mut reconciled = Value::Null;
     for _ in 0..5 {

@@ -10,6 +10,8 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use x402_router_testkit::proc::{Proc, Ready};
+use x402_router_testkit::{free_port, wait_port};
 
 /// anvil's public development keys (never anywhere real): #0 deploys and settles, #1 is the
 /// router's wallet, #2 receives the payments.
@@ -18,21 +20,6 @@ pub const ROUTER_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a84
 pub const ROUTER_ADDRESS: &str = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8";
 pub const PAY_TO: &str = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC";
 pub const CHAIN_ID: u64 = 84532;
-
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-async fn wait_port(port: u16, limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        if Instant::now() > deadline {
-            bail!("nothing listens on port {port} after {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
 
 fn is_root() -> bool {
     std::process::Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
@@ -140,7 +127,7 @@ impl Redis {
             .spawn()
             .with_context(|| format!("start {}", self.bin))?;
         self.child = Some(child);
-        wait_port(self.port, Duration::from_secs(10)).await
+        Ok(wait_port(self.port, Duration::from_secs(10)).await?)
     }
 
     pub fn url(&self) -> String {
@@ -223,7 +210,7 @@ pub struct Router {
     bin: PathBuf,
     args: Vec<String>,
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<Proc>,
     pub stopped: bool,
     /// Starts that exited before listening (and were started again).
     pub restarts_at_startup: u64,
@@ -251,41 +238,42 @@ impl Router {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-            let mut child = Command::new(&self.bin)
-                .arg("serve")
-                .args(&self.args)
-                .args(["--bind", &format!("127.0.0.1:{}", self.port)])
-                .env_clear()
-                .env("RUST_LOG", "warn,x402_router::startup=info,x402_router::commands=info")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()?;
+            let mut child = Proc::spawn(
+                Command::new(&self.bin)
+                    .arg("serve")
+                    .args(&self.args)
+                    .args(["--bind", &format!("127.0.0.1:{}", self.port)])
+                    .env_clear()
+                    .env("RUST_LOG", "warn,x402_router::startup=info,x402_router::commands=info")
+                    .stdout(Stdio::null())
+                    .stderr(log),
+            )?;
             self.stopped = false;
-            loop {
-                if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+            let port = self.port;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ready = child
+                .wait_ready(left, &format!("the router on port {port}"), || async move {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
+                })
+                .await;
+            match ready {
+                Ok(Ready::Up(())) => {
                     self.child = Some(child);
                     return Ok(());
                 }
-                if child.try_wait()?.is_some() {
-                    self.restarts_at_startup += 1;
-                    break;
-                }
-                if Instant::now() > deadline {
+                Ok(Ready::Exited) => self.restarts_at_startup += 1,
+                Err(e) => {
                     self.child = Some(child);
-                    bail!("router on port {} did not listen within 60 s", self.port);
+                    bail!("{e}");
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             if Instant::now() > deadline {
                 bail!("router on port {} kept exiting at start-up", self.port);
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // lets time pass: an orchestrator's back-off before starting a crashed process
+            // again (its Postgres may still be restarting; there is no event to wait for).
+            x402_router_testkit::wait::let_time_pass(Duration::from_millis(300)).await;
         }
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(Child::id)
     }
 
     pub fn address(&self) -> String {
@@ -295,14 +283,14 @@ impl Router {
     /// kill -9, then start again.
     pub async fn kill_and_restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill().await;
+            c.kill().await;
         }
         self.spawn().await
     }
 
     pub fn signal(&mut self, sig: &str) {
-        if let Some(pid) = self.pid() {
-            let _ = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.signal(sig);
             self.stopped = sig == "STOP";
         }
     }
@@ -312,7 +300,7 @@ impl Router {
             self.signal("CONT");
         }
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill().await;
+            c.kill().await;
         }
     }
 }

@@ -4,6 +4,7 @@
 //! the CLI on the same code path.
 
 use std::time::{Duration, Instant};
+use x402_router_testkit::Deadline;
 
 use serde_json::{Value, json};
 use x402_router::operators::Role;
@@ -41,9 +42,11 @@ async fn events(app: &TestApp) -> Vec<Value> {
 /// Polls `f` until it holds, for at most `limit`; the time it took.
 async fn within<F: AsyncFn() -> bool>(limit: Duration, f: F) -> Duration {
     let started = Instant::now();
+    let mut deadline = Deadline::after(limit, "the condition").every(Duration::from_millis(50));
     while !f().await {
-        assert!(started.elapsed() < limit, "not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if deadline.next_poll().await.is_err() {
+            panic!("not within {limit:?}");
+        }
     }
     started.elapsed()
 }

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use x402_router_testkit::{wait::let_time_pass, wait_for};
 
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -249,7 +250,8 @@ async fn receipt_pages_return_every_row_exactly_once_while_rows_are_inserted() {
                 let at = if n % 2 == 0 { "now()" } else { "now() - interval '1 hour'" };
                 insert_receipt(&db, agent, at, None).await;
                 n += 1;
-                tokio::time::sleep(Duration::from_millis(3)).await;
+                // lets time pass: the pace of this background writer (a steady trickle of rows).
+                let_time_pass(Duration::from_millis(3)).await;
             }
             n
         })
@@ -359,15 +361,13 @@ async fn idempotency_audit_shows_an_in_flight_and_then_a_completed_key() {
         let (app, key, url) = (Arc::clone(&app), key.clone(), up.url("/slow?ms=2500"));
         tokio::spawn(async move { app.route(&key, &json!({ "url": url })).await.status() })
     };
-    let mut in_flight = Value::Null;
-    for _ in 0..100 {
-        let (status, body) = audit(&app, &path).await;
-        if status == 200 {
-            in_flight = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (app_ref, path_ref) = (&app, path.as_str());
+    let in_flight = wait_for(Duration::from_secs(2), "the in-flight key in the audit API", || async move {
+        let (status, body) = audit(app_ref, path_ref).await;
+        (status == 200).then_some(body)
+    })
+    .await
+    .unwrap_or(Value::Null);
     assert_eq!(in_flight["status"], "in_flight", "{in_flight}");
     assert_eq!(in_flight["key"], key);
     assert_eq!(in_flight["response_status_code"], Value::Null);

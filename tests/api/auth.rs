@@ -1,6 +1,7 @@
 //! Agent authentication and isolation.
 
 use serde_json::{Value, json};
+use x402_router_testkit::Deadline;
 
 use crate::helpers::*;
 
@@ -88,6 +89,7 @@ async fn a_disabled_agent_is_refused_within_the_agent_cache_ttl() {
     assert_eq!(app.route(&new_key(), &body).await.status(), 200);
     exec(&app.db, &format!("UPDATE agents SET disabled = true WHERE id = '{}'", app.agent.id)).await;
     let disabled_at = Instant::now();
+    let mut polling = Deadline::after(TTL * 2, "the agent to be refused").every(Duration::from_millis(50));
     loop {
         let sent = Instant::now();
         let resp = app.route(&new_key(), &body).await;
@@ -96,7 +98,7 @@ async fn a_disabled_agent_is_refused_within_the_agent_cache_ttl() {
         }
         assert_eq!(resp.status(), 200);
         assert!(sent < disabled_at + TTL, "served {:?} after the agent was disabled (TTL {TTL:?})", sent - disabled_at);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        polling.next_poll().await.unwrap();
     }
     // Once refused, always refused.
     for _ in 0..3 {

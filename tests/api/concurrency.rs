@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use x402_router_testkit::Deadline;
+use x402_router_testkit::{wait::let_time_pass, wait_until};
 
 use futures_util::future::join_all;
 use serde_json::{Value, json};
@@ -85,7 +87,8 @@ async fn slow_but_alive_request_is_not_taken_over_thanks_to_its_heartbeat() {
         tokio::spawn(async move { app.route(&key, &body).await })
     };
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // lets time pass: more than the abandonment window elapses while the owner is alive.
+        let_time_pass(Duration::from_millis(600)).await;
         let retry = app.route(&key, &body).await;
         assert_eq!(retry.status(), 409, "a live owner must not be taken over");
     }
@@ -115,10 +118,13 @@ async fn stale_owner_is_fenced_and_cannot_overwrite_the_new_owner_or_write_a_rec
             (client.clone(), a.address.clone(), agent.clone(), key.clone(), body.clone());
         tokio::spawn(async move { route_at(&client, &addr, &agent, &key, &body).await })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_until(Duration::from_secs(10), "A to reach the upstream", || async { up.hits.get("/slow/fence") > 0 })
+        .await
+        .unwrap();
     assert_eq!(up.hits.get("/slow/fence"), 1, "A reached the upstream");
     a.signal("STOP");
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    // lets time pass: the frozen owner's heartbeat ages past the 1 s abandonment window.
+    let_time_pass(Duration::from_millis(1600)).await;
 
     let b_resp = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(b_resp.status(), 200, "B took over the abandoned key");
@@ -154,7 +160,9 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     let body = json!({"url": up.url("/slow/kill?ms=3000")});
 
     let a_call = spawn_route(&client, &a.address, &agent, &key, &body);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(Duration::from_secs(10), "A to reach the upstream", || async { up.hits.get("/slow/kill") > 0 })
+        .await
+        .unwrap();
     a.kill9().await;
     assert!(a_call.await.unwrap().is_err(), "the killed router never answered");
     let killed_at = Instant::now();
@@ -163,7 +171,8 @@ async fn killed_router_leaves_an_in_flight_key_that_is_409_until_abandoned_then_
     assert_eq!(early.status(), 409, "retry before abandonment");
     assert_eq!(early.headers().get("retry-after").unwrap(), "5");
 
-    tokio::time::sleep(Duration::from_millis(2300).saturating_sub(killed_at.elapsed())).await;
+    // lets time pass: the killed owner's heartbeat ages past the abandonment window.
+    let_time_pass(Duration::from_millis(2300).saturating_sub(killed_at.elapsed())).await;
     let late = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(late.status(), 200, "retry after abandonment executes");
     assert_eq!(up.hits.get("/slow/kill"), 2, "once by the killed router, once by the takeover");
@@ -252,10 +261,10 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
     // Once every call owns its key, and while they queue on the agent's lock, retry every
     // key, well past the abandonment window: a live owner must never be taken over.
     let claimed = "SELECT count(*) AS n FROM idempotency_keys WHERE key LIKE 'test-%'";
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(20), "the calls never claimed their keys").every(Duration::from_millis(20));
     while count(&db, claimed).await < 31 {
-        assert!(Instant::now() < deadline, "the calls never claimed their keys");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        deadline.next_poll().await.unwrap();
     }
     let mut fresh_retries = vec![];
     let mut ticker = tokio::time::interval(Duration::from_millis(300));

@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use x402_router_testkit::Deadline;
+use x402_router_testkit::wait::let_time_pass;
 
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
@@ -85,7 +87,8 @@ async fn until_final(
             }
             wait = Duration::from_secs(retry_after.unwrap_or(1)).min(Duration::from_millis(250));
         }
-        tokio::time::sleep(wait).await;
+        // lets time pass: the router's Retry-After (at most 250 ms) before the next attempt.
+        let_time_pass(wait).await;
     }
     None
 }
@@ -95,10 +98,10 @@ async fn until_final(
 async fn end_crashed_transaction(db: &TestDb) {
     let open = "SELECT count(*) AS n FROM pg_stat_activity \
                 WHERE datname = current_database() AND state = 'idle in transaction'";
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut deadline = Deadline::after(Duration::from_secs(10), "the owner's recording transaction never showed")
+        .every(Duration::from_millis(20));
     while count(db, open).await == 0 {
-        assert!(Instant::now() < deadline, "the owner's recording transaction never showed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        deadline.next_poll().await.unwrap();
     }
     exec(
         db,

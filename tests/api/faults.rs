@@ -62,7 +62,7 @@ async fn redis_that_was_never_reachable_does_not_fail_requests() {
 #[actix_web::test]
 async fn with_postgres_down_requests_get_503_and_nothing_is_executed() {
     let db = TestDb::new().await;
-    let proxy = TcpProxy::start("127.0.0.1:5432".into()).await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".into()).await.unwrap();
     let proxied_url = {
         let tail = db.url.rsplit_once('/').unwrap().1;
         format!("postgres://postgres@127.0.0.1:{}/{tail}", proxy.port)

@@ -1,6 +1,7 @@
 //! Garbage collection of expired idempotency rows.
 
 use serde_json::json;
+use x402_router_testkit::Deadline;
 
 use crate::helpers::*;
 
@@ -48,10 +49,10 @@ async fn gc_during_a_takeover_does_not_delete_the_in_flight_row() {
     exec(&app.db, "UPDATE idempotency_keys SET expires_at = now() - interval '1 minute'").await;
 
     let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut deadline = Deadline::after(std::time::Duration::from_secs(10), "the takeover never called the upstream")
+        .every(std::time::Duration::from_millis(10));
     while up.hits.get(path) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the takeover never called the upstream");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        deadline.next_poll().await.unwrap();
     }
     let mut conn = app.db.conn().await;
     assert_eq!(x402_router::gc::run(&mut conn, 100, None).await.unwrap(), 0, "GC deleted a row in flight");

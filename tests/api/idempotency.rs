@@ -212,8 +212,10 @@ async fn redis_flushed_mid_flight_falls_back_to_postgres_and_stays_correct() {
         let (app, key, body) = (Arc::clone(&app), key.clone(), body.clone());
         tokio::spawn(async move { app.route(&key, &body).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!redis.keys().await.is_empty(), "the in-flight entry was cached");
+    let cached = || async { !redis.keys().await.is_empty() };
+    x402_router_testkit::wait_until(std::time::Duration::from_millis(900), "the in-flight entry cached", cached)
+        .await
+        .unwrap();
     redis.flushall().await;
     // While in flight, with Redis empty: Postgres still says in flight.
     let during = app.route(&key, &body).await;

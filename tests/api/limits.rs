@@ -51,13 +51,18 @@ fn settled(results: &[(u16, Value, Option<String>)]) -> usize {
 /// Per-minute windows are calendar minutes: start a race early in a minute, so that it does
 /// not straddle two windows (the count would then be up to twice the limit, by design).
 async fn early_in_a_minute() {
-    loop {
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
-        if secs < 40 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
+    let limit = std::time::Duration::from_secs(61);
+    x402_router_testkit::wait::wait_for_every(
+        limit,
+        std::time::Duration::from_millis(250),
+        "an early second",
+        || async {
+            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
+            (secs < 40).then_some(())
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[actix_web::test]

@@ -4,6 +4,7 @@
 
 use alloy::primitives::U256;
 use serde_json::{Value, json};
+use x402_router_testkit::Deadline;
 
 use crate::helpers::*;
 
@@ -264,10 +265,11 @@ async fn a_key_reused_after_expiry_pays_once_per_request_and_never_twice_for_the
 /// Waits (polling the wall clock, at most `limit`) until Unix time `t` has passed: an
 /// authorization valid before `t` can then never move money.
 async fn until_past(t: i64, limit: std::time::Duration) {
-    let deadline = std::time::Instant::now() + limit;
+    let mut deadline = Deadline::after(limit, "the condition").every(std::time::Duration::from_millis(100));
     while x402_router::clock::now_unix_i64() <= t {
-        assert!(std::time::Instant::now() < deadline, "the clock did not pass {t} in time");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if deadline.next_poll().await.is_err() {
+            panic!("the clock did not pass {t} in time");
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use x402_router_testkit::Deadline;
 
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -416,7 +417,8 @@ async fn every_endpoint_answers_as_the_document_says() {
         assert_eq!(c.call("POST", "/admin/agents/{id}/disable", &carol, Some(&admin), None).await.0, 200);
         let carol_agent = Agent { id: carol_id.parse().unwrap(), key: carol_key.to_owned() };
         // The auth cache may hold the key as enabled for a moment: poll with a deadline.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut deadline = Deadline::after(std::time::Duration::from_secs(30), "the disabled agent is still served")
+            .every(std::time::Duration::from_millis(100));
         loop {
             let resp =
                 app.client.get(format!("{}/agents/me", app.address)).bearer_auth(carol_key).send().await.unwrap();
@@ -424,8 +426,7 @@ async fn every_endpoint_answers_as_the_document_says() {
                 spec.check("GET", "/agents/me", resp).await;
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "the disabled agent is still served");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            deadline.next_poll().await.unwrap();
         }
         let (status, env) = c.route(&carol_agent, &new_key(), &free).await;
         assert_eq!((status, env["code"].as_str()), (403, Some("agent_disabled")));
@@ -510,7 +511,7 @@ async fn every_endpoint_answers_as_the_document_says() {
 #[actix_web::test]
 async fn with_postgres_down_every_endpoint_answers_a_declared_503() {
     let db = TestDb::new().await;
-    let proxy = TcpProxy::start("127.0.0.1:5432".into()).await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".into()).await.unwrap();
     let proxied_url = {
         let tail = db.url.rsplit_once('/').unwrap().1;
         format!("postgres://postgres@127.0.0.1:{}/{tail}", proxy.port)

@@ -1,6 +1,7 @@
 //! Operations: metrics, readiness, graceful shutdown.
 
 use std::time::Duration;
+use x402_router_testkit::wait_until;
 
 use serde_json::json;
 
@@ -40,7 +41,7 @@ async fn sigterm_during_a_request_lets_it_complete() {
     let db = TestDb::new().await;
     let agent = create_agent(&db, "term").await;
     let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
-    let router = RouterProcess::spawn(&db.url, &AppOptions::default(), &prefix).await;
+    let mut router = RouterProcess::spawn(&db.url, &AppOptions::default(), &prefix).await;
     let up = TestUpstream::start().await;
     let client = reqwest::Client::new();
     let key = new_key();
@@ -49,13 +50,15 @@ async fn sigterm_during_a_request_lets_it_complete() {
         let body = json!({"url": up.url("/slow/term?ms=1500")});
         tokio::spawn(async move { route_at(&client, &addr, &agent, &key, &body).await })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_until(Duration::from_secs(10), "the call to reach the upstream", || async { up.hits.get("/slow/term") > 0 })
+        .await
+        .unwrap();
     router.signal("TERM");
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'").await, 1);
     // New connections are refused once it has stopped.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(router.wait_exit(Duration::from_secs(10)).await.is_some(), "it exits once drained");
     assert!(client.get(format!("{}/healthz", router.address)).send().await.is_err());
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use x402_router_testkit::{Deadline, wait::let_time_pass};
 
 use alloy::primitives::{B256, U256};
 use futures_util::future::join_all;
@@ -355,11 +356,12 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     let body = json!({"url": chain.url("/v2/slow-settle?seconds=5"), "max_amount": "10000"});
     let call = spawn_route(&client, &a.address, &agent, &key, &body);
     // Wait until the transfer is on-chain, then kill the router before it hears back.
-    for _ in 0..100 {
-        if balances(&chain).await.0 < router0 {
+    let mut settling =
+        Deadline::after(Duration::from_secs(5), "the transfer on-chain").every(Duration::from_millis(50));
+    while balances(&chain).await.0 >= router0 {
+        if settling.next_poll().await.is_err() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(balances(&chain).await.0, router0 - price(), "the upstream settled");
     a.kill9().await;
@@ -367,7 +369,8 @@ async fn router_killed_after_the_upstream_settled_never_pays_twice() {
     assert_eq!(count(&db, "SELECT count(*) AS n FROM payments WHERE status = 'signed'").await, 1);
 
     assert_eq!(route_at(&client, &b.address, &agent, &key, &body).await.status(), 409);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    // lets time pass: the dead owner's heartbeat ages past the abandonment window (wall time).
+    let_time_pass(Duration::from_millis(2300)).await;
     let resp = route_at(&client, &b.address, &agent, &key, &body).await;
     assert_eq!(resp.status(), 502);
     let err: Value = resp.json().await.unwrap();
@@ -502,11 +505,12 @@ async fn paid_request_cut_off_by_the_deadline_is_errored_unknown_and_never_paid_
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["payment"]["status"], "unknown", "{err}");
     // The upstream settles later; the router never pays this key again.
-    for _ in 0..100 {
-        if chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key, &body)).await {
+    let mut settling =
+        Deadline::after(Duration::from_secs(10), "the late settlement").every(Duration::from_millis(100));
+    while !chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key, &body)).await {
+        if settling.next_poll().await.is_err() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(chain.authorization_used(ROUTER_ADDRESS, nonce_for(&app, &key, &body)).await);
     let replay = app.route(&key, &body).await;

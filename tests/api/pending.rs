@@ -4,6 +4,8 @@
 //! leaves what it could not decide to `reconcile`. Real anvil; money counted on-chain.
 
 use std::time::{Duration, Instant};
+use x402_router_testkit::Deadline;
+use x402_router_testkit::wait::let_time_pass;
 
 use alloy::primitives::U256;
 use serde_json::{Value, json};
@@ -52,10 +54,11 @@ async fn stat(chain: &Devnet, route: &str, counter: &str) -> Value {
 
 /// Polls the upstream's counter until it reaches `n` (at most 20 s).
 async fn until_counted(chain: &Devnet, route: &str, counter: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut deadline = Deadline::after(Duration::from_secs(20), "the condition").every(Duration::from_millis(20));
     while stat(chain, route, counter).await.as_u64().unwrap_or(0) < n {
-        assert!(Instant::now() < deadline, "{route} never counted {counter} = {n}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if deadline.next_poll().await.is_err() {
+            panic!("{route} never counted {counter} = {n}");
+        }
     }
 }
 
@@ -119,7 +122,8 @@ async fn a_pending_settlement_mined_later_within_the_deadline_is_confirmed_from_
     until_counted(&chain, "/v2/pending", "pending", 1).await;
     let nonce = router_nonce(app.agent.id, &key, &body);
     assert!(!chain.authorization_used(ROUTER_ADDRESS, nonce).await, "broadcast, not mined");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // lets time pass: shows the absence of an event (the router giving up); nothing signals it.
+    let_time_pass(Duration::from_millis(500)).await;
     assert!(!call.is_finished(), "the router waits for the chain, it does not give up on a pending settlement");
     chain.rpc("evm_mine", json!([])).await;
 
@@ -279,10 +283,9 @@ async fn a_takeover_never_re_signs_while_the_earlier_authorization_may_still_set
 
     // Once validBefore has passed (and the key's owner is abandoned), a retry re-signs.
     let valid_before = count(&app.db, "SELECT valid_before AS n FROM payments").await;
-    let wait_until = Instant::now() + Duration::from_secs(30);
+    let mut wait_until = Deadline::after(Duration::from_secs(30), "the condition").every(Duration::from_millis(200));
     while x402_router::clock::now_unix_i64() <= valid_before {
-        assert!(Instant::now() < wait_until);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_until.next_poll().await.unwrap();
     }
     exec(
         &app.db,

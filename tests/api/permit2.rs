@@ -5,6 +5,7 @@
 
 use std::str::FromStr;
 use std::time::Duration;
+use x402_router_testkit::Deadline;
 
 use alloy::network::TransactionBuilder;
 use alloy::primitives::{Address, B256, Bytes, U256, address};
@@ -315,15 +316,15 @@ async fn a_router_killed_after_a_permit2_settlement_never_pays_again_on_retry() 
     assert!(call.await.unwrap().is_err(), "the killed router never answered");
 
     // Retry on router B until the key is abandoned and taken over.
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(40), "the key stayed in flight").every(Duration::from_millis(100));
     let (status, env) = loop {
         let resp = route_at(&client, &b.address, &agent, &key, &body).await;
         let status = resp.status().as_u16();
         if status != 409 {
             break (status, resp.json::<Value>().await.unwrap());
         }
-        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        deadline.next_poll().await.unwrap();
     };
 
     assert_eq!(status, 502, "{env}");
@@ -404,7 +405,8 @@ async fn take_over_an_unsent_permit2_intent(
     assert_eq!(chain.stats().await[path.split('?').next().unwrap()]["payment_attempts"], 0, "nothing was sent");
 
     let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(40), "the key stayed in flight").every(Duration::from_millis(100));
     let env = loop {
         let resp = route_at(&client, &retrier.address, &owner.agent, &key, &body).await;
         // 409: still in flight; 503: the earlier authorization is valid but too close to its
@@ -413,8 +415,7 @@ async fn take_over_an_unsent_permit2_intent(
             assert_eq!(resp.status(), 200);
             break resp.json::<Value>().await.unwrap();
         }
-        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        deadline.next_poll().await.unwrap();
     };
     drop(owner);
     (chain, db, env, router0)
@@ -529,14 +530,15 @@ async fn reconcile_charges_a_crashed_upto_payment_what_its_transaction_moved() {
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
     // Until the owner's heartbeat is older than the abandonment threshold, it is left alone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut deadline = Deadline::after(Duration::from_secs(20), "the condition").every(Duration::from_millis(200));
     loop {
         let report = reconcile();
         if report["settled_response_lost"] == 1 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never reconciled: {report}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if deadline.next_poll().await.is_err() {
+            panic!("never reconciled: {report}");
+        }
     }
 
     assert_eq!(text_of(&owner, "SELECT status AS t FROM payments").await, "settled_response_lost");
@@ -577,15 +579,15 @@ async fn a_lost_permit2_answer_is_recovered_from_a_payment_identifier_upstream_w
     })
     .await;
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(40), "the key stayed in flight").every(Duration::from_millis(100));
     let (status, env) = loop {
         let resp = route_at(&client, &b.address, &agent, &key, &body).await;
         let status = resp.status().as_u16();
         if status != 409 {
             break (status, resp.json::<Value>().await.unwrap());
         }
-        assert!(std::time::Instant::now() < deadline, "the key stayed in flight");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        deadline.next_poll().await.unwrap();
     };
 
     assert_eq!(status, 200, "{env}");

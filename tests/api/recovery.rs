@@ -6,7 +6,8 @@
 //! request is a GET or HEAD), it re-accesses the resource by signing in as the payer: a new
 //! execution, never a second payment. Real anvil, token and test upstream.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use x402_router_testkit::Deadline;
 
 use alloy::primitives::U256;
 use serde_json::{Value, json};
@@ -92,15 +93,15 @@ impl Crashed {
     /// Retries the key on router B until it is no longer 409 in flight (the abandonment
     /// window passes), and returns the final answer.
     async fn retry_until_final(&self) -> (u16, Value) {
-        let deadline = Instant::now() + Duration::from_secs(40);
+        let mut deadline =
+            Deadline::after(Duration::from_secs(40), "the key stayed in flight").every(Duration::from_millis(100));
         loop {
             let resp = route_at(&self.client, &self.retrier.address, &self.agent, &self.key, &self.body).await;
             let status = resp.status().as_u16();
             if status != 409 {
                 return (status, resp.json().await.unwrap());
             }
-            assert!(Instant::now() < deadline, "the key stayed in flight");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            deadline.next_poll().await.unwrap();
         }
     }
 
@@ -561,14 +562,14 @@ async fn a_router_with_recovery_disabled_re_sends_nothing_at_takeover() {
         chain.stats().await["/v2/pid"]["pid_completed"] == 1
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(40), "the key stayed in flight").every(Duration::from_millis(100));
     let (status, err) = loop {
         let resp = route_at(&client, &b.address, &agent, &key, &body).await;
         if resp.status() != 409 {
             break (resp.status().as_u16(), resp.json::<Value>().await.unwrap());
         }
-        assert!(Instant::now() < deadline, "the key stayed in flight");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        deadline.next_poll().await.unwrap();
     };
     assert_eq!(status, 502, "{err}");
     assert_eq!(err["code"], "settled_response_lost");

@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use x402_router_testkit::Deadline;
+use x402_router_testkit::wait::let_time_pass;
 
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify};
@@ -73,10 +75,10 @@ async fn an_owner_whose_heartbeat_finds_the_lease_gone_stops_before_its_answer()
     let body = json!({"url": up.url("/slow/lease?ms=20000")});
     let started = Instant::now();
     let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
-    let reached = Instant::now() + Duration::from_secs(10);
+    let mut reached =
+        Deadline::after(Duration::from_secs(10), "the upstream call started").every(Duration::from_millis(10));
     while up.hits.get("/slow/lease") == 0 {
-        assert!(Instant::now() < reached, "the upstream call started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        reached.next_poll().await.unwrap();
     }
     steal_lease(&app, &key).await;
     let resp = call.await.unwrap().unwrap();
@@ -100,10 +102,8 @@ async fn the_deadline_during_the_settlement_check_keeps_the_answer_and_writes_a_
     let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
     tokio::time::timeout(Duration::from_secs(20), pause.reached.notified()).await.expect("the answer arrives");
     // Hold the owner until the route deadline has passed, then let it go on.
-    let until = Instant::now() + Duration::from_millis(3200);
-    while Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // lets time pass: the 3 s route deadline is wall time; nothing signals it has passed.
+    let_time_pass(Duration::from_millis(3200)).await;
     pause.release.notify_one();
     let resp = call.await.unwrap().unwrap();
     assert_eq!(resp.status(), 200, "the upstream's answer is kept");

@@ -694,3 +694,76 @@ async fn every_request_path_statement_on_a_per_agent_table_filters_by_agent_id()
         assert!(filters || inserts, "does not filter by agent_id: {q}");
     }
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn all_rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all_rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The test code: tests/, examples/ and the test support crate.
+fn test_code() -> Vec<(PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["tests", "examples", "crates/testkit/src"] {
+        all_rust_files(&root.join(dir), &mut files);
+    }
+    files
+        .into_iter()
+        .map(|f| (f.strip_prefix(root).unwrap().to_owned(), std::fs::read_to_string(&f).unwrap()))
+        .collect()
+}
+
+#[test]
+fn test_code_shares_the_testkit_instead_of_including_files() {
+    let attribute = ["#[", "path"].concat();
+    let offenders: Vec<String> = test_code()
+        .iter()
+        .flat_map(|(file, text)| {
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.trim_start().starts_with(&attribute))
+                .map(move |(i, _)| format!("{}:{}", file.display(), i + 1))
+        })
+        .collect();
+    assert!(offenders.is_empty(), "share code through crates/testkit, not {attribute} includes: {offenders:?}");
+}
+
+/// No sleep waits for an event: test code polls through the testkit's `wait` helpers. A pause
+/// that deliberately lets wall time pass (a lease to run out, a load's pace) says so on its
+/// line or in the comment right above it with a `// lets time pass:` comment naming that time.
+#[test]
+fn test_code_never_sleeps_to_wait_for_an_event() {
+    let pauses = [["sleep", "("].concat(), ["let_time_pass", "("].concat()];
+    let marker = ["// lets time", " pass:"].concat();
+    let mut offenders = Vec::new();
+    for (file, text) in test_code() {
+        if file.ends_with("crates/testkit/src/wait.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if !pauses.iter().any(|p| code.contains(p.as_str())) || code.contains("fn let_time_pass") {
+                continue;
+            }
+            // The comment block right above the line (or the line itself) says why.
+            let above = lines[..i].iter().rev().take_while(|l| l.trim_start().starts_with("//"));
+            if !line.contains(&marker) && !above.into_iter().any(|l| l.contains(&marker)) {
+                offenders.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "wait for an event with x402_router_testkit::wait (wait_until, wait_for, Deadline), or say \
+         which time a pause lets pass with `{marker} …`:\n{}",
+        offenders.join("\n")
+    );
+}

@@ -6,7 +6,8 @@
 use std::net::TcpListener;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use x402_router_testkit::Deadline;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -86,10 +87,10 @@ async fn a_paid_call_is_one_trace_with_its_upstream_and_chain_spans_and_its_id_i
         .unwrap();
     let address = format!("http://{bind}");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut deadline =
+        Deadline::after(Duration::from_secs(15), "the router did not come up").every(Duration::from_millis(50));
     while client.get(format!("{address}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "the router did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        deadline.next_poll().await.unwrap();
     }
 
     let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
@@ -108,7 +109,7 @@ async fn a_paid_call_is_one_trace_with_its_upstream_and_chain_spans_and_its_id_i
 
     // The call's spans arrive at the collector: one trace, one root (the request), two
     // upstream exchanges (unpaid, then paid) and the chain reads of the payment.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut deadline = Deadline::after(Duration::from_secs(20), "the condition").every(Duration::from_millis(100));
     let of_call = loop {
         let of_call: Vec<Exported> = spans.lock().unwrap().iter().filter(|s| s.trace_id == trace_id).cloned().collect();
         let upstream = of_call.iter().filter(|s| s.name == "upstream").count();
@@ -116,8 +117,9 @@ async fn a_paid_call_is_one_trace_with_its_upstream_and_chain_spans_and_its_id_i
         if upstream >= 2 && chain_reads >= 1 && of_call.iter().any(|s| s.root) {
             break of_call;
         }
-        assert!(Instant::now() < deadline, "spans of trace {trace_id} never arrived: {of_call:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if deadline.next_poll().await.is_err() {
+            panic!("spans of trace {trace_id} never arrived: {of_call:?}");
+        }
     };
     assert_eq!(of_call.iter().filter(|s| s.root).count(), 1, "one root span: {of_call:?}");
     assert_eq!(of_call.iter().filter(|s| s.name == "upstream").count(), 2, "{of_call:?}");

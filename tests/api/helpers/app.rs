@@ -283,11 +283,13 @@ pub fn router_command() -> std::process::Command {
 pub async fn wait_for_lock_waiter(db: &TestDb) {
     let waiting = "SELECT count(*) AS n FROM pg_stat_activity \
                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while count(db, waiting).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "no statement ever waited for a lock");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    x402_router_testkit::wait_until(
+        std::time::Duration::from_secs(10),
+        "a statement waiting for a lock",
+        || async move { count(db, waiting).await > 0 },
+    )
+    .await
+    .unwrap();
 }
 
 /// Runs one SQL statement on the test database.
@@ -299,7 +301,7 @@ pub async fn exec(db: &TestDb, sql: &str) -> usize {
 
 /// A free loopback port (bound then released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    x402_router_testkit::free_port().expect("a free loopback port")
 }
 
 /// A router as a real child process (killed when dropped).
@@ -321,13 +323,14 @@ impl RouterProcess {
         let child = cmd.spawn().expect("spawn x402-router");
         let address = format!("http://{bind}");
         let client = reqwest::Client::new();
-        for _ in 0..200 {
-            if client.get(format!("{address}/healthz")).send().await.is_ok() {
-                return Self { address, child };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("router process did not come up on {bind}");
+        let (client, health) = (&client, format!("{address}/healthz"));
+        x402_router_testkit::wait_until(Duration::from_secs(10), &format!("the router process on {bind}"), || {
+            let health = health.clone();
+            async move { client.get(health).send().await.is_ok() }
+        })
+        .await
+        .unwrap();
+        Self { address, child }
     }
 
     pub fn pid(&self) -> i32 {

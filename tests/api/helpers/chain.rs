@@ -69,13 +69,13 @@ async fn start_anvil(chain_id: u64, limit: Duration) -> (Child, String, RootProv
         .expect("start anvil (run scripts/install-tools, or set ANVIL_BIN)");
     let rpc_url = format!("http://127.0.0.1:{port}");
     let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(rpc_url.parse().unwrap());
-    let deadline = std::time::Instant::now() + limit;
-    while alloy::providers::Provider::get_chain_id(&provider).await.is_err() {
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill().await;
-            panic!("anvil did not come up");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    let up = x402_router_testkit::wait_until(limit, "anvil to answer", || async {
+        alloy::providers::Provider::get_chain_id(&provider).await.is_ok()
+    })
+    .await;
+    if let Err(e) = up {
+        let _ = child.kill().await;
+        panic!("{e}");
     }
     (child, rpc_url, provider)
 }

@@ -7,7 +7,6 @@
 pub mod app;
 pub mod chain;
 pub mod db;
-pub mod invariants;
 pub mod pg_replication;
 pub mod services;
 pub mod tls_services;
@@ -16,5 +15,7 @@ pub mod upstream;
 pub use app::*;
 pub use chain::{BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
 pub use db::TestDb;
-pub use services::{PrivateRedis, TcpProxy};
+pub use services::PrivateRedis;
 pub use upstream::TestUpstream;
+pub use x402_router_testkit::Proxy as TcpProxy;
+pub use x402_router_testkit::invariants;

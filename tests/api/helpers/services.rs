@@ -1,13 +1,8 @@
-//! Private service processes and network faults for failure tests: a redis-server of
-//! our own that can be stopped, and a TCP proxy in front of Postgres that can cut every
-//! connection (to the router, indistinguishable from Postgres going down).
+//! Private service processes for failure tests: a redis-server of our own that can be
+//! stopped. (The TCP proxy that cuts Postgres off is the testkit's `Proxy`.)
 
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
 use super::app::free_port;
 
@@ -28,12 +23,7 @@ impl PrivateRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server (install it with scripts/test, or set REDIS_SERVER_BIN)");
-        for _ in 0..100 {
-            if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        x402_router_testkit::wait_port(port, Duration::from_secs(2)).await.expect("redis-server listens");
         Self { url: format!("redis://127.0.0.1:{port}"), port, child: Some(child) }
     }
 
@@ -61,47 +51,5 @@ impl PrivateRedis {
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A TCP proxy to `target`; `cut()` closes the listener and every open connection.
-pub struct TcpProxy {
-    pub port: u16,
-    accept: JoinHandle<()>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl TcpProxy {
-    pub async fn start(target: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let conns2 = Arc::clone(&conns);
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let target = target.clone();
-                let h = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                conns2.lock().unwrap().push(h);
-            }
-        });
-        Self { port, accept, conns }
-    }
-
-    /// Postgres "goes down": no new connections, existing ones are reset.
-    pub fn cut(&self) {
-        self.accept.abort();
-        for h in self.conns.lock().unwrap().drain(..) {
-            h.abort();
-        }
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.cut();
     }
 }

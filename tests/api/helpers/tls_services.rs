@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
@@ -70,10 +70,9 @@ impl TestPki {
 
 /// Polls `probe` until it is true or `limit` passes.
 pub async fn wait_until(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
+    let mut deadline = x402_router_testkit::Deadline::after(limit, what);
     while !probe().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        deadline.next_poll().await.unwrap();
     }
 }
 

@@ -96,6 +96,7 @@ async fn serve(req: HttpRequest, hits: web::Data<Hits>, body: web::Bytes) -> Htt
         }
         "slow" => {
             let ms = query_u64(&req, "ms").unwrap_or(1000);
+            // lets time pass: this route simulates an upstream that takes `ms` to answer.
             actix_rt::time::sleep(Duration::from_millis(ms)).await;
             HttpResponse::Ok().json(json!({"slept_ms": ms, "path": path}))
         }

@@ -1,5 +1,6 @@
 //! A small fault-injecting TCP proxy: forwards 127.0.0.1:<port> to a target, and on demand
-//! drops every open connection or stalls all traffic (bytes wait, connections stay open).
+//! drops every open connection, stalls all traffic (bytes wait, connections stay open), or
+//! cuts the target off for good (to a client, indistinguishable from the target going down).
 
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Listens on a free loopback port and forwards to `target` (`127.0.0.1:<port>`).
-    pub async fn start(target: String) -> anyhow::Result<Self> {
+    pub async fn start(target: String) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let (ctl, watcher) = watch::channel(Ctl::default());
@@ -53,9 +54,16 @@ impl Proxy {
         self.ctl.send_modify(|c| c.stalled = true);
         let ctl = self.ctl.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(d).await;
+            // lets time pass: the stall lasts `d`, the fault the caller asked for.
+            crate::wait::let_time_pass(d).await;
             ctl.send_modify(|c| c.stalled = false);
         });
+    }
+
+    /// The target "goes down": no new connections, every open one is reset.
+    pub fn cut(&self) {
+        self.accept.abort();
+        self.drop_all();
     }
 
     pub fn clear(&self) {

@@ -1,7 +1,6 @@
 //! The money invariants, checked from the chain's logs and the ledger after a run that
-//! crashed, froze or disconnected routers at will (the fault-point tests and `scripts/chaos`,
-//! which includes this file). Self-contained: it reads Postgres and the RPC directly and
-//! trusts nothing the routers say.
+//! crashed, froze or disconnected routers at will (the fault-point tests and `scripts/chaos`).
+//! Self-contained: it reads Postgres and the RPC directly and trusts nothing the routers say.
 //!
 //! 1. every nonce used on-chain by the payer belongs to a ledger row;
 //! 2. at most one used nonce per (agent, key, request), and each nonce used at most once;
