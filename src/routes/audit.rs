@@ -2,12 +2,16 @@
 //! `audit/`; this only extracts, calls and shapes the JSON.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
+use crate::operators::Role;
+use crate::routes::responses::{AuditDisabledOrNotFound, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
 /// GET /audit/receipts — every agent's receipts, filtered, oldest first, keyset-paginated:
@@ -132,10 +136,27 @@ pub async fn operator_events(
 /// GET /audit/whoami — the operator the token belongs to: `{"operator_id", "name", "role"}`
 /// (`operator_id` null for the bootstrap `OPERATOR_TOKEN`). The console shows its change
 /// controls to an admin only.
+#[utoipa::path(get, path = "/audit/whoami", tag = "audit", operation_id = "auditWhoami",
+    summary = "The operator the bearer token belongs to (the console shows change controls to an admin only)",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "The operator.", body = Whoami),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn whoami(op: Viewer) -> HttpResponse {
-    HttpResponse::Ok().json(json!({
-        "operator_id": op.actor.operator_id,
-        "name": op.actor.name,
-        "role": op.actor.role,
-    }))
+    HttpResponse::Ok().json(Whoami { operator_id: op.actor.operator_id, name: op.actor.name, role: op.actor.role })
+}
+
+/// The body of `GET /audit/whoami`: the operator a token belongs to.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Whoami {
+    /// null for the bootstrap OPERATOR_TOKEN.
+    pub operator_id: Option<Uuid>,
+    /// The operator's name.
+    pub name: String,
+    /// What the operator may do.
+    pub role: Role,
 }

@@ -2,33 +2,109 @@
 
 use actix_web::{HttpResponse, web};
 use diesel_async::RunQueryDsl;
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::auth::Viewer;
+use crate::routes::responses::{ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
+/// The body of `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: Up,
+}
+
+/// The only answer of `/healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Up {
+    /// The process answers.
+    Ok,
+}
+
 /// GET /healthz — the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "public", operation_id = "healthz", summary = "The process is up",
+    responses((status = 200, description = "Up.", body = Health)))]
 pub async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "status": "ok" }))
+    HttpResponse::Ok().json(Health { status: Up::Ok })
+}
+
+/// The body of `GET /readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ready` (Postgres and Redis), `degraded` (Postgres only) or `unavailable` (no Postgres).
+    pub status: ReadyStatus,
+    /// Whether Postgres answers.
+    pub postgres: Reach,
+    /// Whether Redis answers.
+    pub redis: Reach,
+}
+
+/// The router's readiness.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadyStatus {
+    /// Postgres and Redis answer.
+    Ready,
+    /// Postgres answers, Redis does not.
+    Degraded,
+    /// Postgres does not answer.
+    Unavailable,
+}
+
+/// Whether a dependency answers.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Reach {
+    /// It answers.
+    Ok,
+    /// It does not.
+    Unreachable,
+}
+
+impl Reach {
+    fn of(up: bool) -> Self {
+        if up { Self::Ok } else { Self::Unreachable }
+    }
 }
 
 /// GET /readyz — Postgres is required (503 without it); Redis is reported only.
+#[utoipa::path(get, path = "/readyz", tag = "public", operation_id = "readyz",
+    summary = "Readiness: Postgres required, Redis reported",
+    responses(
+        (status = 200, description = "Postgres reachable (`ready`, or `degraded` without Redis).", body = Readiness),
+        (status = 503, description = "Postgres unreachable.", body = Readiness),
+    ))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let postgres = match state.pool.get().await {
         Ok(mut conn) => diesel::sql_query("SELECT 1").execute(&mut conn).await.is_ok(),
         Err(_) => false,
     };
     let redis = state.idempotency.cache.ping().await;
-    let body = json!({
-        "status": if postgres { if redis { "ready" } else { "degraded" } } else { "unavailable" },
-        "postgres": if postgres { "ok" } else { "unreachable" },
-        "redis": if redis { "ok" } else { "unreachable" },
-    });
+    let status = match (postgres, redis) {
+        (true, true) => ReadyStatus::Ready,
+        (true, false) => ReadyStatus::Degraded,
+        (false, _) => ReadyStatus::Unavailable,
+    };
+    let body = Readiness { status, postgres: Reach::of(postgres), redis: Reach::of(redis) };
     if postgres { HttpResponse::Ok().json(body) } else { HttpResponse::ServiceUnavailable().json(body) }
 }
 
 /// GET /metrics — Prometheus text format, for operators (any operator token). Prometheus
 /// without a token scrapes the `METRICS_ADDR` listener instead ([`metrics_open`]).
+#[utoipa::path(get, path = "/metrics", tag = "audit", operation_id = "metrics", summary = "Prometheus metrics",
+    description = "Every metric is prefixed `x402_router_` (and the `process_*` metrics). On the main listener this needs an operator token; `METRICS_ADDR` (e.g. `127.0.0.1:9464`) serves the same text without authentication on a listener of its own, for Prometheus on a private interface.",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4: requests, idempotency outcomes, payments, upstream and RPC latency.",
+            body = String, content_type = "text/plain"),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn metrics(state: web::Data<AppState>, _: Viewer) -> HttpResponse {
     metrics_open(state).await
 }
