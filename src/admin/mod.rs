@@ -419,6 +419,14 @@ pub struct SettingsChange {
     pub wallet_daily_cap: Option<String>,
 }
 
+/// The body of `POST /admin/reconcile` (absent: every open payment).
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    /// The one payment to reconcile; absent or null: every open one.
+    pub payment_id: Option<Uuid>,
+}
+
 /// The body of `POST /admin/pause` (what the handler accepts; absent: `{}`).
 #[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::admin::{self, AgentChange, Invalid};
 use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
-use crate::routes::responses::described::{AdminAgent, AgentChange as AgentChangeBody};
+use crate::routes::responses::described::{AdminAgent, AgentChange as AgentChangeBody, ReconcileReport};
 use crate::routes::responses::{AdminOnly, BadInput, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 
@@ -301,6 +301,19 @@ pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpRespons
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:
 /// reads the chain now and records what it shows (as `x402-router reconcile` does, without
 /// its grace period); answers its report.
+#[utoipa::path(post, path = "/admin/reconcile", tag = "admin", operation_id = "adminReconcile",
+    summary = "Reconcile payments with the chain now",
+    description = "One payment (`payment_id`) or every open one, as `x402-router reconcile` without its grace period (recovery of lost answers stays with the scheduled command). Recorded as a `payments.reconcile` event.",
+    security(("operatorToken" = [])),
+    request_body(content = admin::ReconcileRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What was decided.", body = ReconcileReport),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn reconcile(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = json_body(payload).await?;
     let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;

@@ -84,5 +84,5 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange);
+    described!(AdminAgent, AgentChange, Address, ReconcileReport);
 }

@@ -48,6 +48,8 @@ use crate::mcp::policy::{Next, classify};
         super::admin::disable_agent,
         super::admin::enable_agent,
         super::admin::rotate_key,
+        super::admin::reconcile,
+        super::health::well_known,
     ),
     components(responses(
         responses::Unauthorized,
