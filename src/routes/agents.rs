@@ -10,6 +10,15 @@ use crate::state::AppState;
 
 /// GET /agents/me — the calling agent's limits and rolling 24 h spend (decimal strings of
 /// atomic units), in total and per asset.
+#[utoipa::path(get, path = "/agents/me", tag = "agent", operation_id = "getAgentSelf",
+    summary = "The calling agent's limits, budget and rolling 24 h spend",
+    security(("agentKey" = [])),
+    responses(
+        (status = 200, description = "Limits and spend.", body = crate::routes::responses::described::AgentSelf),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let me = self_service::me(&mut conn, agent.id).await.map_err(ApiError::database)?;

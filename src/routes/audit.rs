@@ -11,6 +11,7 @@ use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
 use crate::operators::Role;
+use crate::routes::responses::described::{Receipt, Spend};
 use crate::routes::responses::{AuditDisabledOrNotFound, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
@@ -27,6 +28,17 @@ pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
 }
 
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
+#[utoipa::path(get, path = "/audit/receipts/{id}", tag = "audit", operation_id = "auditReceipt",
+    summary = "Any agent's receipt",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The receipt id (a non-uuid is 404).")),
+    responses(
+        (status = 200, description = "The signed receipt.", body = Receipt),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn receipt(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
@@ -61,6 +73,17 @@ pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
 }
 
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
+#[utoipa::path(get, path = "/audit/agents/{id}/spend", tag = "audit", operation_id = "auditAgentSpend",
+    summary = "An agent's spend limits and rolling 24 h spend",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (a non-uuid is 404).")),
+    responses(
+        (status = 200, description = "The agent's spend.", body = Spend),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;

@@ -84,5 +84,5 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, Address, ReconcileReport);
+    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend);
 }

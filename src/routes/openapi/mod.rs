@@ -50,6 +50,10 @@ use crate::mcp::policy::{Next, classify};
         super::admin::rotate_key,
         super::admin::reconcile,
         super::health::well_known,
+        super::agents::me,
+        super::receipts::get_own,
+        super::audit::receipt,
+        super::audit::spend,
     ),
     components(responses(
         responses::Unauthorized,
