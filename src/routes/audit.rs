@@ -96,10 +96,28 @@ pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>)
 
 /// GET /audit/upto — per upstream, its settled `upto` payments and how many took the whole
 /// signed maximum: `{"upstreams": [{"upstream", "settled", "at_max", "charged", "maximum"}]}`.
+#[utoipa::path(get, path = "/audit/upto", tag = "audit", operation_id = "auditUptoUpstreams",
+    summary = "Per upstream: settled upto payments and how many took the whole signed maximum",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "One entry per upstream origin with settled upto payments, most at the maximum first.",
+            body = UptoReport),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn upto(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({ "upstreams": upstreams })))
+    Ok(HttpResponse::Ok().json(UptoReport { upstreams }))
+}
+
+/// The body of `GET /audit/upto`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UptoReport {
+    /// Every upstream with settled `upto` payments, most settlements at the maximum first.
+    pub upstreams: Vec<crate::audit::upto::UptoUpstream>,
 }
 
 /// GET /audit/payments.csv — the filters of `/audit/payments`, as CSV streamed to the end of

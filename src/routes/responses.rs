@@ -84,5 +84,20 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend);
+    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend, KeyPayment);
+
+    /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
+    pub struct ErrorNotFound;
+
+    impl PartialSchema for ErrorNotFound {
+        fn schema() -> RefOr<Schema> {
+            RefOr::T(Schema::default())
+        }
+    }
+
+    impl ToSchema for ErrorNotFound {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Error_not_found")
+        }
+    }
 }

@@ -54,6 +54,8 @@ use crate::mcp::policy::{Next, classify};
         super::receipts::get_own,
         super::audit::receipt,
         super::audit::spend,
+        super::audit::upto,
+        super::agents::payment,
     ),
     components(responses(
         responses::Unauthorized,
