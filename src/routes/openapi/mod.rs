@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 description of this service, produced by code and served at
 //! `GET /openapi.json`.
 //!
-//! Two sources make the document:
+//! The document is assembled from:
 //! - [`crate::codes::Code::ALL`] writes `ErrorCode` and one `Error_<code>` schema per code
 //!   (`x-http-status` from [`Code::http_status`], `x-next` from the retry table of
 //!   [`crate::mcp::policy`] applied to the code, its status and its `payment.status`), and
@@ -107,11 +107,11 @@ pub fn json() -> &'static str {
 /// Builds the document.
 ///
 /// # Panics
-/// If `operations.json` is not valid JSON or lacks an operation for an entry of ROUTES: both
-/// are build-time facts, checked by the tests.
+/// If `operations.json` is not valid JSON or an entry of ROUTES has no operation (neither
+/// generated nor described): both are build-time facts, checked by the tests.
 #[allow(clippy::expect_used)]
 pub fn document() -> Value {
-    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/openapi/operations.json is JSON");
+    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/routes/openapi/operations.json is JSON");
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     let generated = serde_json::to_value(Generated::openapi()).expect("the generated document is JSON");
     let mut described = doc["paths"].take();
@@ -125,10 +125,9 @@ pub fn document() -> Value {
     let mut paths = Map::new();
     for (method, path, _) in ROUTES {
         let method = method.as_str().to_ascii_lowercase();
-        let operation = described
-            .get(*path)
-            .and_then(|p| p.get(&method))
-            .unwrap_or_else(|| panic!("src/openapi/operations.json describes no {method} {path}"));
+        let operation = described.get(*path).and_then(|p| p.get(&method)).unwrap_or_else(|| {
+            panic!("no operation for {method} {path}: neither #[utoipa::path] nor src/routes/openapi/operations.json")
+        });
         let item = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         item[&method] = operation.clone();
     }
