@@ -71,7 +71,7 @@ pub async fn create_agent(
     let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::create_agent(&mut conn, &op.actor, &change).await?;
-    Ok(HttpResponse::Created().json(AgentWithKey { agent, api_key: key }))
+    Ok(HttpResponse::Created().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
 
 /// GET /admin/agents — every agent with its limits and spend: `{"agents": [...]}`.
@@ -88,7 +88,7 @@ pub async fn create_agent(
 pub async fn list_agents(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let agents = admin::agents(&mut conn).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(AgentList { agents }))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentList { agents })))
 }
 
 /// GET /admin/agents/{id} — one agent (404 when unknown).
@@ -211,7 +211,7 @@ pub async fn rotate_key(
     let id = agent_id(&id)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::rotate_key(&mut conn, &op.actor, id).await?;
-    Ok(HttpResponse::Ok().json(AgentWithKey { agent, api_key: key }))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
 
 /// GET /admin/settings — pause state, the wallet-wide daily cap and what it counts.
@@ -226,7 +226,7 @@ pub async fn rotate_key(
     ))]
 pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::settings(&mut conn).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&admin::settings(&mut conn).await.map_err(ApiError::database)?)))
 }
 
 /// PATCH /admin/settings — `{"wallet_daily_cap": "…" | null}`.
@@ -249,7 +249,9 @@ pub async fn update_settings(
 ) -> Result<HttpResponse, ApiError> {
     let cap = admin::parse_settings(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// POST /admin/pause — refuses every new payment (503 `payments_paused`); with
@@ -278,8 +280,9 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
         Some(_) => return Err(Invalid("unpaid must be true or false".into()).into()),
     };
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok()
-        .json(admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// DELETE /admin/pause — resumes payments and calls.
@@ -294,8 +297,9 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
     ))]
 pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok()
-        .json(admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:

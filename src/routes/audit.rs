@@ -110,7 +110,7 @@ pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>)
 pub async fn upto(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(UptoReport { upstreams }))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&UptoReport { upstreams })))
 }
 
 /// The body of `GET /audit/upto`.
@@ -188,7 +188,11 @@ pub async fn operator_events(
         (status = 503, response = Unavailable),
     ))]
 pub async fn whoami(op: Viewer) -> HttpResponse {
-    HttpResponse::Ok().json(Whoami { operator_id: op.actor.operator_id, name: op.actor.name, role: op.actor.role })
+    HttpResponse::Ok().json(super::in_name_order(&Whoami {
+        operator_id: op.actor.operator_id,
+        name: op.actor.name,
+        role: op.actor.role,
+    }))
 }
 
 /// The body of `GET /audit/whoami`: the operator a token belongs to.

@@ -29,7 +29,7 @@ pub enum Up {
 #[utoipa::path(get, path = "/healthz", tag = "public", operation_id = "healthz", summary = "The process is up",
     responses((status = 200, description = "Up.", body = Health)))]
 pub async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(Health { status: Up::Ok })
+    HttpResponse::Ok().json(super::in_name_order(&Health { status: Up::Ok }))
 }
 
 /// The body of `GET /readyz`.
@@ -90,6 +90,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         (false, _) => ReadyStatus::Unavailable,
     };
     let body = Readiness { status, postgres: Reach::of(postgres), redis: Reach::of(redis) };
+    let body = super::in_name_order(&body);
     if postgres { HttpResponse::Ok().json(body) } else { HttpResponse::ServiceUnavailable().json(body) }
 }
 
@@ -126,7 +127,7 @@ pub async fn metrics_open(state: web::Data<AppState>) -> HttpResponse {
     description = "`receipt_signer` is the address that signs receipts: verify receipts against it, not only against their own `signer` member.",
     responses((status = 200, description = "The router's public description.", body = RouterDescription)))]
 pub async fn well_known(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(describe(&state))
+    HttpResponse::Ok().json(super::in_name_order(&describe(&state)))
 }
 
 /// How the router pays an asset (`/.well-known/x402-router`).
