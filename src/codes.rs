@@ -169,7 +169,8 @@ impl Code {
             Self::IdempotencyKeyReused | Self::IdempotencyKeyInFlight | Self::Superseded | Self::AlreadyPaid => &[409],
             Self::RateLimited => &[429],
             Self::PaymentsPaused | Self::DatabaseUnavailable | Self::PaymentNetworkUnavailable => &[503],
-            Self::InternalError => &[500],
+            // 502: a /route call that reached the upstream but whose answer could not be recorded.
+            Self::InternalError => &[500, 502],
             Self::PaymentOverMaxAmount
             | Self::PaymentOverBudget
             | Self::PaymentNotAllowed

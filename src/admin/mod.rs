@@ -11,7 +11,7 @@ use diesel::sql_types::{Array, Bool, Integer, Nullable, Text, Timestamptz, Uuid 
 use diesel::{OptionalExtension, QueryResult, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::keys::{generate_api_key, hash_api_key};
@@ -381,32 +381,71 @@ pub fn parse_settings(body: &Value) -> Result<Option<Amount>, Invalid> {
 ///
 /// # Errors
 /// Database errors.
-pub async fn settings(conn: &mut AsyncPgConnection) -> QueryResult<Value> {
+pub async fn settings(conn: &mut AsyncPgConnection) -> QueryResult<RouterSettings> {
     let s = limits::settings(conn, false).await?;
     let used = limits::wallet_used_24h(conn).await?;
-    Ok(settings_json(&s, &used))
+    Ok(RouterSettings::new(s, used))
 }
 
-/// The settings as shown, with the wallet's rolling 24 h usage.
-#[derive(Serialize)]
-struct SettingsView<'a> {
-    #[serde(flatten)]
-    settings: &'a Settings,
-    /// What the wallet-wide cap counts now.
-    wallet_used_24h: &'a str,
+/// The wallet-wide settings as operators see them (`/admin/settings`, `/admin/pause`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RouterSettings {
+    /// Every new payment refused (503 `payments_paused`).
+    pub paused: bool,
+    /// Every new call refused too.
+    pub pause_unpaid: bool,
+    /// Most all agents together may spend and reserve in a rolling 24 h, atomic units.
+    #[schema(required = true)]
+    pub wallet_daily_cap: Option<String>,
+    /// When the settings last changed.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// What the cap counts now.
+    pub wallet_used_24h: String,
 }
 
-fn settings_json(s: &Settings, used: &str) -> Value {
-    // Through a value: members in name order, as before.
-    serde_json::to_value(SettingsView { settings: s, wallet_used_24h: used })
-        .unwrap_or_else(|_| Value::Object(Map::new()))
+impl RouterSettings {
+    fn new(s: Settings, wallet_used_24h: String) -> Self {
+        let Settings { paused, pause_unpaid, wallet_daily_cap, updated_at } = s;
+        Self { paused, pause_unpaid, wallet_daily_cap, updated_at, wallet_used_24h }
+    }
+}
+
+/// The body of `PATCH /admin/settings` (parsed by `parse_settings`).
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsChange {
+    /// Atomic units, decimal; null: no limit.
+    #[schema(required = true, pattern = "^(0|[1-9][0-9]{0,77})$")]
+    pub wallet_daily_cap: Option<String>,
+}
+
+/// The body of `POST /admin/reconcile` (absent: every open payment).
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    /// The one payment to reconcile; absent or null: every open one.
+    pub payment_id: Option<Uuid>,
+}
+
+/// The body of `POST /admin/pause` (what the handler accepts; absent: `{}`).
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// Refuse every new call too, not only payments.
+    #[serde(default)]
+    #[schema(default = false)]
+    pub unpaid: bool,
 }
 
 /// Sets (or, with None, removes) the wallet-wide daily cap.
 ///
 /// # Errors
 /// Database errors.
-pub async fn set_wallet_cap(conn: &mut AsyncPgConnection, actor: &Actor, cap: Option<Amount>) -> QueryResult<Value> {
+pub async fn set_wallet_cap(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    cap: Option<Amount>,
+) -> QueryResult<RouterSettings> {
     settings_change(conn, actor, "settings.update", SettingsWrite::Cap(cap.map(|c| c.to_string()))).await
 }
 
@@ -415,7 +454,12 @@ pub async fn set_wallet_cap(conn: &mut AsyncPgConnection, actor: &Actor, cap: Op
 ///
 /// # Errors
 /// Database errors.
-pub async fn set_paused(conn: &mut AsyncPgConnection, actor: &Actor, paused: bool, unpaid: bool) -> QueryResult<Value> {
+pub async fn set_paused(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    paused: bool,
+    unpaid: bool,
+) -> QueryResult<RouterSettings> {
     let action = if paused { "payments.pause" } else { "payments.resume" };
     settings_change(conn, actor, action, SettingsWrite::Paused { paused, unpaid: paused && unpaid }).await
 }
@@ -431,7 +475,7 @@ async fn settings_change(
     actor: &Actor,
     action: &str,
     write: SettingsWrite,
-) -> QueryResult<Value> {
+) -> QueryResult<RouterSettings> {
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
         let before = limits::settings(c, true).await?;
         match write {
@@ -457,7 +501,7 @@ async fn settings_change(
         let (b, a) = (serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok());
         events::record(c, actor, action, Some("settings"), b.as_ref(), a.as_ref()).await?;
         let used = limits::wallet_used_24h(c).await?;
-        Ok(settings_json(&after, &used))
+        Ok(RouterSettings::new(after, used))
     })
     .await
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::payments::{self, PaymentStatus};
 
 /// One upstream's `upto` settlements.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName, utoipa::ToSchema)]
 pub struct UptoUpstream {
     /// `scheme://host[:port]` of the paid URL.
     #[diesel(sql_type = Text)]

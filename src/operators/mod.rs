@@ -48,7 +48,7 @@ impl Actor {
 pub const TOKEN_PREFIX: &str = "x4o_";
 
 /// What an operator may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads: audit, receipts, exports, metrics.

@@ -3,12 +3,16 @@
 //! this only extracts, calls and shapes the JSON.
 
 use actix_web::{HttpResponse, web};
+use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::admin::{self, AgentChange, Invalid};
 use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
+use crate::routes::responses::described::{AdminAgent, AgentChange as AgentChangeBody, ReconcileReport};
+use crate::routes::responses::{AdminOnly, BadInput, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 
 /// Most bytes an admin request body may hold (a change of one agent is well under 16 KiB).
@@ -23,12 +27,42 @@ async fn json_body(payload: web::Payload) -> Result<Value, ApiError> {
     serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("the body is not JSON: {e}")))
 }
 
+/// The body of `GET /admin/agents`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentList {
+    /// Every agent, oldest first.
+    #[schema(value_type = Vec<AdminAgent>)]
+    pub agents: Vec<admin::AgentView>,
+}
+
+/// An agent and its API key (`POST /admin/agents`, `POST /admin/agents/{id}/rotate-key`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentWithKey {
+    /// The agent.
+    #[schema(value_type = AdminAgent)]
+    pub agent: admin::AgentView,
+    /// `x4r_…`, shown this once.
+    pub api_key: String,
+}
+
 fn agent_id(raw: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(raw).map_err(|_| ApiError::NotFound)
 }
 
 /// POST /admin/agents — creates an agent: 201 `{"agent": {...}, "api_key": "x4r_…"}` (the
 /// key is shown this once).
+#[utoipa::path(post, path = "/admin/agents", tag = "admin", operation_id = "adminCreateAgent",
+    summary = "Create an agent (its key shown once)",
+    description = "`name` is required. Written with an `agent.create` operator event in one transaction.",
+    security(("operatorToken" = [])),
+    request_body(content = AgentChangeBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The agent and its key.", body = AgentWithKey),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn create_agent(
     state: web::Data<AppState>,
     op: Admin,
@@ -37,17 +71,39 @@ pub async fn create_agent(
     let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::create_agent(&mut conn, &op.actor, &change).await?;
-    Ok(HttpResponse::Created().json(json!({ "agent": agent, "api_key": key })))
+    Ok(HttpResponse::Created().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
 
 /// GET /admin/agents — every agent with its limits and spend: `{"agents": [...]}`.
+#[utoipa::path(get, path = "/admin/agents", tag = "admin", operation_id = "adminListAgents",
+    summary = "Every agent with its limits and spend",
+    description = "Viewer or admin.",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "The agents, oldest first.", body = AgentList),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn list_agents(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let agents = admin::agents(&mut conn).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({ "agents": agents })))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentList { agents })))
 }
 
 /// GET /admin/agents/{id} — one agent (404 when unknown).
+#[utoipa::path(get, path = "/admin/agents/{id}", tag = "admin", operation_id = "adminShowAgent",
+    summary = "One agent",
+    description = "Viewer or admin.",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
+    responses(
+        (status = 200, description = "The agent.", body = AdminAgent),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn show_agent(
     state: web::Data<AppState>,
     _: Viewer,
@@ -60,6 +116,20 @@ pub async fn show_agent(
 }
 
 /// PATCH /admin/agents/{id} — changes name and limits (`null` removes a limit).
+#[utoipa::path(patch, path = "/admin/agents/{id}", tag = "admin", operation_id = "adminUpdateAgent",
+    summary = "Change an agent's name and limits",
+    description = "At least one field. An `agent.update` event (before/after) in the same transaction; bad input changes nothing.",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
+    request_body(content = AgentChangeBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The agent after the change.", body = AdminAgent),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn update_agent(
     state: web::Data<AppState>,
     op: Admin,
@@ -73,6 +143,18 @@ pub async fn update_agent(
 }
 
 /// POST /admin/agents/{id}/disable
+#[utoipa::path(post, path = "/admin/agents/{id}/disable", tag = "admin", operation_id = "adminDisableAgent",
+    summary = "Disable an agent",
+    description = "Its key is refused (403 `agent_disabled`) by every router within the auth cache's window (1 s).",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
+    responses(
+        (status = 200, description = "The agent.", body = AdminAgent),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn disable_agent(
     state: web::Data<AppState>,
     op: Admin,
@@ -82,6 +164,17 @@ pub async fn disable_agent(
 }
 
 /// POST /admin/agents/{id}/enable
+#[utoipa::path(post, path = "/admin/agents/{id}/enable", tag = "admin", operation_id = "adminEnableAgent",
+    summary = "Enable an agent",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
+    responses(
+        (status = 200, description = "The agent.", body = AdminAgent),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn enable_agent(
     state: web::Data<AppState>,
     op: Admin,
@@ -98,6 +191,18 @@ async fn set_disabled(state: &AppState, op: &Admin, id: &str, disabled: bool) ->
 
 /// POST /admin/agents/{id}/rotate-key — a new key (shown this once); the old one is refused
 /// within the auth cache's window (1 s).
+#[utoipa::path(post, path = "/admin/agents/{id}/rotate-key", tag = "admin", operation_id = "adminRotateKey",
+    summary = "Give an agent a new key",
+    description = "The new key is shown once; the old one is refused (401) by every router within the auth cache's window (1 s).",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
+    responses(
+        (status = 200, description = "The agent and its new key.", body = AgentWithKey),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn rotate_key(
     state: web::Data<AppState>,
     op: Admin,
@@ -106,16 +211,37 @@ pub async fn rotate_key(
     let id = agent_id(&id)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (agent, key) = admin::rotate_key(&mut conn, &op.actor, id).await?;
-    Ok(HttpResponse::Ok().json(json!({ "agent": agent, "api_key": key })))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
 
 /// GET /admin/settings — pause state, the wallet-wide daily cap and what it counts.
+#[utoipa::path(get, path = "/admin/settings", tag = "admin", operation_id = "adminSettings",
+    summary = "Pause state and the wallet-wide daily cap", description = "Viewer or admin.",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::settings(&mut conn).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&admin::settings(&mut conn).await.map_err(ApiError::database)?)))
 }
 
 /// PATCH /admin/settings — `{"wallet_daily_cap": "…" | null}`.
+#[utoipa::path(patch, path = "/admin/settings", tag = "admin", operation_id = "adminUpdateSettings",
+    summary = "Set or remove the wallet-wide daily cap",
+    description = "Enforced in the transaction that reserves each payment, under one lock: concurrent payments of all agents never exceed it.",
+    security(("operatorToken" = [])),
+    request_body(content = admin::SettingsChange, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn update_settings(
     state: web::Data<AppState>,
     op: Admin,
@@ -123,11 +249,25 @@ pub async fn update_settings(
 ) -> Result<HttpResponse, ApiError> {
     let cap = admin::parse_settings(&json_body(payload).await?)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok().json(admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// POST /admin/pause — refuses every new payment (503 `payments_paused`); with
 /// `{"unpaid": true}` every new call. In-flight payments finish.
+#[utoipa::path(post, path = "/admin/pause", tag = "admin", operation_id = "adminPause",
+    summary = "Pause every new payment",
+    description = "New payments get 503 `payments_paused` (with `Retry-After`), nothing recorded; with `unpaid: true` every new call too. Payments already in flight finish.",
+    security(("operatorToken" = [])),
+    request_body(content = admin::PauseRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = json_body(payload).await?;
     let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;
@@ -140,20 +280,44 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
         Some(_) => return Err(Invalid("unpaid must be true or false".into()).into()),
     };
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok()
-        .json(admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// DELETE /admin/pause — resumes payments and calls.
+#[utoipa::path(delete, path = "/admin/pause", tag = "admin", operation_id = "adminResume",
+    summary = "Resume payments and calls",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
-    Ok(HttpResponse::Ok()
-        .json(admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?))
+    Ok(HttpResponse::Ok().json(super::in_name_order(
+        &admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?,
+    )))
 }
 
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:
 /// reads the chain now and records what it shows (as `x402-router reconcile` does, without
 /// its grace period); answers its report.
+#[utoipa::path(post, path = "/admin/reconcile", tag = "admin", operation_id = "adminReconcile",
+    summary = "Reconcile payments with the chain now",
+    description = "One payment (`payment_id`) or every open one, as `x402-router reconcile` without its grace period (recovery of lost answers stays with the scheduled command). Recorded as a `payments.reconcile` event.",
+    security(("operatorToken" = [])),
+    request_body(content = admin::ReconcileRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What was decided.", body = ReconcileReport),
+        (status = 400, response = BadInput),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = AdminOnly),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn reconcile(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let body = json_body(payload).await?;
     let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;

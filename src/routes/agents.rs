@@ -10,6 +10,15 @@ use crate::state::AppState;
 
 /// GET /agents/me — the calling agent's limits and rolling 24 h spend (decimal strings of
 /// atomic units), in total and per asset.
+#[utoipa::path(get, path = "/agents/me", tag = "agent", operation_id = "getAgentSelf",
+    summary = "The calling agent's limits, budget and rolling 24 h spend",
+    security(("agentKey" = [])),
+    responses(
+        (status = 200, description = "Limits and spend.", body = crate::routes::responses::described::AgentSelf),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let me = self_service::me(&mut conn, agent.id).await.map_err(ApiError::database)?;
@@ -33,6 +42,20 @@ pub async fn receipts(
 /// ledger has it now, whether a new key is safe for that call, and the answer `reconcile`
 /// recovered for it after the key was answered `settled_response_lost` (`recovered_answer`,
 /// else null). 404: no payment was ever signed for the key, so nothing was paid under it.
+#[utoipa::path(get, path = "/payments", tag = "agent", operation_id = "getOwnPayment",
+    summary = "The payment signed under one of the calling agent's idempotency keys",
+    description = "For an ambiguous outcome (`payment_unknown`, e.g. a route deadline with no receipt): poll this until the status is final. `expired` (set by `reconcile` once the authorization lapsed unused) means nothing was paid and a new key is safe; `settled_response_lost` means paid, not served: never pay again. When `reconcile` later recovers the lost answer (an upstream that advertised `payment-identifier` gives back its original answer to the byte-identical re-sent payment), the status becomes `settled` and `recovered_answer` holds it; the key's own answer stays as first given.",
+    security(("agentKey" = [])),
+    params(("idempotency_key" = String, Query)),
+    responses(
+        (status = 200, description = "The payment.", body = crate::routes::responses::described::KeyPayment),
+        (status = 400, response = crate::routes::responses::BadQuery),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 404, description = "No payment was ever signed under this key (nothing was paid under it).",
+            body = crate::routes::responses::described::ErrorNotFound),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn payment(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,

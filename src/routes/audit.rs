@@ -2,12 +2,17 @@
 //! `audit/`; this only extracts, calls and shapes the JSON.
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
+use crate::operators::Role;
+use crate::routes::responses::described::{Receipt, Spend};
+use crate::routes::responses::{AuditDisabledOrNotFound, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
 /// GET /audit/receipts — every agent's receipts, filtered, oldest first, keyset-paginated:
@@ -23,6 +28,17 @@ pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
 }
 
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
+#[utoipa::path(get, path = "/audit/receipts/{id}", tag = "audit", operation_id = "auditReceipt",
+    summary = "Any agent's receipt",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The receipt id (a non-uuid is 404).")),
+    responses(
+        (status = 200, description = "The signed receipt.", body = Receipt),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn receipt(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
@@ -57,6 +73,17 @@ pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
 }
 
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
+#[utoipa::path(get, path = "/audit/agents/{id}/spend", tag = "audit", operation_id = "auditAgentSpend",
+    summary = "An agent's spend limits and rolling 24 h spend",
+    security(("operatorToken" = [])),
+    params(("id" = Uuid, Path, description = "The agent's id (a non-uuid is 404).")),
+    responses(
+        (status = 200, description = "The agent's spend.", body = Spend),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
@@ -69,10 +96,28 @@ pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>)
 
 /// GET /audit/upto — per upstream, its settled `upto` payments and how many took the whole
 /// signed maximum: `{"upstreams": [{"upstream", "settled", "at_max", "charged", "maximum"}]}`.
+#[utoipa::path(get, path = "/audit/upto", tag = "audit", operation_id = "auditUptoUpstreams",
+    summary = "Per upstream: settled upto payments and how many took the whole signed maximum",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "One entry per upstream origin with settled upto payments, most at the maximum first.",
+            body = UptoReport),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn upto(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({ "upstreams": upstreams })))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&UptoReport { upstreams })))
+}
+
+/// The body of `GET /audit/upto`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UptoReport {
+    /// Every upstream with settled `upto` payments, most settlements at the maximum first.
+    pub upstreams: Vec<crate::audit::upto::UptoUpstream>,
 }
 
 /// GET /audit/payments.csv — the filters of `/audit/payments`, as CSV streamed to the end of
@@ -132,10 +177,31 @@ pub async fn operator_events(
 /// GET /audit/whoami — the operator the token belongs to: `{"operator_id", "name", "role"}`
 /// (`operator_id` null for the bootstrap `OPERATOR_TOKEN`). The console shows its change
 /// controls to an admin only.
+#[utoipa::path(get, path = "/audit/whoami", tag = "audit", operation_id = "auditWhoami",
+    summary = "The operator the bearer token belongs to (the console shows change controls to an admin only)",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "The operator.", body = Whoami),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = ForbiddenAgentKey),
+        (status = 404, response = AuditDisabledOrNotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn whoami(op: Viewer) -> HttpResponse {
-    HttpResponse::Ok().json(json!({
-        "operator_id": op.actor.operator_id,
-        "name": op.actor.name,
-        "role": op.actor.role,
+    HttpResponse::Ok().json(super::in_name_order(&Whoami {
+        operator_id: op.actor.operator_id,
+        name: op.actor.name,
+        role: op.actor.role,
     }))
+}
+
+/// The body of `GET /audit/whoami`: the operator a token belongs to.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Whoami {
+    /// null for the bootstrap OPERATOR_TOKEN.
+    pub operator_id: Option<Uuid>,
+    /// The operator's name.
+    pub name: String,
+    /// What the operator may do.
+    pub role: Role,
 }

@@ -11,6 +11,19 @@ use crate::state::AppState;
 /// GET /receipts/{id} — one of the calling agent's receipts; anyone else's is 404. When a
 /// payment was signed for its key, `X-Payment-Status` carries the payment's current ledger
 /// status (outside the signed document: `reconcile` may have moved it on since).
+#[utoipa::path(get, path = "/receipts/{id}", tag = "agent", operation_id = "getOwnReceipt",
+    summary = "One of the calling agent's receipts",
+    description = "Another agent's receipt, an unknown id and a non-uuid are all 404.",
+    security(("agentKey" = [])),
+    params(("id" = Uuid, Path, description = "The receipt id (a non-uuid is 404).")),
+    responses(
+        (status = 200, description = "The signed receipt.", body = crate::routes::responses::described::Receipt,
+            headers(("X-Payment-Status" = String, description = "When a payment was signed for the receipt's key: its current ledger status (`signed`, `settled`, `unconfirmed`, `not_settled`, `rejected`, `settled_response_lost`, `unknown`, `expired`). Outside the signed document: `reconcile` may have moved it on since the receipt was signed."))),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 404, response = crate::routes::responses::NotFound),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn get_own(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,

@@ -621,3 +621,70 @@ async fn already_paid_and_permit2_allowance_required_fit_the_document() {
     let (status, env) = spec.check("POST", "/route", app.route(&new_key(), &gated).await).await;
     assert_eq!((status, env["code"].as_str()), (502, Some("permit2_allowance_required")), "{env}");
 }
+
+/// `superseded` (409): an owner paused just before its paid request leaves loses its lease to
+/// a takeover; its own answer must fit the document (the same fault point as the stall test).
+#[actix_web::test]
+async fn superseded_fits_the_document() {
+    use crate::stalls::{pause_at, steal_lease};
+    use x402_router::faults::Point;
+    use x402_router::startup::Hooks;
+
+    let chain = Devnet::start().await;
+    let (hook, pause) = pause_at(Point::BeforePaidSend);
+    let hooks = Hooks { at: Some(hook), ..Default::default() };
+    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), hooks, ..Default::default() }).await;
+    let spec = Spec::new();
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    let call = spawn_route(&app.client, &app.address, &app.agent, &key, &body);
+    tokio::time::timeout(std::time::Duration::from_secs(20), pause.reached.notified())
+        .await
+        .expect("the owner reaches the send");
+    steal_lease(&app, &key).await;
+    pause.release.notify_one();
+    let (status, body) = spec.check("POST", "/route", call.await.unwrap().unwrap()).await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("superseded")), "{body}");
+}
+
+/// `payment_network_unavailable` (503): a takeover finds a recorded authorization with too
+/// little validity left to resend that may still settle, so nothing is signed (as in
+/// `pending::a_takeover_never_re_signs_while_the_earlier_authorization_may_still_settle`).
+#[actix_web::test]
+async fn payment_network_unavailable_fits_the_document() {
+    let chain = Devnet::start().await;
+    let app =
+        spawn_app_with(AppOptions { extra: chain.router_extra(), deadline_ms: 50_000, ..Default::default() }).await;
+    let spec = Spec::new();
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
+    crash_after_signing(&app, &chain, &key, &body, 8).await;
+    let (status, body) = spec.check("POST", "/route", app.route(&key, &body).await).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("payment_network_unavailable")), "{body}");
+}
+
+/// `internal_error` (502): an answer the database refuses to store (a trigger refusing any
+/// response body mentioning "poison", as in
+/// `stalls::an_outcome_that_cannot_be_stored_finishes_the_key_errored_and_is_never_executed_again`).
+#[actix_web::test]
+async fn internal_error_fits_the_document() {
+    let up = TestUpstream::start().await;
+    let app = spawn_app_with(AppOptions { abandon_ms: 1000, heartbeat_ms: 300, ..Default::default() }).await;
+    exec(
+        &app.db,
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF position('poison' in convert_from(NEW.response_body, 'UTF8')) > 0 THEN \
+             RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$",
+    )
+    .await;
+    exec(
+        &app.db,
+        "CREATE TRIGGER refuse_poison BEFORE UPDATE ON idempotency_keys FOR EACH ROW \
+           WHEN (NEW.response_body IS NOT NULL) EXECUTE FUNCTION refuse_poison()",
+    )
+    .await;
+    let spec = Spec::new();
+    let (status, body) =
+        spec.check("POST", "/route", app.route(&new_key(), &json!({"url": up.url("/ok/poison")})).await).await;
+    assert_eq!((status, body["code"].as_str()), (502, Some("internal_error")), "{body}");
+}

@@ -17,12 +17,12 @@ use x402_router::startup::Hooks;
 use crate::helpers::*;
 
 /// A hook that pauses the owner at `point` (once) until the test releases it.
-struct Pause {
-    reached: Arc<Notify>,
-    release: Arc<Notify>,
+pub(crate) struct Pause {
+    pub(crate) reached: Arc<Notify>,
+    pub(crate) release: Arc<Notify>,
 }
 
-fn pause_at(point: Point) -> (Hook, Pause) {
+pub(crate) fn pause_at(point: Point) -> (Hook, Pause) {
     let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let done = Arc::new(Mutex::new(false));
     let (r, l) = (Arc::clone(&reached), Arc::clone(&release));
@@ -42,7 +42,7 @@ fn pause_at(point: Point) -> (Hook, Pause) {
     (hook, Pause { reached, release })
 }
 
-async fn steal_lease(app: &TestApp, key: &str) {
+pub(crate) async fn steal_lease(app: &TestApp, key: &str) {
     let n = exec(&app.db, &format!("UPDATE idempotency_keys SET lease = gen_random_uuid() WHERE key = '{key}'")).await;
     assert_eq!(n, 1);
 }

@@ -1,16 +1,20 @@
 //! The OpenAPI 3.1 description of this service, produced by code and served at
 //! `GET /openapi.json`.
 //!
-//! Two sources make the document:
+//! The document is assembled from:
 //! - [`crate::codes::Code::ALL`] writes `ErrorCode` and one `Error_<code>` schema per code
 //!   (`x-http-status` from [`Code::http_status`], `x-next` from the retry table of
 //!   [`crate::mcp::policy`] applied to the code, its status and its `payment.status`), and
 //!   the `code` enums of /route's `PaymentDeclined` (402) and `RouteError` (502/504);
-//! - `operations.json` (next to this file) holds the operations, keyed by the route table
-//!   [`super::ROUTES`]: the document's paths are exactly ROUTES (an entry
-//!   of ROUTES without an operation is a panic the tests catch; an operation not in ROUTES is
-//!   dropped), and the body schemas. A test validates real responses of every endpoint
-//!   against the result, so neither can drift.
+//! - [`Generated`] collects the operations from `#[utoipa::path]` on the handlers, the body
+//!   schemas from `#[derive(ToSchema)]` on the wire types and the shared answers of
+//!   [`super::responses`]; `operations.json` (next to this file) holds what is not yet described in
+//!   code (the info, tags, security schemes, shared parameters and headers, and the operations
+//!   and schemas not yet moved), and a generated operation or schema replaces a described one
+//!   of the same name. Paths are keyed by the route table [`super::ROUTES`]: the document's
+//!   paths are exactly ROUTES (an entry of ROUTES without an operation is a panic the tests
+//!   catch; an operation not in ROUTES is dropped). A test validates real responses of every
+//!   endpoint against the result, so neither can drift.
 //!
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
@@ -18,10 +22,72 @@
 use std::sync::LazyLock;
 
 use serde_json::{Map, Value, json};
+use utoipa::OpenApi;
 
-use super::ROUTES;
+use super::{ROUTES, responses};
 use crate::codes::Code;
 use crate::mcp::policy::{Next, classify};
+
+/// The operations, schemas and shared answers described in code.
+#[derive(OpenApi)]
+#[openapi(
+    paths(
+        super::health::healthz,
+        super::health::readyz,
+        super::health::metrics,
+        super::openapi,
+        super::audit::whoami,
+        super::admin::settings,
+        super::admin::update_settings,
+        super::admin::pause,
+        super::admin::resume,
+        super::admin::create_agent,
+        super::admin::list_agents,
+        super::admin::show_agent,
+        super::admin::update_agent,
+        super::admin::disable_agent,
+        super::admin::enable_agent,
+        super::admin::rotate_key,
+        super::admin::reconcile,
+        super::health::well_known,
+        super::agents::me,
+        super::receipts::get_own,
+        super::audit::receipt,
+        super::audit::spend,
+        super::audit::upto,
+        super::agents::payment,
+    ),
+    components(responses(
+        responses::Unauthorized,
+        responses::ForbiddenAgentKey,
+        responses::AuditDisabledOrNotFound,
+        responses::NotFound,
+        responses::BadQuery,
+        responses::Unavailable,
+        responses::AgentDisabled,
+        responses::AdminOnly,
+        responses::BadInput,
+    )),
+    modifiers(&EmptyBodyAllowed)
+)]
+pub struct Generated;
+
+/// Marks the request bodies an empty body stands for (`{}`) as optional: utoipa makes a
+/// body optional only as `Option<T>`, which would also admit a JSON `null` these refuse.
+struct EmptyBodyAllowed;
+
+impl utoipa::Modify for EmptyBodyAllowed {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for path in ["/admin/pause", "/admin/reconcile", "/admin/agents", "/admin/agents/{id}"] {
+            let Some(item) = openapi.paths.paths.get_mut(path) else { continue };
+            for op in [item.post.as_mut(), item.patch.as_mut()].into_iter().flatten() {
+                if let Some(utoipa::openapi::RefOr::T(body)) = op.request_body.as_mut() {
+                    body.required = Some(utoipa::openapi::Required::False);
+                }
+            }
+        }
+    }
+}
 
 /// The hand-described operations and body schemas (no error codes, no path list).
 const OPERATIONS: &str = include_str!("operations.json");
@@ -41,20 +107,27 @@ pub fn json() -> &'static str {
 /// Builds the document.
 ///
 /// # Panics
-/// If `operations.json` is not valid JSON or lacks an operation for an entry of ROUTES: both
-/// are build-time facts, checked by the tests.
+/// If `operations.json` is not valid JSON or an entry of ROUTES has no operation (neither
+/// generated nor described): both are build-time facts, checked by the tests.
 #[allow(clippy::expect_used)]
 pub fn document() -> Value {
-    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/openapi/operations.json is JSON");
+    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/routes/openapi/operations.json is JSON");
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
-    let described = doc["paths"].take();
+    let generated = serde_json::to_value(Generated::openapi()).expect("the generated document is JSON");
+    let mut described = doc["paths"].take();
+    merge(&mut described, &generated["paths"], 2);
+    let mut schemas = generated["components"]["schemas"].clone();
+    if let Some(placeholders) = schemas.as_object_mut() {
+        placeholders.retain(|name, _| !responses::described::NAMES.contains(&name.as_str()));
+    }
+    merge(&mut doc["components"]["schemas"], &schemas, 1);
+    merge(&mut doc["components"]["responses"], &generated["components"]["responses"], 1);
     let mut paths = Map::new();
     for (method, path, _) in ROUTES {
         let method = method.as_str().to_ascii_lowercase();
-        let operation = described
-            .get(*path)
-            .and_then(|p| p.get(&method))
-            .unwrap_or_else(|| panic!("src/openapi/operations.json describes no {method} {path}"));
+        let operation = described.get(*path).and_then(|p| p.get(&method)).unwrap_or_else(|| {
+            panic!("no operation for {method} {path}: neither #[utoipa::path] nor src/routes/openapi/operations.json")
+        });
         let item = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         item[&method] = operation.clone();
     }
@@ -75,6 +148,22 @@ pub fn document() -> Value {
     schemas["PaymentDeclined"]["properties"]["code"]["enum"] = json!(with_status(&[402]));
     schemas["RouteError"]["properties"]["code"]["enum"] = json!(with_status(&[502, 504]));
     doc
+}
+
+/// Copies `from` into `into`, `depth` levels of objects deep (a path's methods at 2, a
+/// component at 1): what `from` has replaces what `into` has under the same keys.
+fn merge(into: &mut Value, from: &Value, depth: u8) {
+    let Some(from) = from.as_object() else { return };
+    if !into.is_object() {
+        *into = json!({});
+    }
+    for (key, value) in from {
+        if depth > 1 {
+            merge(&mut into[key], value, depth - 1);
+        } else {
+            into[key] = value.clone();
+        }
+    }
 }
 
 /// `Error_<code>`: the common `Error` body with this `code`, its status(es) and what to do next.

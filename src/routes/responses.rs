@@ -1,0 +1,103 @@
+//! The answers many operations share (`#/components/responses/<Name>`): each an error code's
+//! `Error_<code>` schema with a description, and a header where the answer carries one. An
+//! operation lists them as `(status = 401, response = Unauthorized)`.
+
+use utoipa::ToResponse;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{ContentBuilder, Header, Ref, RefOr, Response, ResponseBuilder};
+
+use crate::codes::Code;
+
+/// An answer with the `Error_<code>` body and `description`.
+fn error(code: Code, description: &str) -> ResponseBuilder {
+    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name(format!("Error_{}", code.as_str())))).build();
+    ResponseBuilder::new().description(description).content("application/json", content)
+}
+
+macro_rules! shared {
+    ($($(#[$doc:meta])* $name:ident => $build:expr;)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
+
+        impl<'r> ToResponse<'r> for $name {
+            fn response() -> (&'r str, RefOr<Response>) {
+                (stringify!($name), RefOr::T($build.build()))
+            }
+        }
+    )*};
+}
+
+shared! {
+    /// 401 `unauthorized`, with `WWW-Authenticate: Bearer`.
+    Unauthorized => error(Code::Unauthorized, "Missing or unknown credentials (with `WWW-Authenticate: Bearer`).")
+        .header("WWW-Authenticate", Header::new(ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["Bearer"]))));
+    /// 403 `operator_only` for an agent key on the operator API.
+    ForbiddenAgentKey => error(Code::OperatorOnly, "An agent key was presented to the operator API.");
+    /// 404 of the audit API (also when it is disabled).
+    AuditDisabledOrNotFound => error(Code::NotFound, "Not found.");
+    /// 404.
+    NotFound => error(Code::NotFound, "Not found.");
+    /// 400 for a query parameter.
+    BadQuery => error(Code::BadRequest, "A malformed, unknown or repeated query parameter; the message names it.");
+    /// 503 `database_unavailable`, with `Retry-After`.
+    Unavailable => error(Code::DatabaseUnavailable, "Postgres unreachable; nothing was executed or paid (with `Retry-After: 1`).")
+        .header("Retry-After", Header::new(ObjectBuilder::new().schema_type(Type::Integer)));
+    /// 403 `agent_disabled`.
+    AgentDisabled => error(Code::AgentDisabled, "The agent is disabled.");
+    /// 403 `operator_only` for a change without an admin token.
+    AdminOnly => error(Code::OperatorOnly, "A viewer token (`operator_only`, \"this needs an admin operator token\") or an agent key (`operator_only`).");
+    /// 400 for a request body.
+    BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
+}
+
+/// Schemas still described by hand in `openapi/operations.json`: an operation names one as
+/// `body = described::AdminAgent`; the document keeps the hand-written schema of that name
+/// (the generated placeholder is dropped, see [`described::NAMES`]).
+pub mod described {
+    use std::borrow::Cow;
+
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
+    use utoipa::{PartialSchema, ToSchema};
+
+    macro_rules! described {
+        ($($name:ident),* $(,)?) => {
+            $(
+                #[doc = concat!("The hand-written `", stringify!($name), "` schema.")]
+                pub struct $name;
+
+                impl PartialSchema for $name {
+                    fn schema() -> RefOr<Schema> {
+                        RefOr::T(Schema::default())
+                    }
+                }
+
+                impl ToSchema for $name {
+                    fn name() -> Cow<'static, str> {
+                        Cow::Borrowed(stringify!($name))
+                    }
+                }
+            )*
+
+            /// The names of these schemas.
+            pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+        };
+    }
+
+    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend, KeyPayment);
+
+    /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
+    pub struct ErrorNotFound;
+
+    impl PartialSchema for ErrorNotFound {
+        fn schema() -> RefOr<Schema> {
+            RefOr::T(Schema::default())
+        }
+    }
+
+    impl ToSchema for ErrorNotFound {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("Error_not_found")
+        }
+    }
+}
