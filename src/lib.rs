@@ -43,7 +43,6 @@ pub mod idempotency;
 pub mod keys;
 pub mod mcp;
 pub mod metrics;
-pub mod money;
 pub mod operators;
 pub mod payments;
 pub mod problem;
@@ -57,4 +56,6 @@ pub mod state;
 pub mod telemetry;
 pub mod upstream;
 pub mod wallet;
-pub mod x402;
+// The x402 protocol is its own crate (crates/x402); the amount is the protocol's.
+pub use ::x402;
+pub use ::x402::money;

@@ -172,7 +172,7 @@ pub enum RejectReason {
     },
     /// The entry names a network or scheme the router cannot read or pay (e.g. Solana).
     Unsupported(String),
-    /// The entry is malformed (see [`crate::x402::wire::EntryError`]).
+    /// The entry is malformed (see [`crate::wire::EntryError`]).
     Unreadable(String),
 }
 
@@ -402,7 +402,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::x402::wire::{X402Version, parse_payment_required};
+    use crate::wire::{X402Version, parse_payment_required};
 
     const USDC_SEPOLIA: Address = address!("0x036CbD53842c5426634e7929541eC2318f3dCF7e");
     const USDC_BASE: Address = address!("0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913");
