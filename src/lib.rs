@@ -6,9 +6,9 @@
 //! * `relay/`        the `/route` use case: idempotency, the payment flow (`relay/pay.rs`), recording.
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
 //! * `payments/`     the payment intent ledger: statuses, spend, storage.
-//! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,
+//! * `x402`          (crates/x402, re-exported) x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,
 //!   Sign-In-With-X sign-in messages (`x402::siwx`, used by `relay/reaccess.rs`).
-//! * `money`, `clock` amounts in atomic units (one parser), the wall clock.
+//! * `money`, `clock` amounts in atomic units (one parser; `x402::money`, re-exported), the wall clock.
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `recovery`      getting back a paid answer that was lost, by a byte-identical re-send; cannot sign.

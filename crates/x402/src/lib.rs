@@ -29,6 +29,7 @@ pub mod network;
 pub mod nonce;
 pub mod payload;
 pub mod permit2;
+pub mod rejection;
 pub mod rpc;
 pub mod select;
 pub mod sign;
