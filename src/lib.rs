@@ -6,9 +6,9 @@
 //! * `relay/`        the `/route` use case: idempotency, the payment flow (`relay/pay/`), recording.
 //! * `idempotency/`  key, request fingerprint (JCS), Postgres ledger (the lock), Redis hint.
 //! * `payments/`     the payment intent ledger: statuses, spend, storage.
-//! * `x402/`         x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,
+//! * `x402`          (crates/x402, re-exported) x402 wire types (v1, v2), requirement selection, EIP-3009 and Permit2 signing, chain reads,
 //!   Sign-In-With-X sign-in messages (`x402::siwx`, used by `relay/reaccess.rs`).
-//! * `money`, `clock` amounts in atomic units (one parser), the wall clock.
+//! * `money`, `clock` amounts in atomic units (one parser; `x402::money`, re-exported), the wall clock.
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `recovery`      getting back a paid answer that was lost, by a byte-identical re-send; cannot sign.
@@ -43,7 +43,6 @@ pub mod idempotency;
 pub mod keys;
 pub mod mcp;
 pub mod metrics;
-pub mod money;
 pub mod operators;
 pub mod payments;
 pub mod problem;
@@ -57,4 +56,6 @@ pub mod state;
 pub mod telemetry;
 pub mod upstream;
 pub mod wallet;
-pub mod x402;
+// The x402 protocol is its own crate (crates/x402); the amount is the protocol's.
+pub use ::x402;
+pub use ::x402::money;

@@ -2,7 +2,8 @@
 //! ledger's status set held to the database's CHECK constraint.
 //!
 //! Module graph: every `crate::…` and `super::…` path in non-test code of `src/` (the
-//! binaries excluded) is an edge from the file's module to the module it names. Among the
+//! binaries excluded) and of the `x402` crate (`crates/x402/src/`, read as the module `x402`,
+//! its `crate::` as `x402::`) is an edge from the file's module to the module it names. Among the
 //! children of any module, those edges must form no cycle (so `relay` ↔ `payments`,
 //! `x402::sign` ↔ `x402::wire` or `error` ↔ `relay` cannot come back), and a few modules
 //! may only depend on the plumbing below them.
@@ -29,7 +30,7 @@ fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `src/x402/wire/mod.rs` → `["x402", "wire"]`; `src/lib.rs` → `[]`.
+/// `src/relay/pay.rs` → `["relay", "pay"]`; `src/lib.rs` → `[]`.
 fn module_of(src: &Path, file: &Path) -> Module {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Module = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
@@ -64,7 +65,13 @@ fn code_of(text: &str) -> String {
 }
 
 /// Every module path a file names, resolved to the longest known module.
-fn references(module: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<Module>) -> BTreeSet<Module> {
+fn references(
+    module: &Module,
+    crate_root: &Module,
+    is_mod_file: bool,
+    code: &str,
+    known: &BTreeSet<Module>,
+) -> BTreeSet<Module> {
     let mut out = BTreeSet::new();
     let bytes = code.as_bytes();
     let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
@@ -76,7 +83,7 @@ fn references(module: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<M
         }
         let rest = &code[i..];
         let (mut base, skip) = if rest.starts_with("crate::") && (i == 0 || !is_ident(bytes[i - 1])) {
-            (Module::new(), "crate::".len())
+            (crate_root.clone(), "crate::".len())
         } else if rest.starts_with("super::") && (i == 0 || !is_ident(bytes[i - 1])) {
             // `super` of `a/b.rs` is `a`; of `a/b/mod.rs` it is also `a`.
             let mut m = module.clone();
@@ -115,20 +122,48 @@ fn references(module: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<M
     out
 }
 
+/// The source roots of the module graph: the router's `src/` (the root module) and the `x402`
+/// crate's, read as the router's module `x402` (which re-exports it).
+fn source_roots() -> [(PathBuf, Module); 2] {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [(root.join("src"), Module::new()), (root.join("crates/x402/src"), vec!["x402".to_owned()])]
+}
+
+/// Every library source file: (path, its module, its crate's root module).
+fn library_files() -> Vec<(PathBuf, Module, Module)> {
+    let mut out = Vec::new();
+    for (src, prefix) in source_roots() {
+        let mut files = Vec::new();
+        source_files(&src, &mut files);
+        for f in files {
+            let mut module = prefix.clone();
+            module.extend(module_of(&src, &f));
+            out.push((f, module, prefix.clone()));
+        }
+    }
+    out
+}
+
+/// A library file's path for messages: relative to `src/`, or `x402/…` for the x402 crate's.
+fn display_path(file: &Path) -> String {
+    let [(src, _), (x402, _)] = source_roots();
+    match file.strip_prefix(&x402) {
+        Ok(rel) => format!("x402/{}", rel.display()),
+        Err(_) => file.strip_prefix(&src).unwrap_or(file).display().to_string(),
+    }
+}
+
 fn module_graph() -> BTreeMap<Module, BTreeSet<Module>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    source_files(&src, &mut files);
-    let known: BTreeSet<Module> = files.iter().map(|f| module_of(&src, f)).collect();
+    let files = library_files();
+    let known: BTreeSet<Module> = files.iter().map(|(_, m, _)| m.clone()).collect();
     let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-    for f in &files {
+    for (f, module, root) in &files {
         if f.file_name().is_some_and(|n| n == "tests.rs") {
             continue;
         }
-        let module = module_of(&src, f);
         let is_mod = f.file_name().is_some_and(|n| n == "mod.rs");
         let code = code_of(&std::fs::read_to_string(f).unwrap());
-        graph.entry(module.clone()).or_default().extend(references(&module, is_mod, &code, &known));
+        graph.entry(module.clone()).or_default().extend(references(module, root, is_mod, &code, &known));
     }
     graph
 }
@@ -332,11 +367,8 @@ fn recovery_logs_are_typed_steps() {
 /// them, and the HTTP mapping in `error.rs` sees what it maps.
 #[test]
 fn no_function_in_src_returns_a_bare_string_error() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    source_files(&src, &mut files);
     let mut found = Vec::new();
-    for file in &files {
+    for (file, _, _) in &library_files() {
         let code = code_of(&std::fs::read_to_string(file).unwrap());
         let folded: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
         // `Result<T, String>` with any T (nested generics included), and `type Err = String`.
@@ -358,7 +390,7 @@ fn no_function_in_src_returns_a_bare_string_error() {
                 false
             });
         if bare || folded.contains("type Err = String") {
-            found.push(file.strip_prefix(&src).unwrap().display().to_string());
+            found.push(display_path(file));
         }
     }
     assert!(found.is_empty(), "bare String errors in: {found:?}");

@@ -104,7 +104,7 @@ impl Devnet {
     pub async fn start_on(chain_id: u64) -> Self {
         let (anvil, rpc_url, provider) = start_anvil(chain_id, Duration::from_secs(5)).await;
 
-        let deploy = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
+        let deploy = Command::new(upstream_bin())
             .args(["deploy", "--rpc-url", &rpc_url, "--deployer-key", FACILITATOR_KEY])
             .arg("--mint")
             .arg(format!("{ROUTER_ADDRESS}=1000000000"))
@@ -117,7 +117,7 @@ impl Devnet {
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
         let plain_token = Address::from_str(line["plain_token"].as_str().unwrap()).unwrap();
 
-        let mut server = Command::new(env!("CARGO_BIN_EXE_x402-test-upstream"))
+        let mut server = Command::new(upstream_bin())
             .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
             .args(["--plain-token", &plain_token.to_string()])
             .args([
@@ -276,4 +276,41 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
         ),
     )
     .await;
+}
+
+/// The `x402-test-upstream` binary: a member of the workspace (crates/x402-test-upstream), not
+/// of this package, so Cargo gives no `CARGO_BIN_EXE_` for it. A plain `cargo test` or
+/// `cargo build` at the root builds it (a default member) next to the router's binary. Stops
+/// the test when it is missing or older than its sources rather than run a stale one.
+pub fn upstream_bin() -> std::path::PathBuf {
+    let router = std::path::Path::new(env!("CARGO_BIN_EXE_x402-router"));
+    let bin = router.with_file_name(format!("x402-test-upstream{}", std::env::consts::EXE_SUFFIX));
+    let build = "build it with `cargo build -p x402-test-upstream` (or run a plain `cargo test`)";
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("no x402-test-upstream at {}: {e}; {build}", bin.display()));
+    let sources = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/x402-test-upstream");
+    if let Some(newer) = newest_file(&sources).filter(|(t, _)| *t > built) {
+        panic!("{} is older than {}; {build}", bin.display(), newer.1.display());
+    }
+    bin
+}
+
+/// The most recently modified file under `dir` (sources and manifest).
+fn newest_file(dir: &std::path::Path) -> Option<(std::time::SystemTime, std::path::PathBuf)> {
+    let mut newest = None;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if let Ok(t) = entry.metadata().and_then(|m| m.modified())
+                && newest.as_ref().is_none_or(|(n, _)| t > *n)
+            {
+                newest = Some((t, path));
+            }
+        }
+    }
+    newest
 }

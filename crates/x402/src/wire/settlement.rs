@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::primitives::{header_json, parse_address, parse_b256, reason_field, truncate};
 use super::*;
-use crate::x402::network::Network;
+use crate::network::Network;
 
 /// What an upstream said about settling a payment (`PAYMENT-RESPONSE` / `X-PAYMENT-RESPONSE`).
 ///

@@ -37,7 +37,7 @@ pub fn decode_payment_header(value: &HeaderValue) -> Result<Value, WireError> {
 }
 
 /// The `extensions` object to send with a v2 payment, given the 402's `extensions` and the id
-/// the caller derived for this payment ([`crate::x402::nonce::payment_identifier_id`]).
+/// the caller derived for this payment ([`crate::nonce::payment_identifier_id`]).
 ///
 /// As the v2 spec and the official clients do, every extension the upstream declared is
 /// echoed (the client "must include at least the info received"); when `payment-identifier`

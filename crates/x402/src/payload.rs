@@ -84,9 +84,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::x402::sign::sign_authorization;
-    use crate::x402::wire::tests::{V1_BODY, V2_REQUIRED, signer, v1_402, v2_402, v2_entry, v2_with_entries};
-    use crate::x402::wire::{decode_payment_header, encode_payment_header, payment_extensions};
+    use crate::sign::sign_authorization;
+    use crate::wire::tests::{V1_BODY, V2_REQUIRED, signer, v1_402, v2_402, v2_entry, v2_with_entries};
+    use crate::wire::{decode_payment_header, encode_payment_header, payment_extensions};
 
     #[test]
     fn builds_a_v2_payment_header_like_the_official_client() {

@@ -12,7 +12,7 @@
 //!   `/v2/upto` take Permit2 payments and settle them through the proxies (`permit2.rs`). It prints
 //!   `{"listening": "127.0.0.1:PORT"}` once bound.
 //!
-//! This binary deliberately shares no code with the crate's own `src/x402` module: a fixture
+//! This crate deliberately shares no code with the `x402` crate (crates/x402) nor the router: a fixture
 //! that reused the code under test would agree with its bugs. Everything here (wire types,
 //! EIP-712 recovery, settlement) is written against the protocol, not against the router.
 

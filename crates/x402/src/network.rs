@@ -7,7 +7,7 @@
 //!   recognised as *well-formed but unsupported* ([`NetworkError::NotEvm`]) so the caller can
 //!   tell "an option we cannot pay" from "garbage".
 //! - v1 names are matched case-insensitively. The name string an upstream actually sent is not
-//!   stored here: [`crate::x402::wire::Requirement::network_raw`] keeps it, because a v1
+//!   stored here: [`crate::wire::Requirement::network_raw`] keeps it, because a v1
 //!   payment must echo it byte for byte.
 //!
 //! The v1 name table follows `EVM_NETWORK_CHAIN_ID_MAP` of the official `@x402/evm` package
@@ -170,7 +170,7 @@ impl Network {
     /// The official x402 v1 name of this network, if it has one (`eip155:84532` → `base-sepolia`).
     ///
     /// Use it only when no original name is at hand: a v1 payment must echo the exact string
-    /// the upstream sent ([`crate::x402::wire::Requirement::network_raw`]).
+    /// the upstream sent ([`crate::wire::Requirement::network_raw`]).
     pub fn v1_name(&self) -> Option<&'static str> {
         V1_NAMES.iter().find(|&&(_, chain_id)| chain_id == self.chain_id).map(|&(name, _)| name)
     }

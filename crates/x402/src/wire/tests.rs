@@ -13,7 +13,7 @@ use alloy::primitives::U256;
 
 use super::*;
 use crate::money::Amount;
-use crate::x402::network::Network;
+use crate::network::Network;
 
 /// PROTOCOL.md §3, the decoded `PAYMENT-REQUIRED` of `GET /v2/weather`.
 pub(crate) const V2_REQUIRED: &str = r#"{"x402Version":2,"error":"Payment required",

@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix_web::web::{self};
 use actix_web::{App, HttpServer};
 use alloy::primitives::{Address, U256, address};
-use alloy::sol_types::Eip712Domain;
+use alloy::sol_types::{Eip712Domain, SolCall};
 use anyhow::{Context as _, bail, ensure};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -87,29 +87,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settle_timeout = Duration::from_secs(args.settle_timeout_seconds.max(1));
     let signer = args.facilitator_key.0.clone();
 
-    // Fail fast on a wrong chain or a token that is not there, with the domain read from the
-    // token itself (EIP-5267), so signatures are checked against what the contract will check.
     let chain = Chain::connect(args.rpc_url.clone(), signer.clone(), rpc_timeout);
-    let rpc_chain_id = chain.chain_id().await.with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
-    ensure!(
-        rpc_chain_id == chain_id,
-        "--network {} says chain {chain_id}, but {} is chain {rpc_chain_id}",
-        args.network,
-        args.rpc_url
-    );
-    ensure!(!chain.code_at(args.token).await?.is_empty(), "no contract at --token {} on chain {chain_id}", args.token);
-    if let Some(plain) = args.plain_token {
-        ensure!(!chain.code_at(plain).await?.is_empty(), "no contract at --plain-token {plain} on chain {chain_id}");
-    }
-    let domain = chain
-        .call(args.token, &ITestToken::eip712DomainCall {})
-        .await
-        .with_context(|| format!("--token {} has no eip712Domain()", args.token))?;
-    ensure!(
-        domain.verifyingContract == args.token && domain.chainId == U256::from(chain_id),
-        "eip712Domain() of {} names another contract or chain",
-        args.token
-    );
+    let domain = token_domain(&chain, &args, chain_id).await?;
     let eip712 = Eip712Domain::new(
         Some(domain.name.clone().into()),
         Some(domain.version.clone().into()),
@@ -167,22 +146,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             pid_cache: pid_cache.clone(),
             siwx: siwx_state.clone(),
         };
-        let mut app = App::new()
-            .app_data(web::Data::new(state))
-            .route("/free", web::get().to(free))
-            .route("/free", web::post().to(free))
-            .route("/_stats", web::get().to(stats_handler))
-            .route("/_settle_kept", web::post().to(settle_kept))
-            .route(permit2_routes::PERMIT2_PATH, web::get().to(permit2_routes::permit2_paid))
-            .route(permit2_routes::UPTO_PATH, web::get().to(permit2_routes::permit2_paid));
-        for spec in ROUTES {
-            let method = match spec.method {
-                Method::Get => web::get(),
-                Method::Post => web::post(),
-            };
-            app = app.route(spec.path, method.to(paid));
-        }
-        app.default_service(web::to(not_found))
+        App::new().app_data(web::Data::new(state)).configure(routes).default_service(web::to(not_found))
     })
     .workers(args.workers.max(1))
     // A fixture has nothing worth draining: stop at once on SIGTERM/SIGINT (see below).
@@ -193,13 +157,64 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let Some(bound) = server.addrs().first().copied() else {
         bail!("the server bound no address");
     };
+    serve_until_terminated(bound, server.run()).await
+}
+
+/// The routes of every worker: the free and bookkeeping ones, Permit2's, and [`ROUTES`].
+fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/free", web::get().to(free))
+        .route("/free", web::post().to(free))
+        .route("/_stats", web::get().to(stats_handler))
+        .route("/_settle_kept", web::post().to(settle_kept))
+        .route(permit2_routes::PERMIT2_PATH, web::get().to(permit2_routes::permit2_paid))
+        .route(permit2_routes::UPTO_PATH, web::get().to(permit2_routes::permit2_paid));
+    for spec in ROUTES {
+        let method = match spec.method {
+            Method::Get => web::get(),
+            Method::Post => web::post(),
+        };
+        cfg.route(spec.path, method.to(paid));
+    }
+}
+
+/// Fails fast on a wrong chain or a token that is not there, with the domain read from the
+/// token itself (EIP-5267), so signatures are checked against what the contract will check.
+async fn token_domain(
+    chain: &Chain,
+    args: &ServeArgs,
+    chain_id: u64,
+) -> anyhow::Result<<ITestToken::eip712DomainCall as SolCall>::Return> {
+    let rpc_chain_id = chain.chain_id().await.with_context(|| format!("cannot reach the chain at {}", args.rpc_url))?;
+    ensure!(
+        rpc_chain_id == chain_id,
+        "--network {} says chain {chain_id}, but {} is chain {rpc_chain_id}",
+        args.network,
+        args.rpc_url
+    );
+    ensure!(!chain.code_at(args.token).await?.is_empty(), "no contract at --token {} on chain {chain_id}", args.token);
+    if let Some(plain) = args.plain_token {
+        ensure!(!chain.code_at(plain).await?.is_empty(), "no contract at --plain-token {plain} on chain {chain_id}");
+    }
+    let domain = chain
+        .call(args.token, &ITestToken::eip712DomainCall {})
+        .await
+        .with_context(|| format!("--token {} has no eip712Domain()", args.token))?;
+    ensure!(
+        domain.verifyingContract == args.token && domain.chainId == U256::from(chain_id),
+        "eip712Domain() of {} names another contract or chain",
+        args.token
+    );
+    Ok(domain)
+}
+
+/// Prints `{"listening": bound}` on stdout, then serves until SIGTERM or SIGINT.
+async fn serve_until_terminated(bound: std::net::SocketAddr, server: actix_web::dev::Server) -> anyhow::Result<()> {
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", json!({ "listening": bound.to_string() }))?;
         out.flush()?;
     }
     tracing::info!(%bound, "listening");
-    let server = server.run();
     let handle = server.handle();
     actix_rt::spawn(async move {
         wait_for_termination().await;

@@ -7,14 +7,15 @@ use serde::Deserialize;
 /// Where Multicall3 lives on every chain that has it; the official x402 facilitator calls it there.
 pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976CA11");
 
-const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/TestToken.json"));
-const PLAIN_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/PlainToken.json"));
-const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Multicall.json"));
-const PERMIT2_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/Permit2.json"));
+const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/TestToken.json"));
+const PLAIN_TOKEN_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/PlainToken.json"));
+const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/Multicall.json"));
+const PERMIT2_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/Permit2.json"));
 const EXACT_PROXY_JSON: &str =
-    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/X402ExactPermit2Proxy.json"));
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/X402ExactPermit2Proxy.json"));
 const UPTO_PROXY_JSON: &str =
-    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/X402UptoPermit2Proxy.json"));
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/X402UptoPermit2Proxy.json"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {

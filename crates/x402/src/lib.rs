@@ -24,10 +24,12 @@
 //! Nothing here touches the database, HTTP routing or configuration loading.
 
 pub mod chain;
+pub mod money;
 pub mod network;
 pub mod nonce;
 pub mod payload;
 pub mod permit2;
+pub mod rejection;
 pub mod rpc;
 pub mod select;
 pub mod sign;

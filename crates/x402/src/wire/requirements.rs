@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::primitives::{header_json, parse_address, reason_field, str_field, truncate};
 use super::*;
 use crate::money::Amount;
-use crate::x402::network::Network;
+use crate::network::Network;
 
 /// One payment option offered by the upstream, typed, plus its JSON verbatim.
 ///

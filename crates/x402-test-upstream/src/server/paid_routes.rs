@@ -91,28 +91,7 @@ pub(super) async fn paid_v2(
     if spec.behaviour.siwx()
         && let Some(header) = req.headers().get("sign-in-with-x")
     {
-        state.stats.update(spec.path, |s| s.siwx_sign_ins += 1);
-        let verdict = if siwx::refuses(req.query_string()) {
-            Err("this route refuses every sign-in (?siwx=refuse)".to_owned())
-        } else {
-            state.siwx.verify(header.as_bytes(), &host, &scheme, spec.path, &state.settings.network)
-        };
-        return match verdict {
-            Ok(address) => {
-                let answer_id = uuid::Uuid::new_v4().to_string();
-                tracing::info!(route = spec.path, %address, answer_id, "re-accessed by a signed-in payer");
-                state.stats.update(spec.path, |s| {
-                    s.siwx_reaccess += 1;
-                    s.last_answer_id = Some(answer_id.clone());
-                });
-                HttpResponse::Ok().json(json!({ "reaccessed": true, "answer_id": answer_id, "report": weather(spec) }))
-            }
-            Err(why) => {
-                tracing::info!(route = spec.path, why, "sign-in refused");
-                state.stats.update(spec.path, |s| s.siwx_refused += 1);
-                payment_required_v2(&required("sign-in refused"), json!({}))
-            }
-        };
+        return siwx_reaccess(spec, state, header.as_bytes(), &scheme, &host, req.query_string(), &required);
     }
 
     // Like the official v2 server: no header, or one that does not decode, is no payment.
@@ -161,6 +140,40 @@ pub(super) async fn paid_v2(
     match answer {
         V2Answer::Answered(stored) => stored.response(),
         V2Answer::Other(r) => r,
+    }
+}
+
+/// A sign-in of a payer of a sign-in-with-x route: the answer again without paying, or a 402.
+fn siwx_reaccess(
+    spec: &'static RouteSpec,
+    state: &AppState,
+    header: &[u8],
+    scheme: &str,
+    host: &str,
+    query: &str,
+    required: &impl Fn(&str) -> wire::PaymentRequiredV2,
+) -> HttpResponse {
+    state.stats.update(spec.path, |s| s.siwx_sign_ins += 1);
+    let verdict = if siwx::refuses(query) {
+        Err("this route refuses every sign-in (?siwx=refuse)".to_owned())
+    } else {
+        state.siwx.verify(header, host, scheme, spec.path, &state.settings.network)
+    };
+    match verdict {
+        Ok(address) => {
+            let answer_id = uuid::Uuid::new_v4().to_string();
+            tracing::info!(route = spec.path, %address, answer_id, "re-accessed by a signed-in payer");
+            state.stats.update(spec.path, |s| {
+                s.siwx_reaccess += 1;
+                s.last_answer_id = Some(answer_id.clone());
+            });
+            HttpResponse::Ok().json(json!({ "reaccessed": true, "answer_id": answer_id, "report": weather(spec) }))
+        }
+        Err(why) => {
+            tracing::info!(route = spec.path, why, "sign-in refused");
+            state.stats.update(spec.path, |s| s.siwx_refused += 1);
+            payment_required_v2(&required("sign-in refused"), json!({}))
+        }
     }
 }
 
@@ -360,34 +373,11 @@ pub(super) async fn execute(
     if let Err(refusal) = state.facilitator.verify(offer, &auth).await {
         return Outcome::Refused(refusal);
     }
-    let wait = Duration::from_secs(seconds);
-    let payer = auth.from;
     match spec.behaviour {
         Behaviour::Weather | Behaviour::Multi => settle_then(state, spec, auth, StatusCode::OK, weather(spec)).await,
         // Settles, then (with `?seconds=N`) is still handling the request for N s.
         Behaviour::PaymentIdentifier | Behaviour::Siwx | Behaviour::PidSiwx => {
-            match settle(state, spec, auth, Duration::ZERO).await {
-                Ok(transaction) => {
-                    // Settled: this payer may sign in to re-access the path from now on.
-                    if spec.behaviour.siwx() {
-                        state.siwx.record_payment(spec.path, payer);
-                    }
-                    tokio::time::sleep(wait).await;
-                    let answer_id = uuid::Uuid::new_v4().to_string();
-                    if spec.behaviour.siwx() {
-                        state.stats.update(spec.path, |s| {
-                            s.siwx_handled += 1;
-                            s.last_answer_id = Some(answer_id.clone());
-                        });
-                    }
-                    Outcome::Answer {
-                        status: StatusCode::OK,
-                        body: json!({ "handled_for_seconds": seconds, "answer_id": answer_id, "report": weather(spec) }),
-                        settlement: Some(Settled { transaction, payer }),
-                    }
-                }
-                Err(refusal) => Outcome::Refused(refusal),
-            }
+            settle_then_handle(state, spec, auth, seconds).await
         }
         Behaviour::Hostile => {
             let body = json!({ "route": spec.path, "note": HOSTILE_NOTE, "report": weather(spec) });
@@ -415,38 +405,9 @@ pub(super) async fn execute(
             Ok(_) => Outcome::Drop,
             Err(refusal) => Outcome::Refused(refusal),
         },
-        Behaviour::Stall => {
-            // The wait is part of the settlement task: a client that gives up does not stop it.
-            match settle(state, spec, auth, wait).await {
-                Ok(transaction) => Outcome::Answer {
-                    status: StatusCode::OK,
-                    body: json!({ "stalled_seconds": seconds, "report": weather(spec) }),
-                    settlement: Some(Settled { transaction, payer }),
-                },
-                Err(refusal) => Outcome::Refused(refusal),
-            }
-        }
-        Behaviour::SlowSettle => match settle(state, spec, auth, Duration::ZERO).await {
-            Ok(transaction) => {
-                tokio::time::sleep(wait).await;
-                Outcome::Answer {
-                    status: StatusCode::OK,
-                    body: json!({ "slept_after_settling_seconds": seconds, "report": weather(spec) }),
-                    settlement: Some(Settled { transaction, payer }),
-                }
-            }
-            Err(refusal) => Outcome::Refused(refusal),
-        },
-        Behaviour::Lie => {
-            // Looks like a transaction hash; no transaction has it.
-            let made_up = keccak256([b"x402-test-upstream: never settled ".as_slice(), auth.nonce.as_slice()].concat());
-            tracing::warn!(route = spec.path, payer = %auth.from, tx = %made_up, "claiming a settlement that did not happen");
-            Outcome::Answer {
-                status: StatusCode::OK,
-                body: weather(spec),
-                settlement: Some(Settled { transaction: made_up, payer }),
-            }
-        }
+        Behaviour::Stall => stall(state, spec, auth, seconds).await,
+        Behaviour::SlowSettle => slow_settle(state, spec, auth, seconds).await,
+        Behaviour::Lie => lie(spec, &auth),
         Behaviour::KeepThenReject => {
             keep(state, spec, auth).await;
             Outcome::Refused(Refusal::Forced {
@@ -477,6 +438,81 @@ pub(super) async fn execute(
             reason: "invalid_exact_evm_signature".into(),
             message: "this route refuses every payment".into(),
         }),
+    }
+}
+
+/// Settles, then (with `?seconds=N`) is still handling the request for N s; a settled payer
+/// of a sign-in-with-x route may sign in from then on.
+async fn settle_then_handle(
+    state: &AppState,
+    spec: &'static RouteSpec,
+    auth: SignedAuthorization,
+    seconds: u64,
+) -> Outcome {
+    let payer = auth.from;
+    match settle(state, spec, auth, Duration::ZERO).await {
+        Ok(transaction) => {
+            // Settled: this payer may sign in to re-access the path from now on.
+            if spec.behaviour.siwx() {
+                state.siwx.record_payment(spec.path, payer);
+            }
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            let answer_id = uuid::Uuid::new_v4().to_string();
+            if spec.behaviour.siwx() {
+                state.stats.update(spec.path, |s| {
+                    s.siwx_handled += 1;
+                    s.last_answer_id = Some(answer_id.clone());
+                });
+            }
+            Outcome::Answer {
+                status: StatusCode::OK,
+                body: json!({ "handled_for_seconds": seconds, "answer_id": answer_id, "report": weather(spec) }),
+                settlement: Some(Settled { transaction, payer }),
+            }
+        }
+        Err(refusal) => Outcome::Refused(refusal),
+    }
+}
+
+/// Settles after waiting `seconds`: the wait is part of the settlement task, so a client that
+/// gives up does not stop it.
+async fn stall(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization, seconds: u64) -> Outcome {
+    let payer = auth.from;
+    match settle(state, spec, auth, Duration::from_secs(seconds)).await {
+        Ok(transaction) => Outcome::Answer {
+            status: StatusCode::OK,
+            body: json!({ "stalled_seconds": seconds, "report": weather(spec) }),
+            settlement: Some(Settled { transaction, payer }),
+        },
+        Err(refusal) => Outcome::Refused(refusal),
+    }
+}
+
+/// Settles, then sleeps `seconds` before answering.
+async fn slow_settle(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization, seconds: u64) -> Outcome {
+    let payer = auth.from;
+    match settle(state, spec, auth, Duration::ZERO).await {
+        Ok(transaction) => {
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            Outcome::Answer {
+                status: StatusCode::OK,
+                body: json!({ "slept_after_settling_seconds": seconds, "report": weather(spec) }),
+                settlement: Some(Settled { transaction, payer }),
+            }
+        }
+        Err(refusal) => Outcome::Refused(refusal),
+    }
+}
+
+/// Claims a settlement that did not happen: a made-up hash no transaction has.
+fn lie(spec: &'static RouteSpec, auth: &SignedAuthorization) -> Outcome {
+    // Looks like a transaction hash; no transaction has it.
+    let made_up = keccak256([b"x402-test-upstream: never settled ".as_slice(), auth.nonce.as_slice()].concat());
+    tracing::warn!(route = spec.path, payer = %auth.from, tx = %made_up, "claiming a settlement that did not happen");
+    Outcome::Answer {
+        status: StatusCode::OK,
+        body: weather(spec),
+        settlement: Some(Settled { transaction: made_up, payer: auth.from }),
     }
 }
 

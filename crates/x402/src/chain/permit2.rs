@@ -15,7 +15,7 @@ use alloy::sol;
 use alloy::sol_types::{SolCall, SolEvent};
 
 use super::{Chain, ChainError, LOG_LOOKBACK_BLOCKS};
-use crate::x402::network::Network;
+use crate::network::Network;
 
 /// Uniswap Permit2, at the same address on every EVM chain (CREATE2).
 pub const PERMIT2: Address = alloy::primitives::address!("0x000000000022D473030F116dDEE9F6B43aC78BA3");

@@ -190,7 +190,7 @@ impl SignedPayment {
 
 /// Signs `requirement` with the method it asks for: Permit2 for `upto` and for `exact` with
 /// `assetTransferMethod: "permit2"` (the 32 bytes of `nonce` as the uint256 Permit2 nonce),
-/// EIP-3009 otherwise. Selection ([`crate::x402::select()`]) has refused every other method.
+/// EIP-3009 otherwise. Selection ([`crate::select()`]) has refused every other method.
 ///
 /// # Errors
 /// [`SignError`].
@@ -214,7 +214,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::x402::wire::X402Version;
+    use crate::wire::X402Version;
 
     fn requirement(scheme: &str, extra: Value) -> Requirement {
         Requirement::from_json(

@@ -157,6 +157,97 @@ fn same_origin(field: &'static str, s: &str, origin: &Url) -> Result<(), Challen
     Ok(())
 }
 
+/// The optional `resources` of a challenge: at most a few, each of the request's origin.
+fn resources(info: &Map<String, Value>, request_url: &Url) -> Result<Option<Vec<String>>, ChallengeError> {
+    Ok(match info.get("resources") {
+        None => None,
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_RESOURCES {
+                return Err(ChallengeError::Field("resources", format!("more than {MAX_RESOURCES}")));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                let s = item.as_str().ok_or_else(|| ChallengeError::Field("resources", "not a string".into()))?;
+                if s.chars().count() > MAX_URI_CHARS || s.chars().any(char::is_control) {
+                    return Err(ChallengeError::Field("resources", "oversized or holds a control character".into()));
+                }
+                same_origin("resource", s, request_url)?;
+                out.push(s.to_owned());
+            }
+            Some(out)
+        }
+        Some(_) => return Err(ChallengeError::Field("resources", "not an array".into())),
+    })
+}
+
+/// The message version (`"1"`) and the nonce (8 to 128 alphanumeric characters).
+fn version_and_nonce(info: &Map<String, Value>) -> Result<(String, String), ChallengeError> {
+    let version = text(info, "version", 8, true)?.unwrap_or_default();
+    if version != "1" {
+        return Err(ChallengeError::Field("version", format!("{version:?} is not \"1\"")));
+    }
+    let nonce = text(info, "nonce", *NONCE_CHARS.end(), true)?.unwrap_or_default();
+    if !NONCE_CHARS.contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ChallengeError::Field("nonce", "not 8 to 128 alphanumeric characters".into()));
+    }
+    Ok((version, nonce))
+}
+
+/// `issuedAt`, `expirationTime` and `notBefore` of a challenge.
+type Validity = (String, Option<String>, Option<String>);
+
+/// `issuedAt` (fresh), `expirationTime` (not past, not too far) and `notBefore` (not in the future).
+fn validity(info: &Map<String, Value>, now: DateTime<Utc>) -> Result<Validity, ChallengeError> {
+    let issued_at = text(info, "issuedAt", 64, true)?.unwrap_or_default();
+    let issued = time("issuedAt", &issued_at)?;
+    if issued > now + Duration::seconds(SKEW_SECS) {
+        return Err(ChallengeError::Stale(format!("issuedAt {issued_at} is in the future")));
+    }
+    if issued < now - Duration::seconds(MAX_AGE_SECS) {
+        return Err(ChallengeError::Stale(format!("issuedAt {issued_at} is older than {MAX_AGE_SECS} s")));
+    }
+    let expiration_time = text(info, "expirationTime", 64, false)?;
+    if let Some(e) = &expiration_time {
+        let t = time("expirationTime", e)?;
+        if t <= now {
+            return Err(ChallengeError::Stale(format!("expired at {e}")));
+        }
+        if t > now + Duration::seconds(MAX_VALIDITY_SECS) {
+            return Err(ChallengeError::Field(
+                "expirationTime",
+                format!("{e} asks for a sign-in valid longer than {MAX_VALIDITY_SECS} s"),
+            ));
+        }
+    }
+    let not_before = text(info, "notBefore", 64, false)?;
+    if let Some(n) = &not_before
+        && time("notBefore", n)? > now + Duration::seconds(SKEW_SECS)
+    {
+        return Err(ChallengeError::Stale(format!("not valid before {n}")));
+    }
+    Ok((issued_at, expiration_time, not_before))
+}
+
+/// The challenge offers `network` signed with EIP-191 among its (few) `supportedChains`.
+fn offers_chain(decl: &Map<String, Value>, network: Network) -> Result<(), ChallengeError> {
+    let chains = decl
+        .get("supportedChains")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ChallengeError::Field("supportedChains", "missing or not an array".into()))?;
+    if chains.len() > MAX_CHAINS {
+        return Err(ChallengeError::Field("supportedChains", format!("more than {MAX_CHAINS}")));
+    }
+    let caip2 = network.caip2();
+    let offered = chains.iter().any(|c| {
+        c.get("chainId").and_then(Value::as_str) == Some(caip2.as_str())
+            && c.get("type").and_then(Value::as_str) == Some(TYPE_EIP191)
+    });
+    if !offered {
+        return Err(ChallengeError::WrongChain(caip2));
+    }
+    Ok(())
+}
+
 impl Challenge {
     /// Reads the challenge of a 402's `extensions` for `payer` on `network` (the network the
     /// payment settled on), for a request to `request_url`, at `now`.
@@ -190,85 +281,17 @@ impl Challenge {
         }
         let uri = text(info, "uri", MAX_URI_CHARS, true)?.unwrap_or_default();
         same_origin("uri", &uri, request_url)?;
-        let resources = match info.get("resources") {
-            None => None,
-            Some(Value::Array(items)) => {
-                if items.len() > MAX_RESOURCES {
-                    return Err(ChallengeError::Field("resources", format!("more than {MAX_RESOURCES}")));
-                }
-                let mut out = Vec::with_capacity(items.len());
-                for item in items {
-                    let s = item.as_str().ok_or_else(|| ChallengeError::Field("resources", "not a string".into()))?;
-                    if s.chars().count() > MAX_URI_CHARS || s.chars().any(char::is_control) {
-                        return Err(ChallengeError::Field(
-                            "resources",
-                            "oversized or holds a control character".into(),
-                        ));
-                    }
-                    same_origin("resource", s, request_url)?;
-                    out.push(s.to_owned());
-                }
-                Some(out)
-            }
-            Some(_) => return Err(ChallengeError::Field("resources", "not an array".into())),
-        };
+        let resources = resources(info, request_url)?;
 
-        let version = text(info, "version", 8, true)?.unwrap_or_default();
-        if version != "1" {
-            return Err(ChallengeError::Field("version", format!("{version:?} is not \"1\"")));
-        }
-        let nonce = text(info, "nonce", *NONCE_CHARS.end(), true)?.unwrap_or_default();
-        if !NONCE_CHARS.contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err(ChallengeError::Field("nonce", "not 8 to 128 alphanumeric characters".into()));
-        }
+        let (version, nonce) = version_and_nonce(info)?;
         let statement = text(info, "statement", MAX_FIELD_CHARS, false)?;
         let request_id = text(info, "requestId", MAX_FIELD_CHARS, false)?;
 
         // Fresh and short-lived.
-        let issued_at = text(info, "issuedAt", 64, true)?.unwrap_or_default();
-        let issued = time("issuedAt", &issued_at)?;
-        if issued > now + Duration::seconds(SKEW_SECS) {
-            return Err(ChallengeError::Stale(format!("issuedAt {issued_at} is in the future")));
-        }
-        if issued < now - Duration::seconds(MAX_AGE_SECS) {
-            return Err(ChallengeError::Stale(format!("issuedAt {issued_at} is older than {MAX_AGE_SECS} s")));
-        }
-        let expiration_time = text(info, "expirationTime", 64, false)?;
-        if let Some(e) = &expiration_time {
-            let t = time("expirationTime", e)?;
-            if t <= now {
-                return Err(ChallengeError::Stale(format!("expired at {e}")));
-            }
-            if t > now + Duration::seconds(MAX_VALIDITY_SECS) {
-                return Err(ChallengeError::Field(
-                    "expirationTime",
-                    format!("{e} asks for a sign-in valid longer than {MAX_VALIDITY_SECS} s"),
-                ));
-            }
-        }
-        let not_before = text(info, "notBefore", 64, false)?;
-        if let Some(n) = &not_before
-            && time("notBefore", n)? > now + Duration::seconds(SKEW_SECS)
-        {
-            return Err(ChallengeError::Stale(format!("not valid before {n}")));
-        }
+        let (issued_at, expiration_time, not_before) = validity(info, now)?;
 
         // The network the payment settled on, signed with EIP-191.
-        let chains = decl
-            .get("supportedChains")
-            .and_then(Value::as_array)
-            .ok_or_else(|| ChallengeError::Field("supportedChains", "missing or not an array".into()))?;
-        if chains.len() > MAX_CHAINS {
-            return Err(ChallengeError::Field("supportedChains", format!("more than {MAX_CHAINS}")));
-        }
-        let caip2 = network.caip2();
-        let offered = chains.iter().any(|c| {
-            c.get("chainId").and_then(Value::as_str) == Some(caip2.as_str())
-                && c.get("type").and_then(Value::as_str) == Some(TYPE_EIP191)
-        });
-        if !offered {
-            return Err(ChallengeError::WrongChain(caip2));
-        }
+        offers_chain(decl, network)?;
 
         Ok(Self {
             domain,

@@ -14,7 +14,7 @@
 //!   (no version); `permitted = {token: asset, amount: requirement amount}` — for `upto` the
 //!   signed maximum, never more.
 //! - The nonce is the router's deterministic Permit2 nonce of the request
-//!   ([`crate::x402::nonce::permit2_nonce`]): Permit2's nonce bitmap accepts it once per owner,
+//!   ([`crate::nonce::permit2_nonce`]): Permit2's nonce bitmap accepts it once per owner,
 //!   so every signature ever made for a request under a key can move money at most once.
 //! - `deadline = now + min(maxTimeoutSeconds, X402_MAX_AUTH_SECONDS)`, `validAfter = now − 600`:
 //!   the upstream never decides how long a bearer authorization lives.
@@ -382,7 +382,7 @@ mod tests {
     use alloy::primitives::keccak256;
 
     use super::*;
-    use crate::x402::wire::X402Version;
+    use crate::wire::X402Version;
 
     /// anvil #1 — a public test key.
     const ANVIL1: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";

@@ -202,8 +202,8 @@ impl fmt::Debug for SignedAuthorization {
 ///
 /// `validAfter = now − 600`, `validBefore = now + min(maxTimeoutSeconds, max_auth_secs)`: the
 /// upstream never decides how long a bearer authorization lives. The caller has already
-/// selected the requirement ([`crate::x402::select()`]) and derived the nonce
-/// ([`crate::x402::nonce::deterministic_nonce`]). Re-signing with the same nonce after expiry
+/// selected the requirement ([`crate::select()`]) and derived the nonce
+/// ([`crate::nonce::deterministic_nonce`]). Re-signing with the same nonce after expiry
 /// is safe: the token contract accepts only one authorization per `(from, nonce)`.
 ///
 /// # Errors
@@ -267,7 +267,7 @@ fn eip712_domain(name: &str, version: &str, network: Network, asset: Address) ->
 /// writes lowercase). Reading requires `0x` + 40 hex digits, checksum-valid when mixed-case.
 pub(crate) mod checksummed {
     use super::*;
-    use crate::x402::wire::primitives::parse_address;
+    use crate::wire::primitives::parse_address;
 
     pub(crate) fn serialize<S: Serializer>(a: &Address, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&a.to_checksum(None))
@@ -331,7 +331,7 @@ pub(crate) mod serde_helpers {
         pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Address>, D::Error> {
             let s = Option::<String>::deserialize(d)?;
             s.map(|s| {
-                crate::x402::wire::primitives::parse_address(&s)
+                crate::wire::primitives::parse_address(&s)
                     .ok_or_else(|| serde::de::Error::custom("expected a 0x-hex EVM address"))
             })
             .transpose()
@@ -365,7 +365,7 @@ mod tests {
     use alloy::primitives::{address, b256};
 
     use super::*;
-    use crate::x402::wire::{Requirement, X402Version};
+    use crate::wire::{Requirement, X402Version};
 
     /// anvil #0 — a public test key.
     const ANVIL0: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
