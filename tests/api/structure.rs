@@ -460,10 +460,6 @@ fn stored_intents_are_decoded_only_by_the_view() {
     assert!(found.is_empty(), "stored intents decoded outside relay/view.rs: {found:?}");
 }
 
-/// Source files under `src/` not held to the size rules yet: the wire code and the test
-/// upstream (`src/x402`, `src/bin`; being moved to crates of their own, issue 28 item 7).
-const SIZE_EXEMPT_DIRS: [&str; 2] = ["x402/", "bin/"];
-
 /// The code of a file before its `#[cfg(test)] mod tests` block (comments kept: a function's
 /// length is what a reader reads).
 fn without_tests(text: &str) -> &str {
@@ -516,27 +512,33 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
     out
 }
 
-/// Small pieces (issue 28): no function in `src/` over 80 lines, no file over 600 (test
-/// modules and `tests.rs` files excepted).
+/// Small pieces (issue 28): no function over 80 lines, no file over 600, in the router's
+/// `src/` and in every workspace crate's `src/` (test modules and `tests.rs` files excepted).
 #[test]
 fn no_function_over_80_lines_and_no_file_over_600() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    source_files(&src, &mut files);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = vec![root.join("src")];
+    for krate in std::fs::read_dir(root.join("crates")).unwrap() {
+        dirs.push(krate.unwrap().path().join("src"));
+    }
     let mut found = Vec::new();
-    for file in &files {
-        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
-        if SIZE_EXEMPT_DIRS.iter().any(|d| rel.starts_with(d)) || rel.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(file).unwrap();
-        let code = without_tests(&text);
-        if code.lines().count() > 600 {
-            found.push(format!("{rel}: {} lines", code.lines().count()));
-        }
-        for (name, line, len) in functions(code) {
-            if len > 80 {
-                found.push(format!("{rel}:{line} fn {name}: {len} lines"));
+    for dir in &dirs {
+        let mut files = Vec::new();
+        source_files(dir, &mut files);
+        for file in &files {
+            let rel = file.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            if rel.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            let code = without_tests(&text);
+            if code.lines().count() > 600 {
+                found.push(format!("{rel}: {} lines", code.lines().count()));
+            }
+            for (name, line, len) in functions(code) {
+                if len > 80 {
+                    found.push(format!("{rel}:{line} fn {name}: {len} lines"));
+                }
             }
         }
     }

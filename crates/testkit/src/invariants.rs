@@ -60,9 +60,30 @@ struct Row {
 /// When the database or the RPC cannot be read (not a violation: nothing was decided).
 pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
     let mut report = Report::default();
-    let v = &mut report.violations;
+    let (used, moved) = chain_facts(target).await?;
+    report.used_nonces = used.len() as u64;
+    report.moved = moved.to_string();
 
-    // The chain: every authorization the payer's wallet used, and every transfer out of it.
+    let (client, connection) = tokio_postgres::connect(target.database_url, tokio_postgres::NoTls).await?;
+    let conn_task = tokio::spawn(connection);
+    let ledger = read_ledger(&client, &mut report).await?;
+    // 1-4: the chain against the ledger.
+    let moved_by_agent = compare(&used, moved, &ledger, &mut report);
+    // 5: nothing left in flight.
+    let in_flight: i64 =
+        client.query_one("SELECT count(*) FROM idempotency_keys WHERE status = 'in_flight'", &[]).await?.get(0);
+    if in_flight > 0 {
+        report.violations.push(format!("{in_flight} keys left in_flight"));
+    }
+    // 6: limits.
+    check_limits(&client, &used, &ledger.rows, &moved_by_agent, &mut report.violations).await?;
+    drop(client);
+    conn_task.abort();
+    Ok(report)
+}
+
+/// How many times the chain shows each of the payer's nonces used, and what left its wallet.
+async fn chain_facts(target: &Target<'_>) -> anyhow::Result<(BTreeMap<B256, u32>, U256)> {
     let provider = ProviderBuilder::new().disable_recommended_fillers().connect_http(target.rpc_url.parse()?);
     let logs = provider.get_logs(&Filter::new().address(target.token).from_block(0)).await?;
     let mut used: BTreeMap<B256, u32> = BTreeMap::new();
@@ -78,12 +99,16 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
             moved += e.inner.data.value;
         }
     }
-    report.used_nonces = used.len() as u64;
-    report.moved = moved.to_string();
+    Ok((used, moved))
+}
 
-    // The ledger.
-    let (client, connection) = tokio_postgres::connect(target.database_url, tokio_postgres::NoTls).await?;
-    let conn_task = tokio::spawn(connection);
+/// The ledger's payments by nonce and the (nonce, agent, key) of every receipt with a payment.
+struct Ledger {
+    rows: BTreeMap<B256, Row>,
+    receipted: BTreeSet<(String, String, String)>,
+}
+
+async fn read_ledger(client: &tokio_postgres::Client, report: &mut Report) -> anyhow::Result<Ledger> {
     let mut rows: BTreeMap<B256, Row> = BTreeMap::new();
     for r in client
         .query("SELECT agent_id::text, idempotency_key, request_hash, nonce, amount::text, status FROM payments", &[])
@@ -98,7 +123,7 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
             status: r.get(5),
         };
         if rows.insert(nonce, row).is_some() {
-            v.push(format!("nonce {nonce} appears on two ledger rows"));
+            report.violations.push(format!("nonce {nonce} appears on two ledger rows"));
         }
     }
     report.ledger_rows = rows.len() as u64;
@@ -112,17 +137,20 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
         }
     }
     report.receipts = u64::try_from(client.query_one("SELECT count(*) FROM receipts", &[]).await?.get::<_, i64>(0))?;
+    Ok(Ledger { rows, receipted })
+}
 
-    // 1-4: the chain against the ledger.
+/// Checks 1-4 (the chain against the ledger); what each agent's used payments moved.
+fn compare(used: &BTreeMap<B256, u32>, moved: U256, ledger: &Ledger, report: &mut Report) -> BTreeMap<String, U256> {
     let mut used_per_request: BTreeMap<(String, String, String), u32> = BTreeMap::new();
     let mut used_amount = U256::ZERO;
     let mut moved_by_agent: BTreeMap<String, U256> = BTreeMap::new();
-    for (nonce, times) in &used {
+    for (nonce, times) in used {
         if *times > 1 {
-            v.push(format!("nonce {nonce} used {times} times on-chain"));
+            report.violations.push(format!("nonce {nonce} used {times} times on-chain"));
         }
-        let Some(row) = rows.get(nonce) else {
-            v.push(format!("nonce {nonce} was used on-chain but belongs to no ledger row"));
+        let Some(row) = ledger.rows.get(nonce) else {
+            report.violations.push(format!("nonce {nonce} was used on-chain but belongs to no ledger row"));
             continue;
         };
         used_amount += row.amount;
@@ -130,16 +158,19 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
         *used_per_request.entry((row.agent.clone(), row.key.clone(), row.request_hash.clone())).or_default() += 1;
         match row.status.as_str() {
             "settled" => {
-                if receipted.contains(&(nonce.to_string(), row.agent.clone(), row.key.clone())) {
+                if ledger.receipted.contains(&(nonce.to_string(), row.agent.clone(), row.key.clone())) {
                     report.served_paid += 1;
                 } else {
-                    v.push(format!("nonce {nonce} is settled but its call has no receipt"));
+                    report.violations.push(format!("nonce {nonce} is settled but its call has no receipt"));
                 }
             }
             "settled_response_lost" => report.paid_not_served += 1,
-            other => v.push(format!("nonce {nonce} was used on-chain but its ledger row says {other:?}")),
+            other => {
+                report.violations.push(format!("nonce {nonce} was used on-chain but its ledger row says {other:?}"))
+            }
         }
     }
+    let v = &mut report.violations;
     for ((agent, key, _), n) in &used_per_request {
         if *n > 1 {
             v.push(format!("{n} nonces used for one request of agent {agent} under key {key:?}"));
@@ -148,20 +179,22 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
     if used_amount != moved {
         v.push(format!("money moved {moved} != sum of used authorizations {used_amount}"));
     }
-    for (nonce, row) in &rows {
+    for (nonce, row) in &ledger.rows {
         if matches!(row.status.as_str(), "settled" | "settled_response_lost") && !used.contains_key(nonce) {
             v.push(format!("ledger says {} for nonce {nonce}, which the chain never used", row.status));
         }
     }
+    moved_by_agent
+}
 
-    // 5: nothing left in flight.
-    let in_flight: i64 =
-        client.query_one("SELECT count(*) FROM idempotency_keys WHERE status = 'in_flight'", &[]).await?.get(0);
-    if in_flight > 0 {
-        v.push(format!("{in_flight} keys left in_flight"));
-    }
-
-    // 6: limits.
+/// Check 6: no agent moved more than its daily budget, no used payment over its cap.
+async fn check_limits(
+    client: &tokio_postgres::Client,
+    used: &BTreeMap<B256, u32>,
+    rows: &BTreeMap<B256, Row>,
+    moved_by_agent: &BTreeMap<String, U256>,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
     for r in client.query("SELECT id::text, max_per_call::text, daily_budget::text FROM agents", &[]).await? {
         let agent: String = r.get(0);
         let cap = r.get::<_, Option<&str>>(1).map(U256::from_str).transpose()?;
@@ -180,7 +213,5 @@ pub async fn check(target: &Target<'_>) -> anyhow::Result<Report> {
             }
         }
     }
-    drop(client);
-    conn_task.abort();
-    Ok(report)
+    Ok(())
 }

@@ -97,18 +97,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None,
     );
 
-    let settings = Arc::new(Settings {
-        network: args.network.clone(),
-        network_v1,
-        token: args.token,
-        plain_token: args.plain_token,
-        pay_to: args.pay_to,
-        price: args.price.0,
-        echo_price: args.echo_price.0,
-        max_timeout_seconds: args.max_timeout_seconds,
-        token_name: domain.name,
-        token_version: domain.version,
-    });
+    let settings = Arc::new(settings_of(&args, network_v1, domain));
     let permit2_paths = [permit2_routes::PERMIT2_PATH, permit2_routes::UPTO_PATH];
     let stats = Stats::with_routes(ROUTES.iter().map(|r| r.path).chain(permit2_paths));
     let send_lock = Arc::new(Mutex::new(()));
@@ -158,6 +147,49 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("the server bound no address");
     };
     serve_until_terminated(bound, server.run()).await
+}
+
+/// What every worker serves with, from the command line and the token's EIP-712 domain.
+fn settings_of(
+    args: &ServeArgs,
+    network_v1: String,
+    domain: <ITestToken::eip712DomainCall as SolCall>::Return,
+) -> Settings {
+    Settings {
+        network: args.network.clone(),
+        network_v1,
+        token: args.token,
+        plain_token: args.plain_token,
+        pay_to: args.pay_to,
+        price: args.price.0,
+        echo_price: args.echo_price.0,
+        max_timeout_seconds: args.max_timeout_seconds,
+        token_name: domain.name,
+        token_version: domain.version,
+    }
+}
+
+/// The payment-identifier cache's answer to a paid request carrying `id` (a replay, 503 while
+/// the first is handled, 409 for another request), counted in the route's stats; None: handle it.
+fn cached_answer(
+    state: &AppState,
+    path: &'static str,
+    req: &actix_web::HttpRequest,
+    body: &[u8],
+    id: &str,
+    always_conflict: bool,
+) -> Option<actix_web::HttpResponse> {
+    let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
+    let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), body, header);
+    let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, always_conflict) else {
+        return None;
+    };
+    state.stats.update(path, |s| match hit {
+        pid_cache::Hit::Replay => s.pid_replays += 1,
+        pid_cache::Hit::InFlight => s.pid_in_flight += 1,
+        pid_cache::Hit::Conflict => s.pid_conflicts += 1,
+    });
+    Some(answer)
 }
 
 /// The routes of every worker: the free and bookkeeping ones, Permit2's, and [`ROUTES`].

@@ -115,17 +115,10 @@ pub(super) async fn paid_v2(
 
     // The payment-identifier cache answers before anything is verified.
     let cached_id = payment_id.filter(|_| spec.behaviour.payment_identifier());
-    if let Some(id) = &cached_id {
-        let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
-        let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), body, header);
-        if let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, query.conflict()) {
-            state.stats.update(spec.path, |s| match hit {
-                pid_cache::Hit::Replay => s.pid_replays += 1,
-                pid_cache::Hit::InFlight => s.pid_in_flight += 1,
-                pid_cache::Hit::Conflict => s.pid_conflicts += 1,
-            });
-            return answer;
-        }
+    if let Some(answer) =
+        cached_id.as_deref().and_then(|id| cached_answer(state, spec.path, req, body, id, query.conflict()))
+    {
+        return answer;
     }
     let answer = paid_v2_handle(spec, state, body, seconds, query, &required, &offers, payload, payer).await;
     if let Some(id) = &cached_id {

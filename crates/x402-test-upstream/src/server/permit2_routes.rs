@@ -135,22 +135,7 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     } else {
         s.token
     };
-    let method = if query.offer_eip3009 { "eip3009" } else { "permit2" };
-    let mut extra = json!({
-        "name": s.token_name, "version": s.token_version, "assetTransferMethod": method,
-    });
-    if upto && let Some(map) = extra.as_object_mut() {
-        map.insert("facilitatorAddress".into(), json!(facilitator_address.to_checksum(None)));
-    }
-    let requirement = wire::RequirementV2 {
-        scheme: if upto { "upto".into() } else { "exact".into() },
-        network: s.network.clone(),
-        amount: s.price.to_string(),
-        asset: token.to_checksum(None),
-        pay_to: s.pay_to.to_checksum(None),
-        max_timeout_seconds: s.max_timeout_seconds,
-        extra,
-    };
+    let requirement = requirement(s, &query, upto, token, facilitator_address);
     let url = resource_url(&req);
     let required = |error: &str| wire::PaymentRequiredV2 {
         x402_version: 2,
@@ -174,17 +159,8 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
         .and_then(Value::as_str)
         .filter(|_| query.pid)
         .map(str::to_owned);
-    if let Some(id) = &pid {
-        let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
-        let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), b"", header);
-        if let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, false) {
-            state.stats.update(path, |st| match hit {
-                pid_cache::Hit::Replay => st.pid_replays += 1,
-                pid_cache::Hit::InFlight => st.pid_in_flight += 1,
-                pid_cache::Hit::Conflict => st.pid_conflicts += 1,
-            });
-            return answer;
-        }
+    if let Some(answer) = pid.as_deref().and_then(|id| cached_answer(&state, path, &req, b"", id, false)) {
+        return answer;
     }
     let outcome = handle_paid(&state, path, &query, &payload, &requirement, &required).await;
     match (outcome, pid) {
@@ -199,6 +175,27 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
             r
         }
         (Err(r), None) => r,
+    }
+}
+
+/// The one requirement a Permit2 route offers: `exact` (Permit2, or EIP-3009 on request) or
+/// `upto` (which names the facilitator that may settle it).
+fn requirement(s: &Settings, query: &P2Query, upto: bool, token: Address, facilitator: Address) -> wire::RequirementV2 {
+    let method = if query.offer_eip3009 { "eip3009" } else { "permit2" };
+    let mut extra = json!({
+        "name": s.token_name, "version": s.token_version, "assetTransferMethod": method,
+    });
+    if upto && let Some(map) = extra.as_object_mut() {
+        map.insert("facilitatorAddress".into(), json!(facilitator.to_checksum(None)));
+    }
+    wire::RequirementV2 {
+        scheme: if upto { "upto".into() } else { "exact".into() },
+        network: s.network.clone(),
+        amount: s.price.to_string(),
+        asset: token.to_checksum(None),
+        pay_to: s.pay_to.to_checksum(None),
+        max_timeout_seconds: s.max_timeout_seconds,
+        extra,
     }
 }
 
