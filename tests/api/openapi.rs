@@ -663,26 +663,13 @@ async fn payment_network_unavailable_fits_the_document() {
     assert_eq!((status, body["code"].as_str()), (503, Some("payment_network_unavailable")), "{body}");
 }
 
-/// `internal_error` (502): an answer the database refuses to store (a trigger refusing any
-/// response body mentioning "poison", as in
-/// `stalls::an_outcome_that_cannot_be_stored_finishes_the_key_errored_and_is_never_executed_again`).
+/// `internal_error` (502): an answer the database refuses to store
+/// ([`crate::stalls::refuse_poisoned_answers`]).
 #[actix_web::test]
 async fn internal_error_fits_the_document() {
     let up = TestUpstream::start().await;
     let app = spawn_app_with(AppOptions { abandon_ms: 1000, heartbeat_ms: 300, ..Default::default() }).await;
-    exec(
-        &app.db,
-        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF position('poison' in convert_from(NEW.response_body, 'UTF8')) > 0 THEN \
-             RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$",
-    )
-    .await;
-    exec(
-        &app.db,
-        "CREATE TRIGGER refuse_poison BEFORE UPDATE ON idempotency_keys FOR EACH ROW \
-           WHEN (NEW.response_body IS NOT NULL) EXECUTE FUNCTION refuse_poison()",
-    )
-    .await;
+    crate::stalls::refuse_poisoned_answers(&app).await;
     let spec = Spec::new();
     let (status, body) =
         spec.check("POST", "/route", app.route(&new_key(), &json!({"url": up.url("/ok/poison")})).await).await;

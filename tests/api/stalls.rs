@@ -147,11 +147,9 @@ async fn a_lost_commit_acknowledgement_is_read_back_not_answered_503() {
     assert_eq!(up.hits.get("/ok/commit"), 1);
 }
 
-#[actix_web::test]
-async fn an_outcome_that_cannot_be_stored_finishes_the_key_errored_and_is_never_executed_again() {
-    let up = TestUpstream::start().await;
-    let app = spawn_app_with(AppOptions { abandon_ms: 1000, heartbeat_ms: 300, ..Default::default() }).await;
-    // A data error no retry can fix: this database refuses any answer mentioning "poison".
+/// Makes the app's database refuse to store any answer mentioning "poison": a data error no
+/// retry can fix.
+pub(crate) async fn refuse_poisoned_answers(app: &TestApp) {
     exec(
         &app.db,
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
@@ -165,6 +163,14 @@ async fn an_outcome_that_cannot_be_stored_finishes_the_key_errored_and_is_never_
            WHEN (NEW.response_body IS NOT NULL) EXECUTE FUNCTION refuse_poison()",
     )
     .await;
+}
+
+#[actix_web::test]
+async fn an_outcome_that_cannot_be_stored_finishes_the_key_errored_and_is_never_executed_again() {
+    let up = TestUpstream::start().await;
+    let app = spawn_app_with(AppOptions { abandon_ms: 1000, heartbeat_ms: 300, ..Default::default() }).await;
+    // A data error no retry can fix: this database refuses any answer mentioning "poison".
+    refuse_poisoned_answers(&app).await;
     let key = new_key();
     let body = json!({"url": up.url("/ok/poison")});
     let first = app.route(&key, &body).await;
