@@ -162,6 +162,14 @@ pub struct ServeArgs {
     /// idempotency_key to collect it), in seconds, 1–3600: MCP clients time tool calls out.
     #[arg(long, env = "MCP_FETCH_WAIT_SECONDS", default_value = "20")]
     pub mcp_fetch_wait_seconds: String,
+    /// Pay ahead: remember each upstream's last payment requirements (per agent, method and
+    /// URL without query) this many seconds, at most, and pay the next call on its first
+    /// request instead of probing unpaid first. 0 turns it off; at most 86400.
+    #[arg(long, env = "REQUIREMENTS_CACHE_SECONDS", default_value = "300")]
+    pub requirements_cache_seconds: String,
+    /// Most payment requirements remembered at once (the oldest is dropped first), 1–1000000.
+    #[arg(long, env = "REQUIREMENTS_CACHE_ENTRIES", default_value = "4096")]
+    pub requirements_cache_entries: String,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,

@@ -54,6 +54,7 @@ pub mod self_service;
 pub mod startup;
 pub mod state;
 pub mod telemetry;
+pub mod terms;
 pub mod upstream;
 pub mod wallet;
 // The x402 protocol is its own crate (crates/x402); the amount is the protocol's.

@@ -214,7 +214,9 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         .with_decimals(payments.decimals.clone())
         .with_permit2_only(payments.permit2_only.iter().copied());
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
+    let terms = Arc::new(crate::terms::Terms::new(config.requirements_cache));
     Ok(AppState {
+        terms,
         config: Arc::new(config),
         pool,
         heartbeat_pool,

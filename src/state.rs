@@ -31,6 +31,8 @@ pub struct AppState {
     pub supported: Supported,
     /// Key of the deterministic nonce and payment-identifier HMACs, derived from the wallet key.
     pub nonce_secret: Arc<[u8; 32]>,
+    /// The payment terms upstreams asked last (paying ahead, `terms`).
+    pub terms: Arc<crate::terms::Terms>,
     /// Test-only fault points (`None` in production).
     pub faults: Option<crate::faults::Hook>,
 }

@@ -20,7 +20,7 @@ use crate::x402::Network;
 
 mod parse;
 
-pub use self::parse::{Assets, parse_mcp_wait, parse_ms, parse_num, parse_rpc_urls};
+pub use self::parse::{Assets, parse_mcp_wait, parse_ms, parse_num, parse_requirements_cache, parse_rpc_urls};
 use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
 
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
@@ -251,6 +251,16 @@ pub struct Config {
     /// How long an MCP `fetch` waits before answering that the call goes on
     /// (`MCP_FETCH_WAIT_SECONDS`).
     pub mcp_fetch_wait: Duration,
+    /// Paying ahead on known terms (`REQUIREMENTS_CACHE_SECONDS`, `_ENTRIES`); `None`: off.
+    pub requirements_cache: Option<TermsLimits>,
+}
+
+/// The bounds of the known payment terms (`REQUIREMENTS_CACHE_SECONDS`,
+/// `REQUIREMENTS_CACHE_ENTRIES`; see `terms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TermsLimits {
+    pub ttl: Duration,
+    pub entries: usize,
 }
 
 /// USDC as deployed by Circle: the default `X402_ASSETS`.
@@ -370,6 +380,10 @@ impl Config {
             )?),
             recover_lost_answers: parse_bool("RECOVER_LOST_ANSWERS", &args.recover_lost_answers)?,
             mcp_fetch_wait: parse_mcp_wait(&args.mcp_fetch_wait_seconds)?,
+            requirements_cache: parse_requirements_cache(
+                &args.requirements_cache_seconds,
+                &args.requirements_cache_entries,
+            )?,
         })
     }
 }

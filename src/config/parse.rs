@@ -38,6 +38,23 @@ pub fn parse_mcp_wait(raw: &str) -> Result<Duration, ConfigError> {
     Ok(Duration::from_secs(secs))
 }
 
+/// `REQUIREMENTS_CACHE_SECONDS` (0: off, at most a day) and `REQUIREMENTS_CACHE_ENTRIES`
+/// (1 to a million).
+///
+/// # Errors
+/// A value that does not parse or is out of range, naming the setting.
+pub fn parse_requirements_cache(secs: &str, entries: &str) -> Result<Option<super::TermsLimits>, ConfigError> {
+    let secs: u64 = parse_num("REQUIREMENTS_CACHE_SECONDS", secs)?;
+    if secs > 86_400 {
+        return Err(ConfigError::new("REQUIREMENTS_CACHE_SECONDS", "must be between 0 (off) and 86400 seconds"));
+    }
+    let entries: usize = parse_num("REQUIREMENTS_CACHE_ENTRIES", entries)?;
+    if !(1..=1_000_000).contains(&entries) {
+        return Err(ConfigError::new("REQUIREMENTS_CACHE_ENTRIES", "must be between 1 and 1000000"));
+    }
+    Ok((secs > 0).then(|| super::TermsLimits { ttl: Duration::from_secs(secs), entries }))
+}
+
 /// A duration in milliseconds, greater than zero.
 ///
 /// # Errors

@@ -6,6 +6,7 @@
 //! same transaction as the call's receipt and idempotency transition.
 
 pub mod limits;
+pub mod reprice;
 pub mod store;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};

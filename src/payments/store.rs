@@ -220,7 +220,7 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
                    WHERE q.agent_id = $7 AND q.id = $1 AND k.agent_id = $7 AND k.key = q.idempotency_key \
                      AND k.request_hash = q.request_hash AND k.lease = $2 AND k.status = 'in_flight' \
                      FOR NO KEY UPDATE OF k) \
-             UPDATE payments p SET valid_after = $3, valid_before = $4, signed_authorization = $5, header_value = $6, \
+             UPDATE payments p SET valid_after = $3, valid_before = GREATEST(p.valid_before, $4), signed_authorization = $5, header_value = $6, \
                                    status = $8, attempts = attempts + 1, updated_at = now(), \
                                    signed_at = now() \
               WHERE p.agent_id = $7 AND p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",

@@ -4,6 +4,7 @@
 //! handle ─▶ Redis hint ─▶ SSRF pre-flight ─▶ claim (Postgres) ─┬─▶ replay / 409
 //!                                                              └─▶ run_owned (own task, heartbeat, deadline)
 //!                                                                    ├─▶ execute: upstream call; on 402 ─▶ pay (pay/)
+//!                                                                    │   (terms known: pay_ahead, no unpaid probe)
 //!                                                                    └─▶ record (record.rs): receipt + payment + final state,
 //!                                                                        one transaction, fenced by the lease
 //! ```
@@ -165,6 +166,13 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
         if let Some(intent) = signed {
             return pay::resume(state, own, call, intent, deadline, pay::Resume::Takeover).await;
         }
+    }
+    // Known terms: pay with the first request instead of probing unpaid (src/terms.rs).
+    let known = crate::terms::TermsKey::new(own.agent_id, &call.upstream.method, &call.upstream.url);
+    if let Some(required) = state.terms.get(&known, &call.upstream.url)
+        && let Some(outcome) = pay::pay_ahead(state, own, call, &known, &required, deadline).await?
+    {
+        return Ok(outcome);
     }
     crate::faults::at(state.faults.as_ref(), crate::faults::Point::BeforeUpstreamSend).await;
     let started = Instant::now();

@@ -100,6 +100,17 @@ pub enum Outcome {
     AlreadyPaid { previous_receipt: Option<Uuid>, payment: PaymentView },
 }
 
+impl Outcome {
+    /// The payment the outcome records, if any.
+    pub fn payment(&self) -> Option<&PaymentNote> {
+        match self {
+            Self::Answered { payment, .. } => payment.as_ref(),
+            Self::Failed(f) => f.payment.as_ref(),
+            Self::Declined { .. } | Self::AlreadyPaid { .. } => None,
+        }
+    }
+}
+
 /// What the recording transaction writes for an outcome.
 #[derive(Debug)]
 pub struct Rendered {

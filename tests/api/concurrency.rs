@@ -288,7 +288,10 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
     let stats = &chain.stats().await["/v2/weather"];
     assert_eq!(stats["paid"], 30, "{stats}");
     assert_eq!(stats["payment_attempts"], 30, "{stats}");
-    assert_eq!(stats["requests"], 61, "one unpaid probe per key, the frozen router's included: {stats}");
+    // Unpaid probes: the frozen router's, and each router's until it knows the terms (then it
+    // pays with the first request; src/terms.rs).
+    let probes = stats["requests"].as_u64().unwrap() - 30;
+    assert!((3..=31).contains(&probes), "at most one unpaid probe per key, the frozen router's included: {stats}");
 
     // The frozen router's transaction was ended by Postgres: its intent never committed.
     frozen.signal("CONT");

@@ -32,5 +32,6 @@ mod recovery;
 mod rpc;
 mod stalls;
 mod structure;
+mod terms;
 mod traces;
 mod validation;

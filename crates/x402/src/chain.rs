@@ -32,6 +32,7 @@ use super::network::Network;
 use super::rpc::{EndpointMetrics, UrlTransport};
 
 mod permit2;
+mod transfers;
 pub use permit2::{PERMIT2, Permit2Settlement, Permit2Terms, nonce_position};
 
 sol! {

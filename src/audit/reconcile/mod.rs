@@ -256,10 +256,21 @@ async fn candidates(
     .await
 }
 
-/// What the settling transaction of a used `upto` authorization moved, if it can be found.
-async fn upto_charged(chain: &Chain, signed: &SignedPayment, id: Uuid) -> Option<Amount> {
+/// What the settling transaction of a used authorization whose charge is unproven moved, if it can be found.
+async fn proven_charge(chain: &Chain, signed: &SignedPayment, id: Uuid) -> Option<Amount> {
     match signed.settlement_on(chain, None).await {
-        Ok(Some(p)) => p.transferred.map(Amount::from_u256),
+        Ok(Some(p)) => match p.transferred {
+            Some(moved) => Some(Amount::from_u256(moved)),
+            // EIP-3009 signed again for changed terms (relay/pay/ahead.rs): what the settling
+            // transaction moved out of the wallet.
+            None => match chain.transferred_from(signed.network(), signed.asset(), signed.payer(), p.tx_hash).await {
+                Ok(moved) => moved.map(Amount::from_u256),
+                Err(e) => {
+                    tracing::warn!(payment.id = %id, error = %e, "settling transaction unreadable: the maximum stays charged");
+                    None
+                }
+            },
+        },
         Ok(None) => {
             tracing::warn!(payment.id = %id,
                 "upto authorization used on-chain, its transaction not found: the maximum stays charged");
@@ -369,7 +380,7 @@ async fn decide_all(
             // An `upto` authorization used on-chain: what its settling transaction moved is
             // charged (unknown ⇒ the maximum stays charged until a later run finds it).
             let charged = match (&signed, used) {
-                (Ok(signed), true) if signed.is_upto() => upto_charged(chain, signed, c.id).await,
+                (Ok(signed), true) if signed.is_upto() => proven_charge(chain, signed, c.id).await,
                 _ => None,
             };
             faults::at(settings.faults.as_ref(), Point::ReconcileDecided).await;
@@ -400,7 +411,8 @@ async fn decide_all(
     }
 }
 
-/// A pass over spent `upto` payments whose charge is unproven: the settling transaction is
+/// A pass over spent payments whose charge is unproven (`upto`, and intents signed again for
+/// changed terms): the settling transaction is
 /// looked up again and the amount lowered to what it moved. Not found (yet): left for the next
 /// run, the maximum charged meanwhile (never less).
 async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut Report) -> QueryResult<()> {
@@ -420,7 +432,7 @@ async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut
                     continue;
                 }
             };
-            if let Some(charged) = upto_charged(chain, &signed, p.id).await {
+            if let Some(charged) = proven_charge(chain, &signed, p.id).await {
                 payments::store::record_charged(conn, p.agent_id, p.id, charged).await?;
                 report.charges_proven += 1;
                 tracing::info!(payment.id = %p.id, payment.amount = %charged, "upto charge proven from the chain");

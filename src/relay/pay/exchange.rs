@@ -28,6 +28,24 @@ pub(super) async fn exchange(
     attempt: &Attempt,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
+    let sent = send(state, own, call, attempt, deadline).await?;
+    Ok(finish(state, own, attempt, sent, deadline).await)
+}
+
+/// What the upstream said to a paid request (or why it said nothing).
+pub(super) type Sent = Result<UpstreamResponse, UpstreamError>;
+
+/// Sends the paid request, once the lease is seen held.
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost before the payment left (nothing sent).
+pub(super) async fn send(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    attempt: &Attempt,
+    deadline: Instant,
+) -> Result<Sent, Error> {
     faults::at(state.faults.as_ref(), Point::BeforePaidSend).await;
     // The lease is read under a row lock immediately before the payment leaves: an owner
     // that was presumed dead and taken over sends nothing.
@@ -46,13 +64,32 @@ pub(super) async fn exchange(
         .send(&call.upstream, std::slice::from_ref(&attempt.header), remaining(deadline).min(state.upstream.timeout()))
         .await;
     state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
-    let signed = &attempt.signed;
     faults::at(state.faults.as_ref(), Point::PaidAnswered).await;
-    Ok(match sent {
+    Ok(sent)
+}
+
+/// True when the answer to a paid request refuses it without claiming a settlement: a `402`
+/// (without `settlement_pending`) or a Permit2 allowance request.
+pub(super) fn refuses(resp: &UpstreamResponse) -> bool {
+    (resp.status == 402 && !crate::relay::pending::claims_settlement(resp))
+        || crate::relay::allowance::needs_permit2(resp)
+}
+
+/// Turns the answer to a paid request (or its absence) into an outcome.
+pub(super) async fn finish(
+    state: &AppState,
+    own: &Ownership,
+    attempt: &Attempt,
+    sent: Sent,
+    deadline: Instant,
+) -> Outcome {
+    let signed = &attempt.signed;
+    match sent {
         Err(e) => lost_answer(state, own, attempt, &e, deadline).await,
+        Ok(resp) if refuses(&resp) => refused_after_paying(state, own, attempt, resp).await,
         // A 402 carrying a settlement claim (`settlement_pending`) is no refusal: the money may
         // still move. The chain decides, within the deadline (relay/pending.rs).
-        Ok(resp) if resp.status == 402 && crate::relay::pending::claims_settlement(&resp) => {
+        Ok(resp) if resp.status == 402 => {
             let paid = crate::relay::pending::Paid {
                 id: attempt.id,
                 signed,
@@ -61,11 +98,8 @@ pub(super) async fn exchange(
             };
             crate::relay::pending::unanswered(state, own, paid, resp, deadline).await
         }
-        Ok(resp) if resp.status == 402 || crate::relay::allowance::needs_permit2(&resp) => {
-            refused_after_paying(state, own, attempt, resp).await
-        }
         Ok(resp) => answered(state, own, attempt, resp, deadline).await,
-    })
+    }
 }
 
 /// The upstream refused the paid request (402, or Permit2 allowance required). Paid and

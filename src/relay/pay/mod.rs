@@ -18,7 +18,10 @@
 //! The walk, top-down: [`pay`] reads the 402 → [`select`] chooses within the agent's limits →
 //! [`sign`] signs (nonces checked unused first) → [`reserve`] commits the intent → [`exchange`]
 //! sends and [`confirm`]s on-chain. [`resume`] picks up a recorded intent (takeover).
+//! [`pay_ahead`] pays known terms with the first request (no unpaid probe), and pays once
+//! more, with the same nonce, terms that changed.
 
+mod ahead;
 mod confirm;
 mod exchange;
 mod reserve;
@@ -34,6 +37,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use self::ahead::pay_ahead;
 pub use self::resume::{Resume, resume};
 use super::request::RouteCall;
 use super::view::{PaymentView, StoredIntent};
@@ -113,6 +117,8 @@ pub async fn pay(
             return Ok(Stop::new("invalid_402", Code::UpstreamInvalid402, msg).outcome(state, first));
         }
     };
+    let known = crate::terms::TermsKey::new(own.agent_id, &call.upstream.method, &call.upstream.url);
+    state.terms.put(known, &call.upstream.url, &required, &first.headers);
     let accepts = || Value::Array(required.raw_accepts.clone());
     let chosen = match select::choose(state, own.agent_id, call, &required).await? {
         Ok(chosen) => chosen,

@@ -79,7 +79,7 @@ pub(super) async fn sign_new(
 
 /// The payload's context: the 402's version and resource, and the extensions echoed
 /// (`payment-identifier` with our own id when the upstream advertises it).
-fn context_of(state: &AppState, own: &Ownership, required: &PaymentRequired) -> Result<Value, Error> {
+pub(super) fn context_of(state: &AppState, own: &Ownership, required: &PaymentRequired) -> Result<Value, Error> {
     let extensions = if required.advertises_payment_identifier() {
         let pid =
             x402::payment_identifier_id(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);

@@ -26,6 +26,7 @@ use crate::payment::{Facilitator, Offer, SignedAuthorization};
 use crate::stats::Stats;
 use crate::wire::{self};
 
+mod hoard;
 mod paid_routes;
 mod pending_routes;
 mod permit2_routes;
@@ -34,6 +35,7 @@ mod respond;
 mod routes;
 mod siwx;
 
+use hoard::settle_kept;
 use paid_routes::*;
 use respond::*;
 pub use routes::*;
@@ -307,45 +309,46 @@ impl AppState {
         json!({ "name": self.settings.token_name, "version": self.settings.token_version })
     }
 
-    /// The `accepts` of a route, in the order they are advertised.
-    fn offers(&self, behaviour: Behaviour) -> Vec<Offer> {
+    /// The `accepts` of a route, in the order they are advertised (`price`: `?price=N`).
+    fn offers(&self, behaviour: Behaviour, price: Option<U256>) -> Vec<Offer> {
         let s = &self.settings;
+        let price = price.unwrap_or(s.price);
         match behaviour {
             Behaviour::Echo => vec![self.offer(s.echo_price, self.token_extra())],
             Behaviour::Reprice => {
                 let n = self.reprices.load(std::sync::atomic::Ordering::SeqCst);
-                vec![self.offer(s.price.saturating_mul(U256::from(n + 1)), self.token_extra())]
+                vec![self.offer(price.saturating_mul(U256::from(n + 1)), self.token_extra())]
             }
             Behaviour::SettleThen500 => {
                 let mut extra = self.token_extra();
                 if let Some(map) = extra.as_object_mut() {
                     map.insert("paymentFlow".into(), json!("upfront"));
                 }
-                vec![self.offer(s.price, extra)]
+                vec![self.offer(price, extra)]
             }
             Behaviour::Hostile => {
                 let mut extra = self.token_extra();
                 if let Some(map) = extra.as_object_mut() {
                     map.insert("note".into(), json!(HOSTILE_NOTE));
                 }
-                vec![self.offer(s.price, extra)]
+                vec![self.offer(price, extra)]
             }
             Behaviour::Multi => {
                 // Cheaper entries first that must NOT be chosen (wrong network, unknown asset,
                 // unsupported scheme), a dearer payable one first of all, the right one last.
-                let fraction = |d: u64| (s.price / U256::from(d)).max(U256::from(1u64));
+                let fraction = |d: u64| (price / U256::from(d)).max(U256::from(1u64));
                 vec![
-                    self.offer(s.price.saturating_mul(U256::from(3u64)), self.token_extra()),
+                    self.offer(price.saturating_mul(U256::from(3u64)), self.token_extra()),
                     Offer { network: "eip155:1".into(), ..self.offer(fraction(2), self.token_extra()) },
                     Offer {
                         asset: FOREIGN_ASSET,
                         ..self.offer(fraction(4), json!({ "name": "Other Coin", "version": "1" }))
                     },
                     Offer { scheme: "upto".into(), ..self.offer(fraction(10), self.token_extra()) },
-                    self.offer(s.price, self.token_extra()),
+                    self.offer(price, self.token_extra()),
                 ]
             }
-            _ => vec![self.offer(s.price, self.token_extra())],
+            _ => vec![self.offer(price, self.token_extra())],
         }
     }
 

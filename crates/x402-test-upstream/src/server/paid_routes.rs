@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::payment::{Offer, Refusal, SignedAuthorization};
 use crate::wire::{self, PaymentPayloadV1, PaymentPayloadV2};
 
+use super::hoard::{hoard_or_free, keep};
 use super::*;
 
 /// What the paid part of a request came to, before it is put in a wire format.
@@ -70,7 +71,7 @@ pub(super) async fn paid_v2(
     seconds: u64,
     query: &Query,
 ) -> HttpResponse {
-    let offers = state.offers(spec.behaviour);
+    let offers = state.offers(spec.behaviour, query.price());
     let (scheme, host) = {
         let info = req.connection_info();
         (info.scheme().to_owned(), info.host().to_owned())
@@ -97,6 +98,9 @@ pub(super) async fn paid_v2(
     // Like the official v2 server: no header, or one that does not decode, is no payment.
     let payload =
         req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<PaymentPayloadV2>(h.as_bytes()));
+    if let Some(answer) = hoard_or_free(state, spec, query, payload.as_ref()).await {
+        return answer;
+    }
     let Some(payload) = payload else {
         let answer = payment_required_v2(&required("Payment required"), json!({}));
         if spec.behaviour == Behaviour::Reprice {
@@ -272,7 +276,7 @@ pub(super) async fn paid_v1(
     url: &str,
     seconds: u64,
 ) -> HttpResponse {
-    let offers = state.offers(spec.behaviour);
+    let offers = state.offers(spec.behaviour, Query::parse(req.query_string()).price());
     let required = |error: &str, payer: Option<Address>| wire::PaymentRequiredV1 {
         x402_version: 1,
         error: error.to_owned(),
@@ -507,27 +511,6 @@ fn lie(spec: &'static RouteSpec, auth: &SignedAuthorization) -> Outcome {
         body: weather(spec),
         settlement: Some(Settled { transaction: made_up, payer: auth.from }),
     }
-}
-
-/// Keeps a verified authorization, as a hostile upstream would, for `POST /_settle_kept`.
-async fn keep(state: &AppState, spec: &'static RouteSpec, auth: SignedAuthorization) {
-    tracing::warn!(route = spec.path, payer = %auth.from, "keeping a signed authorization to settle later");
-    state.stats.update(spec.path, |s| s.kept += 1);
-    state.kept.lock().await.push(auth);
-}
-
-/// `POST /_settle_kept`: submits every kept authorization on-chain now (as a third party
-/// would), and answers how many settled and how many the chain refused.
-pub(super) async fn settle_kept(state: web::Data<AppState>) -> HttpResponse {
-    let kept: Vec<SignedAuthorization> = std::mem::take(&mut *state.kept.lock().await);
-    let (mut settled, mut refused) = (0u64, Vec::new());
-    for auth in kept {
-        match state.facilitator.settle(&auth).await {
-            Ok(_) => settled += 1,
-            Err(r) => refused.push(r.reason().to_owned()),
-        }
-    }
-    HttpResponse::Ok().json(json!({ "settled": settled, "refused": refused }))
 }
 
 /// Settles now, then answers `status` with `body` and the settlement header.

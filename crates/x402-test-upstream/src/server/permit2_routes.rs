@@ -15,6 +15,8 @@
 //! closes the connection without an answer, `&end=pending` answers 402 `settlement_pending`
 //! naming the settling transaction.
 //!
+//! `?price=N` asks N instead of the configured price (the upto maximum too).
+//!
 //! Both take `?seconds=S`: answer S seconds after settling (the handler still running), and
 //! `?pid=1`: advertise `payment-identifier` and answer a re-send of the same id and payment
 //! from the response cache (503 while the original is still running), like `/v2/pid`.
@@ -60,6 +62,8 @@ struct P2Query {
     pid: bool,
     plain: bool,
     offer_eip3009: bool,
+    /// `?price=N`: the price (the upto maximum) instead of the configured one.
+    price: Option<U256>,
 }
 
 fn parse_query(raw: &str) -> Result<P2Query, String> {
@@ -71,6 +75,7 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
         pid: false,
         plain: false,
         offer_eip3009: false,
+        price: None,
     };
     let uint = |v: &str, name: &str| {
         if v.is_empty() || v.len() > 78 || !v.bytes().all(|b| b.is_ascii_digit()) {
@@ -94,6 +99,7 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
             "pid" => q.pid = value == "1",
             "token" => q.plain = value == "plain",
             "offer" => q.offer_eip3009 = value == "eip3009",
+            "price" => q.price = Some(uint(&value, "price")?).filter(|p| !p.is_zero()),
             "seconds" => {
                 q.seconds = u64::from_str(&value)
                     .ok()
@@ -117,11 +123,11 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     };
     let s = &state.settings;
     let facilitator_address = state.facilitator.chain().sender();
-    let used = query.used.unwrap_or(s.price);
+    let used = query.used.unwrap_or(query.price.unwrap_or(s.price));
     if !upto && query.used.is_some() {
         return bad_request("used is for /v2/upto only");
     }
-    if used > s.price {
+    if used > query.price.unwrap_or(s.price) {
         return bad_request("used must not exceed the maximum (the price)");
     }
     if (query.plain || query.offer_eip3009) && upto {
@@ -191,7 +197,7 @@ fn requirement(s: &Settings, query: &P2Query, upto: bool, token: Address, facili
     wire::RequirementV2 {
         scheme: if upto { "upto".into() } else { "exact".into() },
         network: s.network.clone(),
-        amount: s.price.to_string(),
+        amount: query.price.unwrap_or(s.price).to_string(),
         asset: token.to_checksum(None),
         pay_to: s.pay_to.to_checksum(None),
         max_timeout_seconds: s.max_timeout_seconds,
@@ -211,7 +217,7 @@ async fn handle_paid(
     let upto = path == UPTO_PATH;
     let s = &state.settings;
     let facilitator_address = state.facilitator.chain().sender();
-    let used = query.used.unwrap_or(s.price);
+    let used = query.used.unwrap_or(query.price.unwrap_or(s.price));
     let refused = |r: Refused| {
         tracing::info!(route = path, reason = r.reason, error = %r.message, "payment refused");
         state.stats.update(path, |st| st.refused += 1);
@@ -238,14 +244,14 @@ async fn handle_paid(
         upto,
         chain_id,
         token: Address::from_str(&requirement.asset).map_err(|e| internal_error(&e))?,
-        amount: s.price,
+        amount: query.price.unwrap_or(s.price),
         pay_to: s.pay_to,
         facilitator: facilitator_address,
     };
     if let Err(r) = permit2::verify(&state.facilitator, &payment, &expected).await {
         return Err(refused(r));
     }
-    let moved = if upto { used } else { s.price };
+    let moved = if upto { used } else { query.price.unwrap_or(s.price) };
     let transaction = if moved.is_zero() {
         None
     } else {

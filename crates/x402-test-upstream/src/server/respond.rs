@@ -84,21 +84,55 @@ pub(super) struct Query {
     reason: Option<String>,
     max_timeout: Option<String>,
     conflict: bool,
+    price: Option<String>,
+    keep_all: bool,
+    free: bool,
 }
 
 impl Query {
     pub(super) fn parse(raw: &str) -> Self {
-        let mut query = Self { seconds: None, reason: None, max_timeout: None, conflict: false };
+        let mut query = Self {
+            seconds: None,
+            reason: None,
+            max_timeout: None,
+            conflict: false,
+            price: None,
+            keep_all: false,
+            free: false,
+        };
         for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*key {
                 "seconds" => query.seconds = Some(value.into_owned()),
                 "reason" => query.reason = Some(value.into_owned()),
                 "max_timeout" => query.max_timeout = Some(value.into_owned()),
                 "conflict" => query.conflict = value == "true",
+                "price" => query.price = Some(value.into_owned()),
+                "keep" => query.keep_all = value == "all",
+                "free" => query.free = value == "1",
                 _ => {}
             }
         }
         query
+    }
+
+    /// `?price=N`: the price to ask instead of the configured one (atomic units, > 0), so that
+    /// one path can change its price between two calls.
+    pub(super) fn price(&self) -> Option<alloy::primitives::U256> {
+        let raw = self.price.as_deref()?;
+        let ok = !raw.is_empty() && raw.len() <= 30 && raw.bytes().all(|b| b.is_ascii_digit());
+        ok.then(|| alloy::primitives::U256::from_str_radix(raw, 10).ok()).flatten().filter(|p| !p.is_zero())
+    }
+
+    /// `?keep=all`: keep every authorization received, before verifying it (for
+    /// `POST /_settle_kept`), as an upstream that hoards whatever it is sent would.
+    pub(super) fn keep_all(&self) -> bool {
+        self.keep_all
+    }
+
+    /// `?free=1`: the route charges nothing now: 200 with its answer, paid or not, no
+    /// settlement (with `keep=all`, it still keeps an authorization it did not ask for).
+    pub(super) fn free(&self) -> bool {
+        self.free
     }
 
     /// `?seconds=N`, whole seconds, at most an hour.

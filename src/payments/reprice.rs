@@ -1,0 +1,90 @@
+//! An intent paid ahead on known terms, signed again for the terms the upstream's `402`
+//! asked instead (src/terms.rs): same nonce, same network, token and method, so the token
+//! (or Permit2) lets at most one of the two authorizations move money. Until the chain shows
+//! which one did, the intent reserves the larger amount and its charge is unproven.
+
+use diesel::sql_types::{BigInt, Bytea, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::PaymentStatus;
+use super::store::{Reservation, agent_spend};
+use crate::db::{PrepareExt, storable};
+use crate::money::Amount;
+
+/// The new signature of an intent and what it was signed for.
+pub struct Repriced<'a> {
+    pub id: Uuid,
+    pub agent_id: Uuid,
+    pub lease: Uuid,
+    /// The intent's amount now (what the first authorization signed).
+    pub first_amount: Amount,
+    /// What the new authorization signs.
+    pub amount: Amount,
+    pub pay_to: &'a str,
+    pub valid_after: i64,
+    pub valid_before: i64,
+    pub requirement: &'a Value,
+    pub context: &'a Value,
+    pub authorization: &'a Value,
+    pub header_value: &'a str,
+    pub advertised_extensions: Option<&'a [u8]>,
+}
+
+/// Records `r`, fenced by the caller's lease, while the intent is still `signed`: the amount
+/// becomes the larger of the two (an increase must fit the agent's and the wallet's limits,
+/// checked under the agent's lock), `valid_before` the later one (the first authorization
+/// is live until then), the charge unproven when the amounts differ.
+///
+/// # Errors
+/// Database errors.
+pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::QueryResult<Reservation> {
+    let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
+    let (requirement_json, context_json) = (exact(r.requirement)?, exact(r.context)?);
+    conn.transaction::<_, diesel::result::Error, _>(async |c| {
+        let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
+            return Ok(Reservation::Refused(super::limits::Refusal::OverBudget("unknown agent".into())));
+        };
+        let more = Amount::from_u256(r.amount.as_u256().saturating_sub(r.first_amount.as_u256()));
+        if let Some(refusal) = super::limits::check_reservation(c, &spend, more, r.pay_to).await? {
+            return Ok(Reservation::Refused(refusal));
+        }
+        let n = diesel::sql_query(
+            "WITH owner AS ( \
+                  SELECT 1 FROM idempotency_keys k, payments q \
+                   WHERE q.agent_id = $2 AND q.id = $1 AND k.agent_id = $2 AND k.key = q.idempotency_key \
+                     AND k.request_hash = q.request_hash AND k.lease = $3 AND k.status = 'in_flight' \
+                     FOR NO KEY UPDATE OF k) \
+             UPDATE payments p SET amount = GREATEST(p.amount, $4::numeric), \
+                                   charge_proven = p.charge_proven AND p.amount = $4::numeric, \
+                                   pay_to = $5, valid_after = $6, valid_before = GREATEST(p.valid_before, $7), \
+                                   requirement = $8, context = $9, requirement_json = $10, context_json = $11, \
+                                   signed_authorization = $12, header_value = $13, advertised_extensions = $14, \
+                                   attempts = attempts + 1, updated_at = now(), signed_at = now() \
+              WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $15 AND p.amount = $16::numeric \
+                AND EXISTS (SELECT 1 FROM owner)",
+        )
+        .bind::<SqlUuid, _>(r.id)
+        .bind::<SqlUuid, _>(r.agent_id)
+        .bind::<SqlUuid, _>(r.lease)
+        .bind::<Text, _>(r.amount.to_string())
+        .bind::<Text, _>(r.pay_to)
+        .bind::<BigInt, _>(r.valid_after)
+        .bind::<BigInt, _>(r.valid_before)
+        .bind::<Jsonb, _>(storable::json(r.requirement).as_ref())
+        .bind::<Jsonb, _>(storable::json(r.context).as_ref())
+        .bind::<Bytea, _>(&requirement_json)
+        .bind::<Bytea, _>(&context_json)
+        .bind::<Jsonb, _>(r.authorization)
+        .bind::<Text, _>(r.header_value)
+        .bind::<Nullable<Bytea>, _>(r.advertised_extensions)
+        .bind::<Text, _>(PaymentStatus::Signed)
+        .bind::<Text, _>(r.first_amount.to_string())
+        .prepared()
+        .execute(c)
+        .await?;
+        Ok(if n == 1 { Reservation::Reserved } else { Reservation::Fenced })
+    })
+    .await
+}

@@ -1,0 +1,190 @@
+//! Paying ahead on known terms (issue 25, item 1): the router remembers what an upstream's
+//! 402 asked (per agent, method and URL without query) and pays the next call with its first
+//! request. Terms that changed are paid once more with the same nonce, so the chain lets at
+//! most one of the two authorizations move money. Real anvil, the project's token and test
+//! upstream (`?price=N` changes a route's price, `?keep=all` hoards every authorization it
+//! is sent, `?free=1` stops charging); money is counted on-chain.
+
+use alloy::primitives::U256;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+async fn app_with(chain: &Devnet, extra: &[(&str, &str)]) -> TestApp {
+    let mut options = chain.router_extra();
+    options.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    spawn_app_with(AppOptions { extra: options, ..Default::default() }).await
+}
+
+async fn stat(chain: &Devnet, path: &str, field: &str) -> u64 {
+    chain.stats().await[path][field].as_u64().unwrap_or(0)
+}
+
+async fn settle_kept(chain: &Devnet) -> Value {
+    reqwest::Client::new().post(chain.url("/_settle_kept")).send().await.unwrap().json().await.unwrap()
+}
+
+/// `(amount, charge_proven)` of the intent of `key`.
+async fn intent(app: &TestApp, key: &str) -> (String, bool) {
+    let of = |column: &str| format!("SELECT {column} AS n FROM payments WHERE idempotency_key = '{key}'");
+    let amount = count(&app.db, &of("amount::bigint")).await;
+    let proven = count(&app.db, &of("charge_proven::int::bigint")).await;
+    (amount.to_string(), proven == 1)
+}
+
+async fn paid(app: &TestApp, url: String) -> Value {
+    let resp = app.route(&new_key(), &json!({"url": url, "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    env
+}
+
+#[actix_web::test]
+async fn known_terms_are_paid_with_the_first_request_unless_turned_off() {
+    let chain = Devnet::start().await;
+    let app = app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v2/weather?city=Paris")).await;
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 2, "probe, then the paid request");
+    // Another query, another key: the terms are known, the first request carries the payment.
+    paid(&app, chain.url("/v2/weather?city=Rome")).await;
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 3);
+    assert_eq!(stat(&chain, "/v2/weather", "paid").await, 2);
+    // Another agent learns its own terms (never paid ahead on another agent's).
+    let other = create_agent(&app.db, "other").await;
+    let resp = app.route_as(&other, &new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 5);
+
+    let off = app_with(&chain, &[("requirements-cache-seconds", "0")]).await;
+    paid(&off, chain.url("/v2/weather")).await;
+    paid(&off, chain.url("/v2/weather")).await;
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 9, "off: every call probes");
+}
+
+/// The price fell between two calls, and the upstream hoards every authorization it gets:
+/// it holds the one signed for the old price and the one for the new. Both carry the same
+/// nonce, so exactly one moves money: the new price, once.
+#[actix_web::test]
+async fn a_changed_price_is_paid_once_with_the_same_nonce_even_by_a_hoarding_upstream() {
+    let chain = Devnet::start().await;
+    let app = app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v2/weather?price=3000")).await;
+    let before = chain.balance(PAY_TO).await;
+    let router_before = chain.balance(ROUTER_ADDRESS).await;
+
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather?price=1200&keep=all"), "max_amount": "50000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["amount"], "1200");
+    assert_eq!(env["payment"]["nonce"], router_nonce(app.agent.id, &key, &body).to_string());
+    assert_eq!(stat(&chain, "/v2/weather", "kept").await, 2, "the old price's and the new price's");
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(1200u64));
+    // The upstream submits both: the chain refuses both (the nonce is used).
+    let kept = settle_kept(&chain).await;
+    assert_eq!(kept["settled"], 0, "{kept}");
+    assert_eq!(kept["refused"].as_array().unwrap().len(), 2, "{kept}");
+    assert_eq!(router_before - chain.balance(ROUTER_ADDRESS).await, U256::from(1200u64));
+    // The intent reserved the larger price until the chain showed what moved.
+    assert_eq!(intent(&app, &key).await, ("1200".into(), true));
+    assert_eq!(chain.authorizations_used_by(ROUTER_ADDRESS).await, 2, "one per call");
+}
+
+#[actix_web::test]
+async fn a_price_rise_is_paid_at_the_new_price_on_v1_too() {
+    let chain = Devnet::start().await;
+    let app = app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v1/weather?price=1000")).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v1/weather?price=2500"), "max_amount": "50000"});
+    let env: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["x402_version"], 1);
+    assert_eq!(env["payment"]["amount"], "2500");
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(2500u64));
+    assert_eq!(intent(&app, &key).await, ("2500".into(), true));
+}
+
+#[actix_web::test]
+async fn a_changed_permit2_price_is_paid_once_at_the_new_price() {
+    let chain = Devnet::start().await;
+    let app = app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v2/permit2?price=3000")).await;
+    let before = chain.balance(PAY_TO).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/permit2?price=1500"), "max_amount": "50000"});
+    let env: Value = app.route(&key, &body).await.json().await.unwrap();
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["amount"], "1500");
+    assert_eq!(chain.balance(PAY_TO).await - before, U256::from(1500u64));
+    assert_eq!(intent(&app, &key).await, ("1500".into(), true));
+    assert_eq!(stat(&chain, "/v2/permit2", "paid").await, 2);
+}
+
+/// The upstream stopped charging but keeps the authorization it was sent ahead: the call is
+/// answered, and the authorization counts against the budget until it settles or expires.
+#[actix_web::test]
+async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_chain_decides() {
+    let chain = Devnet::start().await;
+    let app = app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v2/weather")).await;
+    let key = new_key();
+    let body = json!({"url": chain.url("/v2/weather?free=1&keep=all"), "max_amount": "50000"});
+    let resp = app.route(&key, &body).await;
+    assert_eq!(resp.status(), 200);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["status"], 200);
+    assert_ne!(env["payment"]["status"], "settled", "{env}");
+    let reserved = count(
+        &app.db,
+        &format!("SELECT amount::bigint AS n FROM payments WHERE idempotency_key = '{key}' AND status <> 'expired'"),
+    )
+    .await;
+    assert_eq!(reserved, i64::try_from(PRICE).unwrap(), "the authorization it holds stays reserved");
+    // It settles it later: reconcile counts it as spent.
+    assert_eq!(settle_kept(&chain).await["settled"], 1);
+    let out = router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
+        .env("RECONCILE_OLDER_THAN_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let settled = count(
+        &app.db,
+        &format!("SELECT count(*) AS n FROM payments WHERE idempotency_key = '{key}' AND status = 'settled'"),
+    )
+    .await;
+    assert_eq!(settled, 1);
+}
+
+/// Terms moved to another token: never paid on top of a live authorization (another token
+/// is another nonce space); the call is refused with the reason, and a new key pays the new
+/// terms.
+#[actix_web::test]
+async fn terms_moved_to_another_token_are_not_paid_on_top_of_a_live_authorization() {
+    let chain = Devnet::start().await;
+    let assets = format!("eip155:{0}={1}@6,eip155:{0}={2}@6+permit2", chain.chain_id, chain.token, chain.plain_token);
+    let mut extra: Vec<(String, String)> =
+        chain.router_extra().into_iter().filter(|(k, _)| k != "x402-assets").collect();
+    extra.push(("x402-assets".into(), assets));
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    paid(&app, chain.url("/v2/permit2")).await;
+    let plain_before = chain.balance_in(chain.plain_token, PAY_TO).await;
+    let before = chain.balance(PAY_TO).await;
+    let body = json!({"url": chain.url("/v2/permit2?token=plain"), "max_amount": "50000"});
+    let resp = app.route(&new_key(), &body).await;
+    assert_eq!(resp.status(), 502);
+    let env: Value = resp.json().await.unwrap();
+    assert_eq!(env["code"], "payment_rejected", "{env}");
+    assert_eq!(chain.balance(PAY_TO).await, before, "nothing moved");
+    assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await, plain_before, "nothing moved");
+    // A new key pays the terms now known, once.
+    paid(&app, chain.url("/v2/permit2?token=plain")).await;
+    assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await - plain_before, U256::from(PRICE));
+}
