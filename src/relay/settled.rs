@@ -43,6 +43,27 @@ pub(super) async fn prove(
             Proven { missing: Some(format!("the settling transaction could not be found: {e}")), ..Proven::default() }
         }
     };
+    lower_upto(state, agent_id, id, signed, &proven).await;
+    proven
+}
+
+/// The proof from the upstream's claimed transaction alone (one receipt read), if it shows
+/// this payment settled by it: the common case, without asking `authorizationState` first.
+pub(super) async fn prove_claimed(
+    state: &AppState,
+    agent_id: Uuid,
+    id: Uuid,
+    signed: &SignedPayment,
+    claimed: B256,
+) -> Option<Proven> {
+    let found = signed.settled_by(&state.chain, claimed).await.ok().flatten()?;
+    let proven = Proven { tx_hash: Some(found.tx_hash), charged: found.transferred, missing: None };
+    lower_upto(state, agent_id, id, signed, &proven).await;
+    Some(proven)
+}
+
+/// Lowers an `upto` intent's amount to what its settling transaction moved.
+async fn lower_upto(state: &AppState, agent_id: Uuid, id: Uuid, signed: &SignedPayment, proven: &Proven) {
     if let Some(charged) = proven.charged.filter(|_| signed.is_upto()) {
         let written = match super::error::conn(&state.pool).await {
             Ok(mut conn) => store::record_charged(&mut conn, agent_id, id, Amount::from_u256(charged))
@@ -55,5 +76,4 @@ pub(super) async fn prove(
             tracing::warn!(agent_id = %agent_id, error = %e, "could not lower an upto reservation to what moved");
         }
     }
-    proven
 }

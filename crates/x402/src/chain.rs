@@ -246,17 +246,10 @@ impl Chain {
         let endpoint = self.endpoint(network)?;
         let topics = [IEIP3009::AuthorizationUsed::SIGNATURE_HASH, authorizer.into_word(), nonce];
         let matches = |addr: Address, t: &[B256]| addr == asset && t.len() >= 3 && t[..3] == topics;
-        if let Some(hash) = claimed {
-            let receipt = self
-                .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(hash))
-                .await?
-                .map_err(|e| endpoint.rpc_error(network, &e))?;
-            if let Some(r) = receipt
-                && r.status()
-                && r.inner.logs().iter().any(|l| matches(l.address(), l.topics()))
-            {
-                return Ok(Some(hash));
-            }
+        if let Some(hash) = claimed
+            && self.authorization_used_in(network, asset, authorizer, nonce, hash).await?
+        {
+            return Ok(Some(hash));
         }
         let latest = self
             .bounded(endpoint, network, endpoint.provider.get_block_number())
@@ -273,6 +266,34 @@ impl Chain {
             .await?
             .map_err(|e| endpoint.rpc_error(network, &e))?;
         Ok(logs.iter().find(|l| matches(l.address(), l.topics())).and_then(|l| l.transaction_hash))
+    }
+
+    /// Whether the successful transaction `tx` used `(authorizer, nonce)` on the token `asset`
+    /// (its receipt carries the token's `AuthorizationUsed` event): one receipt read.
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`].
+    pub async fn authorization_used_in(
+        &self,
+        network: Network,
+        asset: Address,
+        authorizer: Address,
+        nonce: B256,
+        tx: B256,
+    ) -> Result<bool, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let topics = [IEIP3009::AuthorizationUsed::SIGNATURE_HASH, authorizer.into_word(), nonce];
+        let receipt = self
+            .bounded(endpoint, network, endpoint.provider.get_transaction_receipt(tx))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        Ok(receipt.is_some_and(|r| {
+            r.status()
+                && r.inner
+                    .logs()
+                    .iter()
+                    .any(|l| l.address() == asset && l.topics().len() >= 3 && l.topics()[..3] == topics)
+        }))
     }
 
     /// Status of a transaction from its receipt: `Some(true)` succeeded, `Some(false)`

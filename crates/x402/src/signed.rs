@@ -165,6 +165,25 @@ impl SignedPayment {
         }
     }
 
+    /// Whether the transaction `tx` (an upstream's claim) settled this payment, checked on
+    /// its receipt alone (and, Permit2, its input): a used nonce and its transaction proven in
+    /// one look. `None`: it did not (the caller asks the chain the longer way).
+    ///
+    /// # Errors
+    /// [`ChainError`].
+    pub async fn settled_by(&self, chain: &Chain, tx: B256) -> Result<Option<PaymentSettlement>, ChainError> {
+        Ok(match self {
+            Self::Eip3009(s) => chain
+                .authorization_used_in(s.network(), s.asset(), s.payer(), s.nonce(), tx)
+                .await?
+                .then_some(PaymentSettlement { tx_hash: tx, transferred: None }),
+            Self::Permit2(s) => chain
+                .permit2_check(&s.terms(), Some(tx))
+                .await?
+                .map(|p| PaymentSettlement { tx_hash: p.tx_hash, transferred: Some(p.transferred) }),
+        })
+    }
+
     /// The transaction the chain shows using the payment (the upstream's `claimed` hash is
     /// only a hint): [`Chain::authorization_tx`] or [`Chain::permit2_settlement`].
     ///

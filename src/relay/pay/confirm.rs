@@ -48,6 +48,14 @@ pub(super) async fn confirm(
             None,
         )
     };
+    // A claimed transaction whose receipt shows this payment settled proves it in one read.
+    if claimed
+        && !pending
+        && let Some(hash) = claim.and_then(|c| c.tx_hash)
+        && let Some(proven) = crate::relay::settled::prove_claimed(state, agent_id, id, s, hash).await
+    {
+        return settled_as(claim, proven);
+    }
     let mut used = Ok(false);
     for i in 0..polls {
         if i > 0 {
@@ -93,6 +101,12 @@ async fn settled(
 ) -> Confirmed {
     let claimed_hash = claim.and_then(|c| c.tx_hash);
     let proven = crate::relay::settled::prove(state, agent_id, id, s, claimed_hash).await;
+    settled_as(claim, proven)
+}
+
+/// `Settled`, with the transaction the chain shows and a note where the claim disagrees.
+fn settled_as(claim: Option<&x402::SettlementResponse>, proven: crate::relay::settled::Proven) -> Confirmed {
+    let claimed_hash = claim.and_then(|c| c.tx_hash);
     let charged = proven.charged;
     let claimed_amount = claim.and_then(|c| c.amount);
     let (tx, mut note) = match proven.tx_hash {
@@ -122,30 +136,49 @@ pub(super) async fn used_anywhere(
     eip3009_nonce: B256,
     permit2_nonce: alloy::primitives::U256,
 ) -> Result<Option<(Network, Address)>, x402::ChainError> {
-    for (network, asset) in state.supported.payable_assets() {
-        if state.supported.is_permit2_only(network, asset) {
-            continue;
-        }
-        if eip3009_used(state, network, asset, payer, eip3009_nonce).await? {
-            return Ok(Some((network, asset)));
-        }
-    }
+    // Every question at once (independent reads); the answers are taken in configuration
+    // order, EIP-3009 tokens first, as a sequential walk would.
+    let tokens: Vec<(Network, Address)> =
+        state.supported.payable_assets().filter(|(n, a)| !state.supported.is_permit2_only(*n, *a)).collect();
     let mut networks: Vec<Network> = state.supported.payable_assets().map(|(n, _)| n).collect();
     networks.dedup();
-    for network in networks {
-        let started = Instant::now();
-        let r = state.chain.permit2_nonce_used(network, payer, permit2_nonce).await;
-        state.metrics.rpc_seconds.with_label_values(&["nonceBitmap"]).observe(started.elapsed().as_secs_f64());
-        match r {
-            Ok(true) => return Ok(Some((network, x402::permit2::PERMIT2))),
-            Ok(false) | Err(x402::ChainError::NoContract { .. }) => {}
-            Err(e) => {
-                state.metrics.rpc_errors.with_label_values(&["nonceBitmap"]).inc();
-                return Err(e);
-            }
+    let (token_answers, permit2_answers) = futures_util::future::join(
+        futures_util::future::join_all(tokens.iter().map(|(n, a)| eip3009_used(state, *n, *a, payer, eip3009_nonce))),
+        futures_util::future::join_all(networks.iter().map(|n| permit2_used(state, *n, payer, permit2_nonce))),
+    )
+    .await;
+    for (found, answer) in tokens.iter().zip(token_answers) {
+        if answer? {
+            return Ok(Some(*found));
+        }
+    }
+    for (network, answer) in networks.iter().zip(permit2_answers) {
+        if answer? {
+            return Ok(Some((*network, x402::permit2::PERMIT2)));
         }
     }
     Ok(None)
+}
+
+/// Whether Permit2 on `network` shows the nonce used (a network without Permit2 code has
+/// used none).
+async fn permit2_used(
+    state: &AppState,
+    network: Network,
+    payer: Address,
+    nonce: alloy::primitives::U256,
+) -> Result<bool, x402::ChainError> {
+    let started = Instant::now();
+    let r = state.chain.permit2_nonce_used(network, payer, nonce).await;
+    state.metrics.rpc_seconds.with_label_values(&["nonceBitmap"]).observe(started.elapsed().as_secs_f64());
+    match r {
+        Ok(used) => Ok(used),
+        Err(x402::ChainError::NoContract { .. }) => Ok(false),
+        Err(e) => {
+            state.metrics.rpc_errors.with_label_values(&["nonceBitmap"]).inc();
+            Err(e)
+        }
+    }
 }
 /// Whether the signed payment's nonce is used on-chain (EIP-3009 `authorizationState`,
 /// Permit2 `nonceBitmap`).

@@ -182,7 +182,10 @@ impl Chain {
     }
 
     /// Whether transaction `hash` settled `signed` (module docs), and what it moved.
-    async fn permit2_check(
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`].
+    pub async fn permit2_check(
         &self,
         signed: &Permit2Terms,
         hash: Option<B256>,
