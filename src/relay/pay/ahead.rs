@@ -39,17 +39,18 @@ pub async fn pay_ahead(
     required: &PaymentRequired,
     deadline: Instant,
 ) -> Result<Option<Outcome>, Error> {
-    let Ok(chosen) = select::choose(state, own.agent_id, call, required).await? else {
+    let (chosen, existing, nonces) = tokio::join!(
+        select::choose(state, own.agent_id, call, required),
+        super::earlier_intent(state, own),
+        sign::check_nonces(state, own)
+    );
+    let Ok(chosen) = chosen? else {
         return Ok(None);
     };
-    let existing = {
-        let mut conn = crate::relay::error::conn(&state.pool).await?;
-        store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?
-    };
-    if let Some(intent) = existing {
+    if let Some(intent) = existing? {
         return resume(state, own, call, intent, deadline, Resume::KeyReused).await.map(Some);
     }
-    let Ok(signing) = sign::sign_new(state, own, call, required, &chosen).await? else {
+    let Ok(signing) = sign::sign_new(state, own, call, (required, &chosen), nonces)? else {
         return Ok(None);
     };
     if super::reserve::reserve(state, own, required, &chosen, &signing).await?.is_some() {

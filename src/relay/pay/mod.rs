@@ -120,20 +120,22 @@ pub async fn pay(
     let known = crate::terms::TermsKey::new(own.agent_id, &call.upstream.method, &call.upstream.url);
     state.terms.put(known, &call.upstream.url, &required, &first.headers);
     let accepts = || Value::Array(required.raw_accepts.clone());
-    let chosen = match select::choose(state, own.agent_id, call, &required).await? {
+    // The agent's limits, an intent of an earlier attempt and the chain's nonces: read at once.
+    let (chosen, existing, nonces) = tokio::join!(
+        select::choose(state, own.agent_id, call, &required),
+        earlier_intent(state, own),
+        sign::check_nonces(state, own)
+    );
+    let chosen = match chosen? {
         Ok(chosen) => chosen,
         Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
     };
     // This very request was paid for under this key before (the key expired and was reused
     // for the same request): never a second payment; resume the recorded intent instead.
-    let existing = {
-        let mut conn = super::error::conn(&state.pool).await?;
-        store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?
-    };
-    if let Some(intent) = existing {
+    if let Some(intent) = existing? {
         return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
     }
-    let signing = match sign::sign_new(state, own, call, &required, &chosen).await? {
+    let signing = match sign::sign_new(state, own, call, (&required, &chosen), nonces)? {
         Ok(signing) => signing,
         Err(stop) => return Ok(stop.outcome(state, first)),
     };
@@ -147,6 +149,12 @@ pub async fn pay(
         payment.nonce = %short(&signing.nonce), "payment signed and recorded; sending the paid request"
     );
     exchange::exchange(state, own, call, &signing.attempt, deadline).await
+}
+
+/// The intent recorded for this very request under this key by an earlier attempt, if any.
+async fn earlier_intent(state: &AppState, own: &Ownership) -> Result<Option<store::PaymentRow>, Error> {
+    let mut conn = super::error::conn(&state.pool).await?;
+    Ok(store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?)
 }
 
 /// Why a call stopped after the upstream's 402 without paying in this attempt.

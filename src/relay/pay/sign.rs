@@ -30,25 +30,38 @@ pub(super) struct Signing {
     pub advertised: Option<Vec<u8>>,
 }
 
-/// Signs `chosen` with the request's nonce, after the chain shows neither of its nonces used.
+/// The request's deterministic nonces, and whether the chain shows either used on any
+/// configured token or network (an earlier attempt may have chosen another asset or method).
+pub(super) struct NonceCheck {
+    eip3009: B256,
+    permit2: alloy::primitives::U256,
+    used: Result<Option<(x402::Network, alloy::primitives::Address)>, x402::ChainError>,
+}
+
+/// Asks every token the request's EIP-3009 nonce could have been used on, and every
+/// network's Permit2 for its Permit2 nonce.
+pub(super) async fn check_nonces(state: &AppState, own: &Ownership) -> NonceCheck {
+    let secret = &state.nonce_secret[..];
+    let eip3009 = x402::deterministic_nonce(secret, own.agent_id, own.key.as_str(), &own.request_hash);
+    let permit2 = x402::permit2_nonce(secret, own.agent_id, own.key.as_str(), &own.request_hash);
+    let used = super::confirm::used_anywhere(state, state.config.signer.address(), eip3009, permit2).await;
+    NonceCheck { eip3009, permit2, used }
+}
+
+/// Signs `chosen` with the request's nonce, when `check` shows neither of its nonces used.
 ///
 /// # Errors
 /// [`Error`] for a broken invariant or an RPC endpoint of another chain (nothing signed).
-pub(super) async fn sign_new(
+pub(super) fn sign_new(
     state: &AppState,
     own: &Ownership,
     call: &RouteCall,
-    required: &PaymentRequired,
-    chosen: &Requirement,
+    (required, chosen): (&PaymentRequired, &Requirement),
+    check: NonceCheck,
 ) -> Result<Result<Signing, Stop>, Error> {
-    let secret = &state.nonce_secret[..];
-    let eip3009_nonce = x402::deterministic_nonce(secret, own.agent_id, own.key.as_str(), &own.request_hash);
-    let permit2_nonce = x402::permit2_nonce(secret, own.agent_id, own.key.as_str(), &own.request_hash);
-    let nonce = if x402::permit2::scheme_of(chosen).is_some() { B256::from(permit2_nonce) } else { eip3009_nonce };
+    let nonce = if x402::permit2::scheme_of(chosen).is_some() { B256::from(check.permit2) } else { check.eip3009 };
     let payer = state.config.signer.address();
-    // Ask every token this nonce could have been used on, and every network's Permit2 (an
-    // earlier attempt may have chosen another asset or transfer method).
-    match super::confirm::used_anywhere(state, payer, eip3009_nonce, permit2_nonce).await {
+    match check.used {
         Ok(None) => {}
         Ok(Some(found)) => {
             let msg = "this request's payment under this Idempotency-Key was already settled on-chain; \
