@@ -135,19 +135,30 @@ elif cmd == "final":
     if runs.get("replay-redis-warn.sat"):
         warn = pair("replay, Redis hit, RUST_LOG=warn", "replay-redis-warn.sat", "floor-redis-get.sat",
                     "replay-redis-warn.paced", "floor-redis-get.paced", "handler + 1 Redis GET")
-    rp, fp = runs.get("paid.router"), runs.get("paid.direct")
-    paid = None
-    if rp and fp:
-        paid = {"path": "fresh paid (anvil, test upstream)", "floor": "minimal client paying directly",
-                "router_rps": rp["rps"], "floor_rps": fp["rps"],
-                "throughput_ratio": round(rp["rps"] / fp["rps"], 3) if fp["rps"] else None,
-                "paced_rps": None, "concurrency": rp["connections"], "count": rp["requests"],
-                "router_latency_ms": {k: ms(rp["latency_us"][k]) for k in ("p50", "p99", "p999")},
-                "floor_latency_ms": {k: ms(fp["latency_us"][k]) for k in ("p50", "p99", "p999")},
-                "router_cpu_pct": rp["server_cpu_pct"], "router_cpu_us_per_req": rp["server_cpu_us_per_req"],
-                "router_peak_rss_mib": rp["server_peak_rss_mib"], "errors": rp["error_count"] + fp["error_count"],
-                "runs": ["paid.router", "paid.direct"], "breakdown": meta.get("paid_breakdown")}
-        paid["p50_added_ms"] = round(paid["router_latency_ms"]["p50"] - paid["floor_latency_ms"]["p50"], 3)
+    def paid_row(label, router_run, floor_run, floor_label):
+        rp, fp = runs.get(router_run), runs.get(floor_run)
+        if not (rp and fp):
+            return None
+        row = {"path": label, "floor": floor_label,
+               "router_rps": rp["rps"], "floor_rps": fp["rps"],
+               "throughput_ratio": round(rp["rps"] / fp["rps"], 3) if fp["rps"] else None,
+               "paced_rps": None, "concurrency": rp["connections"], "count": rp["requests"],
+               "router_latency_ms": {k: ms(rp["latency_us"][k]) for k in ("p50", "p99", "p999")},
+               "floor_latency_ms": {k: ms(fp["latency_us"][k]) for k in ("p50", "p99", "p999")},
+               "router_cpu_pct": rp["server_cpu_pct"], "router_cpu_us_per_req": rp["server_cpu_us_per_req"],
+               "router_peak_rss_mib": rp["server_peak_rss_mib"], "errors": rp["error_count"] + fp["error_count"],
+               "runs": [router_run, floor_run]}
+        row["p50_added_ms"] = round(row["router_latency_ms"]["p50"] - row["floor_latency_ms"]["p50"], 3)
+        row["p50_ratio"] = round(row["router_latency_ms"]["p50"] / row["floor_latency_ms"]["p50"], 3) if row["floor_latency_ms"]["p50"] else None
+        return row
+    # Warm: the router knows the upstream's terms (pays with the first request); cold: it
+    # probes unpaid first on every call (REQUIREMENTS_CACHE_SECONDS=0).
+    paid = paid_row("fresh paid, terms known (anvil, test upstream)", "paid.router", "paid.direct", "minimal client paying directly")
+    if paid:
+        paid["breakdown"] = meta.get("paid_breakdown")
+    paid_cold = paid_row("fresh paid, terms unknown", "paid.router-cold", "paid.direct", "minimal client paying directly")
+    paid_official = paid_row("fresh paid, terms known", "paid.router", "paid.official", "official @x402/fetch client paying directly")
+    paid_rows = [r for r in (paid, paid_cold, paid_official) if r]
 
     lookups = []
     for size in meta["lookup_sizes"]:
@@ -194,10 +205,16 @@ elif cmd == "final":
         target(f"lookup p99 at {lookups[-1]['rows_target']:,} rows ≤ 1.2× at {lookups[0]['rows_target']:,}", g, 1.2, g is not None and g <= 1.2, "×")
     if gc:
         target(f"GC of {gc['expired_rows']:,} expired rows raises route p99 ≤ 20 %", gc["p99_increase_pct"], 20, gc["p99_increase_pct"] <= 20, "%")
+    if paid_cold:
+        target("paid p50, terms unknown, ≤ minimal direct client + 2 ms", paid_cold["p50_added_ms"], 2.0, paid_cold["p50_added_ms"] <= 2.0, "ms")
+    if paid_official:
+        target("paid p50, terms known, ≤ 0.8× official @x402/fetch client", paid_official["p50_ratio"], 0.8, paid_official["p50_ratio"] is not None and paid_official["p50_ratio"] <= 0.8, "×")
+    if paid:
+        target("  (info) paid p50, terms known, vs minimal direct client", paid["p50_ratio"], 1.0, paid["p50_ratio"] is not None and paid["p50_ratio"] <= 1.0, "×")
     target("router peak RSS ≤ 150 MiB under load", peak_rss, 150, peak_rss <= 150, "MiB")
 
     extra = [sql, light, sql_light] + ([warn] if warn else [])
-    result = {"meta": meta, "paths": rows + extra + ([paid] if paid else []), "lookup": lookups,
+    result = {"meta": meta, "paths": rows + extra + paid_rows, "lookup": lookups,
               "gc": gc, "targets": targets, "router_peak_rss_mib": peak_rss, "runs": list(runs.values()), "raw_runs": sum(groups.values(), [])}
     os.makedirs(out_dir, exist_ok=True)
     stamp = meta["started_at"]
@@ -215,7 +232,7 @@ elif cmd == "final":
     print()
     print("| path | floor | router req/s | floor req/s | ratio | paced at req/s | router p50/p99/p99.9 ms | floor p50/p99/p99.9 ms | +p50 ms | router CPU % (µs/req) | router peak RSS MiB |")
     print("|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|")
-    for r in rows + extra + ([paid] if paid else []):
+    for r in rows + extra + paid_rows:
         paced = f"{r['paced_rps']:.0f}" if r.get("paced_rps") else f"c={r.get('concurrency')}, n={r.get('count')}"
         print(f"| {r['path']} | {r['floor']} | {r['router_rps']:.0f} | {r['floor_rps']:.0f} | {r['throughput_ratio']:.2f} | {paced} | "
               f"{lat(r['router_latency_ms'])} | {lat(r['floor_latency_ms'])} | {r['p50_added_ms']:+.3f} | "
