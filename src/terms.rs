@@ -197,6 +197,44 @@ mod tests {
         assert_ne!(TermsKey::new(agent, &Method::GET, &a), TermsKey::new(Uuid::new_v4(), &Method::GET, &a));
     }
 
+    fn required(amount: &str) -> PaymentRequired {
+        let body = json!({"x402Version": 1, "error": "", "accepts": [{
+            "scheme": "exact", "network": "base-sepolia", "maxAmountRequired": amount,
+            "resource": "http://api.example/x", "description": "", "mimeType": "application/json",
+            "payTo": "0x1111111111111111111111111111111111111111", "maxTimeoutSeconds": 60,
+            "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "extra": {"name": "USDC", "version": "2"}}]});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        crate::x402::wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &HeaderMap::new(), &bytes)
+            .unwrap()
+    }
+
+    #[test]
+    fn at_most_entries_terms_are_kept_the_oldest_dropped_first_and_none_when_off() {
+        let limits = TermsLimits { ttl: Duration::from_secs(60), entries: 2 };
+        let terms = Terms::new(Some(limits));
+        let agent = Uuid::new_v4();
+        let urls: Vec<Url> = (0..3).map(|i| Url::parse(&format!("http://api.example/{i}")).unwrap()).collect();
+        for (i, url) in urls.iter().enumerate() {
+            terms.put(
+                TermsKey::new(agent, &Method::GET, url),
+                url,
+                &required(&format!("{}", 1000 + i)),
+                &HeaderMap::new(),
+            );
+        }
+        assert_eq!(terms.len(), 2);
+        assert!(terms.get(&TermsKey::new(agent, &Method::GET, &urls[0]), &urls[0]).is_none(), "the oldest went first");
+        let kept = terms.get(&TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2]).unwrap();
+        assert_eq!(kept.accepts[0].amount().to_string(), "1002");
+        // max-age=0 forgets what was known.
+        terms.put(TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2], &required("5"), &headers("max-age=0"));
+        assert!(terms.get(&TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2]).is_none());
+
+        let off = Terms::new(None);
+        off.put(TermsKey::new(agent, &Method::GET, &urls[0]), &urls[0], &required("1"), &HeaderMap::new());
+        assert!(off.is_empty());
+    }
+
     #[test]
     fn resource_names_the_url_being_paid() {
         let r = json!({"url": "https://api.example/x?city=Paris", "description": "d"});
