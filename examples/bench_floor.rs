@@ -9,7 +9,8 @@
 //! Prints `{"listening":"127.0.0.1:PORT"}` on stdout once bound. Routes (any method):
 //! * `/fast`       the local fast upstream: a static 40-byte JSON answer, no I/O.
 //! * `/redis-get`  one Redis `GET` of the key the router caches for the request's
-//!   `Idempotency-Key` (`<prefix>idem:<agent>:<key>`); 200 with the raw value, 404 if absent.
+//!   `Idempotency-Key` (`<prefix>idem:{<agent>}:<key>`, the router's own key); 200 with the raw
+//!   (sealed) value, 404 if absent.
 //! * `/pg-select`  one `SELECT … FROM idempotency_keys` by primary key; 200 with the row.
 //! * `/sql-fresh`  the SQL round trips of a fresh unpaid `/route`, nothing else: the claim
 //!   `INSERT … ON CONFLICT DO NOTHING`, then one transaction (BEGIN, receipt `INSERT`, fenced
@@ -102,7 +103,9 @@ async fn redis_get(floor: web::Data<Floor>, req: HttpRequest) -> HttpResponse {
     let Some(key) = idempotency_key(&req) else {
         return HttpResponse::BadRequest().finish();
     };
-    let rkey = format!("{}idem:{}:{key}", floor.prefix, floor.agent_id);
+    // The key the router caches under (src/idempotency/cache.rs `redis_key`: the agent id as a
+    // cluster hash tag), so the floor reads the very entries the router reads.
+    let rkey = format!("{}idem:{{{}}}:{key}", floor.prefix, floor.agent_id);
     let mut conn = floor.redis.clone();
     match conn.get::<_, Option<Vec<u8>>>(&rkey).await {
         Ok(Some(raw)) => HttpResponse::Ok().content_type("application/json").body(raw),
