@@ -139,6 +139,13 @@ async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_
     let env: Value = resp.json().await.unwrap();
     assert_eq!(env["status"], 200);
     assert_ne!(env["payment"]["status"], "settled", "{env}");
+    // It charged nothing: the next call probes first instead of handing out another one.
+    let requests = stat(&chain, "/v2/weather", "requests").await;
+    let again = app.route(&new_key(), &json!({"url": chain.url("/v2/weather?free=1&keep=all")})).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.json::<Value>().await.unwrap()["payment"], Value::Null);
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, requests + 1);
+    assert_eq!(stat(&chain, "/v2/weather", "kept").await, 1, "one authorization handed out, not two");
     let reserved = count(
         &app.db,
         &format!("SELECT amount::bigint AS n FROM payments WHERE idempotency_key = '{key}' AND status <> 'expired'"),

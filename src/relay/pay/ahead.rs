@@ -77,7 +77,11 @@ pub async fn pay_ahead(
             }
         }
         sent => {
-            if !matches!(&sent, Ok(r) if r.status < 500) {
+            // An answer without any settlement claim: the upstream may have stopped charging
+            // (it now holds an authorization it did not ask for, reserved until the chain
+            // decides); the next call probes first. So does one after a failure.
+            let claims = matches!(&sent, Ok(r) if r.status < 500 && x402::wire::parse_settlement(&r.headers).ok().flatten().is_some());
+            if !claims {
                 state.terms.forget(key);
             }
             exchange::finish(state, own, first, sent, deadline).await
