@@ -2,7 +2,7 @@
 // `concurrency` at a time, for scripts/bench's paid comparison. Prints one JSON line shaped
 // like examples/bench_paid.rs: {requests, ok, errors, first_error, duration_s, rps, latency_us}.
 //
-//   node bench-client.mjs --url URL --network eip155:N --count N --concurrency C
+//   node bench-client.mjs --url URL --network eip155:N --asset 0x… --count N --concurrency C
 //   (key: ROUTER_PRIVATE_KEY)
 import { wrapFetchWithPaymentFromConfig } from "@x402/fetch";
 import { ExactEvmScheme } from "@x402/evm";
@@ -12,8 +12,8 @@ const args = Object.fromEntries(
   process.argv.slice(2).reduce((pairs, a, i, all) => (a.startsWith("--") ? [...pairs, [a.slice(2), all[i + 1]]] : pairs), []),
 );
 const count = Number(args.count), concurrency = Number(args.concurrency);
-if (!args.url || !args.network || !(count > 0) || !(concurrency > 0)) {
-  console.error("usage: bench-client.mjs --url URL --network eip155:N --count N --concurrency C");
+if (!args.url || !args.network || !args.asset || !(count > 0) || !(concurrency > 0)) {
+  console.error("usage: bench-client.mjs --url URL --network eip155:N --asset 0x… --count N --concurrency C");
   process.exit(2);
 }
 const key = (process.env.ROUTER_PRIVATE_KEY || "").trim();
@@ -24,6 +24,9 @@ if (!key) {
 const account = privateKeyToAccount(key.startsWith("0x") ? key : `0x${key}`);
 const pay = wrapFetchWithPaymentFromConfig(fetch, {
   schemes: [{ network: args.network, client: new ExactEvmScheme(account) }],
+  // The local test token is no default asset: allowed by name, uncapped (the router's own
+  // limits are off in the benchmark too).
+  spendControls: { allowedAssets: [{ network: args.network, asset: args.asset }] },
 });
 
 const latencies = [];

@@ -137,7 +137,7 @@ elif cmd == "final":
                     "replay-redis-warn.paced", "floor-redis-get.paced", "handler + 1 Redis GET")
     def paid_row(label, router_run, floor_run, floor_label):
         rp, fp = runs.get(router_run), runs.get(floor_run)
-        if not (rp and fp):
+        if not (rp and fp and rp["rps"] and fp["rps"]):
             return None
         row = {"path": label, "floor": floor_label,
                "router_rps": rp["rps"], "floor_rps": fp["rps"],
