@@ -84,7 +84,20 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend, KeyPayment);
+    described!(
+        AdminAgent,
+        AgentChange,
+        Address,
+        ReconcileReport,
+        AgentSelf,
+        Receipt,
+        Spend,
+        KeyPayment,
+        ReceiptPage,
+        PaymentPage,
+        IdempotencyReport,
+        OperatorEventPage,
+    );
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;

@@ -19,6 +19,8 @@
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
 
+pub mod params;
+
 use std::sync::LazyLock;
 
 use serde_json::{Map, Value, json};
@@ -56,6 +58,11 @@ use crate::mcp::policy::{Next, classify};
         super::audit::spend,
         super::audit::upto,
         super::agents::payment,
+        super::audit::receipts,
+        super::audit::idempotency,
+        super::audit::payments,
+        super::audit::payments_csv,
+        super::audit::operator_events,
     ),
     components(responses(
         responses::Unauthorized,
@@ -132,6 +139,7 @@ pub fn document() -> Value {
         item[&method] = operation.clone();
     }
     doc["paths"] = Value::Object(paths);
+    share(&mut doc);
     let schemas = &mut doc["components"]["schemas"];
     schemas["ErrorCode"] = json!({
         "type": "string",
@@ -148,6 +156,39 @@ pub fn document() -> Value {
     schemas["PaymentDeclined"]["properties"]["code"]["enum"] = json!(with_status(&[402]));
     schemas["RouteError"]["properties"]["code"]["enum"] = json!(with_status(&[502, 504]));
     doc
+}
+
+/// Points the generated parameters and response headers equal to a shared one of
+/// `operations.json` (`#/components/parameters/…`, `#/components/headers/…`) at it, and drops
+/// the `"required": false` utoipa writes on optional parameters (the default).
+fn share(doc: &mut Value) {
+    let parameters = doc["components"]["parameters"].as_object().cloned().unwrap_or_default();
+    let headers = doc["components"]["headers"].as_object().cloned().unwrap_or_default();
+    let to_ref = |value: &mut Value, shared: &Map<String, Value>, kind: &str| {
+        if let Some(name) = shared.iter().find(|(_, s)| *s == value).map(|(n, _)| n) {
+            *value = json!({ "$ref": format!("#/components/{kind}/{name}") });
+        }
+    };
+    let Some(paths) = doc["paths"].as_object_mut() else { return };
+    for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+        for parameter in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
+            if parameter["required"] == json!(false)
+                && let Some(p) = parameter.as_object_mut()
+            {
+                p.remove("required");
+            }
+            to_ref(parameter, &parameters, "parameters");
+        }
+        for response in
+            operation.get_mut("responses").and_then(Value::as_object_mut).into_iter().flat_map(|r| r.values_mut())
+        {
+            for header in
+                response.get_mut("headers").and_then(Value::as_object_mut).into_iter().flat_map(|h| h.values_mut())
+            {
+                to_ref(header, &headers, "headers");
+            }
+        }
+    }
 }
 
 /// Copies `from` into `into`, `depth` levels of objects deep (a path's methods at 2, a
