@@ -27,6 +27,21 @@ pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result
 
 /// GET /receipts — the calling agent's receipts, newest first, keyset-paginated:
 /// `{"receipts": [...], "next_cursor": "…" | null}` (`limit` 1–500, default 50; `cursor`).
+#[utoipa::path(get, path = "/receipts", tag = "agent", operation_id = "listOwnReceipts",
+    summary = "The calling agent's receipts, newest first",
+    description = "Keyset-paginated on `(created_at, id)` descending: pass `next_cursor` back as `cursor` until it is null. A page never repeats or skips a receipt. Unknown or repeated parameters are 400.",
+    security(("agentKey" = [])),
+    params(
+        ("limit" = inline(Option<crate::routes::openapi::inline::Limit<50>>), Query),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page."),
+    ),
+    responses(
+        (status = 200, description = "A page of receipts.", body = crate::routes::responses::described::ReceiptPage),
+        (status = 400, response = crate::routes::responses::BadQuery),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn receipts(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,

@@ -11,7 +11,7 @@ use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
 use crate::operators::Role;
-use crate::routes::openapi::params::{Limit, OlderThanSecs, PaymentStatusFilter};
+use crate::routes::openapi::inline::{Limit, OlderThanSecs, PaymentStatusFilter};
 use crate::routes::responses::described::{
     IdempotencyReport, OperatorEventPage, PaymentPage, Receipt, ReceiptPage, Spend,
 };

@@ -97,6 +97,11 @@ pub mod described {
         PaymentPage,
         IdempotencyReport,
         OperatorEventPage,
+        RouteRequest,
+        RouteEnvelope,
+        PaymentDeclined,
+        RouteError,
+        Overview,
     );
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).

@@ -19,7 +19,8 @@
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
 
-pub mod params;
+pub mod inline;
+mod mcp;
 
 use std::sync::LazyLock;
 
@@ -63,6 +64,12 @@ use crate::mcp::policy::{Next, classify};
         super::audit::payments,
         super::audit::payments_csv,
         super::audit::operator_events,
+        super::agents::receipts,
+        super::console::overview,
+        super::route::route,
+        mcp::post,
+        mcp::get,
+        mcp::delete,
     ),
     components(responses(
         responses::Unauthorized,
