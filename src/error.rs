@@ -105,8 +105,20 @@ impl ApiError {
 
     /// The JSON body (`{"error", "code"}`).
     pub fn body(&self) -> serde_json::Value {
-        json!({ "error": self.to_string(), "code": self.code() })
+        let body = ErrorBody { code: self.code(), error: self.to_string() };
+        serde_json::to_value(body).unwrap_or_else(|_| json!({ "error": "internal error", "code": Code::InternalError }))
     }
+}
+
+/// Every error body (`Error` in the OpenAPI document; `Error_<code>` narrows `code`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Error,
+    description = "Every error body. `error` is for humans and may change; `code` is stable: branch on it. One schema per code follows (`Error_<code>`).",
+    example = json!({ "error": "not found", "code": "not_found" }))]
+pub struct ErrorBody {
+    pub code: Code,
+    /// What went wrong. 5xx messages are opaque.
+    pub error: String,
 }
 
 impl From<relay::Error> for ApiError {

@@ -87,7 +87,6 @@ pub mod described {
     described!(
         AdminAgent,
         AgentChange,
-        Address,
         ReconcileReport,
         AgentSelf,
         Receipt,

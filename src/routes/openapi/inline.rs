@@ -115,3 +115,35 @@ errors! {
     /// 503 of `/route`.
     RouteUnavailable => [DatabaseUnavailable, PaymentNetworkUnavailable, PaymentsPaused];
 }
+
+/// `Amount`: atomic units of an asset as the router writes them ([`crate::x402::Amount`]
+/// serializes as a decimal string).
+pub struct Amount;
+
+impl PartialSchema for Amount {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[0-9]+$"))
+            .description(Some("Atomic units of the asset, decimal."))
+            .examples(["10000"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Amount {}
+
+/// `Address`: an EVM address as the router reads and writes it.
+pub struct Address;
+
+impl PartialSchema for Address {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^0x[0-9a-fA-F]{40}$"))
+            .description(Some("EVM address (EIP-55 checksummed when the router writes it)."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Address {}

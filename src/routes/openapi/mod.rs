@@ -71,7 +71,7 @@ use crate::mcp::policy::{Next, classify};
         mcp::get,
         mcp::delete,
     ),
-    components(responses(
+    components(schemas(crate::error::ErrorBody, Code, inline::Amount, inline::Address), responses(
         responses::Unauthorized,
         responses::ForbiddenAgentKey,
         responses::AuditDisabledOrNotFound,
@@ -148,11 +148,6 @@ pub fn document() -> Value {
     doc["paths"] = Value::Object(paths);
     share(&mut doc);
     let schemas = &mut doc["components"]["schemas"];
-    schemas["ErrorCode"] = json!({
-        "type": "string",
-        "description": "The machine-readable error code (see `Error_<code>` for each).",
-        "enum": Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-    });
     for code in Code::ALL {
         schemas[format!("Error_{}", code.as_str())] = error_schema(*code);
     }
