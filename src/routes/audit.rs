@@ -3,7 +3,6 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
-use serde_json::json;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -12,9 +11,8 @@ use crate::auth::Viewer;
 use crate::error::ApiError;
 use crate::operators::Role;
 use crate::routes::openapi::inline::{Limit, OlderThanSecs, PaymentStatusFilter};
-use crate::routes::responses::described::{
-    IdempotencyReport, OperatorEventPage, PaymentPage, Receipt, ReceiptPage, Spend,
-};
+use crate::routes::pages::{OperatorEventPage, PaymentPage, ReceiptPage};
+use crate::routes::responses::described::{IdempotencyReport, Receipt, Spend};
 use crate::routes::responses::{AuditDisabledOrNotFound, BadQuery, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
@@ -46,10 +44,7 @@ pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
     let q = ReceiptQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::receipts(&mut conn, &q).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({
-        "receipts": page.rows,
-        "next_cursor": page.next.map(|c| c.encode()),
-    })))
+    Ok(HttpResponse::Ok().json(ReceiptPage { next_cursor: page.next.map(|c| c.encode()), receipts: page.rows }))
 }
 
 /// GET /audit/receipts/{id} — any agent's receipt (404 when absent or not a uuid).
@@ -128,10 +123,7 @@ pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
     let q = PaymentQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let page = store::payments(&mut conn, &q).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({
-        "payments": page.rows,
-        "next_cursor": page.next.map(|c| c.encode()),
-    })))
+    Ok(HttpResponse::Ok().json(PaymentPage { next_cursor: page.next.map(|c| c.encode()), payments: page.rows }))
 }
 
 /// GET /audit/agents/{id}/spend — an agent's limits and rolling 24 h spend (404 if unknown).
@@ -273,7 +265,7 @@ pub async fn operator_events(
     let q = events::EventQuery::parse(req.query_string())?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (rows, next) = events::list(&mut conn, &q).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({ "events": rows, "next_cursor": next })))
+    Ok(HttpResponse::Ok().json(OperatorEventPage { events: rows, next_cursor: next }))
 }
 
 /// GET /audit/whoami — the operator the token belongs to: `{"operator_id", "name", "role"}`

@@ -10,6 +10,7 @@ mod audit;
 mod console;
 mod health;
 pub mod openapi;
+mod pages;
 mod receipts;
 mod responses;
 mod route;

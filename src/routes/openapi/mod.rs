@@ -71,7 +71,16 @@ use crate::mcp::policy::{Next, classify};
         mcp::get,
         mcp::delete,
     ),
-    components(schemas(crate::error::ErrorBody, Code, inline::Amount, inline::Address), responses(
+    components(
+        schemas(
+            crate::error::ErrorBody,
+            Code,
+            inline::Amount,
+            inline::Address,
+            super::pages::ReceiptPage,
+            super::pages::PaymentPage,
+            super::pages::OperatorEventPage,
+        ), responses(
         responses::Unauthorized,
         responses::ForbiddenAgentKey,
         responses::AuditDisabledOrNotFound,
