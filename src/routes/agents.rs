@@ -31,7 +31,7 @@ pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result
     description = "Keyset-paginated on `(created_at, id)` descending: pass `next_cursor` back as `cursor` until it is null. A page never repeats or skips a receipt. Unknown or repeated parameters are 400.",
     security(("agentKey" = [])),
     params(
-        ("limit" = inline(Option<crate::routes::openapi::inline::Limit<50>>), Query),
+        ("limit" = inline(Option<crate::routes::inline::Limit<50>>), Query),
         ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page."),
     ),
     responses(

@@ -17,7 +17,7 @@ use crate::state::AppState;
     security(("operatorToken" = [])),
     responses(
         (status = 200, description = "24 hourly and 30 daily buckets (with the amount settled per asset and the paid-not-served and stuck counts of each) (UTC, oldest first, empty ones as zeros), money moved per asset, and the paid-not-served, stuck and settlement-pending counts.",
-            body = crate::routes::responses::described::Overview),
+            body = crate::audit::overview::Overview),
         (status = 401, response = crate::routes::responses::Unauthorized),
         (status = 403, response = crate::routes::responses::ForbiddenAgentKey),
         (status = 404, response = crate::routes::responses::AuditDisabledOrNotFound),

@@ -9,6 +9,7 @@ mod agents;
 mod audit;
 mod console;
 mod health;
+mod inline;
 pub mod openapi;
 mod pages;
 mod receipts;

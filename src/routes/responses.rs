@@ -87,7 +87,6 @@ pub mod described {
     described!(
         AdminAgent,
         AgentChange,
-        ReconcileReport,
         AgentSelf,
         Receipt,
         Spend,
@@ -98,7 +97,6 @@ pub mod described {
         RouteEnvelope,
         PaymentDeclined,
         RouteError,
-        Overview,
     );
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).

@@ -8,7 +8,7 @@ use crate::auth::AuthenticatedAgent;
 use crate::error::ApiError;
 use crate::idempotency::IdempotencyKey;
 use crate::relay::{self, RouteResponse, request::RouteCall};
-use crate::routes::openapi::inline::{
+use crate::routes::inline::{
     PayloadTooLarge, RateLimited, ReplayTrue, RouteBadRequest, RouteConflict, RouteForbidden, RouteUnavailable, Seconds,
 };
 use crate::routes::responses::Unauthorized;

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, reason = "the functions only carry #[utoipa::path]; crate::mcp::http::mcp serves /mcp")]
 
-use super::inline::JsonObject;
+use crate::routes::inline::JsonObject;
 use crate::routes::responses::{AgentDisabled, Unauthorized, Unavailable};
 
 /// What the three operations say (MCP over streamable HTTP).

@@ -19,7 +19,6 @@
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
 
-pub mod inline;
 mod mcp;
 
 use std::sync::LazyLock;
@@ -75,8 +74,8 @@ use crate::mcp::policy::{Next, classify};
         schemas(
             crate::error::ErrorBody,
             Code,
-            inline::Amount,
-            inline::Address,
+            super::inline::Amount,
+            super::inline::Address,
             super::pages::ReceiptPage,
             super::pages::PaymentPage,
             super::pages::OperatorEventPage,
