@@ -17,7 +17,6 @@ pub struct ReceiptPage {
     /// `null` on the last page.
     #[schema(required = true)]
     pub next_cursor: Option<String>,
-    #[schema(value_type = Vec<described::Receipt>)]
     pub receipts: Vec<Receipt>,
 }
 

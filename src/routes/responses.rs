@@ -88,7 +88,6 @@ pub mod described {
         AdminAgent,
         AgentChange,
         AgentSelf,
-        Receipt,
         Spend,
         KeyPayment,
         IdempotencyReport,

@@ -114,6 +114,10 @@ impl utoipa::Modify for EmptyBodyAllowed {
 /// The hand-described operations and body schemas (no error codes, no path list).
 const OPERATIONS: &str = include_str!("operations.json");
 
+/// Schemas the router writes with exactly their members, whose types still read more (a
+/// [`crate::receipts::Receipt`] deserializes leniently): `additionalProperties: false`.
+const CLOSED: &[&str] = &["Receipt"];
+
 /// The document, built once on first use.
 static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
     let mut text = serde_json::to_string_pretty(&document()).unwrap_or_default();
@@ -143,6 +147,9 @@ pub fn document() -> Value {
         placeholders.retain(|name, _| !responses::described::NAMES.contains(&name.as_str()));
     }
     merge(&mut doc["components"]["schemas"], &schemas, 1);
+    for name in CLOSED {
+        doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
+    }
     merge(&mut doc["components"]["responses"], &generated["components"]["responses"], 1);
     let mut paths = Map::new();
     for (method, path, _) in ROUTES {
