@@ -79,6 +79,7 @@ use crate::mcp::policy::{Next, classify};
             super::pages::ReceiptPage,
             super::pages::PaymentPage,
             super::pages::OperatorEventPage,
+            crate::relay::view::PaymentView,
         ), responses(
         responses::Unauthorized,
         responses::ForbiddenAgentKey,
@@ -116,7 +117,7 @@ const OPERATIONS: &str = include_str!("operations.json");
 
 /// Schemas the router writes with exactly their members, whose types still read more (a
 /// [`crate::receipts::Receipt`] deserializes leniently): `additionalProperties: false`.
-const CLOSED: &[&str] = &["Receipt"];
+const CLOSED: &[&str] = &["Receipt", "Payment"];
 
 /// The document, built once on first use.
 static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
