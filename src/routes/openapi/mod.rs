@@ -2,19 +2,30 @@
 //! `GET /openapi.json`.
 //!
 //! The document is assembled from:
-//! - [`crate::codes::Code::ALL`] writes `ErrorCode` and one `Error_<code>` schema per code
-//!   (`x-http-status` from [`Code::http_status`], `x-next` from the retry table of
-//!   [`crate::mcp::policy`] applied to the code, its status and its `payment.status`), and
-//!   the `code` enums of /route's `PaymentDeclined` (402) and `RouteError` (502/504);
-//! - [`Generated`] collects the operations from `#[utoipa::path]` on the handlers, the body
-//!   schemas from `#[derive(ToSchema)]` on the wire types and the shared answers of
-//!   [`super::responses`]; `operations.json` (next to this file) holds what is not yet described in
-//!   code (the info, tags, security schemes, shared parameters and headers, and the operations
-//!   and schemas not yet moved), and a generated operation or schema replaces a described one
-//!   of the same name. Paths are keyed by the route table [`super::ROUTES`]: the document's
-//!   paths are exactly ROUTES (an entry of ROUTES without an operation is a panic the tests
-//!   catch; an operation not in ROUTES is dropped). A test validates real responses of every
-//!   endpoint against the result, so neither can drift.
+//! - [`crate::codes::Code::ALL`] writes one `Error_<code>` schema per code (`x-http-status`
+//!   from [`Code::http_status`], `x-next` from the retry table of [`crate::mcp::policy`]
+//!   applied to the code, its status and its `payment.status`), and the `code` enums of
+//!   /route's `PaymentDeclined` (402) and `RouteError` (502/504); `ErrorCode` is `Code`'s own
+//!   schema;
+//! - [`Generated`] collects every operation from `#[utoipa::path]` on its handler (the three
+//!   methods of `/mcp`, served by one handler, on the functions of `mcp.rs`), the body schemas
+//!   from `#[derive(ToSchema)]` on the types the handlers serialize (`#[schema(...)]` where a
+//!   schema is stricter than the type; [`super::inline`] for defaults, string enums and
+//!   choices of `Error_<code>` the macros cannot state) and the shared answers of
+//!   [`super::responses`]. A generated parameter or response header equal to one of
+//!   `#/components/parameters` or `#/components/headers` becomes a `$ref` to it; the schemas
+//!   of [`CLOSED`] get `additionalProperties: false`.
+//! - `operations.json` (next to this file) holds what does not come from code: the info,
+//!   tags, security schemes, shared parameters and headers, and the body schemas not yet
+//!   derived (the admin and self-service bodies, `IdempotencyReport`, `PaymentIntent`, and
+//!   /route's request and envelopes, which are built by hand parsers and a raw-JSON writer),
+//!   named from the code through [`super::responses::described`]; a generated schema replaces
+//!   a described one of the same name.
+//!
+//! Paths are keyed by the route table [`super::ROUTES`]: the document's paths are exactly
+//! ROUTES (an entry of ROUTES without an operation is a panic the tests catch; an operation
+//! not in ROUTES is dropped). A test validates real responses of every endpoint against the
+//! result, so neither can drift.
 //!
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
@@ -112,7 +123,8 @@ impl utoipa::Modify for EmptyBodyAllowed {
     }
 }
 
-/// The hand-described operations and body schemas (no error codes, no path list).
+/// The hand-written remainder: info, tags, security schemes, shared parameters and headers,
+/// the body schemas not yet derived.
 const OPERATIONS: &str = include_str!("operations.json");
 
 /// Schemas the router writes with exactly their members, whose types still read more (a
