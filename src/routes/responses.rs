@@ -50,7 +50,7 @@ shared! {
     BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
 }
 
-/// Schemas still described by hand in `openapi/operations.json`: an operation names one as
+/// Schemas still described by hand in `openapi/base.json`: an operation names one as
 /// `body = described::AdminAgent`; the document keeps the hand-written schema of that name
 /// (the generated placeholder is dropped, see [`described::NAMES`]).
 pub mod described {

@@ -15,7 +15,7 @@
 //!   [`super::responses`]. A generated parameter or response header equal to one of
 //!   `#/components/parameters` or `#/components/headers` becomes a `$ref` to it; the schemas
 //!   of [`CLOSED`] get `additionalProperties: false`.
-//! - `operations.json` (next to this file) holds what does not come from code: the info,
+//! - `base.json` (next to this file) holds what does not come from code: the info,
 //!   tags, security schemes, shared parameters and headers, and the body schemas not yet
 //!   derived (the admin and self-service bodies, `IdempotencyReport`, `PaymentIntent`, and
 //!   /route's request and envelopes, which are built by hand parsers and a raw-JSON writer),
@@ -125,7 +125,7 @@ impl utoipa::Modify for EmptyBodyAllowed {
 
 /// The hand-written remainder: info, tags, security schemes, shared parameters and headers,
 /// the body schemas not yet derived.
-const OPERATIONS: &str = include_str!("operations.json");
+const BASE: &str = include_str!("base.json");
 
 /// Schemas the router writes with exactly their members, whose types still read more (a
 /// [`crate::receipts::Receipt`] deserializes leniently): `additionalProperties: false`.
@@ -146,15 +146,14 @@ pub fn json() -> &'static str {
 /// Builds the document.
 ///
 /// # Panics
-/// If `operations.json` is not valid JSON or an entry of ROUTES has no operation (neither
-/// generated nor described): both are build-time facts, checked by the tests.
+/// If `base.json` is not valid JSON or an entry of ROUTES has no generated operation: both
+/// are build-time facts, checked by the tests.
 #[allow(clippy::expect_used)]
 pub fn document() -> Value {
-    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/routes/openapi/operations.json is JSON");
+    let mut doc: Value = serde_json::from_str(BASE).expect("src/routes/openapi/base.json is JSON");
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     let generated = serde_json::to_value(Generated::openapi()).expect("the generated document is JSON");
-    let mut described = doc["paths"].take();
-    merge(&mut described, &generated["paths"], 2);
+    let operations = &generated["paths"];
     let mut schemas = generated["components"]["schemas"].clone();
     if let Some(placeholders) = schemas.as_object_mut() {
         placeholders.retain(|name, _| !responses::described::NAMES.contains(&name.as_str()));
@@ -167,9 +166,10 @@ pub fn document() -> Value {
     let mut paths = Map::new();
     for (method, path, _) in ROUTES {
         let method = method.as_str().to_ascii_lowercase();
-        let operation = described.get(*path).and_then(|p| p.get(&method)).unwrap_or_else(|| {
-            panic!("no operation for {method} {path}: neither #[utoipa::path] nor src/routes/openapi/operations.json")
-        });
+        let operation = operations
+            .get(*path)
+            .and_then(|p| p.get(&method))
+            .unwrap_or_else(|| panic!("no operation for {method} {path}: no #[utoipa::path] in Generated"));
         let item = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         item[&method] = operation.clone();
     }
@@ -189,7 +189,7 @@ pub fn document() -> Value {
 }
 
 /// Points the generated parameters and response headers equal to a shared one of
-/// `operations.json` (`#/components/parameters/…`, `#/components/headers/…`) at it, and drops
+/// `base.json` (`#/components/parameters/…`, `#/components/headers/…`) at it, and drops
 /// the `"required": false` utoipa writes on optional parameters (the default).
 fn share(doc: &mut Value) {
     let parameters = doc["components"]["parameters"].as_object().cloned().unwrap_or_default();
