@@ -8,7 +8,6 @@ use utoipa::ToSchema;
 use crate::audit::store::PaymentView;
 use crate::operators::events::OperatorEvent;
 use crate::receipts::Receipt;
-use crate::routes::responses::described;
 
 /// A page of receipts (`GET /receipts`, `GET /audit/receipts`).
 #[derive(Debug, Serialize, ToSchema)]
@@ -27,7 +26,6 @@ pub struct PaymentPage {
     /// `null` on the last page.
     #[schema(required = true)]
     pub next_cursor: Option<String>,
-    #[schema(value_type = Vec<described::PaymentIntent>)]
     pub payments: Vec<PaymentView>,
 }
 

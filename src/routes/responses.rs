@@ -91,7 +91,6 @@ pub mod described {
         Spend,
         KeyPayment,
         IdempotencyReport,
-        PaymentIntent,
         RouteRequest,
         RouteEnvelope,
         PaymentDeclined,
