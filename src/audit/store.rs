@@ -219,6 +219,17 @@ mod doc {
         nullable(&["in_flight", "completed", "errored"], Some("`null` once GC removed the key's row."))
     }
 
+    pub fn key_status() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["in_flight", "completed", "errored"])).into()
+    }
+
+    pub fn intent_or_null() -> RefOr<Schema> {
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(Ref::from_schema_name("PaymentIntent"))
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .into()
+    }
+
     pub fn recovery() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
@@ -308,7 +319,8 @@ pub async fn payment_for_key(
 
 /// An idempotency row as operators see it (the cached response body is not repeated here:
 /// the receipt is the record of the call).
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = IdempotencyRow)]
 pub struct KeyView {
     #[diesel(sql_type = SqlUuid)]
     pub agent_id: Uuid,
@@ -316,13 +328,16 @@ pub struct KeyView {
     pub key: String,
     /// `in_flight`, `completed` or `errored`.
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::key_status)]
     pub status: String,
     #[diesel(sql_type = Text)]
     pub request_hash: String,
-    /// The HTTP status the router answered (None while in flight).
+    /// The status the router answered; `null` while in flight.
     #[diesel(sql_type = Nullable<Int4>)]
+    #[schema(required = true)]
     pub response_status_code: Option<i32>,
     #[diesel(sql_type = Nullable<SqlUuid>)]
+    #[schema(required = true)]
     pub receipt_id: Option<Uuid>,
     #[diesel(sql_type = Timestamptz)]
     pub first_seen_at: DateTime<Utc>,
@@ -338,6 +353,7 @@ pub struct KeyView {
     #[diesel(sql_type = Int4)]
     pub takeovers: i32,
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[schema(required = true)]
     pub completed_at: Option<DateTime<Utc>>,
     /// GC removes the row after this; the key is then new again.
     #[diesel(sql_type = Timestamptz)]
@@ -345,13 +361,16 @@ pub struct KeyView {
 }
 
 /// What `GET /audit/idempotency` shows about one key.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = IdempotencyReport)]
 pub struct KeyReport {
     #[serde(flatten)]
     pub row: KeyView,
     /// `/audit/receipts/{receipt_id}` when there is a receipt.
+    #[schema(required = true)]
     pub receipt_url: Option<String>,
     /// The key's payment intent, when one was signed.
+    #[schema(required = true, schema_with = doc::intent_or_null)]
     pub payment: Option<PaymentView>,
 }
 

@@ -6,6 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::audit::store::KeyReport as IdempotencyReport;
 use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
@@ -13,7 +14,7 @@ use crate::operators::Role;
 use crate::receipts::Receipt;
 use crate::routes::inline::{Limit, OlderThanSecs, PaymentStatusFilter};
 use crate::routes::pages::{OperatorEventPage, PaymentPage, ReceiptPage};
-use crate::routes::responses::described::{IdempotencyReport, Spend};
+use crate::routes::responses::described::Spend;
 use crate::routes::responses::{AuditDisabledOrNotFound, BadQuery, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 

@@ -90,7 +90,6 @@ pub mod described {
         AgentSelf,
         Spend,
         KeyPayment,
-        IdempotencyReport,
         RouteRequest,
         RouteEnvelope,
         PaymentDeclined,
