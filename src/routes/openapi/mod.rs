@@ -17,8 +17,8 @@
 //!   of [`CLOSED`] get `additionalProperties: false`.
 //! - `base.json` (next to this file) holds what does not come from code: the info,
 //!   tags, security schemes, shared parameters and headers, and the body schemas not yet
-//!   derived (the admin and self-service bodies, `IdempotencyReport`, `PaymentIntent`, and
-//!   /route's request and envelopes, which are built by hand parsers and a raw-JSON writer),
+//!   derived (the admin and self-service bodies, and /route's request and envelopes, which
+//!   are read by hand parsers and written by a raw-JSON writer),
 //!   named from the code through [`super::responses::described`]; a generated schema replaces
 //!   a described one of the same name.
 //!
