@@ -105,7 +105,8 @@ impl ApiError {
 
     /// The JSON body (`{"error", "code"}`).
     pub fn body(&self) -> serde_json::Value {
-        let body = ErrorBody { code: self.code(), error: self.to_string() };
+        // Through a value: members in name order, as before.
+        let body = ErrorBody { error: self.to_string(), code: self.code() };
         serde_json::to_value(body).unwrap_or_else(|_| json!({ "error": "internal error", "code": Code::InternalError }))
     }
 }
@@ -116,9 +117,9 @@ impl ApiError {
     description = "Every error body. `error` is for humans and may change; `code` is stable: branch on it. One schema per code follows (`Error_<code>`).",
     example = json!({ "error": "not found", "code": "not_found" }))]
 pub struct ErrorBody {
-    pub code: Code,
     /// What went wrong. 5xx messages are opaque.
     pub error: String,
+    pub code: Code,
 }
 
 impl From<relay::Error> for ApiError {
