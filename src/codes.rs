@@ -296,6 +296,23 @@ impl Serialize for Code {
     }
 }
 
+/// `ErrorCode`: every code (`Error_<code>` describes each, see `routes::openapi`).
+impl utoipa::PartialSchema for Code {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some("The machine-readable error code (see `Error_<code>` for each)."))
+            .enum_values(Some(Self::ALL.iter().map(|c| c.as_str())))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Code {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("ErrorCode")
+    }
+}
+
 impl std::fmt::Display for Code {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

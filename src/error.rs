@@ -105,8 +105,21 @@ impl ApiError {
 
     /// The JSON body (`{"error", "code"}`).
     pub fn body(&self) -> serde_json::Value {
-        json!({ "error": self.to_string(), "code": self.code() })
+        // Through a value: members in name order, as before.
+        let body = ErrorBody { error: self.to_string(), code: self.code() };
+        serde_json::to_value(body).unwrap_or_else(|_| json!({ "error": "internal error", "code": Code::InternalError }))
     }
+}
+
+/// Every error body (`Error` in the OpenAPI document; `Error_<code>` narrows `code`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Error,
+    description = "Every error body. `error` is for humans and may change; `code` is stable: branch on it. One schema per code follows (`Error_<code>`).",
+    example = json!({ "error": "not found", "code": "not_found" }))]
+pub struct ErrorBody {
+    /// What went wrong. 5xx messages are opaque.
+    pub error: String,
+    pub code: Code,
 }
 
 impl From<relay::Error> for ApiError {

@@ -18,27 +18,35 @@ use super::store::{PAID_NOT_SERVED, PAYMENT_FROM};
 use crate::payments::{self, PaymentStatus};
 
 /// One time bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = OverviewBucket)]
 pub struct Bucket {
+    /// Start of the UTC hour or day.
     pub start: DateTime<Utc>,
+    /// Receipts (calls that reached an upstream).
     pub calls: i64,
+    /// Receipts with a payment.
     pub paid_calls: i64,
+    /// Payment intents signed in the bucket.
     pub payments: i64,
+    /// Of those, the ones whose money moved.
     pub settled: i64,
-    /// Payments signed in the bucket that are paid-not-served now.
+    /// Payment intents signed in the bucket that are paid-not-served now.
     pub paid_not_served: i64,
-    /// Payments signed in the bucket that are stuck now.
+    /// Payment intents signed in the bucket that are stuck now (signed, untouched for 120 s).
     pub stuck: i64,
-    /// The amount settled per (network, asset), payments signed in the bucket; only assets
-    /// that moved.
+    /// The amount settled per (network, asset) of the payments signed in the bucket; only
+    /// assets that moved.
     pub moved: Vec<BucketMoved>,
 }
 
-/// The amount of one asset settled in one bucket (atomic units, a decimal string).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The amount of one asset settled in one bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = OverviewBucketMoved)]
 pub struct BucketMoved {
     pub network: String,
     pub asset: String,
+    /// Atomic units, a decimal string.
     pub amount: String,
 }
 
@@ -73,7 +81,8 @@ struct MovedRow {
 }
 
 /// Money moved per (network, asset), atomic units as decimal strings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = OverviewMoved)]
 pub struct Moved {
     #[diesel(sql_type = Text)]
     pub network: String,
@@ -85,8 +94,8 @@ pub struct Moved {
     pub settled_30d: String,
 }
 
-/// The console's overview.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The console's overview (`GET /audit/overview`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Overview {
     /// 24 hourly buckets, oldest first.
     pub hourly: Vec<Bucket>,

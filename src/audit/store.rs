@@ -84,8 +84,11 @@ pub async fn receipt(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Opti
 }
 
 /// A payment intent as operators see it: everything but the signed authorization and the
-/// payment header (bearer instruments), plus where its call ended.
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+/// payment header (bearer instruments), plus where its call ended (`PaymentIntent` in the
+/// OpenAPI document).
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = PaymentIntent,
+    description = "A payment intent of the ledger, without its signed authorization and payment header.")]
 pub struct PaymentView {
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
@@ -94,61 +97,145 @@ pub struct PaymentView {
     #[diesel(sql_type = Text)]
     pub idempotency_key: String,
     #[diesel(sql_type = Int2)]
+    #[schema(schema_with = doc::version)]
     pub x402_version: i16,
     #[diesel(sql_type = Text)]
     pub scheme: String,
     #[diesel(sql_type = Text)]
     pub network: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::address)]
     pub asset: String,
     /// Atomic units of the asset, decimal.
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::amount)]
     pub amount: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::address)]
     pub pay_to: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::address)]
     pub payer: String,
     #[diesel(sql_type = Text)]
     pub nonce: String,
     /// Unix seconds.
     #[diesel(sql_type = BigInt)]
     pub valid_after: i64,
-    /// Unix seconds: unused past this, the authorization can never move money.
+    /// Unix seconds; unused past this, the authorization can never move money.
     #[diesel(sql_type = BigInt)]
     pub valid_before: i64,
-    /// The 402's `resource` (what was paid for), when the upstream gave one.
+    /// The 402's `resource` (what was paid for), or null.
     #[diesel(sql_type = Nullable<Jsonb>)]
+    #[schema(required = true, schema_with = doc::any)]
     pub resource: Option<Value>,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::status)]
     pub status: String,
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true)]
     pub tx_hash: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true)]
     pub error: Option<String>,
-    /// Signatures made for this intent (re-signing keeps the nonce).
+    /// Signatures made (re-signing keeps the nonce).
     #[diesel(sql_type = Int4)]
     pub attempts: i32,
     #[diesel(sql_type = Timestamptz)]
     pub created_at: DateTime<Utc>,
     #[diesel(sql_type = Timestamptz)]
     pub updated_at: DateTime<Utc>,
-    /// When the current authorization was signed (a re-signing sets it again): the budget's
-    /// rolling window counts the payment from here.
+    /// When the current authorization was signed (set again by a re-signing): the rolling
+    /// 24 h budget counts the payment from here until 24 h after its valid_before.
     #[diesel(sql_type = Timestamptz)]
     pub signed_at: DateTime<Utc>,
-    /// The newest receipt of the same (agent, key), if any.
+    /// The newest receipt of the same key.
     #[diesel(sql_type = Nullable<SqlUuid>)]
+    #[schema(required = true)]
     pub receipt_id: Option<Uuid>,
     /// That receipt's outcome: `completed` or `errored`.
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true, schema_with = doc::receipt_outcome)]
     pub receipt_outcome: Option<String>,
-    /// The key's idempotency status (`None` once GC removed the row).
+    /// `null` once GC removed the key's row.
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true, schema_with = doc::idempotency_status)]
     pub idempotency_status: Option<String>,
-    /// What recovery of a lost answer tried and came to, when a takeover found the payment
-    /// used: `{"outcome": "recovered" | "reaccessed" | "lost", "attempts": [...]}`.
+    /// What recovering a lost paid answer tried, when a takeover found the payment used:
+    /// `{"outcome": "recovered" | "reaccessed" | "lost", "attempts": [...]}`.
     #[diesel(sql_type = Nullable<Jsonb>)]
+    #[schema(required = true, schema_with = doc::recovery)]
     pub recovery: Option<Value>,
+}
+
+/// The schemas of [`PaymentView`]'s members that are stricter than their Rust types or
+/// refer to other schemas of the document (`Amount`, `Address`).
+mod doc {
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+    use utoipa::openapi::{Ref, RefOr};
+
+    use crate::payments::PaymentStatus;
+
+    /// A string of `values`, or null.
+    fn nullable(values: &[&str], description: Option<&str>) -> RefOr<Schema> {
+        let values = values.iter().map(|v| serde_json::json!(v)).chain([serde_json::Value::Null]);
+        ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+            .enum_values(Some(values))
+            .description(description)
+            .into()
+    }
+
+    pub fn version() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::Integer).enum_values(Some([1, 2])).into()
+    }
+
+    pub fn address() -> RefOr<Schema> {
+        RefOr::Ref(Ref::from_schema_name("Address"))
+    }
+
+    pub fn amount() -> RefOr<Schema> {
+        RefOr::Ref(Ref::from_schema_name("Amount"))
+    }
+
+    pub fn any() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some("The 402's `resource` (what was paid for), or null."))
+            .into()
+    }
+
+    pub fn status() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(PaymentStatus::ALL.iter().map(|s| s.as_str())))
+            .into()
+    }
+
+    pub fn receipt_outcome() -> RefOr<Schema> {
+        nullable(&["completed", "errored"], None)
+    }
+
+    pub fn idempotency_status() -> RefOr<Schema> {
+        nullable(&["in_flight", "completed", "errored"], Some("`null` once GC removed the key's row."))
+    }
+
+    pub fn key_status() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["in_flight", "completed", "errored"])).into()
+    }
+
+    pub fn intent_or_null() -> RefOr<Schema> {
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(Ref::from_schema_name("PaymentIntent"))
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .into()
+    }
+
+    pub fn recovery() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+            .description(Some("What recovering a lost paid answer tried (a takeover that found the payment used on-chain): `outcome` is `recovered` (the upstream gave back the original answer), `reaccessed` (a new execution reached by signing in as the payer) or `lost`; `attempts` lists each re-send, challenge and sign-in and its answer. `null` when no recovery ran."))
+            .into()
+    }
 }
 
 /// The column list of [`PaymentView`]: the only way payments leave the database through
@@ -232,7 +319,8 @@ pub async fn payment_for_key(
 
 /// An idempotency row as operators see it (the cached response body is not repeated here:
 /// the receipt is the record of the call).
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = IdempotencyRow)]
 pub struct KeyView {
     #[diesel(sql_type = SqlUuid)]
     pub agent_id: Uuid,
@@ -240,13 +328,16 @@ pub struct KeyView {
     pub key: String,
     /// `in_flight`, `completed` or `errored`.
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::key_status)]
     pub status: String,
     #[diesel(sql_type = Text)]
     pub request_hash: String,
-    /// The HTTP status the router answered (None while in flight).
+    /// The status the router answered; `null` while in flight.
     #[diesel(sql_type = Nullable<Int4>)]
+    #[schema(required = true)]
     pub response_status_code: Option<i32>,
     #[diesel(sql_type = Nullable<SqlUuid>)]
+    #[schema(required = true)]
     pub receipt_id: Option<Uuid>,
     #[diesel(sql_type = Timestamptz)]
     pub first_seen_at: DateTime<Utc>,
@@ -262,6 +353,7 @@ pub struct KeyView {
     #[diesel(sql_type = Int4)]
     pub takeovers: i32,
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[schema(required = true)]
     pub completed_at: Option<DateTime<Utc>>,
     /// GC removes the row after this; the key is then new again.
     #[diesel(sql_type = Timestamptz)]
@@ -269,13 +361,16 @@ pub struct KeyView {
 }
 
 /// What `GET /audit/idempotency` shows about one key.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = IdempotencyReport)]
 pub struct KeyReport {
     #[serde(flatten)]
     pub row: KeyView,
     /// `/audit/receipts/{receipt_id}` when there is a receipt.
+    #[schema(required = true)]
     pub receipt_url: Option<String>,
     /// The key's payment intent, when one was signed.
+    #[schema(required = true, schema_with = doc::intent_or_null)]
     pub payment: Option<PaymentView>,
 }
 

@@ -46,25 +46,35 @@ pub async fn record(
 }
 
 /// One event as served.
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
 pub struct OperatorEvent {
     #[diesel(sql_type = BigInt)]
     pub id: i64,
     #[diesel(sql_type = Timestamptz)]
     pub at: DateTime<Utc>,
+    /// null: the bootstrap `OPERATOR_TOKEN` or the command line.
     #[diesel(sql_type = Nullable<SqlUuid>)]
+    #[schema(required = true)]
     pub operator_id: Option<Uuid>,
+    /// The operator's name, `bootstrap`, or `cli`.
     #[diesel(sql_type = Text)]
     pub operator_name: String,
     #[diesel(sql_type = Text)]
     pub action: String,
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true)]
     pub target: Option<String>,
+    /// The changed thing before the change (JSON), when it existed.
     #[diesel(sql_type = Nullable<Jsonb>)]
+    #[schema(required = true, value_type = Value)]
     pub before: Option<Value>,
+    /// The changed thing after the change (JSON).
     #[diesel(sql_type = Nullable<Jsonb>)]
+    #[schema(required = true, value_type = Value)]
     pub after: Option<Value>,
+    /// The TCP peer's IP address (never a forwarded header).
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true)]
     pub remote_addr: Option<String>,
 }
 

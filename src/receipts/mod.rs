@@ -15,28 +15,67 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-/// A receipt as stored and served.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A receipt as stored and served (`Receipt` in the OpenAPI document).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+#[schema(
+    description = "The signed, permanent record of a routed call that reached an upstream. `signature` is EIP-191 (`personal_sign`) by `signer` over the RFC 8785 (JCS) bytes of the receipt without `signature`; check `signer` against `receipt_signer` of `/.well-known/x402-router`."
+)]
 pub struct Receipt {
     pub id: Uuid,
     pub agent_id: Uuid,
     pub idempotency_key: String,
+    /// sha256 of the JCS request fingerprint.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
     pub request_hash: String,
     pub method: String,
     pub url: String,
+    /// `null` when the upstream's answer never arrived.
+    #[schema(required = true)]
     pub upstream_status: Option<i32>,
+    #[schema(pattern = "^[0-9a-f]{64}$")]
     pub upstream_body_sha256: String,
+    #[schema(required = true, schema_with = doc::payment_or_null)]
     pub payment: Option<Value>,
     /// `completed` or `errored`: the idempotency outcome of the call.
+    #[schema(schema_with = doc::outcome)]
     pub outcome: String,
+    /// Six fractional digits and `Z`.
     #[serde(with = "micros")]
     pub created_at: DateTime<Utc>,
+    #[schema(schema_with = doc::address)]
     pub signer: String,
+    #[schema(pattern = "^0x[0-9a-f]{130}$")]
     pub signature: String,
-    /// The call's OpenTelemetry trace id, when the router exported traces (signed with the
-    /// rest; absent otherwise, so receipts without it verify as before).
+    /// The call's OpenTelemetry trace id (32 hex digits), present when the router exported
+    /// traces; signed with the rest of the receipt (absent otherwise, so receipts without it
+    /// verify as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     pub trace_id: Option<String>,
+}
+
+/// The schemas of [`Receipt`]'s members that refer to other schemas of the document.
+mod doc {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    use utoipa::openapi::{Ref, RefOr};
+
+    /// `Payment` or null.
+    pub fn payment_or_null() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("Payment"))
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .into()
+    }
+
+    /// `completed` or `errored`.
+    pub fn outcome() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["completed", "errored"])).into()
+    }
+
+    /// `Address`.
+    pub fn address() -> RefOr<Schema> {
+        RefOr::Ref(Ref::from_schema_name("Address"))
+    }
 }
 
 /// Everything but the signature; what gets signed.

@@ -62,50 +62,137 @@ impl StoredIntent {
 /// The `payment` object shown for a call. Members are declared in name order: the
 /// serialized object is the same, byte for byte, as the sorted JSON object it replaced
 /// (stored envelopes are replayed as stored, and new ones must read the same).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = Payment, description = "The payment made for a call.")]
 pub struct PaymentView {
     /// What was (or, until the chain shows it, may be) charged, in the asset's base units;
     /// for `upto`, the amount the chain shows moved once known. Absent when this attempt
     /// signed nothing (an earlier payment was found on-chain).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = doc::amount)]
     amount: Option<String>,
     /// The token contract (checksummed).
+    #[schema(schema_with = doc::address)]
     asset: String,
     /// `permit2` for a Permit2 payment; absent for EIP-3009.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = doc::permit2)]
     asset_transfer_method: Option<&'static str>,
     /// `upto`: the amount the upstream said it charged, beside what the chain shows.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = doc::claimed_amount)]
     claimed_amount: Option<String>,
-    /// `settlement_pending`: the transaction the upstream named, before the chain decided.
+    /// Present only when the upstream answered with a settlement claim instead of its answer
+    /// (`settlement_pending`): the transaction it named. A hint, never proof: `tx_hash` is set
+    /// only from the chain.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     claimed_tx_hash: Option<String>,
     /// `upto`: the signed maximum.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = doc::max_amount)]
     max_amount: Option<String>,
     /// CAIP-2 network id.
+    #[schema(example = "eip155:84532")]
     network: String,
-    /// The payment's nonce (EIP-3009 nonce, or the Permit2 nonce), `0x`-hex.
+    /// The authorization's nonce (EIP-3009 or Permit2), derived from (agent, key): the chain
+    /// accepts it once.
+    #[schema(pattern = "^0x[0-9a-f]{64}$")]
     nonce: String,
     /// The recipient (checksummed); absent when this attempt signed nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = doc::address)]
     pay_to: Option<String>,
     /// The router's wallet (checksummed).
+    #[schema(schema_with = doc::address)]
     payer: String,
     /// How a lost answer was got back (`recovered`, `reaccessed`, `lost`), when recovery ran.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "kind_str")]
+    #[schema(schema_with = doc::recovery)]
     recovery: Option<RecoveryKind>,
     /// `exact` or `upto`.
+    #[schema(schema_with = doc::scheme)]
     scheme: String,
     /// The ledger state shown with the answer.
     #[serde(serialize_with = "status_str")]
+    #[schema(schema_with = doc::status)]
     status: PaymentStatus,
     /// The settling transaction the chain proves (`null` until proven); absent when this
     /// attempt signed nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     tx_hash: Option<Option<String>>,
     /// The x402 protocol version of the payment.
+    #[schema(schema_with = doc::version)]
     x402_version: u8,
+}
+
+/// The schemas of [`PaymentView`]'s members that are stricter than their Rust types or
+/// refer to other schemas of the document (`Amount`, `Address`).
+mod doc {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::RefBuilder;
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+
+    fn amount_ref(description: &str) -> RefOr<Schema> {
+        RefOr::Ref(RefBuilder::new().ref_location_from_schema_name("Amount").description(Some(description)).build())
+    }
+
+    fn strings(values: &[&str], description: &str) -> RefOr<Schema> {
+        let described = (!description.is_empty()).then_some(description);
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(values.iter().copied()))
+            .description(described)
+            .into()
+    }
+
+    pub fn amount() -> RefOr<Schema> {
+        amount_ref(
+            "What was (or may be) charged; for `upto`, what the chain shows moved once settled (the signed maximum until then). Absent when this attempt signed nothing (an earlier payment was found on-chain).",
+        )
+    }
+
+    pub fn max_amount() -> RefOr<Schema> {
+        amount_ref("`upto` only: the signed maximum.")
+    }
+
+    pub fn claimed_amount() -> RefOr<Schema> {
+        amount_ref("`upto` only: what the upstream said it charged (its word; `amount` is the chain's).")
+    }
+
+    pub fn address() -> RefOr<Schema> {
+        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Address"))
+    }
+
+    pub fn permit2() -> RefOr<Schema> {
+        strings(&["permit2"], "Present only when paid through Permit2 (absent for EIP-3009).")
+    }
+
+    pub fn recovery() -> RefOr<Schema> {
+        strings(
+            &["recovered", "reaccessed", "lost"],
+            "Present only when a retry took over a key whose payment the chain showed used while its answer was lost: `recovered` (the upstream's original answer, got back with a byte-identical re-send of the request and payment; `status` is then `settled`), `reaccessed` (a GET/HEAD run again by signing in as the payer with Sign-In-With-X, no payment: a new execution, not the lost answer; `status` is then `settled`) or `lost` (`settled_response_lost`).",
+        )
+    }
+
+    pub fn scheme() -> RefOr<Schema> {
+        strings(
+            &["exact", "upto"],
+            "`exact` (EIP-3009 or Permit2) or `upto` (Permit2: signs a maximum, charged what moved on-chain).",
+        )
+    }
+
+    pub fn status() -> RefOr<Schema> {
+        strings(
+            &["settled", "unconfirmed", "not_settled", "rejected", "settled_response_lost", "unknown"],
+            "`settled`: seen consumed on-chain; `unconfirmed`: claimed by the upstream, not seen on-chain; `settled_response_lost`: paid, the answer never arrived; `unknown`: the chain could not be read.",
+        )
+    }
+
+    pub fn version() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::Integer).enum_values(Some([1, 2])).into()
+    }
 }
 
 fn status_str<S: serde::Serializer>(s: &PaymentStatus, out: S) -> Result<S::Ok, S::Error> {

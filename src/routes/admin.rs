@@ -9,9 +9,10 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::admin::{self, AgentChange, Invalid};
+use crate::audit::reconcile::Report as ReconcileReport;
 use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
-use crate::routes::responses::described::{AdminAgent, AgentChange as AgentChangeBody, ReconcileReport};
+use crate::routes::responses::described::{AdminAgent, AgentChange as AgentChangeBody};
 use crate::routes::responses::{AdminOnly, BadInput, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 

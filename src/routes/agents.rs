@@ -1,7 +1,6 @@
 //! The agent's self-service endpoints: `GET /agents/me`, `GET /receipts`, `GET /payments`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde_json::json;
 
 use crate::auth::AuthenticatedAgent;
 use crate::error::ApiError;
@@ -27,6 +26,21 @@ pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result
 
 /// GET /receipts — the calling agent's receipts, newest first, keyset-paginated:
 /// `{"receipts": [...], "next_cursor": "…" | null}` (`limit` 1–500, default 50; `cursor`).
+#[utoipa::path(get, path = "/receipts", tag = "agent", operation_id = "listOwnReceipts",
+    summary = "The calling agent's receipts, newest first",
+    description = "Keyset-paginated on `(created_at, id)` descending: pass `next_cursor` back as `cursor` until it is null. A page never repeats or skips a receipt. Unknown or repeated parameters are 400.",
+    security(("agentKey" = [])),
+    params(
+        ("limit" = inline(Option<crate::routes::inline::Limit<50>>), Query),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page."),
+    ),
+    responses(
+        (status = 200, description = "A page of receipts.", body = crate::routes::pages::ReceiptPage),
+        (status = 400, response = crate::routes::responses::BadQuery),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::AgentDisabled),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn receipts(
     state: web::Data<AppState>,
     agent: AuthenticatedAgent,
@@ -35,7 +49,8 @@ pub async fn receipts(
     let page = ReceiptPage::parse(req.query_string()).map_err(|e| ApiError::BadRequest(e.0))?;
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let (rows, next) = self_service::receipts(&mut conn, agent.id, page).await.map_err(ApiError::database)?;
-    Ok(HttpResponse::Ok().json(json!({ "receipts": rows, "next_cursor": next.map(|c| c.encode()) })))
+    Ok(HttpResponse::Ok()
+        .json(crate::routes::pages::ReceiptPage { next_cursor: next.map(|c| c.encode()), receipts: rows }))
 }
 
 /// GET /payments?idempotency_key=K — the payment signed under one of the agent's keys, as the

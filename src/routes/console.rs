@@ -12,6 +12,17 @@ use crate::state::AppState;
 /// GET /audit/overview — calls, paid calls, payments and settled payments per hour (24 h)
 /// and per day (30 d), money moved per asset, and the paid-not-served, stuck and pending
 /// counts (`audit::overview`).
+#[utoipa::path(get, path = "/audit/overview", tag = "audit", operation_id = "auditOverview",
+    summary = "The operator console's overview: activity per hour and per day, money moved, queues",
+    security(("operatorToken" = [])),
+    responses(
+        (status = 200, description = "24 hourly and 30 daily buckets (with the amount settled per asset and the paid-not-served and stuck counts of each) (UTC, oldest first, empty ones as zeros), money moved per asset, and the paid-not-served, stuck and settlement-pending counts.",
+            body = crate::audit::overview::Overview),
+        (status = 401, response = crate::routes::responses::Unauthorized),
+        (status = 403, response = crate::routes::responses::ForbiddenAgentKey),
+        (status = 404, response = crate::routes::responses::AuditDisabledOrNotFound),
+        (status = 503, response = crate::routes::responses::Unavailable),
+    ))]
 pub async fn overview(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
     let o = crate::audit::overview::overview(&mut conn).await.map_err(ApiError::database)?;

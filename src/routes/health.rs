@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::auth::Viewer;
-use crate::routes::responses::described::Address;
+use crate::routes::inline::Address;
 use crate::routes::responses::{ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 

@@ -17,7 +17,7 @@ use crate::state::AppState;
     security(("agentKey" = [])),
     params(("id" = Uuid, Path, description = "The receipt id (a non-uuid is 404).")),
     responses(
-        (status = 200, description = "The signed receipt.", body = crate::routes::responses::described::Receipt,
+        (status = 200, description = "The signed receipt.", body = crate::receipts::Receipt,
             headers(("X-Payment-Status" = String, description = "When a payment was signed for the receipt's key: its current ledger status (`signed`, `settled`, `unconfirmed`, `not_settled`, `rejected`, `settled_response_lost`, `unknown`, `expired`). Outside the signed document: `reconcile` may have moved it on since the receipt was signed."))),
         (status = 401, response = crate::routes::responses::Unauthorized),
         (status = 403, response = crate::routes::responses::AgentDisabled),

@@ -50,7 +50,7 @@ shared! {
     BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
 }
 
-/// Schemas still described by hand in `openapi/operations.json`: an operation names one as
+/// Schemas still described by hand in `openapi/base.json`: an operation names one as
 /// `body = described::AdminAgent`; the document keeps the hand-written schema of that name
 /// (the generated placeholder is dropped, see [`described::NAMES`]).
 pub mod described {
@@ -84,7 +84,17 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, Address, ReconcileReport, AgentSelf, Receipt, Spend, KeyPayment);
+    described!(
+        AdminAgent,
+        AgentChange,
+        AgentSelf,
+        Spend,
+        KeyPayment,
+        RouteRequest,
+        RouteEnvelope,
+        PaymentDeclined,
+        RouteError,
+    );
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;

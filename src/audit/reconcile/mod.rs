@@ -154,7 +154,8 @@ pub struct Settings {
 }
 
 /// What one run did; printed as one JSON line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = ReconcileReport)]
 pub struct Report {
     /// Intents examined.
     pub checked: u64,

@@ -2,22 +2,35 @@
 //! `GET /openapi.json`.
 //!
 //! The document is assembled from:
-//! - [`crate::codes::Code::ALL`] writes `ErrorCode` and one `Error_<code>` schema per code
-//!   (`x-http-status` from [`Code::http_status`], `x-next` from the retry table of
-//!   [`crate::mcp::policy`] applied to the code, its status and its `payment.status`), and
-//!   the `code` enums of /route's `PaymentDeclined` (402) and `RouteError` (502/504);
-//! - [`Generated`] collects the operations from `#[utoipa::path]` on the handlers, the body
-//!   schemas from `#[derive(ToSchema)]` on the wire types and the shared answers of
-//!   [`super::responses`]; `operations.json` (next to this file) holds what is not yet described in
-//!   code (the info, tags, security schemes, shared parameters and headers, and the operations
-//!   and schemas not yet moved), and a generated operation or schema replaces a described one
-//!   of the same name. Paths are keyed by the route table [`super::ROUTES`]: the document's
-//!   paths are exactly ROUTES (an entry of ROUTES without an operation is a panic the tests
-//!   catch; an operation not in ROUTES is dropped). A test validates real responses of every
-//!   endpoint against the result, so neither can drift.
+//! - [`crate::codes::Code::ALL`] writes one `Error_<code>` schema per code (`x-http-status`
+//!   from [`Code::http_status`], `x-next` from the retry table of [`crate::mcp::policy`]
+//!   applied to the code, its status and its `payment.status`), and the `code` enums of
+//!   /route's `PaymentDeclined` (402) and `RouteError` (502/504); `ErrorCode` is `Code`'s own
+//!   schema;
+//! - [`Generated`] collects every operation from `#[utoipa::path]` on its handler (the three
+//!   methods of `/mcp`, served by one handler, on the functions of `mcp.rs`), the body schemas
+//!   from `#[derive(ToSchema)]` on the types the handlers serialize (`#[schema(...)]` where a
+//!   schema is stricter than the type; [`super::inline`] for defaults, string enums and
+//!   choices of `Error_<code>` the macros cannot state) and the shared answers of
+//!   [`super::responses`]. A generated parameter or response header equal to one of
+//!   `#/components/parameters` or `#/components/headers` becomes a `$ref` to it; the schemas
+//!   of [`CLOSED`] get `additionalProperties: false`.
+//! - `base.json` (next to this file) holds what does not come from code: the info,
+//!   tags, security schemes, shared parameters and headers, and the body schemas not yet
+//!   derived (the admin and self-service bodies, and /route's request and envelopes, which
+//!   are read by hand parsers and written by a raw-JSON writer),
+//!   named from the code through [`super::responses::described`]; a generated schema replaces
+//!   a described one of the same name.
+//!
+//! Paths are keyed by the route table [`super::ROUTES`]: the document's paths are exactly
+//! ROUTES (an entry of ROUTES without an operation is a panic the tests catch; an operation
+//! not in ROUTES is dropped). A test validates real responses of every endpoint against the
+//! result, so neither can drift.
 //!
 //! `docs/openapi.json` is a generated copy for readers (a test holds it equal):
 //! `cargo run --quiet -- openapi > docs/openapi.json` regenerates it.
+
+mod mcp;
 
 use std::sync::LazyLock;
 
@@ -56,8 +69,29 @@ use crate::mcp::policy::{Next, classify};
         super::audit::spend,
         super::audit::upto,
         super::agents::payment,
+        super::audit::receipts,
+        super::audit::idempotency,
+        super::audit::payments,
+        super::audit::payments_csv,
+        super::audit::operator_events,
+        super::agents::receipts,
+        super::console::overview,
+        super::route::route,
+        mcp::post,
+        mcp::get,
+        mcp::delete,
     ),
-    components(responses(
+    components(
+        schemas(
+            crate::error::ErrorBody,
+            Code,
+            super::inline::Amount,
+            super::inline::Address,
+            super::pages::ReceiptPage,
+            super::pages::PaymentPage,
+            super::pages::OperatorEventPage,
+            crate::relay::view::PaymentView,
+        ), responses(
         responses::Unauthorized,
         responses::ForbiddenAgentKey,
         responses::AuditDisabledOrNotFound,
@@ -89,8 +123,13 @@ impl utoipa::Modify for EmptyBodyAllowed {
     }
 }
 
-/// The hand-described operations and body schemas (no error codes, no path list).
-const OPERATIONS: &str = include_str!("operations.json");
+/// The hand-written remainder: info, tags, security schemes, shared parameters and headers,
+/// the body schemas not yet derived.
+const BASE: &str = include_str!("base.json");
+
+/// Schemas the router writes with exactly their members, whose types still read more (a
+/// [`crate::receipts::Receipt`] deserializes leniently): `additionalProperties: false`.
+const CLOSED: &[&str] = &["Receipt", "Payment"];
 
 /// The document, built once on first use.
 static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
@@ -107,37 +146,36 @@ pub fn json() -> &'static str {
 /// Builds the document.
 ///
 /// # Panics
-/// If `operations.json` is not valid JSON or an entry of ROUTES has no operation (neither
-/// generated nor described): both are build-time facts, checked by the tests.
+/// If `base.json` is not valid JSON or an entry of ROUTES has no generated operation: both
+/// are build-time facts, checked by the tests.
 #[allow(clippy::expect_used)]
 pub fn document() -> Value {
-    let mut doc: Value = serde_json::from_str(OPERATIONS).expect("src/routes/openapi/operations.json is JSON");
+    let mut doc: Value = serde_json::from_str(BASE).expect("src/routes/openapi/base.json is JSON");
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     let generated = serde_json::to_value(Generated::openapi()).expect("the generated document is JSON");
-    let mut described = doc["paths"].take();
-    merge(&mut described, &generated["paths"], 2);
+    let operations = &generated["paths"];
     let mut schemas = generated["components"]["schemas"].clone();
     if let Some(placeholders) = schemas.as_object_mut() {
         placeholders.retain(|name, _| !responses::described::NAMES.contains(&name.as_str()));
     }
     merge(&mut doc["components"]["schemas"], &schemas, 1);
+    for name in CLOSED {
+        doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
+    }
     merge(&mut doc["components"]["responses"], &generated["components"]["responses"], 1);
     let mut paths = Map::new();
     for (method, path, _) in ROUTES {
         let method = method.as_str().to_ascii_lowercase();
-        let operation = described.get(*path).and_then(|p| p.get(&method)).unwrap_or_else(|| {
-            panic!("no operation for {method} {path}: neither #[utoipa::path] nor src/routes/openapi/operations.json")
-        });
+        let operation = operations
+            .get(*path)
+            .and_then(|p| p.get(&method))
+            .unwrap_or_else(|| panic!("no operation for {method} {path}: no #[utoipa::path] in Generated"));
         let item = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         item[&method] = operation.clone();
     }
     doc["paths"] = Value::Object(paths);
+    share(&mut doc);
     let schemas = &mut doc["components"]["schemas"];
-    schemas["ErrorCode"] = json!({
-        "type": "string",
-        "description": "The machine-readable error code (see `Error_<code>` for each).",
-        "enum": Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-    });
     for code in Code::ALL {
         schemas[format!("Error_{}", code.as_str())] = error_schema(*code);
     }
@@ -148,6 +186,39 @@ pub fn document() -> Value {
     schemas["PaymentDeclined"]["properties"]["code"]["enum"] = json!(with_status(&[402]));
     schemas["RouteError"]["properties"]["code"]["enum"] = json!(with_status(&[502, 504]));
     doc
+}
+
+/// Points the generated parameters and response headers equal to a shared one of
+/// `base.json` (`#/components/parameters/…`, `#/components/headers/…`) at it, and drops
+/// the `"required": false` utoipa writes on optional parameters (the default).
+fn share(doc: &mut Value) {
+    let parameters = doc["components"]["parameters"].as_object().cloned().unwrap_or_default();
+    let headers = doc["components"]["headers"].as_object().cloned().unwrap_or_default();
+    let to_ref = |value: &mut Value, shared: &Map<String, Value>, kind: &str| {
+        if let Some(name) = shared.iter().find(|(_, s)| *s == value).map(|(n, _)| n) {
+            *value = json!({ "$ref": format!("#/components/{kind}/{name}") });
+        }
+    };
+    let Some(paths) = doc["paths"].as_object_mut() else { return };
+    for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+        for parameter in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
+            if parameter["required"] == json!(false)
+                && let Some(p) = parameter.as_object_mut()
+            {
+                p.remove("required");
+            }
+            to_ref(parameter, &parameters, "parameters");
+        }
+        for response in
+            operation.get_mut("responses").and_then(Value::as_object_mut).into_iter().flat_map(|r| r.values_mut())
+        {
+            for header in
+                response.get_mut("headers").and_then(Value::as_object_mut).into_iter().flat_map(|h| h.values_mut())
+            {
+                to_ref(header, &headers, "headers");
+            }
+        }
+    }
 }
 
 /// Copies `from` into `into`, `depth` levels of objects deep (a path's methods at 2, a
