@@ -22,6 +22,8 @@ const MAX_URL_LEN: usize = 8192;
 /// room for a port or an IPv6 literal. Checked before the URL parser, whose IDNA step spends
 /// CPU time growing faster than linearly with the host's length (found by fuzzing).
 const MAX_AUTHORITY_LEN: usize = 300;
+/// The methods an agent may ask for (any case); the OpenAPI `RouteRequest.method` enum.
+const METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
 /// Most headers an agent may pass through.
 const MAX_HEADERS: usize = 64;
 
@@ -36,18 +38,75 @@ impl From<JsonError> for BadRequest {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /route` as the parser reads it: the OpenAPI `RouteRequest` schema is
+/// derived from this very struct (its members and `deny_unknown_fields`), each member's
+/// schema stating what [`RouteCall::parse`] then checks.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RawRouteRequest {
+#[schema(as = RouteRequest, description = "One upstream call to make (and pay for, within `max_amount`).")]
+pub struct RawRouteRequest {
+    #[schema(schema_with = doc::url)]
     url: Value,
     #[serde(default)]
+    #[schema(schema_with = doc::method)]
     method: Option<Value>,
     #[serde(default)]
+    #[schema(schema_with = doc::headers)]
     headers: Option<Value>,
     #[serde(default)]
+    #[schema(schema_with = doc::body)]
     body: Value,
     #[serde(default)]
+    #[schema(schema_with = doc::max_amount)]
     max_amount: Option<Value>,
+}
+
+/// The schemas of [`RawRouteRequest`]'s members: what the parser accepts.
+mod doc {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, RefBuilder, Schema, SchemaType, Type};
+    use utoipa::openapi::{RefOr, SchemaFormat};
+
+    pub fn url() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::Custom("uri".into())))
+            .description(Some("Absolute http(s) URL of the upstream, without credentials."))
+            .into()
+    }
+
+    pub fn method() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(super::METHODS.iter().copied()))
+            .default(Some(serde_json::json!("GET")))
+            .into()
+    }
+
+    pub fn headers() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+                ObjectBuilder::new().schema_type(Type::String).build(),
+            )))))
+            .description(Some("Sent to the upstream; `Host`, hop-by-hop and payment headers are dropped."))
+            .into()
+    }
+
+    pub fn body() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some("Any JSON value, sent as `application/json` (not with GET/HEAD)."))
+            .into()
+    }
+
+    pub fn max_amount() -> RefOr<Schema> {
+        RefOr::Ref(
+            RefBuilder::new()
+                .ref_location_from_schema_name("Amount")
+                .description(Some("The most the agent pays for this call. Absent: pay nothing."))
+                .build(),
+        )
+    }
 }
 
 /// A validated routed call.
@@ -144,13 +203,10 @@ fn parse_method(v: Option<&Value>) -> Result<Method, BadRequest> {
         Some(Value::String(s)) => s.to_ascii_uppercase(),
         Some(_) => return Err(BadRequest("\"method\" must be a string".into())),
     };
-    match name.as_str() {
-        "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => {
-            Method::from_str(&name).map_err(|_| BadRequest(format!("unsupported method {name:?}")))
-        }
-        _ => {
-            Err(BadRequest(format!("unsupported method {name:?}; use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS")))
-        }
+    if METHODS.contains(&name.as_str()) {
+        Method::from_str(&name).map_err(|_| BadRequest(format!("unsupported method {name:?}")))
+    } else {
+        Err(BadRequest(format!("unsupported method {name:?}; use {}", METHODS.join(", "))))
     }
 }
 

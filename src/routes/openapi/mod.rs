@@ -17,8 +17,8 @@
 //!   of [`CLOSED`] get `additionalProperties: false`.
 //! - `base.json` (next to this file) holds what does not come from code: the info,
 //!   tags, security schemes, shared parameters and headers, and the body schemas not yet
-//!   derived (the admin and self-service bodies, and /route's request and envelopes, which
-//!   are read by hand parsers and written by a raw-JSON writer),
+//!   derived (the admin and self-service bodies, and /route's envelopes, written by a
+//!   raw-JSON writer; /route's request is the parser's own `RawRouteRequest`),
 //!   named from the code through [`super::responses::described`]; a generated schema replaces
 //!   a described one of the same name.
 //!
@@ -129,7 +129,7 @@ const BASE: &str = include_str!("base.json");
 
 /// Schemas the router writes with exactly their members, whose types still read more (a
 /// [`crate::receipts::Receipt`] deserializes leniently): `additionalProperties: false`.
-const CLOSED: &[&str] = &["Receipt", "Payment"];
+const CLOSED: &[&str] = &["Receipt", "Payment", "RouteRequest"];
 
 /// The document, built once on first use.
 static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
