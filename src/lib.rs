@@ -50,6 +50,7 @@ pub mod receipts;
 pub mod recovery;
 pub mod relay;
 pub mod routes;
+pub mod schema_doc;
 pub mod self_service;
 pub mod startup;
 pub mod state;

@@ -119,46 +119,95 @@ pub fn sql_list(statuses: impl IntoIterator<Item = PaymentStatus>) -> String {
 }
 
 /// An agent's limits and rolling 24 h usage, amounts as decimal strings of atomic units.
-#[derive(Debug, Clone, serde::Serialize, diesel::QueryableByName)]
+#[derive(Debug, Clone, serde::Serialize, diesel::QueryableByName, utoipa::ToSchema)]
 pub struct Spend {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     pub agent_id: Uuid,
     #[diesel(sql_type = diesel::sql_types::Bool)]
+    #[schema(required = false)]
     pub disabled: bool,
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::max_per_call, required = true)]
     pub max_per_call: Option<String>,
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::daily_budget, required = true)]
     pub daily_budget: Option<String>,
     /// Spent (settled, or settled with the response lost) in the last 24 h.
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::settled_24h, required = true)]
     pub settled_24h: String,
     /// Signed authorizations that may still move money, however old: every intent that is
     /// neither spent nor `expired` (an upstream's "rejected" or "not settled" releases nothing).
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::reserved_24h, required = true)]
     pub reserved_24h: String,
     /// What the budget still allows (None: no budget).
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::remaining_24h, required = true)]
     pub remaining_24h: Option<String>,
     /// The calendar-month budget (UTC months), if any.
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::month_budget, required = false)]
     pub month_budget: Option<String>,
     /// Spent by payments signed this calendar month (UTC).
     #[diesel(sql_type = Text)]
+    #[schema(required = false)]
     pub settled_month: String,
     /// What the month budget still allows: the budget less this month's spend and every
     /// reservation (None: no month budget).
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::remaining_month, required = false)]
     pub remaining_month: Option<String>,
     /// Upstream hosts this agent may call (None: any the SSRF guard allows).
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    #[schema(schema_with = doc::allowed_hosts, required = false)]
     pub allowed_hosts: Option<Vec<String>>,
     /// `payTo` addresses this agent may pay, lowercase (None: any).
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    #[schema(schema_with = doc::allowed_pay_to, required = false)]
     pub allowed_pay_to: Option<Vec<String>>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+    #[schema(required = false)]
     pub calls_per_minute: Option<i32>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+    #[schema(required = false)]
     pub payments_per_minute: Option<i32>,
+}
+
+/// The schemas of [`Spend`]'s members as the OpenAPI document states them.
+mod doc {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
+
+    use crate::schema_doc as s;
+
+    pub fn max_per_call() -> RefOr<Schema> {
+        s::amount_or_null("Per-call cap; null: none.")
+    }
+    pub fn daily_budget() -> RefOr<Schema> {
+        s::amount_or_null("Rolling 24 h budget; null: none.")
+    }
+    pub fn settled_24h() -> RefOr<Schema> {
+        s::amount("Settled (or settled, response lost) in the last 24 h.")
+    }
+    pub fn reserved_24h() -> RefOr<Schema> {
+        s::amount("Reserved, not known to have settled: signed, unknown, unconfirmed.")
+    }
+    pub fn remaining_24h() -> RefOr<Schema> {
+        s::amount_or_null("What the budget still allows; null: no budget.")
+    }
+    pub fn month_budget() -> RefOr<Schema> {
+        s::string_or_null("The calendar-month budget (UTC), atomic units; null: none.")
+    }
+    pub fn remaining_month() -> RefOr<Schema> {
+        s::string_or_null("What the month budget still allows (reservations included); null without one.")
+    }
+    pub fn allowed_hosts() -> RefOr<Schema> {
+        s::strings_or_null("Upstream hosts this agent may call (null: any).")
+    }
+    pub fn allowed_pay_to() -> RefOr<Schema> {
+        s::strings_or_null("payTo addresses this agent may pay (null: any).")
+    }
 }
 
 impl Spend {

@@ -11,10 +11,10 @@ use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
 use crate::error::ApiError;
 use crate::operators::Role;
+use crate::payments::Spend;
 use crate::receipts::Receipt;
 use crate::routes::inline::{Limit, OlderThanSecs, PaymentStatusFilter};
 use crate::routes::pages::{OperatorEventPage, PaymentPage, ReceiptPage};
-use crate::routes::responses::described::Spend;
 use crate::routes::responses::{AuditDisabledOrNotFound, BadQuery, ForbiddenAgentKey, Unauthorized, Unavailable};
 use crate::state::AppState;
 
