@@ -44,52 +44,104 @@ pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 500;
 
 /// `GET /agents/me`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AgentSelf,
+    description = "The calling agent's limits and rolling spend. Amounts are decimal strings of atomic token units. The cap and the budget apply to the sum over the agent's assets.",
+    example = json!({"agent_id": "0b7c…", "name": "my-bot", "created_at": "2026-12-01T10:00:00Z", "window_hours": 24,
+        "max_per_call": "50000", "daily_budget": "1000000", "spent": "30000", "reserved": "10000", "remaining": "960000",
+        "assets": [{"network": "eip155:84532", "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "spent": "30000", "reserved": "10000"}]}))]
 pub struct Me {
     pub agent_id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
     /// The rolling window spend is counted over.
+    #[schema(schema_with = doc::window_hours)]
     pub window_hours: u32,
     /// Most one call may pay (atomic units), `null`: no cap beyond the call's `max_amount`.
+    #[schema(schema_with = doc::max_per_call, required = true)]
     pub max_per_call: Option<String>,
     /// The rolling budget (atomic units), `null`: none.
+    #[schema(schema_with = doc::daily_budget, required = true)]
     pub daily_budget: Option<String>,
     /// Settled (or settled with the answer lost) in the window.
+    #[schema(schema_with = doc::spent)]
     pub spent: String,
     /// Signed and not known to be settled or released (`signed`, `unknown`, `unconfirmed`).
+    #[schema(schema_with = doc::reserved)]
     pub reserved: String,
     /// What the budget still allows; `null` without a budget.
+    #[schema(schema_with = doc::remaining, required = true)]
     pub remaining: Option<String>,
     /// The calendar-month budget (UTC), `null`: none.
+    #[schema(required = true)]
     pub month_budget: Option<String>,
     /// Spent by payments signed this calendar month.
     pub spent_month: String,
     /// What the month budget still allows (reservations included); `null` without one.
+    #[schema(required = true)]
     pub remaining_month: Option<String>,
     /// Upstream hosts this agent may call (`null`: any); others get 403 `upstream_not_allowed`.
+    #[schema(required = true)]
     pub allowed_hosts: Option<Vec<String>>,
     /// `payTo` addresses this agent may pay (`null`: any); others get 402 `payment_not_allowed`.
+    #[schema(required = true)]
     pub allowed_pay_to: Option<Vec<String>>,
     /// Calls per minute (`null`: no limit); over it, 429 `rate_limited`.
+    #[schema(required = true)]
     pub calls_per_minute: Option<i32>,
     /// Payments per minute (`null`: no limit); over it, 429 `rate_limited`.
+    #[schema(required = true)]
     pub payments_per_minute: Option<i32>,
     /// The same sums per (network, asset).
+    #[schema(inline)]
     pub assets: Vec<AssetSpend>,
 }
 
 /// Spend on one asset in the window.
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
 pub struct AssetSpend {
+    /// CAIP-2
     #[diesel(sql_type = Text)]
     pub network: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub asset: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::amount)]
     pub spent: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::amount)]
     pub reserved: String,
+}
+
+/// The schemas of [`Me`]'s members as the OpenAPI document states them.
+mod doc {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+
+    use crate::schema_doc as s;
+
+    pub fn window_hours() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::Integer).enum_values(Some([24])).into()
+    }
+    pub fn max_per_call() -> RefOr<Schema> {
+        s::amount_or_null("Most one call may pay; null: only the call's `max_amount` limits it.")
+    }
+    pub fn daily_budget() -> RefOr<Schema> {
+        s::amount_or_null("Rolling 24 h budget; null: none.")
+    }
+    pub fn spent() -> RefOr<Schema> {
+        s::amount("Settled (or settled with the answer lost) in the window.")
+    }
+    pub fn reserved() -> RefOr<Schema> {
+        s::amount("Signed and not yet known to be settled or released (`signed`, `unknown`, `unconfirmed`).")
+    }
+    pub fn remaining() -> RefOr<Schema> {
+        s::amount_or_null("What the budget still allows; null without a budget.")
+    }
+    pub fn amount() -> RefOr<Schema> {
+        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount"))
+    }
 }
 
 #[derive(QueryableByName)]

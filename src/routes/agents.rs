@@ -13,7 +13,7 @@ use crate::state::AppState;
     summary = "The calling agent's limits, budget and rolling 24 h spend",
     security(("agentKey" = [])),
     responses(
-        (status = 200, description = "Limits and spend.", body = crate::routes::responses::described::AgentSelf),
+        (status = 200, description = "Limits and spend.", body = crate::self_service::Me),
         (status = 401, response = crate::routes::responses::Unauthorized),
         (status = 403, response = crate::routes::responses::AgentDisabled),
         (status = 503, response = crate::routes::responses::Unavailable),

@@ -84,7 +84,7 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, AgentSelf, KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
+    described!(AdminAgent, AgentChange, KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;
