@@ -145,7 +145,8 @@ fn rate(field: &str, v: &Value) -> Result<Option<i32>, Invalid> {
 }
 
 /// An agent as operators see it: name, limits and usage (never the key).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = AdminAgent, description = "An agent's limits and usage as operators see them (never its key).")]
 pub struct AgentView {
     pub name: String,
     pub created_at: chrono::DateTime<chrono::Utc>,

@@ -124,7 +124,6 @@ pub struct Spend {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     pub agent_id: Uuid,
     #[diesel(sql_type = diesel::sql_types::Bool)]
-    #[schema(required = false)]
     pub disabled: bool,
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
     #[schema(schema_with = doc::max_per_call, required = true)]
@@ -151,7 +150,6 @@ pub struct Spend {
     pub month_budget: Option<String>,
     /// Spent by payments signed this calendar month (UTC).
     #[diesel(sql_type = Text)]
-    #[schema(required = false)]
     pub settled_month: String,
     /// What the month budget still allows: the budget less this month's spend and every
     /// reservation (None: no month budget).

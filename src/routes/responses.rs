@@ -84,7 +84,7 @@ pub mod described {
         };
     }
 
-    described!(AdminAgent, AgentChange, KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
+    described!(AgentChange, KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;
