@@ -536,6 +536,8 @@ pub async fn reconcile(
     Ok(report)
 }
 
+mod change_doc;
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

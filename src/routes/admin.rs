@@ -8,12 +8,12 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::admin::AgentChange as AgentChangeBody;
 use crate::admin::AgentView as AdminAgent;
 use crate::admin::{self, AgentChange, Invalid};
 use crate::audit::reconcile::Report as ReconcileReport;
 use crate::auth::{Admin, Viewer};
 use crate::error::ApiError;
-use crate::routes::responses::described::AgentChange as AgentChangeBody;
 use crate::routes::responses::{AdminOnly, BadInput, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 

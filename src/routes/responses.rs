@@ -84,7 +84,7 @@ pub mod described {
         };
     }
 
-    described!(AgentChange, KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
+    described!(KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;

@@ -1,0 +1,131 @@
+//! The OpenAPI schema of [`AgentChange`]'s wire form (`POST`/`PATCH /admin/agents…`), next to
+//! its parser: the members, their limits ([`MAX_ALLOWLIST`], [`MAX_PER_MINUTE`]) and
+//! `additionalProperties: false` are the ones [`AgentChange::parse`] enforces (a test holds
+//! the member list equal to what the parser accepts).
+
+use std::borrow::Cow;
+
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
+
+use super::{AgentChange, MAX_ALLOWLIST, MAX_PER_MINUTE};
+
+/// A decimal amount of atomic units, or null.
+const AMOUNT: &str = "^(0|[1-9][0-9]{0,77})$";
+
+/// The members of the wire form, with their schemas, in the parser's order.
+pub(super) fn members() -> Vec<(&'static str, Schema)> {
+    let nullable = |t: Type| SchemaType::from_iter([t, Type::Null]);
+    let amount = |description: &str| {
+        Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(nullable(Type::String))
+                .pattern(Some(AMOUNT))
+                .description(Some(description))
+                .build(),
+        )
+    };
+    let list = |item: ObjectBuilder, description: &str| {
+        Schema::Array(
+            ArrayBuilder::new()
+                .schema_type(nullable(Type::Array))
+                .max_items(Some(MAX_ALLOWLIST))
+                .items(item)
+                .description(Some(description))
+                .build(),
+        )
+    };
+    let rate = |description: &str| {
+        Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(nullable(Type::Integer))
+                .minimum(Some(1))
+                .maximum(Some(MAX_PER_MINUTE))
+                .description(Some(description))
+                .build(),
+        )
+    };
+    vec![
+        ("name", Schema::Object(ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)).max_length(Some(200)).build())),
+        ("max_per_call", amount("Atomic units, decimal; null: no limit.")),
+        ("daily_budget", amount("Atomic units, decimal; null: no limit.")),
+        ("month_budget", amount("Spent and reserved in the calendar month (UTC), atomic units; null: no limit.")),
+        (
+            "allowed_hosts",
+            list(
+                ObjectBuilder::new().schema_type(Type::String).description(Some(
+                    "`api.example.com`, `*.example.com` (any host below, not the domain itself), either optionally with `:port`.",
+                )),
+                "Upstream hosts the agent may call; null: any host the SSRF guard allows. A call to another host: 403 `upstream_not_allowed`, nothing written.",
+            ),
+        ),
+        (
+            "allowed_pay_to",
+            list(
+                ObjectBuilder::new().schema_type(Type::String).pattern(Some("^0[xX][0-9a-fA-F]{40}$")),
+                "`payTo` addresses the agent may pay; null: any. Otherwise 402 `payment_not_allowed`, nothing signed.",
+            ),
+        ),
+        ("calls_per_minute", rate("/route calls per minute (paid or not); over: 429 `rate_limited`, nothing written.")),
+        ("payments_per_minute", rate("Payments signed per minute; over: 429 `rate_limited`, nothing recorded.")),
+    ]
+}
+
+impl utoipa::PartialSchema for AgentChange {
+    fn schema() -> RefOr<Schema> {
+        let mut object = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(utoipa::openapi::schema::AdditionalProperties::FreeForm(false)))
+            .description(Some(
+                "Fields to change (absent: unchanged; null: limit removed). Unknown fields are refused with 400.",
+            ));
+        for (name, schema) in members() {
+            object = object.property(name, schema);
+        }
+        object.into()
+    }
+}
+
+impl utoipa::ToSchema for AgentChange {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("AgentChange")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A valid value of each member, as the parser wants it.
+    fn valid(name: &str) -> Value {
+        match name {
+            "name" => json!("bot"),
+            "allowed_hosts" => json!(["api.example.com"]),
+            "allowed_pay_to" => json!(["0x1111111111111111111111111111111111111111"]),
+            "calls_per_minute" | "payments_per_minute" => json!(5),
+            _ => json!("1000"),
+        }
+    }
+
+    #[test]
+    fn the_schema_lists_exactly_what_the_parser_accepts() {
+        for (name, _) in members() {
+            let body = json!({ name: valid(name) });
+            assert!(AgentChange::parse(&body).is_ok(), "the parser refuses the documented member {name}");
+        }
+        // Every member the parser knows is documented: the parser's match arms, one by one.
+        let documented: Vec<&str> = members().into_iter().map(|(n, _)| n).collect();
+        let all = json!({
+            "name": "bot", "max_per_call": "1", "daily_budget": "1", "month_budget": "1",
+            "allowed_hosts": null, "allowed_pay_to": null, "calls_per_minute": null, "payments_per_minute": null,
+        });
+        for name in all.as_object().unwrap().keys() {
+            assert!(documented.contains(&name.as_str()), "{name} is accepted but not documented");
+        }
+        assert_eq!(documented.len(), all.as_object().unwrap().len());
+        assert!(AgentChange::parse(&all).is_ok());
+        assert!(AgentChange::parse(&json!({"not_a_member": 1})).is_err());
+    }
+}
