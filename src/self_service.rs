@@ -316,21 +316,28 @@ mod tests {
 }
 
 /// The payment signed under one of the agent's idempotency keys, as the ledger has it now.
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = KeyPaymentRow,
+    description = "The payment signed under one of the agent's idempotency keys, as the ledger has it now (never the signed authorization).")]
 pub struct KeyPayment {
     #[diesel(sql_type = Text)]
     pub idempotency_key: String,
     /// `signed`, `settled`, `unconfirmed`, `not_settled`, `rejected`, `settled_response_lost`,
     /// `unknown` or `expired`.
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = key_doc::status)]
     pub status: String,
+    /// CAIP-2
     #[diesel(sql_type = Text)]
     pub network: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub asset: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = key_doc::amount)]
     pub amount: String,
     #[diesel(sql_type = Text)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub pay_to: String,
     #[diesel(sql_type = Text)]
     pub nonce: String,
@@ -338,12 +345,14 @@ pub struct KeyPayment {
     #[diesel(sql_type = BigInt)]
     pub valid_before: i64,
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(required = true)]
     pub tx_hash: Option<String>,
     #[diesel(sql_type = Timestamptz)]
     pub updated_at: DateTime<Utc>,
     /// How recovery of a lost answer ended, when one was tried: `recovered`, `reaccessed`
     /// or `lost`.
     #[diesel(sql_type = Nullable<Text>)]
+    #[schema(schema_with = key_doc::recovery, required = true)]
     pub recovery: Option<String>,
     /// The answer `reconcile` got back after the key had been answered `settled_response_lost`
     /// (the key's own answer is never rewritten): see [`KeyPayment::recovered_answer`].
@@ -378,14 +387,56 @@ impl KeyPayment {
 
 /// `GET /payments?idempotency_key=` (and MCP `payment_status`): the key's payment, whether a
 /// new key is safe, and an answer recovered after the key's final answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = KeyPayment)]
 pub struct KeyPaymentView<'a> {
     #[serde(flatten)]
     pub payment: &'a KeyPayment,
-    /// Whether the payment's state lets the agent buy again under a new key.
+    /// True when the status can no longer move money (`not_settled`, `rejected`, `expired`):
+    /// a new key for the same call cannot pay twice.
     pub new_key_safe: bool,
-    /// See [`KeyPayment::recovered_answer`]; `null` when none.
+    #[schema(schema_with = key_doc::recovered_answer, required = true)]
     pub recovered_answer: Option<serde_json::Value>,
+}
+
+/// The schemas of [`KeyPayment`]'s members that are stricter than their Rust types.
+mod key_doc {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+
+    pub fn status() -> RefOr<Schema> {
+        let all = crate::payments::PaymentStatus::ALL.map(|s| s.as_str());
+        ObjectBuilder::new().schema_type(Type::String).enum_values(Some(all)).into()
+    }
+
+    pub fn amount() -> RefOr<Schema> {
+        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount"))
+    }
+
+    pub fn recovery() -> RefOr<Schema> {
+        let values = ["recovered", "reaccessed", "lost"].map(|v| serde_json::json!(v));
+        ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+            .enum_values(Some(values.into_iter().chain([serde_json::Value::Null])))
+            .description(Some("How recovery of an answer lost after this payment settled ended, when one was tried: `recovered` (the upstream's original answer, paid once), `reaccessed` (a new execution of a GET reached by signing in as the payer), `lost` (nothing could be got back; never paid again)."))
+            .into()
+    }
+
+    pub fn recovered_answer() -> RefOr<Schema> {
+        let kinds = ["recovered", "reaccessed"];
+        ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+            .description(Some("The answer `x402-router reconcile` recovered after the key had already been answered `settled_response_lost` (the key's own answer and its replays are never rewritten). `answer` is the `/route` envelope the agent would have had: the upstream's original status, headers and body, `payment.recovery` saying how it was got; `receipt_id` its signed receipt."))
+            .property("kind", ObjectBuilder::new().schema_type(Type::String).enum_values(Some(kinds)))
+            .property("receipt_id", ObjectBuilder::new().schema_type(Type::String).format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Uuid))))
+            .property("http_status", ObjectBuilder::new().schema_type(Type::Integer))
+            .property("answer", ObjectBuilder::new().schema_type(Type::Object))
+            .required("kind")
+            .required("receipt_id")
+            .required("http_status")
+            .required("answer")
+            .into()
+    }
 }
 
 impl<'a> KeyPaymentView<'a> {

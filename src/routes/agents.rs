@@ -63,7 +63,7 @@ pub async fn receipts(
     security(("agentKey" = [])),
     params(("idempotency_key" = String, Query)),
     responses(
-        (status = 200, description = "The payment.", body = crate::routes::responses::described::KeyPayment),
+        (status = 200, description = "The payment.", body = crate::self_service::KeyPaymentView),
         (status = 400, response = crate::routes::responses::BadQuery),
         (status = 401, response = crate::routes::responses::Unauthorized),
         (status = 403, response = crate::routes::responses::AgentDisabled),

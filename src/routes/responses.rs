@@ -84,7 +84,7 @@ pub mod described {
         };
     }
 
-    described!(KeyPayment, RouteEnvelope, PaymentDeclined, RouteError,);
+    described!(RouteEnvelope, PaymentDeclined, RouteError,);
 
     /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
     pub struct ErrorNotFound;
