@@ -14,6 +14,7 @@
 
 mod allowance;
 pub mod envelope;
+pub mod envelope_doc;
 pub mod error;
 pub mod outcome;
 pub mod pay;

@@ -68,7 +68,7 @@ pub async fn receipts(
         (status = 401, response = crate::routes::responses::Unauthorized),
         (status = 403, response = crate::routes::responses::AgentDisabled),
         (status = 404, description = "No payment was ever signed under this key (nothing was paid under it).",
-            body = crate::routes::responses::described::ErrorNotFound),
+            body = crate::routes::responses::ErrorNotFound),
         (status = 503, response = crate::routes::responses::Unavailable),
     ))]
 pub async fn payment(

@@ -50,54 +50,18 @@ shared! {
     BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
 }
 
-/// Schemas still described by hand in `openapi/base.json`: an operation names one as
-/// `body = described::AdminAgent`; the document keeps the hand-written schema of that name
-/// (the generated placeholder is dropped, see [`described::NAMES`]).
-pub mod described {
-    use std::borrow::Cow;
+/// The `Error_not_found` schema, named by an operation as a body (its schema is written from
+/// [`crate::codes::Code`] with the other `Error_<code>` schemas, replacing this placeholder).
+pub struct ErrorNotFound;
 
-    use utoipa::openapi::RefOr;
-    use utoipa::openapi::schema::Schema;
-    use utoipa::{PartialSchema, ToSchema};
-
-    macro_rules! described {
-        ($($name:ident),* $(,)?) => {
-            $(
-                #[doc = concat!("The hand-written `", stringify!($name), "` schema.")]
-                pub struct $name;
-
-                impl PartialSchema for $name {
-                    fn schema() -> RefOr<Schema> {
-                        RefOr::T(Schema::default())
-                    }
-                }
-
-                impl ToSchema for $name {
-                    fn name() -> Cow<'static, str> {
-                        Cow::Borrowed(stringify!($name))
-                    }
-                }
-            )*
-
-            /// The names of these schemas.
-            pub const NAMES: &[&str] = &[$(stringify!($name)),*];
-        };
+impl utoipa::PartialSchema for ErrorNotFound {
+    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
+        RefOr::T(utoipa::openapi::schema::Schema::default())
     }
+}
 
-    described!(RouteEnvelope, PaymentDeclined, RouteError,);
-
-    /// The `Error_not_found` schema (written from [`crate::codes::Code`] with the others).
-    pub struct ErrorNotFound;
-
-    impl PartialSchema for ErrorNotFound {
-        fn schema() -> RefOr<Schema> {
-            RefOr::T(Schema::default())
-        }
-    }
-
-    impl ToSchema for ErrorNotFound {
-        fn name() -> Cow<'static, str> {
-            Cow::Borrowed("Error_not_found")
-        }
+impl utoipa::ToSchema for ErrorNotFound {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("Error_not_found")
     }
 }

@@ -7,13 +7,15 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use crate::auth::AuthenticatedAgent;
 use crate::error::ApiError;
 use crate::idempotency::IdempotencyKey;
+use crate::relay::envelope_doc::{
+    PaymentDeclinedDoc as PaymentDeclined, RouteEnvelopeDoc as RouteEnvelope, RouteErrorDoc as RouteError,
+};
 use crate::relay::request::RawRouteRequest as RouteRequest;
 use crate::relay::{self, RouteResponse, request::RouteCall};
 use crate::routes::inline::{
     PayloadTooLarge, RateLimited, ReplayTrue, RouteBadRequest, RouteConflict, RouteForbidden, RouteUnavailable, Seconds,
 };
 use crate::routes::responses::Unauthorized;
-use crate::routes::responses::described::{PaymentDeclined, RouteEnvelope, RouteError};
 use crate::state::AppState;
 
 /// POST /route — route one call to an upstream, paying if needed, at most once per

@@ -15,12 +15,11 @@
 //!   [`super::responses`]. A generated parameter or response header equal to one of
 //!   `#/components/parameters` or `#/components/headers` becomes a `$ref` to it; the schemas
 //!   of [`CLOSED`] get `additionalProperties: false`.
-//! - `base.json` (next to this file) holds what does not come from code: the info,
-//!   tags, security schemes, shared parameters and headers, and the body schemas not yet
-//!   derived (the admin and self-service bodies, and /route's envelopes, written by a
-//!   raw-JSON writer; /route's request is the parser's own `RawRouteRequest`),
-//!   named from the code through [`super::responses::described`]; a generated schema replaces
-//!   a described one of the same name.
+//! - `base.json` (next to this file) holds what does not come from code: the info, tags,
+//!   servers, security schemes, shared parameters and headers. Every body schema is
+//!   generated: from the type the handler serializes, or, where a body is read by a hand
+//!   parser or written member by member, from a type beside that code whose members a unit
+//!   test holds equal to it (`admin::AgentChange`, `relay::envelope_doc`).
 //!
 //! Paths are keyed by the route table [`super::ROUTES`]: the document's paths are exactly
 //! ROUTES (an entry of ROUTES without an operation is a panic the tests catch; an operation
@@ -154,11 +153,7 @@ pub fn document() -> Value {
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     let generated = serde_json::to_value(Generated::openapi()).expect("the generated document is JSON");
     let operations = &generated["paths"];
-    let mut schemas = generated["components"]["schemas"].clone();
-    if let Some(placeholders) = schemas.as_object_mut() {
-        placeholders.retain(|name, _| !responses::described::NAMES.contains(&name.as_str()));
-    }
-    merge(&mut doc["components"]["schemas"], &schemas, 1);
+    merge(&mut doc["components"]["schemas"], &generated["components"]["schemas"], 1);
     for name in CLOSED {
         doc["components"]["schemas"][name]["additionalProperties"] = json!(false);
     }
