@@ -8,27 +8,8 @@ use x402_router_testkit::Deadline;
 
 use crate::helpers::*;
 
-async fn paid_app(chain: &Devnet, extra: &[(&str, &str)]) -> TestApp {
-    let mut options = chain.router_extra();
-    options.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    spawn_app_with(AppOptions { extra: options, ..Default::default() }).await
-}
-
 async fn set_budget(app: &TestApp, budget: u64) {
     exec(&app.db, &format!("UPDATE agents SET daily_budget = {budget} WHERE id = '{}'", app.agent.id)).await;
-}
-
-/// `x402-router reconcile` with no grace period: exit success and its JSON report.
-fn reconcile_now(db: &TestDb, rpc_url: &str) -> Value {
-    let out = router_command()
-        .arg("reconcile")
-        .env("DATABASE_URL", &db.url)
-        .env("X402_RPC_URLS", format!("eip155:84532={rpc_url}"))
-        .env("RECONCILE_OLDER_THAN_SECS", "0")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// What GC leaves of a key after its expiry: no idempotency row, no Redis entry.
@@ -47,17 +28,13 @@ async fn moved(chain: &Devnet) -> U256 {
     chain.balance(PAY_TO).await
 }
 
-async fn settle_kept(chain: &Devnet) -> Value {
-    reqwest::Client::new().post(chain.url("/_settle_kept")).send().await.unwrap().json().await.unwrap()
-}
-
 /// The attack: take the signed authorization, answer "payment failed" (or 200 without a
 /// settlement), keep it, repeat with fresh keys, then submit everything on-chain as a third
 /// party. On the old code an agent with a budget of 3 prices handed out 6 authorizations.
 #[actix_web::test]
 async fn an_upstream_that_keeps_authorizations_never_moves_more_than_the_budget() {
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     set_budget(&app, 3 * PRICE).await;
     let before = moved(&chain).await;
     let mut statuses = Vec::new();
@@ -80,7 +57,7 @@ async fn an_upstream_that_keeps_authorizations_never_moves_more_than_the_budget(
     assert_eq!(settle_kept(&chain).await["settled"], 3);
     assert_eq!(moved(&chain).await - before, U256::from(3 * PRICE));
     // Reconcile finds the money moved; the budget stays spent.
-    let report = reconcile_now(&app.db, &chain.rpc_url);
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["settled"].as_u64().unwrap() + report["settled_response_lost"].as_u64().unwrap(), 3, "{report}");
     let over = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "10000"})).await;
     assert_eq!(over.status(), 402);
@@ -92,7 +69,7 @@ async fn an_upstream_that_keeps_authorizations_never_moves_more_than_the_budget(
 #[actix_web::test]
 async fn a_reservation_is_released_only_when_the_chain_shows_it_can_no_longer_move_money() {
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     set_budget(&app, PRICE).await;
     // Verified, not settled (the upstream says 500): the authorization may still be used.
     let failed = app.route(&new_key(), &json!({"url": chain.url("/v2/error500"), "max_amount": "10000"})).await;
@@ -103,11 +80,11 @@ async fn a_reservation_is_released_only_when_the_chain_shows_it_can_no_longer_mo
     exec(&app.db, "UPDATE payments SET created_at = now() - interval '25 hours'").await;
     assert_eq!(app.route(&new_key(), &weather).await.status(), 402, "old but live reservations count");
     // Still valid on-chain: reconcile leaves it.
-    let report = reconcile_now(&app.db, &chain.rpc_url);
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["expired"], 0, "{report}");
     // Past validBefore and unused: reconcile releases it, and the agent can pay again.
     exec(&app.db, "UPDATE payments SET valid_before = extract(epoch from now())::bigint - 3600").await;
-    let report = reconcile_now(&app.db, &chain.rpc_url);
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["expired"], 1, "{report}");
     let ok = app.route(&new_key(), &weather).await;
     assert_eq!(ok.status(), 200);
@@ -119,7 +96,7 @@ async fn an_authorization_lives_at_most_x402_max_auth_seconds_whatever_the_upstr
     let chain = Devnet::start().await;
     for (setting, cap) in [(None, 300i64), (Some("60"), 60)] {
         let extra: Vec<(&str, &str)> = setting.map(|s| vec![("x402-max-auth-seconds", s)]).unwrap_or_default();
-        let app = paid_app(&chain, &extra).await;
+        let app = paid_app_with(&chain, &extra).await;
         let url = chain.url("/v2/weather?max_timeout=10000000000");
         let resp = app.route(&new_key(), &json!({"url": url, "max_amount": "10000"})).await;
         assert_eq!(resp.status(), 200);
@@ -175,7 +152,7 @@ async fn assets_of_different_units_under_one_budget_are_refused_at_configuration
 #[actix_web::test]
 async fn a_resumed_payment_is_not_sent_when_the_agent_cap_was_lowered_meanwhile() {
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     let key = new_key();
     let body = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
     crash_after_signing(&app, &chain, &key, &body, 200).await;
@@ -204,7 +181,7 @@ enum OldIntent {
 async fn a_key_reused_after_expiry_pays_once_per_request_and_never_twice_for_the_same_one() {
     use OldIntent::*;
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     for state in [Settled, Signed, Expired, Rejected, NotSettled, Unknown] {
         let key = new_key();
         let first = json!({"url": chain.url("/v2/weather"), "max_amount": "10000"});
@@ -294,7 +271,7 @@ async fn refused_kept_and_expired(app: &TestApp, key: &str, body: &Value) {
 #[actix_web::test]
 async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_signed() {
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     set_budget(&app, 2 * PRICE).await;
     let before = moved(&chain).await;
     let key = new_key();
@@ -308,7 +285,7 @@ async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_sig
                 signed_at = now() - interval '25 hours', valid_before = extract(epoch from now())::bigint - 3600",
     )
     .await;
-    let report = reconcile_now(&app.db, &chain.rpc_url);
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["expired"], 1, "{report}");
 
     // The key is reused after GC for the same request: the same intent is re-signed (same
@@ -318,7 +295,7 @@ async fn a_re_signed_payment_counts_against_the_budget_from_the_moment_it_is_sig
     assert_eq!(count(&app.db, "SELECT attempts::bigint AS n FROM payments").await, 2, "re-signed, not a new intent");
     assert_eq!(settle_kept(&chain).await["settled"], 1, "the re-signed authorization moves money");
     assert_eq!(moved(&chain).await - before, U256::from(PRICE));
-    let report = reconcile_now(&app.db, &chain.rpc_url);
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["settled_response_lost"], 1, "{report}");
 
     // Spent now, so only one more price fits the budget of two.
@@ -347,7 +324,7 @@ async fn reconcile_never_releases_an_intent_re_signed_between_its_read_and_its_w
     use tokio::sync::Notify;
     use x402_router::faults::{Hook, Inject, Point};
     let chain = Devnet::start().await;
-    let app = paid_app(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     set_budget(&app, 2 * PRICE).await;
     let before = moved(&chain).await;
     let key = new_key();

@@ -16,19 +16,6 @@ async fn paid_app(chain: &Devnet, deadline_ms: u64) -> TestApp {
     spawn_app_with(AppOptions { extra: chain.router_extra(), deadline_ms, ..Default::default() }).await
 }
 
-/// `x402-router reconcile` with no grace period: its JSON report.
-fn reconcile_now(db: &TestDb, chain: &Devnet) -> Value {
-    let out = router_command()
-        .arg("reconcile")
-        .env("DATABASE_URL", &db.url)
-        .env("X402_RPC_URLS", format!("eip155:{}={}", chain.chain_id, chain.rpc_url))
-        .env("RECONCILE_OLDER_THAN_SECS", "0")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// The ledger row of the only payment: (status, tx_hash, error).
 async fn the_payment(app: &TestApp) -> (String, Option<String>, Option<String>) {
     #[derive(diesel::QueryableByName)]
@@ -199,8 +186,7 @@ async fn a_made_up_pending_settlement_moves_nothing_and_keeps_the_reservation_un
     assert_eq!(reconcile_now(&app.db, &chain)["pending"], 1, "still valid: undecided");
 
     // The upstream submits what it kept: one transfer, recorded as paid, not served.
-    let kept: Value =
-        reqwest::Client::new().post(chain.url("/_settle_kept")).send().await.unwrap().json().await.unwrap();
+    let kept: Value = settle_kept(&chain).await;
     assert_eq!(kept["settled"], 1);
     assert_eq!(reconcile_now(&app.db, &chain)["settled_response_lost"], 1);
     assert_eq!(chain.balance(PAY_TO).await - before, U256::from(PRICE));

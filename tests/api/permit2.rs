@@ -739,15 +739,7 @@ async fn reconcile_proves_the_charge_of_a_spent_upto_payment_that_kept_its_maxim
     assert_eq!(ledger_amount(&app).await, "777");
     // As an ending that could not read the chain leaves it: the maximum, unproven.
     exec(&app.db, &format!("UPDATE payments SET amount = {PRICE}, charge_proven = false")).await;
-    let out = router_command()
-        .arg("reconcile")
-        .env("DATABASE_URL", &app.db.url)
-        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
-        .env("RECONCILE_OLDER_THAN_SECS", "0")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = reconcile_now(&app.db, &chain);
     assert_eq!(report["charges_proven"], 1, "{report}");
     assert_eq!(ledger_amount(&app).await, "777");
     assert_eq!(text_of(&app, "SELECT charge_proven::text AS t FROM payments").await, "true");

@@ -10,18 +10,8 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-async fn app_with(chain: &Devnet, extra: &[(&str, &str)]) -> TestApp {
-    let mut options = chain.router_extra();
-    options.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    spawn_app_with(AppOptions { extra: options, ..Default::default() }).await
-}
-
 async fn stat(chain: &Devnet, path: &str, field: &str) -> u64 {
     chain.stats().await[path][field].as_u64().unwrap_or(0)
-}
-
-async fn settle_kept(chain: &Devnet) -> Value {
-    reqwest::Client::new().post(chain.url("/_settle_kept")).send().await.unwrap().json().await.unwrap()
 }
 
 /// `(amount, charge_proven)` of the intent of `key`.
@@ -43,7 +33,7 @@ async fn paid(app: &TestApp, url: String) -> Value {
 #[actix_web::test]
 async fn known_terms_are_paid_with_the_first_request_unless_turned_off() {
     let chain = Devnet::start().await;
-    let app = app_with(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v2/weather?city=Paris")).await;
     assert_eq!(stat(&chain, "/v2/weather", "requests").await, 2, "probe, then the paid request");
     // Another query, another key: the terms are known, the first request carries the payment.
@@ -56,7 +46,7 @@ async fn known_terms_are_paid_with_the_first_request_unless_turned_off() {
     assert_eq!(resp.status(), 200);
     assert_eq!(stat(&chain, "/v2/weather", "requests").await, 5);
 
-    let off = app_with(&chain, &[("requirements-cache-seconds", "0")]).await;
+    let off = paid_app_with(&chain, &[("requirements-cache-seconds", "0")]).await;
     paid(&off, chain.url("/v2/weather")).await;
     paid(&off, chain.url("/v2/weather")).await;
     assert_eq!(stat(&chain, "/v2/weather", "requests").await, 9, "off: every call probes");
@@ -68,7 +58,7 @@ async fn known_terms_are_paid_with_the_first_request_unless_turned_off() {
 #[actix_web::test]
 async fn a_changed_price_is_paid_once_with_the_same_nonce_even_by_a_hoarding_upstream() {
     let chain = Devnet::start().await;
-    let app = app_with(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v2/weather?price=3000")).await;
     let before = chain.balance(PAY_TO).await;
     let router_before = chain.balance(ROUTER_ADDRESS).await;
@@ -96,7 +86,7 @@ async fn a_changed_price_is_paid_once_with_the_same_nonce_even_by_a_hoarding_ups
 #[actix_web::test]
 async fn a_price_rise_is_paid_at_the_new_price_on_v1_too() {
     let chain = Devnet::start().await;
-    let app = app_with(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v1/weather?price=1000")).await;
     let before = chain.balance(PAY_TO).await;
     let key = new_key();
@@ -112,7 +102,7 @@ async fn a_price_rise_is_paid_at_the_new_price_on_v1_too() {
 #[actix_web::test]
 async fn a_changed_permit2_price_is_paid_once_at_the_new_price() {
     let chain = Devnet::start().await;
-    let app = app_with(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v2/permit2?price=3000")).await;
     let before = chain.balance(PAY_TO).await;
     let key = new_key();
@@ -130,7 +120,7 @@ async fn a_changed_permit2_price_is_paid_once_at_the_new_price() {
 #[actix_web::test]
 async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_chain_decides() {
     let chain = Devnet::start().await;
-    let app = app_with(&chain, &[]).await;
+    let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v2/weather")).await;
     let key = new_key();
     let body = json!({"url": chain.url("/v2/weather?free=1&keep=all"), "max_amount": "50000"});
@@ -154,14 +144,7 @@ async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_
     assert_eq!(reserved, i64::try_from(PRICE).unwrap(), "the authorization it holds stays reserved");
     // It settles it later: reconcile counts it as spent.
     assert_eq!(settle_kept(&chain).await["settled"], 1);
-    let out = router_command()
-        .arg("reconcile")
-        .env("DATABASE_URL", &app.db.url)
-        .env("X402_RPC_URLS", format!("eip155:84532={}", chain.rpc_url))
-        .env("RECONCILE_OLDER_THAN_SECS", "0")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    reconcile_now(&app.db, &chain);
     let settled = count(
         &app.db,
         &format!("SELECT count(*) AS n FROM payments WHERE idempotency_key = '{key}' AND status = 'settled'"),

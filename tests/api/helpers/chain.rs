@@ -218,6 +218,32 @@ impl Drop for Devnet {
 }
 
 /// The EIP-3009 nonce the router (wallet `ROUTER_KEY`) uses for `body` under `(agent, key)`.
+/// A router on `chain` with these settings added (flag, value).
+pub async fn paid_app_with(chain: &Devnet, extra: &[(&str, &str)]) -> super::TestApp {
+    let mut options = chain.router_extra();
+    options.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    super::spawn_app_with(super::AppOptions { extra: options, ..Default::default() }).await
+}
+
+/// The test upstream submits every authorization its hostile routes kept (`POST
+/// /_settle_kept`): `{"settled": N, "refused": [reasons]}`.
+pub async fn settle_kept(chain: &Devnet) -> Value {
+    reqwest::Client::new().post(chain.url("/_settle_kept")).send().await.unwrap().json().await.unwrap()
+}
+
+/// `x402-router reconcile` with no grace period on `chain`: it succeeds; its JSON report.
+pub fn reconcile_now(db: &super::TestDb, chain: &Devnet) -> Value {
+    let out = super::router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &db.url)
+        .env("X402_RPC_URLS", format!("eip155:{}={}", chain.chain_id, chain.rpc_url))
+        .env("RECONCILE_OLDER_THAN_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub fn router_nonce(agent: uuid::Uuid, key: &str, body: &Value) -> B256 {
     let signer: alloy::signers::local::PrivateKeySigner = super::app::ROUTER_KEY.parse().unwrap();
     x402_router::x402::deterministic_nonce(

@@ -13,7 +13,10 @@ pub mod tls_services;
 pub mod upstream;
 
 pub use app::*;
-pub use chain::{BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, router_nonce};
+pub use chain::{
+    BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, paid_app_with, reconcile_now, router_nonce,
+    settle_kept,
+};
 pub use db::TestDb;
 pub use services::PrivateRedis;
 pub use upstream::TestUpstream;
