@@ -5,6 +5,11 @@
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, RefBuilder, Schema, SchemaType, Type};
 
+/// `$ref: Amount`.
+pub fn amount_ref() -> RefOr<Schema> {
+    RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount"))
+}
+
 /// `$ref: Amount`, with a description.
 pub fn amount(description: &str) -> RefOr<Schema> {
     RefOr::Ref(RefBuilder::new().ref_location_from_schema_name("Amount").description(Some(description)).build())
@@ -13,7 +18,7 @@ pub fn amount(description: &str) -> RefOr<Schema> {
 /// An `Amount` or null, with a description.
 pub fn amount_or_null(description: &str) -> RefOr<Schema> {
     OneOfBuilder::new()
-        .item(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount")))
+        .item(amount_ref())
         .item(ObjectBuilder::new().schema_type(Type::Null))
         .description(Some(description))
         .into()

@@ -107,10 +107,10 @@ pub struct AssetSpend {
     #[schema(schema_with = crate::schema_doc::address)]
     pub asset: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::amount)]
+    #[schema(schema_with = crate::schema_doc::amount_ref)]
     pub spent: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::amount)]
+    #[schema(schema_with = crate::schema_doc::amount_ref)]
     pub reserved: String,
 }
 
@@ -138,9 +138,6 @@ mod doc {
     }
     pub fn remaining() -> RefOr<Schema> {
         s::amount_or_null("What the budget still allows; null without a budget.")
-    }
-    pub fn amount() -> RefOr<Schema> {
-        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount"))
     }
 }
 
@@ -334,7 +331,7 @@ pub struct KeyPayment {
     #[schema(schema_with = crate::schema_doc::address)]
     pub asset: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = key_doc::amount)]
+    #[schema(schema_with = crate::schema_doc::amount_ref)]
     pub amount: String,
     #[diesel(sql_type = Text)]
     #[schema(schema_with = crate::schema_doc::address)]
@@ -407,10 +404,6 @@ mod key_doc {
     pub fn status() -> RefOr<Schema> {
         let all = crate::payments::PaymentStatus::ALL.map(|s| s.as_str());
         ObjectBuilder::new().schema_type(Type::String).enum_values(Some(all)).into()
-    }
-
-    pub fn amount() -> RefOr<Schema> {
-        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Amount"))
     }
 
     pub fn recovery() -> RefOr<Schema> {

@@ -104,17 +104,17 @@ pub struct PaymentView {
     #[diesel(sql_type = Text)]
     pub network: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::address)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub asset: String,
     /// Atomic units of the asset, decimal.
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::amount)]
+    #[schema(schema_with = crate::schema_doc::amount_ref)]
     pub amount: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::address)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub pay_to: String,
     #[diesel(sql_type = Text)]
-    #[schema(schema_with = doc::address)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub payer: String,
     #[diesel(sql_type = Text)]
     pub nonce: String,
@@ -187,14 +187,6 @@ mod doc {
 
     pub fn version() -> RefOr<Schema> {
         ObjectBuilder::new().schema_type(Type::Integer).enum_values(Some([1, 2])).into()
-    }
-
-    pub fn address() -> RefOr<Schema> {
-        RefOr::Ref(Ref::from_schema_name("Address"))
-    }
-
-    pub fn amount() -> RefOr<Schema> {
-        RefOr::Ref(Ref::from_schema_name("Amount"))
     }
 
     pub fn any() -> RefOr<Schema> {

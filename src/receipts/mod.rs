@@ -42,7 +42,7 @@ pub struct Receipt {
     /// Six fractional digits and `Z`.
     #[serde(with = "micros")]
     pub created_at: DateTime<Utc>,
-    #[schema(schema_with = doc::address)]
+    #[schema(schema_with = crate::schema_doc::address)]
     pub signer: String,
     #[schema(pattern = "^0x[0-9a-f]{130}$")]
     pub signature: String,
@@ -70,11 +70,6 @@ mod doc {
     /// `completed` or `errored`.
     pub fn outcome() -> RefOr<Schema> {
         ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["completed", "errored"])).into()
-    }
-
-    /// `Address`.
-    pub fn address() -> RefOr<Schema> {
-        RefOr::Ref(Ref::from_schema_name("Address"))
     }
 }
 

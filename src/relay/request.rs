@@ -63,7 +63,7 @@ pub struct RawRouteRequest {
 
 /// The schemas of [`RawRouteRequest`]'s members: what the parser accepts.
 mod doc {
-    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, RefBuilder, Schema, SchemaType, Type};
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, SchemaType, Type};
     use utoipa::openapi::{RefOr, SchemaFormat};
 
     pub fn url() -> RefOr<Schema> {
@@ -100,12 +100,7 @@ mod doc {
     }
 
     pub fn max_amount() -> RefOr<Schema> {
-        RefOr::Ref(
-            RefBuilder::new()
-                .ref_location_from_schema_name("Amount")
-                .description(Some("The most the agent pays for this call. Absent: pay nothing."))
-                .build(),
-        )
+        crate::schema_doc::amount("The most the agent pays for this call. Absent: pay nothing.")
     }
 }
 

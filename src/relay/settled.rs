@@ -65,15 +65,21 @@ pub(super) async fn prove_claimed(
 /// Lowers an `upto` intent's amount to what its settling transaction moved.
 async fn lower_upto(state: &AppState, agent_id: Uuid, id: Uuid, signed: &SignedPayment, proven: &Proven) {
     if let Some(charged) = proven.charged.filter(|_| signed.is_upto()) {
-        let written = match super::error::conn(&state.pool).await {
-            Ok(mut conn) => store::record_charged(&mut conn, agent_id, id, Amount::from_u256(charged))
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = written {
-            // The maximum stays charged (never less) until reconcile proves the charge.
-            tracing::warn!(agent_id = %agent_id, error = %e, "could not lower an upto reservation to what moved");
+        record_charge(state, agent_id, id, charged).await;
+    }
+}
+
+/// Lowers an intent's reserved amount to `charged`, what the chain shows moved, and marks its
+/// charge proven. A failure leaves the larger amount charged (never less) until `reconcile`
+/// proves it.
+pub(super) async fn record_charge(state: &AppState, agent_id: Uuid, id: Uuid, charged: U256) {
+    let written = match super::error::conn(&state.pool).await {
+        Ok(mut conn) => {
+            store::record_charged(&mut conn, agent_id, id, Amount::from_u256(charged)).await.map_err(|e| e.to_string())
         }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = written {
+        tracing::warn!(agent_id = %agent_id, error = %e, "could not lower a reservation to what moved");
     }
 }

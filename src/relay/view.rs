@@ -131,12 +131,10 @@ pub struct PaymentView {
 /// refer to other schemas of the document (`Amount`, `Address`).
 mod doc {
     use utoipa::openapi::RefOr;
-    use utoipa::openapi::schema::RefBuilder;
     use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 
-    fn amount_ref(description: &str) -> RefOr<Schema> {
-        RefOr::Ref(RefBuilder::new().ref_location_from_schema_name("Amount").description(Some(description)).build())
-    }
+    pub use crate::schema_doc::address;
+    use crate::schema_doc::amount as amount_ref;
 
     fn strings(values: &[&str], description: &str) -> RefOr<Schema> {
         let described = (!description.is_empty()).then_some(description);
@@ -159,10 +157,6 @@ mod doc {
 
     pub fn claimed_amount() -> RefOr<Schema> {
         amount_ref("`upto` only: what the upstream said it charged (its word; `amount` is the chain's).")
-    }
-
-    pub fn address() -> RefOr<Schema> {
-        RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Address"))
     }
 
     pub fn permit2() -> RefOr<Schema> {

@@ -18,7 +18,7 @@ use super::{Attempt, Resume, resume, select, to_i64};
 use crate::idempotency::Ownership;
 use crate::payments::Final;
 use crate::payments::reprice::{Repriced, reprice};
-use crate::payments::store::{self, Reservation};
+use crate::payments::store::Reservation;
 use crate::relay::request::RouteCall;
 use crate::relay::{Error, Outcome};
 use crate::state::AppState;
@@ -189,15 +189,5 @@ async fn prove_charge(state: &AppState, own: &Ownership, second: &Attempt, outco
     let s = &second.signed;
     let moved = state.chain.transferred_from(s.network(), s.asset(), s.payer(), tx).await;
     let Ok(Some(moved)) = moved else { return };
-    let written = match crate::relay::error::conn(&state.pool).await {
-        Ok(mut conn) => {
-            store::record_charged(&mut conn, own.agent_id, second.id, crate::money::Amount::from_u256(moved))
-                .await
-                .map_err(|e| e.to_string())
-        }
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = written {
-        tracing::warn!(agent_id = %own.agent_id, error = %e, "could not lower a repriced reservation to what moved");
-    }
+    crate::relay::settled::record_charge(state, own.agent_id, second.id, moved).await;
 }
