@@ -43,7 +43,8 @@
 // getLatestBlockhash, isBlockhashValid, getBlockHeight, getSlot, getEpochInfo, getGenesisHash,
 // getVersion, getHealth, getIdentity, getMinimumBalanceForRentExemption, getFeeForMessage,
 // sendTransaction, simulateTransaction, getSignatureStatuses, getTransaction, requestAirdrop,
-// getTokenAccountsByOwner. Batches are accepted. No websocket (the official x402 packages poll).
+// getTokenAccountsByOwner. Batches are accepted. requestAirdrop lands at once (its status is
+// polled like any other; getTransaction answers null for it). No websocket (the official x402 packages poll).
 // Account encodings: base64 (default), base58, jsonParsed (SPL Token mints and accounts; other
 // accounts fall back to base64). getTransaction: json, base64, base58 (jsonParsed answers json).
 //
@@ -55,7 +56,9 @@
 //                                      {"released":[{"signature","landed","err"}]}
 //   POST /_test/airdrop {"address","lamports"}         credit SOL
 //   POST /_test/mint {"owner","amount"}                mint test tokens into owner's ATA (created)
-//   GET  /_test/state                  {"slot","held","landed","dropped":[{"signature","err"}]}
+//   POST /_test/slot-ms {"ms":N}       set the slot timer (0 = stop it; deterministic heights);
+//                                      answers {"slot_ms","previous"}
+//   GET  /_test/state                  {"slot","slot_ms","held","queued","landed","dropped":[{"signature","err"}]}
 import http from "node:http";
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -671,7 +674,12 @@ const methods = {
     const to = needAddress(p[0]);
     const r = svm.airdrop(to, toLamports(BigInt(p[1] ?? 0)));
     if (!r || r.constructor.name === "FailedTransactionMetadata") throw rpcError(-32600, "airdrop failed");
-    return b58dec.decode(r.signature());
+    // Landed like any transaction (its status can be polled); getTransaction knows no body for it.
+    const signature = b58dec.decode(r.signature());
+    landed.set(signature, { slot, err: null, tx: null });
+    txCount += 1n;
+    newSlot();
+    return signature;
   },
   sendTransaction: (p) => {
     const cfg = cfgAt(p, 1);
@@ -715,7 +723,7 @@ const methods = {
   getTransaction: (p) => {
     const cfg = typeof p[1] === "string" ? { encoding: p[1] } : cfgAt(p, 1);
     const t = landed.get(p[0]);
-    if (!t) return null;
+    if (!t || !t.tx) return null;
     if ((cfg.commitment ?? "finalized") === "finalized" && slot - t.slot < FINALIZE_AFTER) return null;
     if (!t.tx.legacy && cfg.maxSupportedTransactionVersion === undefined) {
       throw rpcError(-32015, "Transaction version (0) is not supported by the requesting client. Please try the request again with the following configuration parameter: \"maxSupportedTransactionVersion\": 0");
@@ -796,7 +804,14 @@ const hooks = {
     const ata = await mintTo(toAddress(b.owner), BigInt(b.amount));
     return { ata, amount: tokenInfo(readAccount(ata)).amount };
   },
-  "GET /_test/state": () => ({ slot, held, queued: queue.length, landed: landed.size, dropped }),
+  "POST /_test/slot-ms": (b) => {
+    const ms = Number(b.ms);
+    if (!Number.isInteger(ms) || ms < 0) throw new Error("ms must be a non-negative integer");
+    const previous = slotMs;
+    setSlotTimer(ms);
+    return { slot_ms: ms, previous };
+  },
+  "GET /_test/state": () => ({ slot, slot_ms: slotMs, held, queued: queue.length, landed: landed.size, dropped }),
 };
 
 function send(res, status, body) {
@@ -835,12 +850,18 @@ const server = http.createServer((req, res) => {
   });
 });
 
-const slotMs = Number(opts["slot-ms"]);
+let slotMs = 0;
 let timer = null;
-if (slotMs > 0) {
-  timer = setInterval(newSlot, slotMs);
-  timer.unref();
+function setSlotTimer(ms) {
+  if (timer) clearInterval(timer);
+  timer = null;
+  slotMs = ms;
+  if (ms > 0) {
+    timer = setInterval(newSlot, ms);
+    timer.unref();
+  }
 }
+setSlotTimer(Number(opts["slot-ms"]));
 const shutdown = () => {
   if (timer) clearInterval(timer);
   server.close();
