@@ -17,7 +17,8 @@
 // balance rose by exactly (count + v1-count) × price, the payer's fell by as much, the payer's SOL
 // did not move and the fee payer's SOL fell by exactly the fees of the settled transactions, each
 // of which is a successful TransferChecked of the price. It also checks that a replay of a signed
-// payment header is refused without moving money, that the landed transaction sent again is
+// payment header is refused without moving money (by the server + facilitator, and by a second,
+// fresh facilitator without settlement cache, whose answer the summary records), that the landed transaction sent again is
 // refused by the chain (AlreadyProcessed), and that a payment whose blockhash expired before
 // settlement (the chain advanced 151 blocks through its /_test/advance hook) is refused and moves
 // nothing. Exit 0 only when everything holds; stdout's last line is a one-line JSON summary.
@@ -222,6 +223,23 @@ if (signatures.length) {
   const reason = JSON.stringify(answer.error?.data?.err ?? answer.result);
   check(refused && answer.error.data.err === "AlreadyProcessed", `the landed transaction sent again is refused by the chain (${reason})`);
 }
+// The same signed payment at a second, fresh official facilitator (no settlement cache): the
+// facilitator signs the same message again (same signature), and the chain must not move money twice.
+let freshReplay = null;
+if (lastV2) {
+  const fresh = new x402Facilitator();
+  registerExactSvmScheme(fresh, { signer: toFacilitatorSvmSigner(feePayer, { defaultRpcUrl: rpcUrl }), networks: [NETWORK] });
+  const payload = decodeHeader(lastV2.value);
+  try {
+    const answer = await fresh.settle(payload, payload.accepted);
+    freshReplay = { success: answer.success, errorReason: answer.errorReason ?? null, transaction: answer.transaction || null };
+  } catch (e) {
+    freshReplay = { error: String(e?.message ?? e) };
+  }
+  const sameTx = freshReplay.transaction === signatures[COUNT - 1];
+  progress(`a fresh facilitator settling the replayed payload answered ${JSON.stringify(freshReplay)}${sameTx ? " (the original transaction)" : ""}`);
+  check(!freshReplay.success || sameTx, "a fresh facilitator reports no new transaction for the replayed payload");
+}
 const afterReplay = await measure();
 check(
   afterReplay.payTo === afterPaying.payTo && afterReplay.payer === afterPaying.payer && afterReplay.feePayerSol === afterPaying.feePayerSol,
@@ -293,6 +311,7 @@ const summary = {
   payer_sol_delta: (afterExpired.payerSol - before.payerSol).toString(),
   fee_payer_sol_delta: (-feePayerDelta).toString(),
   fees: fees.toString(),
+  fresh_facilitator_replay: freshReplay,
   failures,
   elapsed_ms: Date.now() - started,
 };
