@@ -46,7 +46,10 @@
 // getTokenAccountsByOwner. Batches are accepted. requestAirdrop lands at once (its status is
 // polled like any other; getTransaction answers null for it). No websocket (the official x402 packages poll).
 // Account encodings: base64 (default), base58, jsonParsed (SPL Token mints and accounts; other
-// accounts fall back to base64). getTransaction: json, base64, base58 (jsonParsed answers json).
+// accounts fall back to base64), with dataSlice. getTransaction: json, base64, base58 (jsonParsed
+// answers json). There is one ledger state: commitment and minContextSlot are accepted and
+// ignored by account reads. simulateTransaction honours sigVerify (default false, so partially
+// signed x402 payloads simulate), replaceRecentBlockhash, innerInstructions and accounts.
 //
 // Test hooks (NOT the JSON-RPC endpoint; POST with a JSON body, answers JSON):
 //   POST /_test/advance {"slots":N}    advance N slots now (N new blockhashes); answers {"slot"}
@@ -540,10 +543,9 @@ function simulate(tx, cfg) {
   };
   if (cfg.innerInstructions) value.innerInstructions = innerIxJson(meta.innerInstructions());
   if (replace) value.replacementBlockhash = { blockhash: svm.latestBlockhash(), lastValidBlockHeight: slot + MAX_AGE };
-  if (cfg.accounts?.addresses?.length) {
-    const post = failed ? null : new Map(result.postAccounts().map((pa) => [addrDec.decode(pa.address()), pa.account()]));
+  if (cfg.accounts?.addresses?.length && !failed) {
+    const post = new Map(result.postAccounts().map((pa) => [addrDec.decode(pa.address), pa.account()]));
     value.accounts = cfg.accounts.addresses.map((a) => {
-      if (!post) return null;
       const pa = post.get(a);
       const acc = pa
         ? { lamports: pa.lamports(), data: pa.data(), owner: addrDec.decode(pa.owner()), executable: pa.executable(), rentEpoch: pa.rentEpoch() }
@@ -652,7 +654,7 @@ const methods = {
     const filter = p[1] ?? {};
     const list = inner
       .getProgramAccounts(addrEnc.encode(TOKEN_PROGRAM_ADDRESS))
-      .map((aa) => ({ pubkey: addrDec.decode(aa.address()), a: aa.account() }))
+      .map((aa) => ({ pubkey: addrDec.decode(aa.address), a: aa.account() }))
       .map(({ pubkey, a }) => ({ pubkey, acc: { lamports: a.lamports(), data: a.data(), owner: TOKEN_PROGRAM_ADDRESS, executable: a.executable(), rentEpoch: a.rentEpoch() } }))
       .filter(({ acc }) => {
         const t = tokenInfo(acc);
