@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
+use alloy::primitives::hex;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -57,13 +58,24 @@ pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, ser
             (name, v)
         })
         .collect();
-    let doc = serde_json::json!({ "body": body, "path": path, "query": query });
-    Ok(sha256_hex(serde_jcs::to_string(&doc)?.as_bytes()))
+    // Borrowed, not copied into a `Value`: the body is serialized once, straight into the
+    // canonical bytes. The members are in JCS order already (a unit test holds the bytes equal
+    // to those of the document as a JSON object).
+    let doc = Document { body, path, query: &query };
+    Ok(sha256_hex(&serde_jcs::to_vec(&doc)?))
+}
+
+/// The fingerprinted document.
+#[derive(serde::Serialize)]
+struct Document<'a> {
+    body: &'a Value,
+    path: &'a str,
+    query: &'a Map<String, Value>,
 }
 
 /// Lowercase hex sha256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
+    hex::encode(Sha256::digest(bytes))
 }
 
 struct StrictSeed;
@@ -164,7 +176,10 @@ fn check_number_literals(bytes: &[u8]) -> Result<(), JsonError> {
 }
 
 /// True when the decimal literal denotes exactly the number that its nearest double
-/// prints as (shortest round-trip form), i.e. JCS will not change its value.
+/// prints as in JCS (the ECMAScript shortest round-trip form), i.e. JCS will not change its
+/// value. JCS's own formatter is the reference: where two shortest forms are equally close
+/// (`1205387014673215.2` and `…15.3` for the double `…15.25`), ECMAScript takes the even
+/// digit and Rust's `Display` may not, and the canonical form must parse again.
 fn exactly_representable(literal: &str) -> bool {
     let Ok(v) = literal.parse::<f64>() else {
         return false;
@@ -172,7 +187,10 @@ fn exactly_representable(literal: &str) -> bool {
     if !v.is_finite() {
         return false;
     }
-    normalize(literal) == normalize(&format!("{v}"))
+    let Ok(jcs) = serde_jcs::to_string(&v) else {
+        return false;
+    };
+    normalize(literal) == normalize(&jcs)
 }
 
 /// Decimal literal → (negative, significant digits, exponent); zero → (false, "", 0).
@@ -203,6 +221,7 @@ fn normalize(literal: &str) -> Option<(bool, String, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn duplicate_keys_are_refused_at_any_depth() {
@@ -303,5 +322,49 @@ mod tests {
             let v: Value = serde_json::from_str(input).unwrap();
             assert_eq!(serde_jcs::to_string(&v).unwrap(), expected, "{input}");
         }
+    }
+
+    #[test]
+    fn the_borrowed_document_has_the_bytes_of_the_json_object() {
+        let bodies = [
+            json!({"url": "https://a.example/x?y=1", "method": "POST", "body": {"z": [1, 2.5, "é\u{0}"], "a": null}}),
+            json!({"b": {"\u{20ac}": 1e300, "a": -0.0}, "a": [true, false, {}]}),
+            json!({}),
+        ];
+        for body in bodies {
+            for query in ["", "a=1&a=2&b=%C3%A9", "z&y=&x=1"] {
+                let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for (n, v) in url::form_urlencoded::parse(query.as_bytes()) {
+                    params.entry(n.into_owned()).or_default().push(v.into_owned());
+                }
+                let q: Map<String, Value> = params
+                    .into_iter()
+                    .map(|(n, mut vs)| {
+                        let v = if vs.len() == 1 {
+                            Value::String(vs.remove(0))
+                        } else {
+                            Value::Array(vs.into_iter().map(Value::String).collect())
+                        };
+                        (n, v)
+                    })
+                    .collect();
+                let object = json!({ "body": body, "path": "/route", "query": q });
+                let expected = sha256_hex(serde_jcs::to_string(&object).unwrap().as_bytes());
+                assert_eq!(request_hash(&body, "/route", query).unwrap(), expected, "{body} {query}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_number_is_accepted_as_jcs_writes_it_and_refused_as_it_would_be_rewritten() {
+        // The double 1205387014673215.25: both neighbours read back as it; JCS writes `.2`.
+        let canonical = serde_jcs::to_string(&"1205387014673215.25".parse::<f64>().unwrap()).unwrap();
+        assert_eq!(canonical, "1205387014673215.2");
+        assert!(parse_strict(br#"{"a":1205387014673215.2}"#).is_ok(), "the canonical form parses again");
+        assert!(
+            matches!(parse_strict(br#"{"a":1205387014673215.3}"#), Err(JsonError::Precision(_))),
+            "a spelling that JCS would rewrite is refused"
+        );
+        assert!(parse_strict(b"[1e21, 1e+21, 0.1, 5e-324, 1.7976931348623157e308]").is_ok());
     }
 }
