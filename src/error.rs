@@ -125,7 +125,7 @@ pub struct ErrorBody {
 impl From<relay::Error> for ApiError {
     fn from(e: relay::Error) -> Self {
         match e {
-            relay::Error::ForbiddenUpstream(m) => Self::BadRequest(m),
+            relay::Error::BadRequest(m) | relay::Error::ForbiddenUpstream(m) => Self::BadRequest(m),
             relay::Error::Refused(refusal) => {
                 use crate::payments::limits::Refusal;
                 let message = relay::Error::Refused(refusal.clone()).to_string();

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::idempotency::IdempotencyKey;
-use crate::relay::{self, request::RouteCall};
+use crate::relay::{self, request::Received};
 use crate::state::AppState;
 
 /// Why the MCP server could not reach the router (one line for the model).
@@ -151,14 +151,14 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
                 return Reply::error(&ApiError::PayloadTooLarge(state.config.request_max_bytes));
             }
             let parsed = IdempotencyKey::parse(Some(key.as_bytes())).map_err(ApiError::from).and_then(|k| {
-                let call = RouteCall::parse(&raw, "/route", "")?;
-                Ok((k, call))
+                let request = Received::parse(&raw, "/route", "")?;
+                Ok((k, request))
             });
-            let (key, call) = match parsed {
+            let (key, request) = match parsed {
                 Ok(p) => p,
                 Err(e) => return Reply::error(&e),
             };
-            match relay::handle(state, agent, key, call).await {
+            match relay::handle(state, agent, key, request).await {
                 Ok(r) => {
                     let body = crate::relay::envelope::to_value(&r.body).unwrap_or(serde_json::Value::Null);
                     Reply { replayed: r.replay, ..Reply::json(r.http_status, body) }

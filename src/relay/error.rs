@@ -6,6 +6,9 @@ use crate::db::PgPool;
 /// An error of the relay use case: nothing was recorded for the call.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The body is not a valid call (checked after the Redis hint, which may replay it).
+    #[error("{0}")]
+    BadRequest(String),
     /// The upstream URL is refused by the SSRF guard (before anything is written).
     #[error("{0}")]
     ForbiddenUpstream(String),

@@ -37,7 +37,7 @@ use crate::state::AppState;
 use crate::upstream::UpstreamError;
 pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
-use request::RouteCall;
+use request::{Received, RouteCall};
 
 /// How long after the route deadline a call still waiting for an upstream or the chain is
 /// cut off (the paid path records an arrived answer by the deadline itself).
@@ -62,14 +62,22 @@ pub async fn handle(
     state: &AppState,
     agent_id: Uuid,
     key: IdempotencyKey,
-    call: RouteCall,
+    request: Received,
 ) -> Result<RouteResponse, Error> {
     let started = Instant::now();
     // The deadline covers the claim too: a claim that waited (for a connection, a lock) is
     // not followed by a full deadline's worth of execution, so the whole call stays within
     // the deadline, and so within the abandonment window.
     let deadline = started + state.idempotency.timing.deadline;
-    let (decision, path) = match state.idempotency.check_cache(agent_id, &key, &call.request_hash).await {
+    let cached = state.idempotency.check_cache(agent_id, &key, &request.request_hash).await;
+    if let Some((Decision::Replay(stored), path)) = cached {
+        // The fingerprint of a request that was validated and executed: nothing more to check.
+        count_outcome(state, agent_id, path);
+        return Ok(replay(stored));
+    }
+    // Anything else is validated first: an invalid body is a 400 whatever its key's state.
+    let call = request.into_call().map_err(|e| Error::BadRequest(e.0))?;
+    let (decision, path) = match cached {
         Some(hit) => hit,
         None => {
             // Refuse forbidden upstreams before anything is written.
@@ -95,10 +103,7 @@ pub async fn handle(
                 .map_err(|_| Error::Unavailable("database unavailable: the claim did not complete in time"))??
         }
     };
-    // Every request's outcome is counted in /metrics; the line itself is debug-level, so a
-    // replay does not pay for a log write (BENCHMARKS.md). Takeovers and GC races warn.
-    tracing::debug!(agent_id = %agent_id, idem.outcome = path.as_str(), "idempotency decision");
-    state.metrics.idempotency_outcome(path.as_str());
+    count_outcome(state, agent_id, path);
     let result = match decision {
         Decision::Replay(stored) => Ok(replay(stored)),
         Decision::InFlight => Err(Error::InFlight),
@@ -111,6 +116,13 @@ pub async fn handle(
     };
     tracing::debug!(duration_ms = started.elapsed().as_millis() as u64, "route handled");
     result
+}
+
+/// Counts a request's idempotency outcome in /metrics; the line itself is debug-level, so a
+/// replay does not pay for a log write (BENCHMARKS.md). Takeovers and GC races warn.
+fn count_outcome(state: &AppState, agent_id: Uuid, path: crate::idempotency::Path) {
+    tracing::debug!(agent_id = %agent_id, idem.outcome = path.as_str(), "idempotency decision");
+    state.metrics.idempotency_outcome(path.as_str());
 }
 
 fn replay(stored: Stored) -> RouteResponse {

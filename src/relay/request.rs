@@ -1,4 +1,5 @@
-//! The body of `POST /route`, parsed at the edge into a [`RouteCall`].
+//! The body of `POST /route`: fingerprinted at the edge ([`Received`]), then validated into a
+//! [`RouteCall`] unless it replays.
 //!
 //! Everything that can be refused without side effects is refused here, before any
 //! idempotency row is written: malformed JSON, unknown fields, a bad URL, method,
@@ -120,6 +121,26 @@ impl RouteCall {
     /// # Errors
     /// [`BadRequest`] with a message naming the problem.
     pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
+        Received::parse(raw, path, query)?.into_call()
+    }
+}
+
+/// A `/route` body as received: a strict JSON object and its fingerprint, not yet checked as
+/// a call. A replay needs no more: its fingerprint is that of a request which was validated
+/// (and executed) before, and validation depends on nothing but the request.
+#[derive(Debug)]
+pub struct Received {
+    value: Value,
+    /// The request fingerprint (idempotency and receipts).
+    pub request_hash: String,
+}
+
+impl Received {
+    /// Parses the body as strict JSON (an object) and fingerprints it.
+    ///
+    /// # Errors
+    /// [`BadRequest`] for an empty body, invalid or imprecise JSON, or a non-object.
+    pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
         if raw.is_empty() {
             return Err(BadRequest("request body is required (JSON object with at least \"url\")".into()));
         }
@@ -129,6 +150,15 @@ impl RouteCall {
         }
         let request_hash = canonical::request_hash(&value, path, query)
             .map_err(|e| BadRequest(format!("request body cannot be canonicalized: {e}")))?;
+        Ok(Self { value, request_hash })
+    }
+
+    /// Validates the body as a routed call.
+    ///
+    /// # Errors
+    /// [`BadRequest`] with a message naming the problem.
+    pub fn into_call(self) -> Result<RouteCall, BadRequest> {
+        let Self { value, request_hash } = self;
         let req: RawRouteRequest =
             serde_json::from_value(value).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
 
@@ -148,7 +178,7 @@ impl RouteCall {
             }
         };
         let max_amount = parse_amount(req.max_amount.as_ref())?;
-        Ok(Self { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
+        Ok(RouteCall { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
     }
 }
 

@@ -117,6 +117,57 @@ async fn same_key_with_different_body_is_a_conflict() {
 }
 
 #[actix_web::test]
+async fn a_replay_is_known_by_its_fingerprint_and_anything_else_is_validated_first() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let key = new_key();
+    let url = up.url("/ok/fingerprint");
+    let first =
+        app.route_raw(Some(&key), format!(r#"{{"url":"{url}","headers":{{"b":"2","a":"1"}}}}"#).into_bytes()).await;
+    assert_eq!(first.status(), 200);
+    // The same request spelled otherwise (member order, whitespace): the same fingerprint,
+    // answered from the stored call without being executed again.
+    let again = app
+        .route_raw(
+            Some(&key),
+            format!("{{ \"headers\" : {{\"a\":\"1\",\"b\":\"2\"}},\n \"url\" : \"{url}\" }}").into_bytes(),
+        )
+        .await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers().get("x-idempotent-replay").unwrap(), "true");
+    // Under the same key, a body that is not a valid call is a 400 naming the problem, not a
+    // 409: with the Redis entry present, and with only Postgres knowing the key.
+    let invalid = [
+        json!({"url": "ftp://example.com/x"}),
+        json!({"url": url.clone(), "method": "TRACE"}),
+        json!({"url": url.clone(), "unknown": 1}),
+        json!({"url": url.clone(), "max_amount": "-1"}),
+    ];
+    for round in ["redis", "postgres"] {
+        if round == "postgres" {
+            let mut r = redis::Client::open(app.options.redis_url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
+            let _: () = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
+        }
+        for body in &invalid {
+            let resp = app.route(&key, body).await;
+            assert_eq!(resp.status(), 400, "{round}: {body}");
+            let answer: Value = resp.json().await.unwrap();
+            assert_eq!(answer["code"], "bad_request", "{round}: {body}");
+        }
+    }
+    // A fresh key with an invalid body writes nothing.
+    let rows = app.idempotency_rows().await;
+    assert_eq!(app.route(&new_key(), &invalid[0]).await.status(), 400);
+    assert_eq!(app.idempotency_rows().await, rows);
+    assert_eq!(up.hits.get("/ok/fingerprint"), 1);
+}
+
+#[actix_web::test]
 async fn two_simultaneous_requests_execute_once_and_the_other_gets_409_retry_after() {
     let app = spawn_app().await;
     let up = TestUpstream::start().await;
