@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 pub use cache::Cache;
 pub use key::IdempotencyKey;
-pub use store::Status;
+pub use store::{Gate, Gated, Status};
 
 /// Timing of the idempotency protocol (`IDEMPOTENCY_*` and `ROUTE_DEADLINE_MS` settings).
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +82,10 @@ pub enum Decision {
     InFlight,
     /// The key was used with a different request: 409.
     Mismatch,
+    /// The call would start (a new key, or a takeover), but the agent has an operator's call
+    /// gate that the caller has not checked: nothing was written. Check it
+    /// (`payments::limits::admit`), then claim with [`Gate::Checked`].
+    Gated,
 }
 
 /// How the decision was reached (for logs and metrics).
@@ -170,10 +174,13 @@ impl Idempotency {
         agent_id: Uuid,
         key: &IdempotencyKey,
         request_hash: &str,
+        gate: Gate,
     ) -> diesel::QueryResult<(Decision, Path)> {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
-            let row = match store::claim(conn, agent_id, key.as_str(), request_hash, lease).await? {
+            let (claim, gated) = store::claim(conn, agent_id, key.as_str(), request_hash, lease, gate).await?;
+            let row = match claim {
+                store::Claim::Gated => return Ok((Decision::Gated, Path::Fresh)),
                 store::Claim::Claimed { expires_unix } => {
                     // The in-flight entry only lets Redis refuse a reused key early; the call
                     // does not wait for it (a Redis round trip off every fresh call's path).
@@ -209,7 +216,7 @@ impl Idempotency {
                     row
                 }
             };
-            return self.decide(conn, agent_id, key, request_hash, row).await;
+            return self.decide(conn, agent_id, key, request_hash, row, gated).await;
         }
         Err(diesel::result::Error::DeserializationError(
             "idempotency row kept vanishing between claim and lookup".into(),
@@ -224,12 +231,13 @@ impl Idempotency {
         key: &IdempotencyKey,
         request_hash: &str,
         row: store::Row,
+        gated: Gated,
     ) -> diesel::QueryResult<(Decision, Path)> {
         if row.request_hash != request_hash {
             return Ok((Decision::Mismatch, Path::Mismatch));
         }
         match row.status {
-            Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row).await,
+            Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row, gated).await,
             status => {
                 let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
                     return Err(diesel::result::Error::DeserializationError(
@@ -250,10 +258,15 @@ impl Idempotency {
         key: &IdempotencyKey,
         request_hash: &str,
         row: &store::Row,
+        gated: Gated,
     ) -> diesel::QueryResult<(Decision, Path)> {
         let threshold_ms = i64::try_from(self.timing.abandon_after.as_millis()).unwrap_or(i64::MAX);
         if row.age_ms <= threshold_ms {
             return Ok((Decision::InFlight, Path::InFlight));
+        }
+        // A takeover starts the call again: the operator's gate first.
+        if gated == Gated::Yes {
+            return Ok((Decision::Gated, Path::Takeover));
         }
         let lease = Uuid::new_v4();
         let taken =

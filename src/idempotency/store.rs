@@ -122,6 +122,9 @@ pub enum Claim {
     /// claim committed it while this statement waited on it (or the row has been deleted
     /// since). A new statement ([`find`]) sees it.
     Unseen,
+    /// No row, and nothing inserted: the agent has a call gate that the caller must check
+    /// first ([`Gate::Unchecked`]).
+    Gated,
 }
 
 #[derive(QueryableByName)]
@@ -129,6 +132,9 @@ struct ClaimRow {
     /// The inserted row's expiry; NULL when nothing was inserted.
     #[diesel(sql_type = Nullable<BigInt>)]
     claimed_expires: Option<i64>,
+    /// The agent has a call gate (`payments::limits::call_gate_sql`).
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    gated: bool,
     #[diesel(embed)]
     row: RawRow,
 }
@@ -136,6 +142,11 @@ struct ClaimRow {
 /// Reads the row of the key or, if there is none, claims the key, in one statement (one
 /// round trip: a replay that misses Redis costs a single Postgres statement, and the insert
 /// is not even attempted for an existing key: about a quarter less work for Postgres per replay).
+/// With [`Gate::Unchecked`] the same statement reads whether the agent has an operator's call
+/// gate, and inserts only if it has none: a call of an agent without one is admitted and
+/// claimed in one round trip; otherwise nothing is written ([`Claim::Gated`], or the
+/// existing row with [`Gated::Yes`]) and the caller checks the gate, then claims with
+/// [`Gate::Checked`].
 ///
 /// The insert is `ON CONFLICT DO NOTHING`; the read shares the statement's snapshot, so a
 /// row committed by a concurrent claim while the insert waited on it is not shown:
@@ -149,29 +160,61 @@ pub async fn claim(
     key: &str,
     request_hash: &str,
     lease: Uuid,
-) -> QueryResult<Claim> {
+    gate: Gate,
+) -> QueryResult<(Claim, Gated)> {
     let row: ClaimRow = diesel::sql_query(concat!(
         "WITH k AS (SELECT ",
         row_columns!(),
         " FROM idempotency_keys WHERE agent_id = $1 AND key = $2), \
+         g AS (SELECT ",
+        crate::payments::limits::call_gate_sql!(),
+        " AS gated), \
          ins AS ( \
              INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease) \
              SELECT $1, $2, $3, 'in_flight', $4 WHERE NOT EXISTS (SELECT 1 FROM k) \
+                AND ($5 OR NOT (SELECT gated FROM g)) \
              ON CONFLICT (agent_id, key) DO NOTHING \
              RETURNING EXTRACT(EPOCH FROM expires_at)::bigint AS e) \
-         SELECT (SELECT e FROM ins) AS claimed_expires, k.* FROM (SELECT) AS one LEFT JOIN k ON true",
+         SELECT (SELECT e FROM ins) AS claimed_expires, (SELECT gated FROM g) AS gated, k.* \
+           FROM (SELECT) AS one LEFT JOIN k ON true",
     ))
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
     .bind::<Text, _>(request_hash)
     .bind::<SqlUuid, _>(lease)
+    .bind::<diesel::sql_types::Bool, _>(gate == Gate::Checked)
     .prepared()
     .get_result(conn)
     .await?;
+    let gated = if row.gated && gate == Gate::Unchecked { Gated::Yes } else { Gated::No };
     if let Some(expires_unix) = row.claimed_expires {
-        return Ok(Claim::Claimed { expires_unix });
+        return Ok((Claim::Claimed { expires_unix }, Gated::No));
     }
-    Ok(row.row.into_row()?.map_or(Claim::Unseen, Claim::Existing))
+    let claim = match row.row.into_row()? {
+        Some(existing) => Claim::Existing(existing),
+        // No row, and nothing inserted because the gate is still to be checked.
+        None if gated == Gated::Yes => Claim::Gated,
+        None => Claim::Unseen,
+    };
+    Ok((claim, gated))
+}
+
+/// Whether the caller has checked the operator's call gate (`payments::limits::admit`)
+/// before claiming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Checked (and passed): claim.
+    Checked,
+    /// Not checked: claim only if the agent has no gate (the statement reads it); otherwise
+    /// insert nothing and say so.
+    Unchecked,
+}
+
+/// Whether the agent has a call gate that the caller has not checked yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gated {
+    Yes,
+    No,
 }
 
 /// Gives up a claim that recorded nothing (a pause or a rate limit refused the call before

@@ -271,6 +271,18 @@ struct Gate {
     pause_unpaid: bool,
 }
 
+/// SQL: true when the agent `$1` has a gate that [`admit`] must check before a call starts
+/// (a host allowlist, a calls-per-minute limit, or a pause that includes unpaid calls).
+/// Without one, [`admit`] admits every call and writes nothing, so the idempotency claim
+/// reads this in its own statement and claims at once (`idempotency::store::claim`).
+macro_rules! call_gate_sql {
+    () => {
+        "EXISTS (SELECT 1 FROM agents a, router_settings s WHERE a.id = $1 AND s.id \
+           AND (a.allowed_hosts IS NOT NULL OR a.calls_per_minute IS NOT NULL OR (s.paused AND s.pause_unpaid)))"
+    };
+}
+pub(crate) use call_gate_sql;
+
 /// Whether `agent_id` may start a call to `host` (lowercase, with its port when the URL
 /// names one) now: host allowlist, a pause that includes unpaid calls, calls per minute (the
 /// call is counted when admitted). `Ok(None)`: admitted (also for an unknown agent, which

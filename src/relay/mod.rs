@@ -31,7 +31,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::codes::Code;
-use crate::idempotency::{Decision, Heartbeat, IdempotencyKey, Ownership, Stored};
+use crate::idempotency::{Decision, Gate, Heartbeat, IdempotencyKey, Ownership, Stored};
 use crate::payments::limits;
 use crate::state::AppState;
 use crate::upstream::UpstreamError;
@@ -89,14 +89,20 @@ pub async fn handle(
                 .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
             let claim = async {
                 let mut conn = error::conn(&state.pool).await?;
-                // The operator's limits on calls (host allowlist, rate, a pause of all
-                // calls) refuse before the key is claimed: nothing is written.
+                let hash = &call.request_hash;
+                // One statement decides a replay, a conflict, or the claim of an agent without
+                // call limits; an agent with them (host allowlist, rate, a pause of all calls)
+                // is refused or admitted before its key is claimed: nothing written if refused.
+                let decided = state.idempotency.claim(&mut conn, agent_id, &key, hash, Gate::Unchecked).await?;
+                if !matches!(decided.0, Decision::Gated) {
+                    return Ok(decided);
+                }
                 let url = &call.upstream.url;
                 let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
                 if let Some(refusal) = limits::admit(&mut conn, agent_id, &host, url.port()).await? {
                     return Err(Error::Refused(refusal));
                 }
-                Ok::<_, Error>(state.idempotency.claim(&mut conn, agent_id, &key, &call.request_hash).await?)
+                Ok::<_, Error>(state.idempotency.claim(&mut conn, agent_id, &key, hash, Gate::Checked).await?)
             };
             tokio::time::timeout_at(deadline.into(), claim)
                 .await
@@ -108,6 +114,8 @@ pub async fn handle(
         Decision::Replay(stored) => Ok(replay(stored)),
         Decision::InFlight => Err(Error::InFlight),
         Decision::Mismatch => Err(Error::KeyReused),
+        // Only a claim with the gate unchecked answers this; the one above checked it.
+        Decision::Gated => Err(Error::invariant("the claim asked for a call gate that was checked")),
         Decision::Execute(own) => {
             // The spawned task keeps the request's span (and its request id) in every log line.
             let task = tokio::spawn(run_owned(state.clone(), own, call, deadline).in_current_span());

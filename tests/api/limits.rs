@@ -139,6 +139,47 @@ async fn a_host_off_the_allowlist_is_refused_before_anything_is_written() {
 }
 
 #[actix_web::test]
+async fn the_call_gate_stops_calls_that_would_start_and_not_answers_already_recorded() {
+    let app = spawn_app().await;
+    let up = TestUpstream::start().await;
+    let (done, abandoned) = (new_key(), new_key());
+    let done_body = json!({"url": up.url("/ok/gate-done")});
+    let abandoned_body = json!({"url": up.url("/ok/gate-abandoned")});
+    assert_eq!(app.route(&done, &done_body).await.status(), 200);
+    insert_in_flight(&app.db, app.agent.id, &abandoned, &abandoned_body, 90).await;
+    // Now the operator allows another host only, and one call a minute.
+    set(&app, "allowed_hosts = ARRAY['api.example.com'], calls_per_minute = 1").await;
+    let mut redis =
+        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let cached = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, done);
+    let _: () = redis::cmd("DEL").arg(&cached).query_async(&mut redis).await.unwrap();
+    // The recorded answer is replayed from Postgres (as it would be from Redis): not refused,
+    // not counted against the minute.
+    for _ in 0..3 {
+        let resp = app.route(&done, &done_body).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers().get("x-idempotent-replay").unwrap(), "true");
+    }
+    assert_eq!(count(&app.db, "SELECT COALESCE(sum(count), 0)::bigint AS n FROM agent_rate_windows").await, 0);
+    // A takeover would call the upstream again: refused, the abandoned row left as it was.
+    let lease = "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight' AND takeovers = 0";
+    let resp = app.route(&abandoned, &abandoned_body).await;
+    assert_eq!(resp.status(), 403);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "upstream_not_allowed");
+    assert_eq!(count(&app.db, lease).await, 1, "the abandoned row was not taken over");
+    // A new key: refused before anything is written.
+    let rows = app.idempotency_rows().await;
+    assert_eq!(app.route(&new_key(), &done_body).await.status(), 403);
+    assert_eq!(app.idempotency_rows().await, rows);
+    assert_eq!((up.hits.get("/ok/gate-done"), up.hits.get("/ok/gate-abandoned")), (1, 0));
+    // The operator lifts the allowlist: the takeover proceeds and is counted as the minute's call.
+    set(&app, "allowed_hosts = NULL").await;
+    assert_eq!(app.route(&abandoned, &abandoned_body).await.status(), 200);
+    assert_eq!(up.hits.get("/ok/gate-abandoned"), 1);
+    assert_eq!(count(&app.db, "SELECT COALESCE(sum(count), 0)::bigint AS n FROM agent_rate_windows").await, 1);
+}
+
+#[actix_web::test]
 async fn calls_per_minute_hold_across_three_router_processes() {
     let db = TestDb::new().await;
     let agent = create_agent(&db, "rate").await;
