@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 pub use cache::Cache;
 pub use key::IdempotencyKey;
-pub use store::{Gate, Gated, Status};
+pub use store::{Gate, Status};
 
 /// Timing of the idempotency protocol (`IDEMPOTENCY_*` and `ROUTE_DEADLINE_MS` settings).
 #[derive(Debug, Clone, Copy)]
@@ -178,8 +178,9 @@ impl Idempotency {
     ) -> diesel::QueryResult<(Decision, Path)> {
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
-            let (claim, gated) = store::claim(conn, agent_id, key.as_str(), request_hash, lease, gate).await?;
-            let row = match claim {
+            let (row, gate_pending) = match store::claim(conn, agent_id, key.as_str(), request_hash, lease, gate)
+                .await?
+            {
                 store::Claim::Gated => return Ok((Decision::Gated, Path::Fresh)),
                 store::Claim::Claimed { expires_unix } => {
                     // The in-flight entry only lets Redis refuse a reused key early; the call
@@ -198,7 +199,7 @@ impl Idempotency {
                     };
                     return Ok((Decision::Execute(own), Path::Fresh));
                 }
-                store::Claim::Existing(row) => row,
+                store::Claim::Existing { row, gate_pending } => (row, gate_pending),
                 store::Claim::Unseen => {
                     // A concurrent claim committed the row after our statement's snapshot:
                     // read it with a new statement. It may also be gone by now (GC race).
@@ -213,10 +214,11 @@ impl Idempotency {
                         self.metrics.idempotency_outcome(Path::GcRace.as_str());
                         continue;
                     };
-                    row
+                    // Only an attempted insert conflicts: the gate was checked or there is none.
+                    (row, false)
                 }
             };
-            return self.decide(conn, agent_id, key, request_hash, row, gated).await;
+            return self.decide(conn, agent_id, key, request_hash, row, gate_pending).await;
         }
         Err(diesel::result::Error::DeserializationError(
             "idempotency row kept vanishing between claim and lookup".into(),
@@ -231,13 +233,13 @@ impl Idempotency {
         key: &IdempotencyKey,
         request_hash: &str,
         row: store::Row,
-        gated: Gated,
+        gate_pending: bool,
     ) -> diesel::QueryResult<(Decision, Path)> {
         if row.request_hash != request_hash {
             return Ok((Decision::Mismatch, Path::Mismatch));
         }
         match row.status {
-            Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row, gated).await,
+            Status::InFlight => self.maybe_take_over(conn, agent_id, key, request_hash, &row, gate_pending).await,
             status => {
                 let (Some(code), Some(body)) = (row.response_status_code, row.response_body) else {
                     return Err(diesel::result::Error::DeserializationError(
@@ -258,14 +260,14 @@ impl Idempotency {
         key: &IdempotencyKey,
         request_hash: &str,
         row: &store::Row,
-        gated: Gated,
+        gate_pending: bool,
     ) -> diesel::QueryResult<(Decision, Path)> {
         let threshold_ms = i64::try_from(self.timing.abandon_after.as_millis()).unwrap_or(i64::MAX);
         if row.age_ms <= threshold_ms {
             return Ok((Decision::InFlight, Path::InFlight));
         }
         // A takeover starts the call again: the operator's gate first.
-        if gated == Gated::Yes {
+        if gate_pending {
             return Ok((Decision::Gated, Path::Takeover));
         }
         let lease = Uuid::new_v4();

@@ -116,8 +116,10 @@ pub enum Claim {
     /// This call inserted the in-flight row (expiring at the given Unix second): it owns
     /// the key.
     Claimed { expires_unix: i64 },
-    /// The key exists: its row as of the statement's snapshot.
-    Existing(Row),
+    /// The key exists: its row as of the statement's snapshot. `gate_pending`: the agent has a
+    /// call gate that the caller has not checked ([`Gate::Unchecked`]), so the row may not be
+    /// taken over before it is.
+    Existing { row: Row, gate_pending: bool },
     /// The insert conflicted with a row that the statement's snapshot does not show: another
     /// claim committed it while this statement waited on it (or the row has been deleted
     /// since). A new statement ([`find`]) sees it.
@@ -145,7 +147,7 @@ struct ClaimRow {
 /// With [`Gate::Unchecked`] the same statement reads whether the agent has an operator's call
 /// gate, and inserts only if it has none: a call of an agent without one is admitted and
 /// claimed in one round trip; otherwise nothing is written ([`Claim::Gated`], or the
-/// existing row with [`Gated::Yes`]) and the caller checks the gate, then claims with
+/// existing row with `gate_pending`) and the caller checks the gate, then claims with
 /// [`Gate::Checked`].
 ///
 /// The insert is `ON CONFLICT DO NOTHING`; the read shares the statement's snapshot, so a
@@ -161,7 +163,7 @@ pub async fn claim(
     request_hash: &str,
     lease: Uuid,
     gate: Gate,
-) -> QueryResult<(Claim, Gated)> {
+) -> QueryResult<Claim> {
     let row: ClaimRow = diesel::sql_query(concat!(
         "WITH k AS (SELECT ",
         row_columns!(),
@@ -186,17 +188,16 @@ pub async fn claim(
     .prepared()
     .get_result(conn)
     .await?;
-    let gated = if row.gated && gate == Gate::Unchecked { Gated::Yes } else { Gated::No };
     if let Some(expires_unix) = row.claimed_expires {
-        return Ok((Claim::Claimed { expires_unix }, Gated::No));
+        return Ok(Claim::Claimed { expires_unix });
     }
-    let claim = match row.row.into_row()? {
-        Some(existing) => Claim::Existing(existing),
+    let gate_pending = row.gated && gate == Gate::Unchecked;
+    Ok(match row.row.into_row()? {
+        Some(row) => Claim::Existing { row, gate_pending },
         // No row, and nothing inserted because the gate is still to be checked.
-        None if gated == Gated::Yes => Claim::Gated,
+        None if gate_pending => Claim::Gated,
         None => Claim::Unseen,
-    };
-    Ok((claim, gated))
+    })
 }
 
 /// Whether the caller has checked the operator's call gate (`payments::limits::admit`)
@@ -208,13 +209,6 @@ pub enum Gate {
     /// Not checked: claim only if the agent has no gate (the statement reads it); otherwise
     /// insert nothing and say so.
     Unchecked,
-}
-
-/// Whether the agent has a call gate that the caller has not checked yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gated {
-    Yes,
-    No,
 }
 
 /// Gives up a claim that recorded nothing (a pause or a rate limit refused the call before
