@@ -43,21 +43,7 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, JsonError> {
 /// # Errors
 /// Only if `body` holds a non-finite float, which [`parse_strict`] never produces.
 pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, serde_json::Error> {
-    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        params.entry(name.into_owned()).or_default().push(value.into_owned());
-    }
-    let query: Map<String, Value> = params
-        .into_iter()
-        .map(|(name, mut values)| {
-            let v = if values.len() == 1 {
-                Value::String(values.remove(0))
-            } else {
-                Value::Array(values.into_iter().map(Value::String).collect())
-            };
-            (name, v)
-        })
-        .collect();
+    let query = query_object(query);
     // Borrowed, not copied into a `Value`: the body is serialized once, straight into the
     // canonical bytes. The members are in JCS order already (a unit test holds the bytes equal
     // to those of the document as a JSON object).
@@ -71,6 +57,26 @@ struct Document<'a> {
     body: &'a Value,
     path: &'a str,
     query: &'a Map<String, Value>,
+}
+
+/// The query string as the fingerprint holds it: each name once, its value, or its values in
+/// order when repeated.
+fn query_object(query: &str) -> Map<String, Value> {
+    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        params.entry(name.into_owned()).or_default().push(value.into_owned());
+    }
+    params
+        .into_iter()
+        .map(|(name, mut values)| {
+            let v = if values.len() == 1 {
+                Value::String(values.remove(0))
+            } else {
+                Value::Array(values.into_iter().map(Value::String).collect())
+            };
+            (name, v)
+        })
+        .collect()
 }
 
 /// Lowercase hex sha256.
@@ -333,22 +339,7 @@ mod tests {
         ];
         for body in bodies {
             for query in ["", "a=1&a=2&b=%C3%A9", "z&y=&x=1"] {
-                let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
-                for (n, v) in url::form_urlencoded::parse(query.as_bytes()) {
-                    params.entry(n.into_owned()).or_default().push(v.into_owned());
-                }
-                let q: Map<String, Value> = params
-                    .into_iter()
-                    .map(|(n, mut vs)| {
-                        let v = if vs.len() == 1 {
-                            Value::String(vs.remove(0))
-                        } else {
-                            Value::Array(vs.into_iter().map(Value::String).collect())
-                        };
-                        (n, v)
-                    })
-                    .collect();
-                let object = json!({ "body": body, "path": "/route", "query": q });
+                let object = json!({ "body": body, "path": "/route", "query": query_object(query) });
                 let expected = sha256_hex(serde_jcs::to_string(&object).unwrap().as_bytes());
                 assert_eq!(request_hash(&body, "/route", query).unwrap(), expected, "{body} {query}");
             }
