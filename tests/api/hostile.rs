@@ -21,15 +21,6 @@ async fn age_past_abandonment(app: &TestApp, key: &str) {
     .await;
 }
 
-/// Removes the key's Redis entry, so that the next call is answered from Postgres.
-async fn forget_cached(app: &TestApp, key: &str) {
-    let mut r =
-        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
-    let removed: i64 = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
-    assert_eq!(removed, 1, "the key's Redis entry exists (else the next call would not test Postgres)");
-}
-
 /// Calls `url` under a new key, then replays it past the abandonment window, from Redis and
 /// from Postgres: every replay is the first answer byte for byte. Returns status and bytes.
 async fn answer_and_replays(app: &TestApp, url: &str, max_amount: Option<&str>) -> (u16, Vec<u8>) {
@@ -46,7 +37,7 @@ async fn answer_and_replays(app: &TestApp, url: &str, max_amount: Option<&str>) 
     age_past_abandonment(app, &key).await;
     for source in ["redis", "postgres"] {
         if source == "postgres" {
-            forget_cached(app, &key).await;
+            app.forget_cached(&key).await;
         }
         let replay = app.route(&key, &body).await;
         assert_eq!(replay.status().as_u16(), status, "{url} from {source}");

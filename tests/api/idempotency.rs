@@ -102,16 +102,8 @@ async fn same_key_with_different_body_is_a_conflict() {
     }
     // Same mismatch answer when only Postgres knows the key (Redis entry removed).
     app.db.conn().await; // keep db alive
-    let resp = {
-        let mut r = redis::Client::open(app.options.redis_url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
-        let _: () = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
-        app.route(&key, &json!({"url": up.url("/ok/b")})).await
-    };
+    app.forget_cached(&key).await;
+    let resp = app.route(&key, &json!({"url": up.url("/ok/b")})).await;
     assert_eq!(resp.status(), 409);
     assert_eq!(up.hits.get("/ok/b"), 0);
 }
@@ -145,13 +137,7 @@ async fn a_replay_is_known_by_its_fingerprint_and_anything_else_is_validated_fir
     ];
     for round in ["redis", "postgres"] {
         if round == "postgres" {
-            let mut r = redis::Client::open(app.options.redis_url.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            let k = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
-            let _: () = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
+            app.forget_cached(&key).await;
         }
         for body in &invalid {
             let resp = app.route(&key, body).await;

@@ -149,10 +149,7 @@ async fn the_call_gate_stops_calls_that_would_start_and_not_answers_already_reco
     insert_in_flight(&app.db, app.agent.id, &abandoned, &abandoned_body, 90).await;
     // Now the operator allows another host only, and one call a minute.
     set(&app, "allowed_hosts = ARRAY['api.example.com'], calls_per_minute = 1").await;
-    let mut redis =
-        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let cached = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, done);
-    let _: () = redis::cmd("DEL").arg(&cached).query_async(&mut redis).await.unwrap();
+    app.forget_cached(&done).await;
     // The recorded answer is replayed from Postgres (as it would be from Redis): not refused,
     // not counted against the minute.
     for _ in 0..3 {

@@ -456,11 +456,7 @@ async fn with_every_record_lost_the_chain_still_refuses_to_pay_a_permit2_request
     exec(&app.db, "DELETE FROM receipts").await;
     exec(&app.db, "DELETE FROM payments").await;
     exec(&app.db, "DELETE FROM idempotency_keys").await;
-    let mut r =
-        redis::Client::open(app.options.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let cached = format!("{}idem:{{{}}}:{}", app.redis_prefix, app.agent.id, key);
-    let removed: i64 = redis::cmd("DEL").arg(cached).query_async(&mut r).await.unwrap();
-    assert_eq!(removed, 1, "the key's Redis entry existed");
+    app.forget_cached(&key).await;
 
     let resp = app.route(&key, &body).await;
 

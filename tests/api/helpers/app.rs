@@ -208,6 +208,18 @@ impl TestApp {
         resp.text().await.unwrap()
     }
 
+    /// Removes the key's Redis entry, so that the next call is answered from Postgres.
+    pub async fn forget_cached(&self, key: &str) {
+        let mut r = redis::Client::open(self.options.redis_url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let k = format!("{}idem:{{{}}}:{}", self.redis_prefix, self.agent.id, key);
+        let removed: i64 = redis::cmd("DEL").arg(k).query_async(&mut r).await.unwrap();
+        assert_eq!(removed, 1, "the key's Redis entry exists (else the next call would not test Postgres)");
+    }
+
     /// Rows in idempotency_keys (all agents).
     pub async fn idempotency_rows(&self) -> i64 {
         count(&self.db, "SELECT count(*) AS n FROM idempotency_keys").await
