@@ -175,22 +175,17 @@ function readAccount(addr) {
   };
 }
 
-function tokenInfo(acc) {
-  if (!acc || acc.owner !== TOKEN_PROGRAM_ADDRESS || acc.data.length !== 165) return null;
+// An SPL Token program account of `size` bytes decoded by `decoder`, else null.
+function tokenProgramAccount(acc, size, decoder) {
+  if (!acc || acc.owner !== TOKEN_PROGRAM_ADDRESS || acc.data.length !== size) return null;
   try {
-    return getTokenDecoder().decode(acc.data);
+    return decoder.decode(acc.data);
   } catch {
     return null;
   }
 }
-function mintInfo(acc) {
-  if (!acc || acc.owner !== TOKEN_PROGRAM_ADDRESS || acc.data.length !== 82) return null;
-  try {
-    return getMintDecoder().decode(acc.data);
-  } catch {
-    return null;
-  }
-}
+const tokenInfo = (acc) => tokenProgramAccount(acc, 165, getTokenDecoder());
+const mintInfo = (acc) => tokenProgramAccount(acc, 82, getMintDecoder());
 
 function uiAmount(amount, decimals) {
   const s = amount.toString().padStart(decimals + 1, "0");
