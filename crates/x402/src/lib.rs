@@ -35,6 +35,7 @@ pub mod select;
 pub mod sign;
 pub mod signed;
 pub mod siwx;
+pub mod svm;
 pub mod wire;
 
 pub use chain::{Chain, ChainError};
