@@ -42,8 +42,8 @@
 // JSON-RPC methods: getAccountInfo, getMultipleAccounts, getBalance, getTokenAccountBalance,
 // getLatestBlockhash, isBlockhashValid, getBlockHeight, getSlot, getEpochInfo, getGenesisHash,
 // getVersion, getHealth, getIdentity, getMinimumBalanceForRentExemption, getFeeForMessage,
-// sendTransaction, simulateTransaction, getSignatureStatuses, getTransaction, requestAirdrop,
-// getTokenAccountsByOwner. Batches are accepted. requestAirdrop lands at once (its status is
+// sendTransaction, simulateTransaction, getSignatureStatuses, getSignaturesForAddress, getTransaction,
+// requestAirdrop, getTokenAccountsByOwner. Batches are accepted. requestAirdrop lands at once (its status is
 // polled like any other; getTransaction answers null for it). No websocket (the official x402 packages poll).
 // Account encodings: base64 (default), base58, jsonParsed (SPL Token mints and accounts; other
 // accounts fall back to base64), with dataSlice. getTransaction: json, base64, base58 (jsonParsed
@@ -716,6 +716,28 @@ const methods = {
     if (p[0].length > 256) throw rpcError(-32602, "Too many inputs provided; max 256");
     const search = !!cfgAt(p, 1).searchTransactionHistory;
     return wrap(p[0].map((s) => statusOf(s, search)));
+  },
+  // Newest first; an address's transactions are those whose static account keys name it.
+  // Options: limit (1..=1000, default 1000), before and until (signatures, both exclusive).
+  getSignaturesForAddress: (p) => {
+    const address = needAddress(p[0]);
+    const cfg = cfgAt(p, 1);
+    const limit = cfg.limit ?? 1000;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw rpcError(-32602, "Invalid limit; max 1000");
+    const out = [];
+    let started = cfg.before === undefined;
+    for (const [signature, t] of [...landed.entries()].reverse()) {
+      if (!started) {
+        started = signature === cfg.before;
+        continue;
+      }
+      if (signature === cfg.until) break;
+      if (!t.tx || !t.tx.msg.staticAccounts.includes(address)) continue;
+      const st = statusOf(signature, true);
+      out.push({ signature, slot: t.slot, err: t.err, memo: null, blockTime: t.time, confirmationStatus: st.confirmationStatus });
+      if (out.length >= limit) break;
+    }
+    return out;
   },
   getTransaction: (p) => {
     const cfg = typeof p[1] === "string" ? { encoding: p[1] } : cfgAt(p, 1);

@@ -3,10 +3,15 @@
 //! Invariants:
 //! - An endpoint answers nothing until its genesis hash is the network's
 //!   ([`SvmRpcError::WrongChain`]); it is checked again after any failed call.
-//! - [`SvmRpc::transfer_state`] reads the finalized block height *before* the signature's
-//!   status: once that height is past the blockhash's `lastValidBlockHeight`, no block can
-//!   include the transaction any more, so a status read afterwards that does not know the
-//!   signature proves it never landed ([`TransferState::Expired`]).
+//! - A transaction's id is its first signature, the fee payer's, which the payer never knows
+//!   beforehand: the chain is searched for the payer's own signature among the payer's
+//!   transactions since the blockhash was read ([`SvmRpc::find_landed`]); an id an upstream
+//!   claims is believed only when that transaction carries the payer's signature
+//!   ([`SvmRpc::landed_as`]).
+//! - [`SvmRpc::transfer_state`] reads the finalized block height *before* searching: once that
+//!   height is past the blockhash's `lastValidBlockHeight`, no block can include the
+//!   transaction any more, so a search afterwards that does not find it proves it never
+//!   landed ([`TransferState::Expired`]). A search too wide to finish decides nothing.
 //! - A failure is final only once finalized ([`TransferState::Failed`]`{ finalized }`): a
 //!   processed failure on a fork that is dropped could still land elsewhere.
 //! - Sizes are bounded: answers over [`MAX_ANSWER_BYTES`] are refused, not parsed.
@@ -44,15 +49,32 @@ pub enum SvmRpcError {
     NoMint,
     #[error("the account is not an initialized SPL mint of a known token program")]
     NotAMint,
+    #[error("more than {MAX_SEARCHED} transactions of the payer since the payment was signed: not searched further")]
+    SearchTooWide,
+}
+
+/// The most transactions of the payer's that one search reads (ten pages).
+pub const MAX_SEARCHED: usize = 10_000;
+const PAGE: usize = 1000;
+
+/// The transaction that carried a payment, as found on chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landed {
+    /// The transaction's id (its first signature, the fee payer's).
+    pub tx_id: String,
+    pub slot: u64,
+    /// The chain's error when it failed (nothing moved).
+    pub error: Option<String>,
+    pub finalized: bool,
 }
 
 /// The fate of a signed transfer, as the chain tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransferState {
     /// Landed and succeeded: the money moved (`finalized` once it cannot be rolled back).
-    Settled { slot: u64, finalized: bool },
+    Settled { tx_id: String, slot: u64, finalized: bool },
     /// Landed and failed: nothing moved, its signature is spent.
-    Failed { slot: u64, finalized: bool, error: String },
+    Failed { tx_id: String, slot: u64, finalized: bool, error: String },
     /// Not seen, and its blockhash can still land it.
     Pending { block_height: u64 },
     /// Not seen, and the finalized block height is past its `lastValidBlockHeight`: it can
@@ -150,6 +172,10 @@ impl SvmRpc {
     pub async fn latest_blockhash(&self) -> Result<Blockhash, SvmRpcError> {
         let v = self.call("getLatestBlockhash", json!([{"commitment": "confirmed"}])).await?;
         let value = v.get("value").ok_or(SvmRpcError::Malformed("getLatestBlockhash value"))?;
+        let context_slot = v
+            .pointer("/context/slot")
+            .and_then(Value::as_u64)
+            .ok_or(SvmRpcError::Malformed("getLatestBlockhash context"))?;
         let hash: Hash = value
             .get("blockhash")
             .and_then(Value::as_str)
@@ -159,7 +185,7 @@ impl SvmRpc {
             .get("lastValidBlockHeight")
             .and_then(Value::as_u64)
             .ok_or(SvmRpcError::Malformed("lastValidBlockHeight"))?;
-        Ok(Blockhash { hash, last_valid_block_height })
+        Ok(Blockhash { hash, last_valid_block_height, context_slot })
     }
 
     /// The finalized block height.
@@ -210,23 +236,81 @@ impl SvmRpc {
     /// [`SvmRpcError`]: nothing is decided then.
     pub async fn transfer_state(&self, transfer: &SignedSvmTransfer) -> Result<TransferState, SvmRpcError> {
         let block_height = self.finalized_block_height().await?;
-        let v = self
-            .call("getSignatureStatuses", json!([[transfer.signature], {"searchTransactionHistory": true}]))
-            .await?;
-        let status =
-            v.get("value").and_then(|a| a.get(0)).ok_or(SvmRpcError::Malformed("getSignatureStatuses value"))?;
-        if status.is_null() {
-            return Ok(if transfer.expired_at(block_height) {
-                TransferState::Expired { block_height }
-            } else {
-                TransferState::Pending { block_height }
-            });
-        }
-        let slot = status.get("slot").and_then(Value::as_u64).ok_or(SvmRpcError::Malformed("slot"))?;
-        let finalized = status.get("confirmationStatus").and_then(Value::as_str) == Some("finalized");
-        Ok(match status.get("err") {
-            None | Some(Value::Null) => TransferState::Settled { slot, finalized },
-            Some(err) => TransferState::Failed { slot, finalized, error: err.to_string().chars().take(200).collect() },
+        Ok(match self.find_landed(transfer).await? {
+            Some(Landed { tx_id, slot, error: None, finalized }) => TransferState::Settled { tx_id, slot, finalized },
+            Some(Landed { tx_id, slot, error: Some(error), finalized }) => {
+                TransferState::Failed { tx_id, slot, finalized, error }
+            }
+            None if transfer.expired_at(block_height) => TransferState::Expired { block_height },
+            None => TransferState::Pending { block_height },
         })
+    }
+
+    /// The transaction carrying `transfer`, searched among the payer's transactions newest
+    /// first, back to the slot its blockhash was read at.
+    ///
+    /// # Errors
+    /// [`SvmRpcError::SearchTooWide`] past [`MAX_SEARCHED`] transactions, or a failed read.
+    pub async fn find_landed(&self, transfer: &SignedSvmTransfer) -> Result<Option<Landed>, SvmRpcError> {
+        let mut before: Option<String> = None;
+        let mut searched = 0;
+        loop {
+            let mut options = json!({"limit": PAGE, "commitment": "confirmed"});
+            if let Some(b) = &before {
+                options["before"] = json!(b);
+            }
+            let page = self.call("getSignaturesForAddress", json!([transfer.payer, options])).await?;
+            let page = page.as_array().ok_or(SvmRpcError::Malformed("getSignaturesForAddress"))?;
+            for entry in page {
+                let tx_id =
+                    entry.get("signature").and_then(Value::as_str).ok_or(SvmRpcError::Malformed("signature"))?;
+                let slot = entry.get("slot").and_then(Value::as_u64).ok_or(SvmRpcError::Malformed("slot"))?;
+                if slot < transfer.min_slot {
+                    return Ok(None);
+                }
+                if let Some(landed) = self.landed_as(transfer, tx_id).await? {
+                    return Ok(Some(landed));
+                }
+            }
+            searched += page.len();
+            if page.len() < PAGE {
+                return Ok(None);
+            }
+            if searched >= MAX_SEARCHED {
+                return Err(SvmRpcError::SearchTooWide);
+            }
+            before = page.last().and_then(|e| e.get("signature")).and_then(Value::as_str).map(str::to_owned);
+        }
+    }
+
+    /// The transaction `tx_id` if it landed carrying `transfer` (the payer's signature among
+    /// its signatures); `None` for any other or unknown transaction, whatever claimed it.
+    ///
+    /// # Errors
+    /// A failed read.
+    pub async fn landed_as(&self, transfer: &SignedSvmTransfer, tx_id: &str) -> Result<Option<Landed>, SvmRpcError> {
+        if tx_id.is_empty() || tx_id.len() > 100 {
+            return Ok(None);
+        }
+        let options = json!({"encoding": "json", "commitment": "confirmed", "maxSupportedTransactionVersion": 0});
+        let tx = self.call("getTransaction", json!([tx_id, options])).await?;
+        if tx.is_null() {
+            return Ok(None);
+        }
+        let signatures = tx
+            .pointer("/transaction/signatures")
+            .and_then(Value::as_array)
+            .ok_or(SvmRpcError::Malformed("transaction signatures"))?;
+        if !signatures.iter().any(|s| s.as_str() == Some(transfer.signature.as_str())) {
+            return Ok(None);
+        }
+        let slot = tx.get("slot").and_then(Value::as_u64).ok_or(SvmRpcError::Malformed("slot"))?;
+        let error = match tx.pointer("/meta/err") {
+            None | Some(Value::Null) => None,
+            Some(err) => Some(err.to_string().chars().take(200).collect()),
+        };
+        let status = self.call("getSignatureStatuses", json!([[tx_id], {"searchTransactionHistory": true}])).await?;
+        let finalized = status.pointer("/value/0/confirmationStatus").and_then(Value::as_str) == Some("finalized");
+        Ok(Some(Landed { tx_id: tx_id.to_owned(), slot, error, finalized }))
     }
 }

@@ -1,7 +1,8 @@
 //! Building and signing the payment transaction of SVM `exact`: a v0 message with the
 //! facilitator's fee payer first, a compute-unit limit and price, one SPL `TransferChecked` of
 //! exactly the price from the payer's associated token account to the `payTo`'s, and a memo;
-//! signed by the payer (the token owner) only. The facilitator adds the fee payer's signature.
+//! signed by the payer (the token owner) only. The facilitator adds the fee payer's signature,
+//! which comes first and is the transaction's id on chain.
 //!
 //! Fail closed, whatever the upstream says:
 //! - the payer's key never signs a transaction in which it pays the fees ([`TransferError::FeePayerIsPayer`]);
@@ -123,6 +124,8 @@ pub struct Mint {
 pub struct Blockhash {
     pub hash: Hash,
     pub last_valid_block_height: u64,
+    /// The slot at which the chain answered it: a transaction signed afterwards lands later.
+    pub context_slot: u64,
 }
 
 /// The compute budget the router sets on its transactions.
@@ -168,7 +171,10 @@ pub struct SignedSvmTransfer {
     pub compute_unit_price: String,
     pub blockhash: String,
     pub last_valid_block_height: u64,
-    /// The payer's signature (base58): the transaction's id.
+    /// The slot at which the blockhash was read: the transaction cannot land before it.
+    pub min_slot: u64,
+    /// The payer's signature (base58). The transaction's id on chain is its first signature,
+    /// the fee payer's, known only once the facilitator signs: the chain is searched for this one.
     pub signature: String,
     /// The partially signed transaction, base64 (the scheme payload's `transaction`).
     pub transaction: String,
@@ -256,6 +262,7 @@ pub fn sign_transfer(
         compute_unit_price: compute.unit_price.to_string(),
         blockhash: blockhash.hash.to_string(),
         last_valid_block_height: blockhash.last_valid_block_height,
+        min_slot: blockhash.context_slot,
         signature: signature.to_string(),
         transaction: BASE64.encode(bytes),
     })
@@ -328,7 +335,7 @@ mod tests {
     }
 
     fn blockhash() -> Blockhash {
-        Blockhash { hash: Hash::new_from_array([7; 32]), last_valid_block_height: 1150 }
+        Blockhash { hash: Hash::new_from_array([7; 32]), last_valid_block_height: 1150, context_slot: 1000 }
     }
 
     #[test]
