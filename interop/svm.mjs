@@ -3,12 +3,13 @@
 //
 //   node interop/svm.mjs --state STATEFILE [--count 5] [--v1-count 2] [--price 10000]
 //
-// In this process, all on 127.0.0.1:
+// In this process, all on 127.0.0.1 (the facilitator and the resource server are built by
+// interop/svm-official.mjs, shared with interop/svm-server.mjs):
 //   - the official facilitator: @x402/core x402Facilitator + @x402/svm's exact facilitator scheme
 //     (v2 on CAIP-2 "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1" and v1 on "solana-devnet", the names
 //     @x402/svm gives the chain whose genesis hash the local chain reports), its fee payer the
 //     chain's fee-payer test key, every RPC call going to the local chain (defaultRpcUrl), served
-//     over HTTP (GET /supported, POST /verify, POST /settle) like interop/facilitator.mjs;
+//     over HTTP (GET /supported, POST /verify, POST /settle, GET /_exchanges) like interop/facilitator.mjs;
 //   - an official express resource server: @x402/express (v2, GET /v2/sol) and the legacy
 //     x402-express (v1, GET /v1/sol), both priced in the chain's test mint, payTo its pay_to key;
 //   - the official client: @x402/fetch with @x402/svm's exact client schemes (v2 and v1), paying
@@ -24,20 +25,15 @@
 // nothing. Exit 0 only when everything holds; stdout's last line is a one-line JSON summary.
 // The keys it uses are the chain's public, test-only fixtures (tools/solana-chain/keys).
 import { readFileSync } from "node:fs";
-import { once } from "node:events";
 import { parseArgs } from "node:util";
-import express from "express";
 import { createKeyPairSignerFromBytes, createSolanaRpc, getBase58Encoder } from "@solana/kit";
 import { x402Facilitator } from "@x402/core/facilitator";
-import { HTTPFacilitatorClient } from "@x402/core/server";
-import { paymentMiddlewareFromHTTPServer, x402HTTPResourceServer, x402ResourceServer } from "@x402/express";
 import { wrapFetchWithPaymentFromConfig } from "@x402/fetch";
 import { TOKEN_PROGRAM_ADDRESS, toFacilitatorSvmSigner } from "@x402/svm";
 import { registerExactSvmScheme } from "@x402/svm/exact/facilitator";
-import { ExactSvmScheme as ExactSvmServerScheme } from "@x402/svm/exact/server";
 import { ExactSvmScheme as ExactSvmClientScheme } from "@x402/svm/exact/client";
 import { ExactSvmSchemeV1 as ExactSvmClientSchemeV1 } from "@x402/svm/exact/v1/client";
-import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
+import { NETWORK_V1, startOfficialSvm } from "./svm-official.mjs";
 
 const { values: opts } = parseArgs({
   options: {
@@ -63,7 +59,6 @@ const COUNT = Number(opts.count);
 const V1_COUNT = Number(opts["v1-count"]);
 const PRICE = BigInt(opts.price);
 const NETWORK = chain.network; // solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1 (devnet's CAIP-2 id)
-const NETWORK_V1 = "solana-devnet";
 const rpcUrl = chain.rpc_url;
 const rpc = createSolanaRpc(rpcUrl);
 const loadKey = (path) => createKeyPairSignerFromBytes(Uint8Array.from(JSON.parse(readFileSync(path, "utf8"))));
@@ -76,63 +71,12 @@ async function hook(path, body) {
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }
-async function listen(app) {
-  const server = app.listen(0, "127.0.0.1");
-  await once(server, "listening");
-  return { server, url: `http://127.0.0.1:${server.address().port}` };
-}
 
-// ---- the official facilitator, over HTTP
-const facilitator = new x402Facilitator();
-registerExactSvmScheme(facilitator, {
-  signer: toFacilitatorSvmSigner(feePayer, { defaultRpcUrl: rpcUrl }),
-  networks: [NETWORK],
-});
-const exchanges = [];
-const fApp = express();
-fApp.use(express.json({ limit: "256kb" }));
-fApp.get("/supported", (_req, res) => res.json(facilitator.getSupported()));
-for (const op of ["verify", "settle"]) {
-  fApp.post(`/${op}`, async (req, res) => {
-    try {
-      const result = await facilitator[op](req.body.paymentPayload, req.body.paymentRequirements);
-      exchanges.push({ op, result });
-      res.json(result);
-    } catch (err) {
-      exchanges.push({ op, error: String(err?.message ?? err) });
-      res.status(500).json({ error: String(err?.message ?? err) });
-    }
-  });
-}
-const fac = await listen(fApp);
-progress(`facilitator on ${fac.url} (fee payer ${feePayer.address})`);
-
-// ---- the official resource server
-const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: fac.url })).register(
-  NETWORK,
-  new ExactSvmServerScheme(),
-);
-const v2Http = new x402HTTPResourceServer(resourceServer, {
-  "GET /v2/sol": {
-    accepts: { scheme: "exact", network: NETWORK, payTo: chain.pay_to, price: { amount: PRICE.toString(), asset: chain.mint } },
-    description: "a paid SVM resource (v2)",
-    mimeType: "application/json",
-  },
-});
-const sApp = express();
-sApp.use(
-  v1PaymentMiddleware(
-    chain.pay_to,
-    { "GET /v1/sol": { price: { amount: PRICE.toString(), asset: { address: chain.mint, decimals: 6 } }, network: NETWORK_V1 } },
-    { url: fac.url },
-  ),
-);
-sApp.use(paymentMiddlewareFromHTTPServer(v2Http));
-sApp.get("/v2/sol", (_req, res) => res.json({ paid: true, x402Version: 2 }));
-sApp.get("/v1/sol", (_req, res) => res.json({ paid: true, x402Version: 1 }));
-const srv = await listen(sApp);
-await v2Http.initialize();
-progress(`resource server on ${srv.url}`);
+// ---- the official facilitator, over HTTP, and the official resource server (interop/svm-official.mjs)
+const official = await startOfficialSvm({ chain, price: PRICE, feePayer, progress });
+const exchanges = official.exchanges;
+const srv = { server: official.server, url: official.serverUrl };
+const fac = { server: official.facilitatorServer, url: official.facilitatorUrl };
 
 // ---- the official client; its fetch records the payment headers it sends
 const sent = [];

@@ -36,13 +36,18 @@ fn repo_root() -> PathBuf {
 
 impl Chain {
     fn start() -> Self {
+        Self::start_with(&["--slot-ms", "0"])
+    }
+
+    fn start_with(options: &[&str]) -> Self {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let dir = std::env::temp_dir().join(format!("x402-svm-test-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let state_path = dir.join("chain.json");
-        // slot-ms 0: heights move only with transactions and the advance hook (deterministic).
+        // By default slot-ms 0: heights move only with transactions and the advance hook.
         let status = Command::new(repo_root().join("scripts/solana-chain"))
-            .args(["start", state_path.to_str().unwrap(), "--slot-ms", "0"])
+            .args(["start", state_path.to_str().unwrap()])
+            .args(options)
             .status()
             .expect("scripts/solana-chain runs");
         assert!(status.success(), "the local Solana chain did not start");
@@ -111,6 +116,35 @@ impl Chain {
     async fn advance(&self, slots: u64) {
         let v = self.post("/_test/advance", json!({"slots": slots})).await;
         assert!(v["slot"].is_u64(), "advance answered {v}");
+    }
+}
+
+/// The official @x402/svm facilitator and an official resource server over a chain
+/// (scripts/solana-official), stopped by the pid it recorded when dropped.
+struct Official {
+    state_path: PathBuf,
+    server: String,
+}
+
+impl Official {
+    fn start(chain: &Chain) -> Self {
+        let state_path = chain.dir.join("official.json");
+        let status = Command::new(repo_root().join("scripts/solana-official"))
+            .args(["start", chain.dir.join("chain.json").to_str().unwrap(), state_path.to_str().unwrap()])
+            .args(["--price", &PRICE.to_string()])
+            .status()
+            .expect("scripts/solana-official runs");
+        assert!(status.success(), "the official SVM server did not start");
+        let state: Value = serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+        Self { server: state["server"].as_str().unwrap().to_owned(), state_path }
+    }
+}
+
+impl Drop for Official {
+    fn drop(&mut self) {
+        let _ = Command::new(repo_root().join("scripts/solana-official"))
+            .args(["stop", self.state_path.to_str().unwrap()])
+            .status();
     }
 }
 
@@ -255,4 +289,68 @@ async fn a_failed_payment_moves_nothing_and_is_final_only_once_finalized() {
     chain.advance(40).await;
     let state = rpc.transfer_state(&transfer).await.unwrap();
     assert!(matches!(state, TransferState::Failed { finalized: true, .. }) && state.may_sign_again(), "{state:?}");
+}
+
+/// Pays `path` of the official server as the router's x402 code does: the 402 parsed, the SVM
+/// option read, the transaction built and signed here, sent in the version's header. Returns
+/// the transfer, the paid answer's status and the settlement the server claimed.
+async fn pay_official(
+    chain: &Chain,
+    rpc: &SvmRpc,
+    url: &str,
+    memo: &str,
+) -> (SignedSvmTransfer, u16, Option<x402::SettlementResponse>, (String, String)) {
+    let first = chain.http.get(url).send().await.unwrap();
+    let status = first.status();
+    let headers = first.headers().clone();
+    let body = first.bytes().await.unwrap();
+    let required = x402::wire::parse_payment_required(status, &headers, &body).unwrap();
+    assert!(required.accepts.is_empty(), "no EVM option: the Solana one is skipped by the EVM parser");
+    let terms = SvmTerms::from_json(required.version, &required.raw_accepts[0]).unwrap();
+    assert_eq!(terms.fee_payer().to_string(), chain.s("fee_payer"));
+    let mint = rpc.mint(&terms.mint()).await.unwrap();
+    let blockhash = rpc.latest_blockhash().await.unwrap();
+    let signer = SvmSigner::parse(&chain.key("payer")).unwrap();
+    let transfer = sign_transfer(&signer, &terms, &mint, &blockhash, memo, ComputeBudget::default()).unwrap();
+    let payload = x402::svm::payment_payload(&terms, required.resource.as_ref(), &transfer.transaction);
+    let (name, value) = x402::wire::encode_payment_header(required.version, &payload).unwrap();
+    let header = (name.to_owned(), value.to_str().unwrap().to_owned());
+    let paid = chain.http.get(url).header(name, value).send().await.unwrap();
+    let settled = x402::wire::parse_settlement(paid.headers()).unwrap();
+    (transfer, paid.status().as_u16(), settled, header)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_official_facilitator_and_server_accept_the_payments_and_the_chain_counts_them() {
+    let chain = Chain::start_with(&[]);
+    let official = Official::start(&chain);
+    let rpc = chain.rpc();
+    let before = chain.balances().await;
+    let mut paid = Vec::new();
+    for (path, memo) in [("/v2/sol", "e1"), ("/v2/sol", "e2"), ("/v1/sol", "e3")] {
+        let url = format!("{}{path}", official.server);
+        let (transfer, status, settled, header) = pay_official(&chain, &rpc, &url, memo).await;
+        assert_eq!(status, 200, "{path}: {settled:?}");
+        let settled = settled.expect("a settlement header");
+        assert!(settled.success, "{settled:?}");
+        let claimed = settled.transaction.expect("a transaction id");
+        // The claim is checked on chain: that transaction carries the payer's signature.
+        let landed = rpc.landed_as(&transfer, &claimed).await.unwrap().expect("the claimed transaction is ours");
+        assert_eq!(landed.error, None);
+        let state = rpc.transfer_state(&transfer).await.unwrap();
+        assert!(matches!(state, TransferState::Settled { ref tx_id, .. } if *tx_id == claimed), "{state:?}");
+        paid.push((url, header, claimed));
+    }
+    let after = chain.balances().await;
+    let n = paid.len() as u64;
+    assert_eq!((before.0 - after.0, after.1 - before.1), (n * PRICE, n * PRICE), "exactly the price, once per payment");
+    assert_eq!(paid.iter().map(|p| &p.2).collect::<std::collections::HashSet<_>>().len(), paid.len());
+
+    // A kept payment header sent again (a replaying client or upstream): no second transfer.
+    for (url, (name, value), _) in &paid {
+        let again = chain.http.get(url).header(name.as_str(), value.as_str()).send().await.unwrap();
+        assert_ne!(again.status().as_u16(), 200, "a replayed payment header is refused");
+    }
+    chain.advance(2).await;
+    assert_eq!(chain.balances().await, after, "replays moved nothing");
 }

@@ -16,7 +16,7 @@ use solana_address::Address;
 
 pub use network::{SvmNetwork, SvmNetworkError};
 pub use rpc::{SvmRpc, SvmRpcError, TransferState};
-pub use terms::{SvmTerms, TermsError};
+pub use terms::{SvmTerms, TermsError, payment_payload};
 pub use transfer::{
     Blockhash, ComputeBudget, Mint, SignedSvmTransfer, SvmSigner, TransferError, associated_token_address,
     sign_transfer,
