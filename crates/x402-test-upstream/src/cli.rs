@@ -27,6 +27,9 @@ pub enum Command {
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
     Serve(ServeArgs),
+    /// Serve SVM (Solana) `exact` routes over a Solana RPC, settling as their own facilitator;
+    /// print {"listening": "HOST:PORT"} once bound.
+    ServeSvm(crate::svm::SvmServeArgs),
 }
 
 #[derive(Debug, Args)]

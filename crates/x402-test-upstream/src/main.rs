@@ -12,6 +12,10 @@
 //!   `/v2/upto` take Permit2 payments and settle them through the proxies (`permit2.rs`). It prints
 //!   `{"listening": "127.0.0.1:PORT"}` once bound.
 //!
+//! * `serve-svm` serves SVM `exact` routes (`svm.rs`) over a Solana RPC (e.g. tools/solana-chain):
+//!   it checks each payment transaction itself, co-signs it as the fee payer and submits it, and
+//!   misbehaves on purpose on some routes.
+//!
 //! This crate deliberately shares no code with the `x402` crate (crates/x402) nor the router: a fixture
 //! that reused the code under test would agree with its bugs. Everything here (wire types,
 //! EIP-712 recovery, settlement) is written against the protocol, not against the router.
@@ -24,6 +28,7 @@ mod payment;
 mod permit2;
 mod server;
 mod stats;
+mod svm;
 mod wire;
 
 use std::io::IsTerminal;
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Deploy(args) => system.block_on(deploy::run(args)),
         cli::Command::Serve(args) => system.block_on(server::run(args)),
+        cli::Command::ServeSvm(args) => system.block_on(svm::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
