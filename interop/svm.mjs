@@ -1,7 +1,7 @@
 // Interop check of the OFFICIAL x402 SVM packages over the local Solana test chain
 // (tools/solana-chain, started by scripts/solana-chain). Driven by scripts/solana-interop:
 //
-//   node interop/svm.mjs --state STATEFILE [--count 5] [--v1-count 2] [--price 10000]
+//   node interop/svm.mjs --state STATEFILE [--count 5] [--v1-count 2] [--price 10000] [--test-upstream URL]
 //
 // In this process, all on 127.0.0.1 (the facilitator and the resource server are built by
 // interop/svm-official.mjs, shared with interop/svm-server.mjs):
@@ -41,6 +41,7 @@ const { values: opts } = parseArgs({
     count: { type: "string", default: "5" },
     "v1-count": { type: "string", default: "2" },
     price: { type: "string", default: "10000" },
+    "test-upstream": { type: "string" },
   },
 });
 const progress = (msg) => console.error(`[svm] ${msg}`);
@@ -122,8 +123,11 @@ const decodeHeader = (v) => JSON.parse(Buffer.from(v, "base64").toString("utf8")
 
 const before = await measure();
 const signatures = [];
-async function payOnce(path, version) {
-  const r = await pay(`${srv.url}${path}`);
+// The project's own fixture (x402-test-upstream serve-svm, --test-upstream URL), paid by the
+// official client before the official server: a faithful peer accepts what the official client sends.
+const fixtureSignatures = [];
+async function payOnce(path, version, base = srv.url, into = signatures) {
+  const r = await pay(`${base}${path}`);
   const body = await r.text();
   const header = r.headers.get(version === 2 ? "payment-response" : "x-payment-response");
   let settled = null;
@@ -134,8 +138,13 @@ async function payOnce(path, version) {
   }
   const ok = r.status === 200 && settled?.success === true && typeof settled.transaction === "string" && settled.transaction.length > 0;
   check(ok, `pay ${path} (v${version}): HTTP ${r.status}, settled ${settled?.transaction ?? "-"}${ok ? "" : ` body ${body.slice(0, 300)}`}`);
-  if (ok) signatures.push(settled.transaction);
+  if (ok) into.push(settled.transaction);
   return ok;
+}
+if (opts["test-upstream"]) {
+  await payOnce("/svm/v2/paid", 2, opts["test-upstream"], fixtureSignatures);
+  await payOnce("/svm/v1/paid", 1, opts["test-upstream"], fixtureSignatures);
+  check(fixtureSignatures.length === 2, "x402-test-upstream serve-svm accepted the official client's v2 and v1 payments");
 }
 for (let i = 0; i < COUNT; i++) await payOnce("/v2/sol", 2);
 for (let i = 0; i < V1_COUNT; i++) await payOnce("/v1/sol", 1);
@@ -207,16 +216,17 @@ check(
 );
 
 // ---- count on chain
-const n = BigInt(COUNT + V1_COUNT);
+const n = BigInt(COUNT + V1_COUNT + fixtureSignatures.length);
 const payToDelta = afterExpired.payTo - before.payTo;
 const payerDelta = afterExpired.payer - before.payer;
 check(signatures.length === COUNT + V1_COUNT, `${signatures.length} settlements of ${COUNT + V1_COUNT} payments`);
-check(new Set(signatures).size === signatures.length, "every settlement has its own transaction");
+const allSignatures = [...fixtureSignatures, ...signatures];
+check(new Set(allSignatures).size === allSignatures.length, "every settlement has its own transaction");
 check(payToDelta === n * PRICE, `pay_to's token balance rose by ${payToDelta} (expected ${n * PRICE})`);
 check(payerDelta === -n * PRICE, `payer's token balance fell by ${-payerDelta} (expected ${n * PRICE})`);
 check(afterExpired.payerSol === before.payerSol, `payer's SOL unchanged (${before.payerSol} -> ${afterExpired.payerSol})`);
 let fees = 0n, transfers = 0;
-for (const sig of signatures) {
+for (const sig of allSignatures) {
   const st = (await rpc.getSignatureStatuses([sig]).send()).value[0];
   const tx = await rpc.getTransaction(sig, { commitment: "confirmed", encoding: "json", maxSupportedTransactionVersion: 0 }).send();
   const ok = st && st.err === null && tx && tx.meta.err === null;
@@ -239,7 +249,7 @@ for (const sig of signatures) {
   else check(false, `transaction ${sig}: status ${JSON.stringify(st?.err ?? null)}, fee payer index ${feePayerIndex}, moved ${moved}, TransferChecked ${isTransferChecked}`);
   if (tx) fees += BigInt(tx.meta.fee);
 }
-check(transfers === signatures.length, `${transfers} successful SPL TransferChecked of ${PRICE} to pay_to, fee payer first, found on chain`);
+check(transfers === allSignatures.length, `${transfers} successful SPL TransferChecked of ${PRICE} to pay_to, fee payer first, found on chain`);
 const feePayerDelta = before.feePayerSol - afterExpired.feePayerSol;
 check(fees > 0n && feePayerDelta === fees, `the fee payer paid the fees: its SOL fell by ${feePayerDelta}, the transactions' fees sum to ${fees}`);
 
@@ -249,6 +259,7 @@ const summary = {
   v2_payments: COUNT,
   v1_payments: V1_COUNT,
   settled: signatures.length,
+  test_upstream_settled: fixtureSignatures.length,
   price: PRICE.toString(),
   pay_to_delta: payToDelta.toString(),
   payer_delta: payerDelta.toString(),
