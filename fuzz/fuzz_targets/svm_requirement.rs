@@ -9,7 +9,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use x402_router::x402::svm::{
-    Blockhash, ComputeBudget, Mint, SvmSigner, SvmTerms, TOKEN_PROGRAM, TransferError, sign_transfer, terms::MAX_MEMO_BYTES,
+    Blockhash, ComputeBudget, Mint, SvmSigner, SvmTerms, TOKEN_PROGRAM, TransferError, sign_transfer,
+    terms::MAX_MEMO_BYTES,
 };
 use x402_router::x402::wire::X402Version;
 
