@@ -2,7 +2,7 @@
 //! message of its version. Sits above both `sign` and `wire` (it needs a signature and a
 //! requirement), so neither of them depends on the other's output.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use super::signed::SignedPayment;
 use super::wire::{Requirement, WireError, X402Version};
@@ -10,13 +10,8 @@ use super::wire::{Requirement, WireError, X402Version};
 /// The JSON payment payload for `requirement`, ready to be stored in the payments ledger and
 /// sent (again, verbatim) with [`encode_payment_header`].
 ///
-/// - v2: `{x402Version: 2, payload: {authorization, signature}, accepted: <the entry verbatim>,
-///   resource: <the 402's resource, if any>, extensions: <if given and non-empty>}`.
-/// - v1: `{x402Version: 1, scheme, network: <the original v1 name>, payload: {signature,
-///   authorization}}`; `resource` and `extensions` do not exist in v1 and are ignored.
-///
-/// The scheme payload is `{authorization, signature}` (EIP-3009) or `{signature,
-/// permit2Authorization}` (Permit2).
+/// The message is [`crate::wire::payment_message`]'s; the scheme payload is
+/// `{authorization, signature}` (EIP-3009) or `{signature, permit2Authorization}` (Permit2).
 ///
 /// # Errors
 /// [`WireError::AuthorizationMismatch`] when `signed` is not an authorization for exactly
@@ -30,29 +25,9 @@ pub fn payment_payload(
     extensions: Option<&Value>,
 ) -> Result<Value, WireError> {
     check_matches(requirement, signed)?;
-    let payload = signed.payload_json();
-    let message = match version {
-        X402Version::V2 => {
-            let mut message = Map::new();
-            message.insert("x402Version".to_owned(), json!(2));
-            message.insert("payload".to_owned(), payload);
-            if let Some(resource) = resource.filter(|r| !r.is_null()) {
-                message.insert("resource".to_owned(), resource.clone());
-            }
-            message.insert("accepted".to_owned(), requirement.raw_json());
-            if let Some(ext) = extensions.filter(|e| e.as_object().is_some_and(|m| !m.is_empty())) {
-                message.insert("extensions".to_owned(), ext.clone());
-            }
-            Value::Object(message)
-        }
-        X402Version::V1 => json!({
-            "x402Version": 1,
-            "scheme": requirement.scheme(),
-            "network": requirement.network_raw(),
-            "payload": payload,
-        }),
-    };
-    Ok(message)
+    let coordinates = (requirement.scheme(), requirement.network_raw());
+    let raw = requirement.raw();
+    Ok(super::wire::payment_message(version, raw, coordinates, resource, signed.payload_json(), extensions))
 }
 
 fn check_matches(requirement: &Requirement, signed: &SignedPayment) -> Result<(), WireError> {

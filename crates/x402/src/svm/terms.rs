@@ -144,30 +144,11 @@ impl SvmTerms {
     }
 }
 
-/// The JSON payment payload of the paid retry for `terms`, carrying `transaction` (the
-/// base64 transaction of [`super::SignedSvmTransfer`]):
-/// - v2: `{x402Version: 2, payload: {transaction}, resource: <the 402's, if any>, accepted: <the entry verbatim>}`;
-/// - v1: `{x402Version: 1, scheme: "exact", network: <the name the upstream sent>, payload: {transaction}}`.
+/// The JSON payment payload of the paid retry for `terms` ([`crate::wire::payment_message`]),
+/// its scheme payload `{transaction}` (the base64 transaction of [`super::SignedSvmTransfer`]).
 pub fn payment_payload(terms: &SvmTerms, resource: Option<&Value>, transaction: &str) -> Value {
     let payload = serde_json::json!({ "transaction": transaction });
-    match terms.version {
-        X402Version::V2 => {
-            let mut message = Map::new();
-            message.insert("x402Version".to_owned(), Value::from(2));
-            message.insert("payload".to_owned(), payload);
-            if let Some(resource) = resource.filter(|r| !r.is_null()) {
-                message.insert("resource".to_owned(), resource.clone());
-            }
-            message.insert("accepted".to_owned(), Value::Object(terms.raw.clone()));
-            Value::Object(message)
-        }
-        X402Version::V1 => serde_json::json!({
-            "x402Version": 1,
-            "scheme": "exact",
-            "network": terms.network_raw,
-            "payload": payload,
-        }),
-    }
+    crate::wire::payment_message(terms.version, &terms.raw, ("exact", &terms.network_raw), resource, payload, None)
 }
 
 fn str_field<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a str, TermsError> {

@@ -41,7 +41,7 @@ use serde::{Serialize, Serializer};
 
 use super::network::NetworkError;
 
-pub use payment::{decode_payment_header, encode_payment_header, payment_extensions};
+pub use payment::{decode_payment_header, encode_payment_header, payment_extensions, payment_message};
 pub use requirements::{PaymentRequired, Requirement, parse_payment_required};
 pub use settlement::{
     PERMIT2_ALLOWANCE_REQUIRED, RefusalReasons, SETTLEMENT_PENDING, SettlementResponse, parse_settlement,

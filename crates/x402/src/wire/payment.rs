@@ -11,6 +11,42 @@ use super::{
     X402Version,
 };
 
+/// The x402 message of a paid retry around a scheme's `payload`, whatever the scheme:
+/// - v2: `{x402Version: 2, payload, resource: <the 402's, if any>, accepted: <the entry
+///   verbatim>, extensions: <if given and non-empty>}`;
+/// - v1: `{x402Version: 1, scheme, network: <the name the upstream sent>, payload}`
+///   (`resource` and `extensions` do not exist in v1 and are ignored).
+pub fn payment_message(
+    version: X402Version,
+    accepted: &Map<String, Value>,
+    (scheme, network_raw): (&str, &str),
+    resource: Option<&Value>,
+    payload: Value,
+    extensions: Option<&Value>,
+) -> Value {
+    match version {
+        X402Version::V2 => {
+            let mut message = Map::new();
+            message.insert("x402Version".to_owned(), Value::from(2));
+            message.insert("payload".to_owned(), payload);
+            if let Some(resource) = resource.filter(|r| !r.is_null()) {
+                message.insert("resource".to_owned(), resource.clone());
+            }
+            message.insert("accepted".to_owned(), Value::Object(accepted.clone()));
+            if let Some(ext) = extensions.filter(|e| e.as_object().is_some_and(|m| !m.is_empty())) {
+                message.insert("extensions".to_owned(), ext.clone());
+            }
+            Value::Object(message)
+        }
+        X402Version::V1 => serde_json::json!({
+            "x402Version": 1,
+            "scheme": scheme,
+            "network": network_raw,
+            "payload": payload,
+        }),
+    }
+}
+
 /// Encodes a payment payload (from [`payment_payload`]) as the header of its version:
 /// `(PAYMENT-SIGNATURE | X-PAYMENT, standard padded base64 of the JSON)`.
 ///
