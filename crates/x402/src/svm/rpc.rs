@@ -176,15 +176,8 @@ impl SvmRpc {
             .pointer("/context/slot")
             .and_then(Value::as_u64)
             .ok_or(SvmRpcError::Malformed("getLatestBlockhash context"))?;
-        let hash: Hash = value
-            .get("blockhash")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok())
-            .ok_or(SvmRpcError::Malformed("blockhash"))?;
-        let last_valid_block_height = value
-            .get("lastValidBlockHeight")
-            .and_then(Value::as_u64)
-            .ok_or(SvmRpcError::Malformed("lastValidBlockHeight"))?;
+        let hash: Hash = parsed(value, "blockhash")?;
+        let last_valid_block_height = number(value, "lastValidBlockHeight")?;
         Ok(Blockhash { hash, last_valid_block_height, context_slot })
     }
 
@@ -211,11 +204,7 @@ impl SvmRpc {
         if value.is_null() {
             return Err(SvmRpcError::NoMint);
         }
-        let owner: Address = value
-            .get("owner")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok())
-            .ok_or(SvmRpcError::Malformed("owner"))?;
+        let owner: Address = parsed(value, "owner")?;
         let data = value
             .get("data")
             .and_then(|d| d.get(0))
@@ -264,7 +253,7 @@ impl SvmRpc {
             for entry in page {
                 let tx_id =
                     entry.get("signature").and_then(Value::as_str).ok_or(SvmRpcError::Malformed("signature"))?;
-                let slot = entry.get("slot").and_then(Value::as_u64).ok_or(SvmRpcError::Malformed("slot"))?;
+                let slot = number(entry, "slot")?;
                 if slot < transfer.min_slot {
                     return Ok(None);
                 }
@@ -304,7 +293,7 @@ impl SvmRpc {
         if !signatures.iter().any(|s| s.as_str() == Some(transfer.signature.as_str())) {
             return Ok(None);
         }
-        let slot = tx.get("slot").and_then(Value::as_u64).ok_or(SvmRpcError::Malformed("slot"))?;
+        let slot = number(&tx, "slot")?;
         let error = match tx.pointer("/meta/err") {
             None | Some(Value::Null) => None,
             Some(err) => Some(err.to_string().chars().take(200).collect()),
@@ -313,4 +302,14 @@ impl SvmRpc {
         let finalized = status.pointer("/value/0/confirmationStatus").and_then(Value::as_str) == Some("finalized");
         Ok(Some(Landed { tx_id: tx_id.to_owned(), slot, error, finalized }))
     }
+}
+
+/// The string member `field` of `value`, parsed (a base58 hash or address).
+fn parsed<T: std::str::FromStr>(value: &Value, field: &'static str) -> Result<T, SvmRpcError> {
+    value.get(field).and_then(Value::as_str).and_then(|s| s.parse().ok()).ok_or(SvmRpcError::Malformed(field))
+}
+
+/// The unsigned integer member `field` of `value`.
+fn number(value: &Value, field: &'static str) -> Result<u64, SvmRpcError> {
+    value.get(field).and_then(Value::as_u64).ok_or(SvmRpcError::Malformed(field))
 }
