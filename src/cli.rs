@@ -103,13 +103,17 @@ pub struct ServeArgs {
     pub bind: String,
     #[command(flatten)]
     pub key: KeyArgs,
+    #[command(flatten)]
+    pub solana: SolanaArgs,
     /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`; a network
-    /// listed again gets another URL (fallback, in the order given).
+    /// listed again gets another URL (fallback, in the order given). Solana networks:
+    /// `solana:<genesis hash prefix>=http://…` (one URL each).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,
     /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals][+permit2],…`
     /// (decimals read from the token when not given; `+permit2`: no EIP-3009, paid only via
-    /// Permit2). Empty: USDC on Base and Base Sepolia.
+    /// Permit2). Empty: USDC on Base and Base Sepolia. Solana: `solana:<ref>=<mint>@<decimals>`
+    /// (USDC on mainnet and devnet when none is given).
     #[arg(long, env = "X402_ASSETS", default_value = "")]
     pub x402_assets: String,
     /// Timeout of each chain RPC call, in ms.
@@ -301,6 +305,22 @@ pub struct KeyArgs {
     /// A file holding the paying wallet's key (hex).
     #[arg(long, env = "ROUTER_PRIVATE_KEY_FILE")]
     pub router_private_key_file: Option<String>,
+}
+
+/// The Solana wallet (x402 `exact` on `solana:` networks).
+#[derive(Debug, Args, Clone)]
+pub struct SolanaArgs {
+    /// The paying Solana wallet's key: a JSON array of 64 bytes (as `solana-keygen` writes) or
+    /// a base58 keypair. Prefer --solana-private-key-file.
+    #[arg(long, env = "SOLANA_PRIVATE_KEY", hide_env_values = true)]
+    pub solana_private_key: Option<String>,
+    /// A file holding the paying Solana wallet's key.
+    #[arg(long, env = "SOLANA_PRIVATE_KEY_FILE")]
+    pub solana_private_key_file: Option<String>,
+    /// The compute-unit price the router sets on its Solana payments, in micro-lamports (paid
+    /// by the upstream's fee payer; at most 5000000). Never taken from an upstream.
+    #[arg(long, env = "SOLANA_COMPUTE_UNIT_PRICE", default_value = "1")]
+    pub solana_compute_unit_price: String,
 }
 
 /// How upstreams are reached (the SSRF policy and limits).

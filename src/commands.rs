@@ -227,11 +227,14 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     use crate::audit::reconcile;
     let db = DatabaseConfig::from_args(&args.db)?;
     let networks = config::parse_rpc_urls(&args.x402_rpc_urls)?;
+    let solana_urls = config::solana::rpc_urls(&args.x402_rpc_urls)?;
     anyhow::ensure!(
-        !networks.is_empty(),
+        !networks.is_empty() || !solana_urls.is_empty(),
         "invalid setting X402_RPC_URLS (--x402-rpc-urls): is required: reconcile reads the chain"
     );
     let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?;
+    let solana = crate::solana::SolanaRpcs::new(&solana_urls, timeout).context("building the Solana RPC clients")?;
+    let solana = (!solana.is_empty()).then(|| std::sync::Arc::new(solana));
     let older_than: u64 = config::parse_num("RECONCILE_OLDER_THAN_SECS", &args.older_than_secs)
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
@@ -241,6 +244,7 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         abandon_after,
         faults: None,
         only: None,
+        solana,
     };
     let receipt_signer = config::load_signer(&args.key)?;
     let upstream_config = config::UpstreamConfig::from_args(&args.upstream)?;

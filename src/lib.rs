@@ -52,6 +52,7 @@ pub mod relay;
 pub mod routes;
 pub mod schema_doc;
 pub mod self_service;
+pub mod solana;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

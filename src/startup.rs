@@ -215,7 +215,12 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         .with_permit2_only(payments.permit2_only.iter().copied());
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
     let terms = Arc::new(crate::terms::Terms::new(config.requirements_cache));
+    let solana = match config.solana.clone() {
+        Some(c) => Some(Arc::new(crate::solana::Solana::new(c, payments.rpc_timeout)?)),
+        None => None,
+    };
     Ok(AppState {
+        solana,
         terms,
         config: Arc::new(config),
         pool,

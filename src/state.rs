@@ -33,6 +33,8 @@ pub struct AppState {
     pub nonce_secret: Arc<[u8; 32]>,
     /// The payment terms upstreams asked last (paying ahead, `terms`).
     pub terms: Arc<crate::terms::Terms>,
+    /// Paying on Solana networks (`None`: none configured).
+    pub solana: Option<Arc<crate::solana::Solana>>,
     /// Test-only fault points (`None` in production).
     pub faults: Option<crate::faults::Hook>,
 }

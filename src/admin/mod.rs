@@ -515,7 +515,7 @@ async fn settings_change(
 /// [`AdminError::NotFound`] for an unknown payment id; database errors.
 pub async fn reconcile(
     conn: &mut AsyncPgConnection,
-    chain: &crate::x402::Chain,
+    (chain, solana): (&crate::x402::Chain, Option<std::sync::Arc<crate::solana::SolanaRpcs>>),
     abandon_after: std::time::Duration,
     actor: &Actor,
     only: Option<Uuid>,
@@ -528,7 +528,8 @@ pub async fn reconcile(
             return Err(AdminError::NotFound);
         }
     }
-    let settings = reconcile::Settings { older_than: std::time::Duration::ZERO, abandon_after, faults: None, only };
+    let settings =
+        reconcile::Settings { older_than: std::time::Duration::ZERO, abandon_after, faults: None, only, solana };
     let report = reconcile::run(conn, chain, &settings, None).await?;
     let target = only.map(|id| id.to_string());
     let after = serde_json::to_value(report).ok();

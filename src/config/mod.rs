@@ -19,6 +19,7 @@ pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
 mod parse;
+pub mod solana;
 
 pub use self::parse::{Assets, parse_mcp_wait, parse_ms, parse_num, parse_requirements_cache, parse_rpc_urls};
 use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
@@ -253,6 +254,8 @@ pub struct Config {
     pub mcp_fetch_wait: Duration,
     /// Paying ahead on known terms (`REQUIREMENTS_CACHE_SECONDS`, `_ENTRIES`); `None`: off.
     pub requirements_cache: Option<TermsLimits>,
+    /// Paying on Solana networks (`None`: no Solana network has an RPC URL).
+    pub solana: Option<solana::SolanaConfig>,
 }
 
 /// The bounds of the known payment terms (`REQUIREMENTS_CACHE_SECONDS`,
@@ -357,6 +360,8 @@ impl Config {
             permit2_only,
         };
         payments.check_one_unit()?;
+        let unit = payments.decimals.values().next().copied();
+        let solana = solana::config(&args.x402_rpc_urls, &args.x402_assets, &args.solana, unit)?;
         Ok(Self {
             database,
             redis_url: Secret::new(redis_url.to_owned()),
@@ -384,6 +389,7 @@ impl Config {
                 &args.requirements_cache_seconds,
                 &args.requirements_cache_entries,
             )?,
+            solana,
         })
     }
 }

@@ -98,14 +98,15 @@ pub(super) fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Networ
 }
 
 /// `X402_RPC_URLS`: `network=http(s)://…,…` (CAIP-2 ids or v1 names). A network may be
-/// listed several times: its URLs, in the order given, are its endpoints (fallback).
+/// listed several times: its URLs, in the order given, are its endpoints (fallback). Solana
+/// entries are read by `config::solana`.
 ///
 /// # Errors
 /// A malformed entry or the same URL listed twice for a network. Messages never quote a URL
 /// (it may carry an API key); they name the network and the URL's position.
 pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Url>> = BTreeMap::new();
-    for item in split_list(raw) {
+    for item in split_list(raw).filter(|item| !super::solana::is_solana_entry(item)) {
         let (network, url) = split_pair("X402_RPC_URLS", item)?;
         let list = out.entry(network).or_default();
         let position = list.len();
@@ -132,7 +133,7 @@ pub(super) fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
     let mut decimals = BTreeMap::new();
     let mut permit2_only = BTreeSet::new();
-    for item in split_list(raw) {
+    for item in split_list(raw).filter(|item| !super::solana::is_solana_entry(item)) {
         let (network, spec) = split_pair("X402_ASSETS", item)?;
         let (spec, only_permit2) = match spec.trim().strip_suffix(PERMIT2_ONLY) {
             Some(rest) => (rest, true),

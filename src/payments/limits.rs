@@ -207,7 +207,7 @@ pub fn agent_refusal(spend: &Spend, amount: Amount, pay_to: &str) -> Option<Refu
         return over(format!("the price {amount} exceeds what remains of the agent's month budget ({month})"));
     }
     if let Some(allowed) = &spend.allowed_pay_to
-        && !allowed.iter().any(|a| a.eq_ignore_ascii_case(pay_to))
+        && !allowed.iter().any(|a| pay_to_matches(a, pay_to))
     {
         return Some(Refusal::PayToNotAllowed(format!("the payTo {pay_to} is not on the agent's allowlist")));
     }
@@ -393,13 +393,38 @@ pub fn parse_pay_to(raw: &str) -> Result<String, BadEntry> {
     let hex = entry.strip_prefix("0x").or_else(|| entry.strip_prefix("0X"));
     match hex {
         Some(h) if h.len() == 40 && h.chars().all(|c| c.is_ascii_hexdigit()) => Ok(entry.to_ascii_lowercase()),
-        _ => Err(BadEntry(format!("{raw:?} is not an address (0x followed by 40 hex digits)"))),
+        // A Solana address: base58 is case-sensitive, kept as written.
+        None if entry.len() <= 44 && entry.parse::<crate::x402::svm::SvmAddress>().is_ok() => Ok(entry.to_owned()),
+        _ => Err(BadEntry(format!(
+            "{raw:?} is not an address (0x followed by 40 hex digits, or a base58 Solana address)"
+        ))),
     }
+}
+
+/// True when the allowlist entry `entry` (as [`parse_pay_to`] stores it) names `pay_to`: an EVM
+/// address whatever its case, a Solana address only exactly (base58 is case-sensitive: two
+/// spellings that differ in case are two accounts).
+pub fn pay_to_matches(entry: &str, pay_to: &str) -> bool {
+    if entry.starts_with("0x") { entry.eq_ignore_ascii_case(pay_to) } else { entry == pay_to }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn solana_pay_to_entries_match_only_exactly() {
+        let sol = "EmPfs5hbdp1FsvxQjan7TaNCp2KWZSQ79U8tX2zLKoTn";
+        let entry = parse_pay_to(&format!(" {sol} ")).unwrap();
+        assert!(pay_to_matches(&entry, sol));
+        assert!(!pay_to_matches(&entry, &sol.to_ascii_lowercase()));
+        assert!(!pay_to_matches(&entry, "emPfs5hbdp1FsvxQjan7TaNCp2KWZSQ79U8tX2zLKoTn"));
+        let evm = parse_pay_to("0x00000000000000000000000000000000000000AA").unwrap();
+        assert!(pay_to_matches(&evm, "0x00000000000000000000000000000000000000aA"));
+        for bad in ["0x12", "not-an-address", "0OIl0OIl0OIl0OIl0OIl0OIl0OIl0OIl", &"1".repeat(60)] {
+            assert!(parse_pay_to(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn host_patterns_match_exactly_what_they_say() {

@@ -224,6 +224,35 @@ impl PaymentView {
         }
     }
 
+    /// A Solana payment in `status`: `nonce` is the request's deterministic nonce (the ledger's,
+    /// stable across re-signings), `tx_hash` the id of the transaction the chain shows carrying
+    /// the payer's signature.
+    pub fn svm(
+        version: X402Version,
+        signed: &crate::x402::svm::SignedSvmTransfer,
+        nonce: &str,
+        status: PaymentStatus,
+        tx_hash: Option<&str>,
+    ) -> Self {
+        Self {
+            amount: Some(signed.amount.clone()),
+            asset: signed.mint.clone(),
+            asset_transfer_method: None,
+            claimed_amount: None,
+            claimed_tx_hash: None,
+            max_amount: None,
+            network: signed.network.clone(),
+            nonce: nonce.to_owned(),
+            pay_to: Some(signed.pay_to.clone()),
+            payer: signed.payer.clone(),
+            recovery: None,
+            scheme: "exact".to_owned(),
+            status,
+            tx_hash: Some(tx_hash.map(str::to_owned)),
+            x402_version: version.number(),
+        }
+    }
+
     /// A payment this attempt did not make: the request's nonce was found used on-chain
     /// before anything was signed (no amount, recipient or transaction is known).
     pub fn found_on_chain(

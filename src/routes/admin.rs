@@ -335,7 +335,9 @@ pub async fn reconcile(state: web::Data<AppState>, op: Admin, payload: web::Payl
         ),
     };
     let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let solana = state.solana.as_ref().map(|s| std::sync::Arc::clone(&s.rpcs));
     let report =
-        admin::reconcile(&mut conn, &state.chain, state.idempotency.timing.abandon_after, &op.actor, only).await?;
+        admin::reconcile(&mut conn, (&state.chain, solana), state.idempotency.timing.abandon_after, &op.actor, only)
+            .await?;
     Ok(HttpResponse::Ok().json(report))
 }

@@ -133,15 +133,17 @@ impl PartialSchema for Amount {
 
 impl utoipa::ToSchema for Amount {}
 
-/// `Address`: an EVM address as the router reads and writes it.
+/// `Address`: an EVM or a Solana address as the router reads and writes it.
 pub struct Address;
 
 impl PartialSchema for Address {
     fn schema() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::String)
-            .pattern(Some("^0x[0-9a-fA-F]{40}$"))
-            .description(Some("EVM address (EIP-55 checksummed when the router writes it)."))
+            .pattern(Some("^(0x[0-9a-fA-F]{40}|[1-9A-HJ-NP-Za-km-z]{32,44})$"))
+            .description(Some(
+                "EVM address (EIP-55 checksummed when the router writes it), or a Solana address (base58, case-sensitive) on `solana:` networks.",
+            ))
             .into()
     }
 }

@@ -353,6 +353,7 @@ async fn reconcile_never_releases_an_intent_re_signed_between_its_read_and_its_w
         abandon_after: std::time::Duration::from_secs(60),
         faults: Some(hook),
         only: None,
+        solana: None,
     };
     let mut conn = app.db.conn().await;
     let run = tokio::spawn(async move { x402_router::audit::reconcile::run(&mut conn, &rpc, &settings, None).await });

@@ -151,6 +151,9 @@ pub struct Settings {
     pub faults: Option<faults::Hook>,
     /// Only this payment (an operator's `POST /admin/reconcile` for one payment); None: all.
     pub only: Option<Uuid>,
+    /// The Solana networks' endpoints (`None`: Solana intents are left as they are, counted
+    /// as errors).
+    pub solana: Option<std::sync::Arc<crate::solana::SolanaRpcs>>,
 }
 
 /// What one run did; printed as one JSON line.
@@ -313,6 +316,42 @@ fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Unrea
     Ok((network, asset, payer, nonce))
 }
 
+/// What the chain says of an intent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The payment moved money.
+    Used,
+    /// EVM: the authorization is unused (expired once its `validBefore` is past).
+    Unused,
+    /// Solana: the transaction can still land (its blockhash has not expired, or it failed and
+    /// that is not final yet).
+    MayLand,
+    /// Solana: the transaction can never land (expired, or failed and finalized).
+    NeverLands,
+}
+
+impl From<bool> for Verdict {
+    fn from(used: bool) -> Self {
+        if used { Self::Used } else { Self::Unused }
+    }
+}
+
+/// What the Solana chain says of a Solana intent, whose stored transfer must agree with its row.
+async fn svm_verdict(rpcs: Option<&crate::solana::SolanaRpcs>, c: &Candidate) -> Result<Verdict, Unreadable> {
+    use crate::x402::svm::{SignedSvmTransfer, TransferState};
+    let signed: SignedSvmTransfer =
+        serde_json::from_value(c.signed_authorization.clone()).map_err(|e| format!("stored Solana transfer: {e}"))?;
+    if (signed.network.as_str(), signed.mint.as_str(), signed.payer.as_str()) != (&*c.network, &*c.asset, &*c.payer) {
+        return Err("stored Solana transfer disagrees with its row".into());
+    }
+    let rpc = rpcs.and_then(|r| r.of(&c.network)).ok_or_else(|| format!("no RPC URL for {}", c.network))?;
+    Ok(match rpc.transfer_state(&signed).await.map_err(|e| Unreadable(e.to_string()))? {
+        TransferState::Settled { .. } => Verdict::Used,
+        TransferState::Expired { .. } | TransferState::Failed { finalized: true, .. } => Verdict::NeverLands,
+        TransferState::Pending { .. } | TransferState::Failed { finalized: false, .. } => Verdict::MayLand,
+    })
+}
+
 /// The status the chain's answer moves an intent to; `None`: leave it.
 fn decide(old: PaymentStatus, used: bool, served: bool, valid_before: i64, now: i64) -> Option<PaymentStatus> {
     if used {
@@ -360,13 +399,18 @@ async fn decide_all(
         after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
             report.checked += 1;
-            let signed = signed_record(c);
-            let used = match &signed {
-                Err(e) => Err(e.clone()),
-                Ok(signed) => signed.used_on(chain).await.map_err(|e| Unreadable(e.to_string())),
+            let solana = crate::solana::is_solana_network(&c.network);
+            let signed = if solana { Err(Unreadable("a Solana intent".into())) } else { signed_record(c) };
+            let verdict = if solana {
+                svm_verdict(settings.solana.as_deref(), c).await
+            } else {
+                match &signed {
+                    Err(e) => Err(e.clone()),
+                    Ok(signed) => signed.used_on(chain).await.map(Verdict::from).map_err(|e| Unreadable(e.to_string())),
+                }
             };
-            let used = match used {
-                Ok(used) => used,
+            let verdict = match verdict {
+                Ok(v) => v,
                 Err(e) => {
                     report.errors += 1;
                     tracing::warn!(payment.id = %c.id, agent_id = %c.agent_id, payment.network = %c.network, error = %e,
@@ -374,7 +418,13 @@ async fn decide_all(
                     continue;
                 }
             };
-            let Some(new) = decide(c.status, used, c.served, c.valid_before, now_unix()) else {
+            let used = verdict == Verdict::Used;
+            let new = match verdict {
+                Verdict::Used | Verdict::Unused => decide(c.status, used, c.served, c.valid_before, now_unix()),
+                Verdict::NeverLands => Some(Expired),
+                Verdict::MayLand => None,
+            };
+            let Some(new) = new else {
                 report.pending += 1;
                 continue;
             };

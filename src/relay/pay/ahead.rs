@@ -61,7 +61,7 @@ pub async fn pay_ahead(
     tracing::info!(agent_id = %own.agent_id, payment.network = %chosen.network(), payment.amount = %chosen.amount(),
         "payment signed on known terms and recorded; sending it with the first request");
     let first = &signing.attempt;
-    let sent = exchange::send(state, own, call, first, deadline).await?;
+    let sent = exchange::send(state, own, call, &first.header, deadline).await?;
     Ok(Some(match sent {
         Ok(resp) if resp.status == 402 && exchange::refuses(&resp) => {
             let paid = Paid { required, chosen: &chosen, signing: &signing };

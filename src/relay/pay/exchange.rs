@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use reqwest::header::{HeaderName, HeaderValue};
+
 use super::{Attempt, MIN_RECOVERY_TIME};
 use crate::codes::Code;
 use crate::faults::{self, Point};
@@ -28,7 +30,7 @@ pub(super) async fn exchange(
     attempt: &Attempt,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
-    let sent = send(state, own, call, attempt, deadline).await?;
+    let sent = send(state, own, call, &attempt.header, deadline).await?;
     Ok(finish(state, own, attempt, sent, deadline).await)
 }
 
@@ -43,7 +45,7 @@ pub(super) async fn send(
     state: &AppState,
     own: &Ownership,
     call: &RouteCall,
-    attempt: &Attempt,
+    header: &(HeaderName, HeaderValue),
     deadline: Instant,
 ) -> Result<Sent, Error> {
     faults::at(state.faults.as_ref(), Point::BeforePaidSend).await;
@@ -61,7 +63,7 @@ pub(super) async fn send(
     let started = Instant::now();
     let sent = state
         .upstream
-        .send(&call.upstream, std::slice::from_ref(&attempt.header), remaining(deadline).min(state.upstream.timeout()))
+        .send(&call.upstream, std::slice::from_ref(header), remaining(deadline).min(state.upstream.timeout()))
         .await;
     state.metrics.upstream_seconds.with_label_values(&["paid"]).observe(started.elapsed().as_secs_f64());
     faults::at(state.faults.as_ref(), Point::PaidAnswered).await;

@@ -19,7 +19,8 @@
 //! [`sign`] signs (nonces checked unused first) → [`reserve`] commits the intent → [`exchange`]
 //! sends and [`confirm`]s on-chain. [`resume`] picks up a recorded intent (takeover).
 //! [`pay_ahead`] pays known terms with the first request (no unpaid probe), and pays once
-//! more, with the same nonce, terms that changed.
+//! more, with the same nonce, terms that changed. [`svm`] is the same walk on Solana, taken
+//! when no EVM option may be paid and the 402 offers a Solana one.
 
 mod ahead;
 mod confirm;
@@ -28,6 +29,7 @@ mod reserve;
 mod resume;
 mod select;
 mod sign;
+mod svm;
 
 use std::time::{Duration, Instant};
 
@@ -128,6 +130,14 @@ pub async fn pay(
     );
     let chosen = match chosen? {
         Ok(chosen) => chosen,
+        // No EVM option may be paid: a Solana one, when the router pays there (the intent of an
+        // earlier attempt first, as below).
+        Err(_) if svm::offers(state, &required) => {
+            if let Some(intent) = existing? {
+                return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
+            }
+            return svm::pay(state, own, call, &required, first, deadline).await;
+        }
         Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
     };
     // This very request was paid for under this key before (the key expired and was reused
@@ -188,7 +198,10 @@ pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome,
     let mut conn = super::error::conn(&state.pool).await?;
     let intent = store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
     let payment = intent.and_then(|row| {
-        let shown = StoredIntent::decode(&row).ok()?.view(PaymentStatus::Unknown, None);
+        let shown = match StoredIntent::decode(&row) {
+            Ok(intent) => intent.view(PaymentStatus::Unknown, None),
+            Err(_) => svm::stored_view(&row, PaymentStatus::Unknown)?,
+        };
         let error = Some("route deadline exceeded".into());
         let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error, recovery: None };
         Some(PaymentNote { shown, ledger: Some(ledger) })

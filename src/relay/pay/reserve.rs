@@ -86,7 +86,7 @@ pub(super) async fn resign(
     fenced(store::resign(&mut conn, &resign).await?)
 }
 
-fn fenced(reservation: Reservation) -> Result<Option<Refusal>, Error> {
+pub(super) fn fenced(reservation: Reservation) -> Result<Option<Refusal>, Error> {
     match reservation {
         Reservation::Reserved => Ok(None),
         Reservation::Fenced => Err(Error::Superseded),

@@ -46,6 +46,9 @@ pub async fn resume(
     deadline: Instant,
     mode: Resume,
 ) -> Result<Outcome, Error> {
+    if crate::solana::is_solana_network(&intent.network) {
+        return super::svm::resume(state, own, call, intent, deadline, mode).await;
+    }
     let decoded = StoredIntent::decode(&intent).map_err(|e| Error::invariant(e.to_string()))?;
     faults::at(state.faults.as_ref(), Point::ResumeStart).await;
     let used = match super::confirm::chain_used(state, &decoded.signed).await {

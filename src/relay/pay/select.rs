@@ -3,7 +3,7 @@
 //! intent about to be sent again, whether it is still allowed.
 
 use crate::codes::Code;
-use crate::payments::store;
+use crate::payments::{limits, store};
 use crate::relay::Error;
 use crate::relay::request::RouteCall;
 use crate::state::AppState;
@@ -39,7 +39,7 @@ pub(super) async fn choose(
         .accepts
         .iter()
         .filter(|r| {
-            allowed_pay_to.is_none_or(|list| list.iter().any(|a| a.eq_ignore_ascii_case(&r.pay_to().to_string())))
+            allowed_pay_to.is_none_or(|list| list.iter().any(|a| limits::pay_to_matches(a, &r.pay_to().to_string())))
         })
         .cloned()
         .collect();

@@ -1,0 +1,270 @@
+//! The Solana settings: `SOLANA_PRIVATE_KEY` (or `SOLANA_PRIVATE_KEY_FILE`), and the `solana:`
+//! entries of `X402_RPC_URLS` and `X402_ASSETS` (the EVM parsers skip them).
+//!
+//! A Solana network is paid on only with an RPC URL, a mint and the key; each mint's decimals
+//! must be the router's unit (caps and budgets are atomic units of one unit).
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use url::Url;
+
+use super::ConfigError;
+use super::parse::split_list;
+use crate::cli::SolanaArgs;
+use crate::x402::svm::{SvmAddress, SvmNetwork, SvmSigner, transfer::MAX_COMPUTE_UNIT_PRICE};
+
+/// Circle's USDC mints (6 decimals) on Solana mainnet and devnet: the mint paid on a network of
+/// `X402_RPC_URLS` for which `X402_ASSETS` names none.
+const BUILT_IN_USDC: [(&str, &str); 2] = [
+    ("solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp", "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"),
+    ("solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1", "4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"),
+];
+const USDC_DECIMALS: u8 = 6;
+
+/// What the router pays with on Solana.
+#[derive(Debug, Clone)]
+pub struct SolanaConfig {
+    /// The paying wallet (the token owner; never the fee payer).
+    pub signer: Arc<SvmSigner>,
+    pub networks: BTreeMap<SvmNetwork, SolanaNetwork>,
+    /// The compute-unit price the router sets (micro-lamports; the fee payer pays it).
+    pub compute_unit_price: u64,
+}
+
+/// One Solana network: its RPC endpoint and the mints paid there, with their decimals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SolanaNetwork {
+    pub rpc_url: Url,
+    pub mints: Vec<(SvmAddress, u8)>,
+}
+
+impl SolanaConfig {
+    /// The decimals configured for `mint` on `network`, if the router pays with it there.
+    pub fn decimals(&self, network: &SvmNetwork, mint: &SvmAddress) -> Option<u8> {
+        self.networks.get(network)?.mints.iter().find(|(m, _)| m == mint).map(|(_, d)| *d)
+    }
+}
+
+/// True for an `X402_RPC_URLS` / `X402_ASSETS` entry whose network is a Solana one.
+pub fn is_solana_entry(item: &str) -> bool {
+    item.split_once('=').is_some_and(|(network, _)| SvmNetwork::parse(network.trim()).is_ok())
+        || item.trim_start().to_ascii_lowercase().starts_with("solana")
+}
+
+/// The Solana entries of `X402_RPC_URLS`: one URL per network.
+///
+/// # Errors
+/// A malformed entry, or a network listed twice. Messages never quote a URL.
+pub fn rpc_urls(raw: &str) -> Result<BTreeMap<SvmNetwork, Url>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in split_list(raw).filter(|i| is_solana_entry(i)) {
+        let (network, url) = pair("X402_RPC_URLS", item)?;
+        let parsed = Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| ConfigError::new("X402_RPC_URLS", format!("the URL of {network} is not an http(s) URL")))?;
+        if out.insert(network.clone(), parsed).is_some() {
+            return Err(ConfigError::new(
+                "X402_RPC_URLS",
+                format!("{network} is listed twice (one URL per Solana network)"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The Solana entries of `X402_ASSETS`: `solana:<ref>=<mint>@<decimals>` (decimals required but
+/// for the built-in USDC mints).
+///
+/// # Errors
+/// A malformed entry.
+pub fn assets(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>>, ConfigError> {
+    let mut out: BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>> = BTreeMap::new();
+    for item in split_list(raw).filter(|i| is_solana_entry(i)) {
+        let (network, spec) = pair("X402_ASSETS", item)?;
+        let (mint, decimals) = match spec.split_once('@') {
+            Some((m, d)) => (m.trim(), Some(d.trim())),
+            None => (spec, None),
+        };
+        let mint = SvmAddress::from_str(mint)
+            .map_err(|_| ConfigError::new("X402_ASSETS", format!("{mint:?} is not a Solana mint address")))?;
+        let decimals = match decimals {
+            Some(d) => d.parse::<u8>().ok().filter(|d| *d <= 36).ok_or_else(|| {
+                ConfigError::new("X402_ASSETS", format!("{d:?} is not a number of decimals (0 to 36)"))
+            })?,
+            None => built_in_usdc(&network).filter(|m| *m == mint).map(|_| USDC_DECIMALS).ok_or_else(|| {
+                ConfigError::new("X402_ASSETS", format!("{mint} on {network}: give its decimals (`{mint}@6`)"))
+            })?,
+        };
+        let list = out.entry(network).or_default();
+        if !list.iter().any(|(m, _)| *m == mint) {
+            list.push((mint, decimals));
+        }
+    }
+    Ok(out)
+}
+
+fn built_in_usdc(network: &SvmNetwork) -> Option<SvmAddress> {
+    let caip2 = network.caip2();
+    BUILT_IN_USDC.iter().find(|(n, _)| *n == caip2).and_then(|(_, m)| SvmAddress::from_str(m).ok())
+}
+
+fn pair<'a>(env: &'static str, item: &'a str) -> Result<(SvmNetwork, &'a str), ConfigError> {
+    let (network, value) = item
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new(env, format!("{item:?} is not of the form network=value")))?;
+    let network =
+        SvmNetwork::parse(network.trim()).map_err(|e| ConfigError::new(env, format!("{:?}: {e}", network.trim())))?;
+    Ok((network, value.trim()))
+}
+
+/// The Solana key from `SOLANA_PRIVATE_KEY` or `SOLANA_PRIVATE_KEY_FILE` (a JSON array of 64
+/// bytes, as `solana-keygen` writes, or a base58 keypair); `None` when neither is set.
+///
+/// # Errors
+/// Both set, an unreadable file, or a value that is not a key (never quoted).
+pub fn load_signer(args: &SolanaArgs) -> Result<Option<SvmSigner>, ConfigError> {
+    let (env, raw) = match (&args.solana_private_key, &args.solana_private_key_file) {
+        (Some(k), None) => ("SOLANA_PRIVATE_KEY", k.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new("SOLANA_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
+            ("SOLANA_PRIVATE_KEY_FILE", text)
+        }
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "SOLANA_PRIVATE_KEY",
+                "set SOLANA_PRIVATE_KEY or SOLANA_PRIVATE_KEY_FILE, not both",
+            ));
+        }
+        (None, None) => return Ok(None),
+    };
+    SvmSigner::parse(&raw).map(Some).map_err(|why| ConfigError::new(env, why))
+}
+
+/// The Solana settings of `serve`: `None` when no Solana network has an RPC URL. A network with
+/// a URL needs the key and a mint (given, or the built-in USDC); every mint must have `unit`
+/// decimals (the EVM assets' unit, when known).
+///
+/// # Errors
+/// The first inconsistent or malformed setting.
+pub fn config(
+    rpc_raw: &str,
+    assets_raw: &str,
+    args: &SolanaArgs,
+    unit: Option<u8>,
+) -> Result<Option<SolanaConfig>, ConfigError> {
+    let urls = rpc_urls(rpc_raw)?;
+    let mut mints = assets(assets_raw)?;
+    let signer = load_signer(args)?;
+    let price: u64 = super::parse_num("SOLANA_COMPUTE_UNIT_PRICE", &args.solana_compute_unit_price)?;
+    if price > MAX_COMPUTE_UNIT_PRICE {
+        return Err(ConfigError::new(
+            "SOLANA_COMPUTE_UNIT_PRICE",
+            format!("must be at most {MAX_COMPUTE_UNIT_PRICE} micro-lamports per compute unit"),
+        ));
+    }
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let signer = signer.ok_or_else(|| {
+        ConfigError::new(
+            "SOLANA_PRIVATE_KEY",
+            "is required to pay on the Solana networks of X402_RPC_URLS (or SOLANA_PRIVATE_KEY_FILE)",
+        )
+    })?;
+    let mut networks = BTreeMap::new();
+    for (network, rpc_url) in urls {
+        let list = match mints.remove(&network) {
+            Some(list) => list,
+            None => match built_in_usdc(&network) {
+                Some(usdc) => vec![(usdc, USDC_DECIMALS)],
+                None => {
+                    return Err(ConfigError::new(
+                        "X402_ASSETS",
+                        format!("names no mint for {network}, which X402_RPC_URLS lists"),
+                    ));
+                }
+            },
+        };
+        let unit = unit.unwrap_or(list[0].1);
+        if let Some((mint, d)) = list.iter().find(|(_, d)| *d != unit) {
+            return Err(ConfigError::new(
+                "X402_ASSETS",
+                format!(
+                    "{network}={mint} has {d} decimals, the router's other assets {unit}: agents' caps and budgets are \
+                     in atomic units, so one budget cannot span them"
+                ),
+            ));
+        }
+        networks.insert(network, SolanaNetwork { rpc_url, mints: list });
+    }
+    Ok(Some(SolanaConfig { signer: Arc::new(signer), networks, compute_unit_price: price }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEVNET: &str = "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1";
+    const MINT: &str = "H7po8GzzytgPCncihov4jk2BWGKhRNhMH8nRZdURCm4U";
+    const KEY: &str = include_str!("../../tools/solana-chain/keys/payer.json");
+
+    fn args(key: Option<&str>) -> SolanaArgs {
+        SolanaArgs {
+            solana_private_key: key.map(str::to_owned),
+            solana_private_key_file: None,
+            solana_compute_unit_price: "1".into(),
+        }
+    }
+
+    #[test]
+    fn solana_entries_are_told_apart_from_evm_ones() {
+        assert!(is_solana_entry(&format!("{DEVNET}=http://a")));
+        assert!(is_solana_entry("solana-devnet=http://a"));
+        assert!(is_solana_entry("solana:not base58=http://a"), "malformed, but Solana's to refuse");
+        assert!(!is_solana_entry("eip155:84532=http://a"));
+        assert!(!is_solana_entry("base-sepolia=http://a"));
+        let evm = super::super::parse_rpc_urls(&format!("eip155:84532=http://a,{DEVNET}=http://b")).unwrap();
+        assert_eq!(evm.len(), 1);
+    }
+
+    #[test]
+    fn a_solana_network_needs_a_url_a_key_and_a_mint_in_the_routers_unit() {
+        let urls = format!("eip155:84532=http://a,{DEVNET}=http://127.0.0.1:1/key");
+        let assets = format!("{DEVNET}={MINT}@6");
+        let c = config(&urls, &assets, &args(Some(KEY)), Some(6)).unwrap().unwrap();
+        let network = SvmNetwork::parse(DEVNET).unwrap();
+        assert_eq!(c.decimals(&network, &SvmAddress::from_str(MINT).unwrap()), Some(6));
+        assert_eq!(format!("{:?}", c.signer).contains('['), false, "the key is never shown");
+
+        let e = config(&urls, &assets, &args(None), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("SOLANA_PRIVATE_KEY"), "{e}");
+        let e = config(&urls, &format!("{DEVNET}={MINT}"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("give its decimals"), "{e}");
+        let e = config(&urls, &format!("{DEVNET}={MINT}@9"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("9 decimals"), "{e}");
+        let e = config(&urls, &format!("{DEVNET}=0xabc@6"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("not a Solana mint"), "{e}");
+        // Devnet has a built-in USDC mint; a CAIP-2 id of another cluster does not.
+        let built_in = config(&urls, "", &args(Some(KEY)), Some(6)).unwrap().unwrap();
+        assert_eq!(built_in.networks[&network].mints.len(), 1);
+        let other = "solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z=http://c";
+        let e = config(other, "", &args(Some(KEY)), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("names no mint"), "{e}");
+        let e = config(&format!("{DEVNET}=http://a,{DEVNET}=http://b"), &assets, &args(Some(KEY)), None);
+        assert!(e.unwrap_err().to_string().contains("listed twice"));
+        let e = config(&format!("{DEVNET}=ftp://a/secret"), &assets, &args(Some(KEY)), None).unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
+        // Without a Solana URL there is nothing to pay on (and no key needed).
+        assert!(config("eip155:84532=http://a", "", &args(None), Some(6)).unwrap().is_none());
+        let mut bad = args(Some("[1,2,3]"));
+        let e = config(&urls, &assets, &bad, Some(6)).unwrap_err().to_string();
+        assert!(e.contains("SOLANA_PRIVATE_KEY") && !e.contains("[1,2,3]"), "{e}");
+        bad = args(Some(KEY));
+        bad.solana_compute_unit_price = "5000001".into();
+        assert!(config(&urls, &assets, &bad, Some(6)).is_err());
+    }
+}

@@ -1,0 +1,630 @@
+//! Paying on Solana (x402 `exact` on `solana:` networks): the EVM flow's walk — choose within
+//! the agent's limits, sign, commit the intent, send, ask the chain — with the chain's own
+//! at-most-once rule: a transaction lands at most once, and never after the block height
+//! `lastValidBlockHeight` of its blockhash. A request is signed again only when the chain shows
+//! its recorded transaction can never land ([`TransferState::may_sign_again`]).
+//!
+//! The intent's row: `network` (CAIP-2), `asset` (the mint), `pay_to` and `payer` (base58),
+//! `nonce` the request's deterministic nonce (stable across re-signings, so one intent per
+//! request; also the transaction's memo unless the upstream asks for its own), and the signed
+//! transfer ([`SignedSvmTransfer`]: the payer's signature, the blockhash and its last valid
+//! height). `valid_before` only bounds the budget window; expiry is the chain's block height.
+//!
+//! What the chain says, never the upstream: an answer's settlement claim is believed only when
+//! the transaction it names carries the payer's signature; otherwise the payer's own
+//! transactions are searched (`SvmRpc::find_landed`).
+
+use std::time::Instant;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::select::Declined;
+use super::{Resume, SETTLEMENT_POLL_INTERVAL, SETTLEMENT_POLLS, Stop, declined, refused, to_i64, wrong_chain};
+use crate::clock::now_unix;
+use crate::codes::Code;
+use crate::faults::{self, Point};
+use crate::idempotency::Ownership;
+use crate::money::Amount;
+use crate::payments::store::{self, PaymentRow};
+use crate::payments::{Final, PaymentStatus, limits};
+use crate::relay::request::RouteCall;
+use crate::relay::view::PaymentView;
+use crate::relay::{Error, Failure, Outcome, PaymentNote, remaining};
+use crate::solana::Solana;
+use crate::state::AppState;
+use crate::upstream::{UpstreamError, UpstreamResponse};
+use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmRpc, SvmRpcError, SvmTerms, TransferState};
+use crate::x402::{self, PaymentRequired, X402Version};
+
+/// How long after signing a Solana payment counts in the 24-hour budget window at the least
+/// (a blockhash lives 150 blocks, about a minute; the chain's block height decides expiry).
+const WINDOW_BOUND_SECS: u64 = 300;
+
+/// A signed Solana payment ready to send.
+struct SvmAttempt {
+    id: Uuid,
+    version: X402Version,
+    /// The request's deterministic nonce (hex), the ledger's `nonce`.
+    nonce: String,
+    signed: SignedSvmTransfer,
+    header: (HeaderName, HeaderValue),
+}
+
+impl SvmAttempt {
+    fn note(&self, status: PaymentStatus, tx: Option<String>, error: Option<String>) -> PaymentNote {
+        note(self.id, (self.version, &self.signed, &self.nonce), status, tx, error)
+    }
+}
+
+/// The envelope's `payment` and the intent's final state.
+fn note(
+    id: Uuid,
+    (version, signed, nonce): (X402Version, &SignedSvmTransfer, &str),
+    status: PaymentStatus,
+    tx: Option<String>,
+    error: Option<String>,
+) -> PaymentNote {
+    let shown = PaymentView::svm(version, signed, nonce, status, tx.as_deref());
+    PaymentNote { shown, ledger: Some(Final { id, status, tx_hash: tx, error, recovery: None }) }
+}
+
+/// The 402's Solana options: its entries that read as SVM `exact` terms, with the entry as sent.
+fn offered(required: &PaymentRequired) -> Vec<(SvmTerms, &Value)> {
+    required.raw_accepts.iter().filter_map(|e| Some((SvmTerms::from_json(required.version, e).ok()?, e))).collect()
+}
+
+/// True when the router pays on Solana and the 402 offers a Solana option.
+pub(super) fn offers(state: &AppState, required: &PaymentRequired) -> bool {
+    state.solana.is_some() && !offered(required).is_empty()
+}
+
+/// Pays the 402's Solana option the agent may pay, if any: choose, sign, commit, send, confirm.
+///
+/// # Errors
+/// [`Error`] when nothing may be recorded (database gone, lease lost, RPC of another chain).
+pub(super) async fn pay(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    required: &PaymentRequired,
+    first: UpstreamResponse,
+    deadline: Instant,
+) -> Result<Outcome, Error> {
+    let Some(solana) = state.solana.as_deref() else {
+        return Err(Error::invariant("Solana payment without Solana settings"));
+    };
+    let accepts = || Value::Array(required.raw_accepts.clone());
+    let options = offered(required);
+    let (terms, raw) = match choose(state, solana, own.agent_id, call, &options).await? {
+        Ok(chosen) => chosen,
+        Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
+    };
+    let Some(rpc) = solana.rpcs.of(&terms.network().caip2()) else {
+        return Err(Error::invariant("a configured Solana network without an endpoint"));
+    };
+    let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
+    let resource = required.resource.as_ref();
+    let attempt = match sign(solana, rpc, terms, resource, nonce.to_string()).await? {
+        Ok(attempt) => attempt,
+        Err(stop) => return Ok(stop.outcome(state, first)),
+    };
+    let context = json!({ "version": required.version.number(), "resource": required.resource, "extensions": null });
+    if let Some(refusal) = reserve(state, own, call, (terms, raw), &context, &attempt).await? {
+        return refused(state, refusal, Some(first), accepts());
+    }
+    tracing::info!(agent_id = %own.agent_id, payment.network = %attempt.signed.network, payment.amount = %attempt.signed.amount,
+        "Solana payment signed and recorded; sending the paid request");
+    exchange(state, own, call, rpc, &attempt, deadline).await
+}
+
+/// The cheapest Solana option the router and the agent's limits allow, or why none.
+async fn choose<'a>(
+    state: &AppState,
+    solana: &Solana,
+    agent_id: Uuid,
+    call: &RouteCall,
+    options: &'a [(SvmTerms, &'a Value)],
+) -> Result<Result<(&'a SvmTerms, &'a Value), Declined>, Error> {
+    let spend = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    let limit = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
+        None => None,
+        Some((Ok(cap), Ok(day), Ok(month))) => [cap, day, month].into_iter().flatten().min(),
+        Some(_) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+    };
+    let allowlist = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
+    let payer = solana.config.signer.address();
+    let mut best: Option<(&SvmTerms, &Value)> = None;
+    // Why each option was refused, with how far it got (the 402's code is the furthest one's).
+    let mut refusals: Vec<(u8, Code, String)> = Vec::new();
+    for (i, (terms, raw)) in options.iter().enumerate() {
+        let amount = Amount::from(terms.amount());
+        let (network, mint) = (terms.network(), terms.mint());
+        let decimals = solana.config.decimals(network, &mint);
+        let refusal = if decimals.is_none() {
+            Some((0, Code::PaymentUnsupported, format!("{mint} on {network} is not configured for payments")))
+        } else if decimals != state.supported.unit() {
+            Some((0, Code::PaymentUnsupported, format!("{mint} on {network} is not in the router's unit")))
+        } else if terms.fee_payer() == payer {
+            Some((
+                0,
+                Code::PaymentUnsupported,
+                "its feePayer is the router's own wallet (it would pay the fees)".into(),
+            ))
+        } else if amount.is_zero() {
+            Some((0, Code::PaymentUnsupported, "its amount is zero".into()))
+        } else if allowlist.is_some_and(|l| !l.iter().any(|a| limits::pay_to_matches(a, &terms.pay_to().to_string()))) {
+            Some((1, Code::PaymentNotAllowed, format!("its payTo {} is not on the agent's allowlist", terms.pay_to())))
+        } else if amount > call.max_amount {
+            Some((3, Code::PaymentOverMaxAmount, format!("its amount {amount} exceeds max_amount {}", call.max_amount)))
+        } else if let Some(limit) = limit.filter(|l| amount > *l) {
+            Some((2, Code::PaymentOverBudget, format!("its amount {amount} exceeds the agent's limits ({limit} left)")))
+        } else {
+            None
+        };
+        match refusal {
+            Some((rank, code, why)) => refusals.push((rank, code, format!("Solana option {i}: {why}"))),
+            None if best.is_none_or(|(b, _)| terms.amount() < b.amount()) => best = Some((terms, *raw)),
+            None => {}
+        }
+    }
+    Ok(best.ok_or_else(|| {
+        let code = refusals.iter().max_by_key(|r| r.0).map_or(Code::PaymentUnsupported, |r| r.1);
+        (code, refusals.into_iter().map(|r| r.2).collect::<Vec<_>>().join("; "))
+    }))
+}
+
+/// Reads the mint and a fresh blockhash from the chain and signs the transfer of `terms` (the
+/// upstream's fee payer pays the fees; the router's wallet signs as the token owner only).
+///
+/// # Errors
+/// [`Error::PaymentNetworkUnavailable`] for an endpoint serving another chain (nothing signed).
+async fn sign(
+    solana: &Solana,
+    rpc: &SvmRpc,
+    terms: &SvmTerms,
+    resource: Option<&Value>,
+    nonce: String,
+) -> Result<Result<SvmAttempt, Stop>, Error> {
+    let mint = terms.mint();
+    let read = tokio::try_join!(rpc.mint(&mint), rpc.latest_blockhash());
+    let (mint, blockhash) = match read {
+        Ok(r) => r,
+        Err(SvmRpcError::WrongChain { .. }) => return Err(wrong_chain()),
+        Err(e @ (SvmRpcError::NoMint | SvmRpcError::NotAMint)) => {
+            let msg = format!(
+                "the asset {} is not an SPL mint on {}: {e}; nothing was signed",
+                terms.mint(),
+                terms.network()
+            );
+            return Ok(Err(Stop::new("sign_failed", Code::PaymentNotMade, msg)));
+        }
+        Err(e) => {
+            let msg = format!("cannot read the payment network ({e}); nothing was signed or paid");
+            return Ok(Err(Stop::new("rpc_unavailable", Code::PaymentNotMade, msg)));
+        }
+    };
+    let configured = solana.config.decimals(terms.network(), &terms.mint());
+    if configured != Some(mint.decimals) {
+        let msg = format!(
+            "the chain says the mint {} has {} decimals, not the configured {}; nothing was signed",
+            terms.mint(),
+            mint.decimals,
+            configured.map_or_else(|| "none".to_owned(), |d| d.to_string())
+        );
+        return Ok(Err(Stop::new("sign_failed", Code::PaymentNotMade, msg)));
+    }
+    let compute = ComputeBudget { unit_price: solana.config.compute_unit_price, ..ComputeBudget::default() };
+    let signed = match x402::svm::sign_transfer(&solana.config.signer, terms, &mint, &blockhash, &nonce, compute) {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Err(Stop::new("sign_failed", Code::PaymentNotMade, format!("cannot sign the payment: {e}"))));
+        }
+    };
+    Ok(match header(terms, resource, &signed) {
+        Ok(header) => Ok(SvmAttempt { id: Uuid::new_v4(), version: terms.version(), nonce, signed, header }),
+        Err(msg) => Err(Stop::new("sign_failed", Code::PaymentNotMade, msg)),
+    })
+}
+
+/// The payment header of `signed`.
+fn header(
+    terms: &SvmTerms,
+    resource: Option<&Value>,
+    signed: &SignedSvmTransfer,
+) -> Result<(HeaderName, HeaderValue), String> {
+    let payload = x402::svm::payment_payload(terms, resource, &signed.transaction);
+    let (name, value) = x402::wire::encode_payment_header(terms.version(), &payload)
+        .map_err(|e| format!("cannot encode the payment: {e}"))?;
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("bad payment header name: {e}"))?;
+    Ok((name, value))
+}
+
+/// Commits the intent before the payment leaves (fenced by the lease; the agent's limits
+/// checked again under its lock); a refusal by an operator's limit, if any.
+async fn reserve(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    (terms, raw): (&SvmTerms, &Value),
+    context: &Value,
+    attempt: &SvmAttempt,
+) -> Result<Option<limits::Refusal>, Error> {
+    let signed = &attempt.signed;
+    let authorization = serde_json::to_value(signed).map_err(|e| Error::Internal(e.into()))?;
+    let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let sent = crate::recovery::as_sent(&call.upstream).map_err(Error::invariant)?;
+    let now = now_unix();
+    let row = store::NewPayment {
+        id: attempt.id,
+        agent_id: own.agent_id,
+        idempotency_key: own.key.as_str(),
+        request_hash: &own.request_hash,
+        lease: own.lease,
+        x402_version: i16::from(attempt.version.number()),
+        scheme: "exact",
+        network: &signed.network,
+        asset: &signed.mint,
+        amount: Amount::from(terms.amount()),
+        pay_to: &signed.pay_to,
+        payer: &signed.payer,
+        nonce: &attempt.nonce,
+        valid_after: to_i64(now),
+        valid_before: to_i64(now.saturating_add(WINDOW_BOUND_SECS)),
+        requirement: raw,
+        context,
+        authorization: &authorization,
+        header_name: attempt.header.0.as_str(),
+        header_value,
+        request: &sent,
+        advertised_extensions: None,
+    };
+    faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
+    let mut conn = crate::relay::error::conn(&state.pool).await?;
+    super::reserve::fenced(store::reserve(&mut conn, &row).await?)
+}
+
+/// Sends the paid request (the lease seen held first) and asks the chain what became of it.
+async fn exchange(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    rpc: &SvmRpc,
+    attempt: &SvmAttempt,
+    deadline: Instant,
+) -> Result<Outcome, Error> {
+    let sent = super::exchange::send(state, own, call, &attempt.header, deadline).await?;
+    Ok(match sent {
+        Err(e) => lost_answer(state, rpc, attempt, &e).await,
+        Ok(resp) if resp.status == 402 => refused_after_paying(state, rpc, attempt, resp).await,
+        Ok(resp) => answered(state, own, rpc, attempt, resp, deadline).await,
+    })
+}
+
+/// The paid request was answered: settled only when the chain shows a transaction carrying the
+/// payer's signature (the claimed one first), given a moment when a settlement is claimed.
+async fn answered(
+    state: &AppState,
+    own: &Ownership,
+    rpc: &SvmRpc,
+    attempt: &SvmAttempt,
+    resp: UpstreamResponse,
+    deadline: Instant,
+) -> Outcome {
+    let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
+    let claimed = claim.as_ref().is_some_and(|c| c.success);
+    let claimed_id = claim.as_ref().filter(|_| claimed).and_then(|c| c.transaction.clone());
+    faults::at(state.faults.as_ref(), Point::BeforeConfirm).await;
+    let polls = if claimed { SETTLEMENT_POLLS } else { 1 };
+    let mut found = Ok(None);
+    for i in 0..polls {
+        if i > 0 {
+            if remaining(deadline) < SETTLEMENT_POLL_INTERVAL {
+                break;
+            }
+            tokio::time::sleep(SETTLEMENT_POLL_INTERVAL).await;
+        }
+        found = landed(rpc, &attempt.signed, claimed_id.as_deref()).await;
+        if !matches!(found, Ok(None)) {
+            break;
+        }
+    }
+    let (status, tx, note) = match found {
+        Ok(Some(l)) if l.error.is_none() => {
+            let note = claimed_id
+                .filter(|c| *c != l.tx_id)
+                .map(|c| format!("the claimed transaction {c} does not carry this payment"));
+            (PaymentStatus::Settled, Some(l.tx_id), note)
+        }
+        Ok(Some(l)) => (
+            PaymentStatus::NotSettled,
+            None,
+            Some(format!("the payment's transaction {} failed on chain; nothing moved", l.tx_id)),
+        ),
+        Ok(None) if claimed => (
+            PaymentStatus::Unconfirmed,
+            None,
+            Some("the upstream claimed settlement, but the chain shows no transaction carrying this payment".into()),
+        ),
+        Ok(None) => (PaymentStatus::NotSettled, None, None),
+        Err(e) => (PaymentStatus::Unknown, None, Some(format!("settlement could not be checked: {e}"))),
+    };
+    count(state, &attempt.signed, status);
+    tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), upstream.status = resp.status, "paid request answered");
+    let error = note.or_else(|| claim.as_ref().filter(|_| !claimed).and_then(|c| c.error_reason.clone()));
+    Outcome::Answered { resp, payment: Some(attempt.note(status, tx, error)) }
+}
+
+/// The transaction carrying `signed`: the claimed one if it does, else the payer's own
+/// transactions searched.
+async fn landed(
+    rpc: &SvmRpc,
+    signed: &SignedSvmTransfer,
+    claimed: Option<&str>,
+) -> Result<Option<x402::svm::rpc::Landed>, SvmRpcError> {
+    if let Some(id) = claimed
+        && let Some(l) = rpc.landed_as(signed, id).await?
+    {
+        return Ok(Some(l));
+    }
+    rpc.find_landed(signed).await
+}
+
+/// The upstream answered the paid request 402: refused, unless the chain shows the money moved
+/// (then `settled_response_lost`). A transaction it keeps may still land until its blockhash
+/// expires: the reservation stays until `reconcile` sees it land or expire.
+async fn refused_after_paying(state: &AppState, rpc: &SvmRpc, attempt: &SvmAttempt, resp: UpstreamResponse) -> Outcome {
+    let reasons = x402::wire::refusal_reasons(&resp.headers, &resp.body);
+    let (status, tx) = match rpc.transfer_state(&attempt.signed).await {
+        Ok(TransferState::Settled { tx_id, .. }) => (PaymentStatus::SettledResponseLost, Some(tx_id)),
+        Ok(_) => (PaymentStatus::Rejected, None),
+        Err(_) => (PaymentStatus::Unknown, None),
+    };
+    count(state, &attempt.signed, status);
+    let reason = reasons.error.clone().or(reasons.invalid_reason.clone()).or(reasons.error_reason.clone());
+    let msg = format!("upstream rejected the payment: {}", reason.as_deref().unwrap_or("no reason given"));
+    let code = match status {
+        PaymentStatus::Rejected => Code::PaymentRejected,
+        PaymentStatus::SettledResponseLost => Code::SettledResponseLost,
+        _ => Code::PaymentUnknown,
+    };
+    Outcome::Failed(
+        Failure::new(code, msg)
+            .upstream(resp)
+            .payment(Some(attempt.note(status, tx, reason)))
+            .reason("invalidReason", reasons.invalid_reason)
+            .reason("errorReason", reasons.error_reason),
+    )
+}
+
+/// No answer to the paid request: the chain says whether money moved.
+async fn lost_answer(state: &AppState, rpc: &SvmRpc, attempt: &SvmAttempt, e: &UpstreamError) -> Outcome {
+    let (status, tx) = match rpc.transfer_state(&attempt.signed).await {
+        Ok(TransferState::Settled { tx_id, .. }) => (PaymentStatus::SettledResponseLost, Some(tx_id)),
+        _ => (PaymentStatus::Unknown, None),
+    };
+    count(state, &attempt.signed, status);
+    let (code, msg) = if status == PaymentStatus::SettledResponseLost {
+        (Code::SettledResponseLost, format!("{e}; the payment settled on-chain but the response was lost"))
+    } else {
+        let msg =
+            format!("{e}; the payment was not seen on-chain (its transaction can land until its blockhash expires)");
+        (Code::PaymentUnknown, msg)
+    };
+    let payment = attempt.note(status, tx, Some(e.to_string()));
+    Outcome::Failed(Failure::new(code, msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
+}
+
+/// Counts the outcome, and what was paid when money moved.
+fn count(state: &AppState, signed: &SignedSvmTransfer, status: PaymentStatus) {
+    state.metrics.payments.with_label_values(&[status.as_str()]).inc();
+    if status.is_spent() {
+        let amount = signed.amount.parse::<u64>().unwrap_or(0);
+        state.metrics.count_paid(&signed.network, &signed.mint, alloy::primitives::U256::from(amount));
+    }
+}
+
+/// A Solana intent's stored version and transfer, checked against its row (a record that
+/// disagrees with the row it is stored in is not trusted).
+///
+/// # Errors
+/// A sentence saying what is unreadable.
+pub fn decode(row: &PaymentRow) -> Result<(X402Version, SignedSvmTransfer), String> {
+    let signed: SignedSvmTransfer = serde_json::from_value(row.signed_authorization.clone())
+        .map_err(|e| format!("stored Solana transfer unreadable: {e}"))?;
+    let version = u64::try_from(row.x402_version)
+        .ok()
+        .and_then(X402Version::from_number)
+        .ok_or_else(|| format!("stored x402 version {}", row.x402_version))?;
+    let matches = (signed.network.as_str(), signed.mint.as_str(), signed.payer.as_str(), signed.pay_to.as_str())
+        == (row.network.as_str(), row.asset.as_str(), row.payer.as_str(), row.pay_to.as_str());
+    if !matches {
+        return Err("stored Solana transfer disagrees with its row".into());
+    }
+    Ok((version, signed))
+}
+
+/// The view of a stored Solana intent in `status`, if it can be read.
+pub(super) fn stored_view(row: &PaymentRow, status: PaymentStatus) -> Option<PaymentView> {
+    let (version, signed) = decode(row).ok()?;
+    Some(PaymentView::svm(version, &signed, &row.nonce, status, None))
+}
+
+/// Picks up the recorded Solana intent of this request (a takeover, or a key reused for the
+/// same request). The chain decides first: landed ⇒ never pay again; can still land ⇒ resend
+/// the same transaction (it lands at most once); can never land ⇒ sign again with the same
+/// nonce and memo, after the agent and the settings are checked again.
+///
+/// # Errors
+/// [`Error::PaymentNetworkUnavailable`] when the chain cannot say (nothing decided or paid).
+pub(super) async fn resume(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    intent: PaymentRow,
+    deadline: Instant,
+    mode: Resume,
+) -> Result<Outcome, Error> {
+    let unavailable = Error::PaymentNetworkUnavailable(
+        "an earlier Solana payment of this call cannot be checked (its network is not configured or cannot be \
+         read); nothing was signed or paid; retry later",
+    );
+    let (version, signed) = decode(&intent).map_err(Error::invariant)?;
+    let Some((solana, rpc)) = state.solana.as_deref().and_then(|s| Some((s, s.rpcs.of(&signed.network)?))) else {
+        return Err(unavailable);
+    };
+    faults::at(state.faults.as_ref(), Point::ResumeStart).await;
+    let fate = match rpc.transfer_state(&signed).await {
+        Ok(fate) => fate,
+        Err(SvmRpcError::WrongChain { .. }) => return Err(wrong_chain()),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check a resumed Solana payment on-chain; deferring");
+            return Err(unavailable);
+        }
+    };
+    let attempt = |signed: SignedSvmTransfer, header| SvmAttempt {
+        id: intent.id,
+        version,
+        nonce: intent.nonce.clone(),
+        signed,
+        header,
+    };
+    match fate {
+        TransferState::Settled { tx_id, .. } => {
+            let shown = PaymentView::svm(version, &signed, &intent.nonce, PaymentStatus::Settled, Some(&tx_id));
+            if mode == Resume::KeyReused {
+                state.metrics.payments.with_label_values(&["already_paid"]).inc();
+                let previous_receipt = {
+                    let mut conn = crate::relay::error::conn(&state.pool).await?;
+                    crate::receipts::store::latest_for_request(
+                        &mut conn,
+                        own.agent_id,
+                        own.key.as_str(),
+                        &own.request_hash,
+                    )
+                    .await?
+                };
+                return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown.clone() });
+            }
+            let status = PaymentStatus::SettledResponseLost;
+            count(state, &signed, status);
+            tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on Solana: settled, response lost");
+            let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
+            let payment = note(intent.id, (version, &signed, &intent.nonce), status, Some(tx_id), None);
+            Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(Some(payment))))
+        }
+        TransferState::Failed { finalized: false, .. } => Err(Error::PaymentNetworkUnavailable(
+            "an earlier Solana transaction of this call failed and is not final yet; nothing was signed; retry later",
+        )),
+        TransferState::Pending { .. } => {
+            if let Some((code, why)) = still_allowed(state, solana, own.agent_id, &signed).await? {
+                return Ok(declined(state, code, None, &why, Value::Array(vec![intent.requirement.clone()])));
+            }
+            let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
+            let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
+            tracing::info!(agent_id = %own.agent_id, "resending the Solana transaction of an abandoned attempt (it lands at most once)");
+            exchange(state, own, call, rpc, &attempt(signed, (name, value)), deadline).await
+        }
+        TransferState::Expired { .. } | TransferState::Failed { finalized: true, .. } => {
+            sign_again(state, own, call, (solana, rpc), &intent, version, deadline).await
+        }
+    }
+}
+
+/// The recorded transaction can never land: sign the same terms again (new blockhash, same
+/// nonce and memo), record it over the old one, and send it.
+async fn sign_again(
+    state: &AppState,
+    own: &Ownership,
+    call: &RouteCall,
+    (solana, rpc): (&Solana, &SvmRpc),
+    intent: &PaymentRow,
+    version: X402Version,
+    deadline: Instant,
+) -> Result<Outcome, Error> {
+    let stored = intent.requirement_signed().and_then(|r| Ok((r, intent.context_signed()?)));
+    let (raw, context) = stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+    let terms = SvmTerms::from_json(version, &raw)
+        .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
+    let resource = context.get("resource").filter(|v| !v.is_null());
+    let attempt = match sign(solana, rpc, &terms, resource, intent.nonce.clone()).await? {
+        Ok(a) => SvmAttempt { id: intent.id, ..a },
+        Err(stop) => return Err(Error::Unavailable(stop_reason(&stop))),
+    };
+    if let Some((code, why)) = still_allowed(state, solana, own.agent_id, &attempt.signed).await? {
+        return Ok(declined(state, code, None, &why, Value::Array(vec![raw])));
+    }
+    let authorization = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
+    let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let now = now_unix();
+    let resign = store::Resign {
+        id: intent.id,
+        agent_id: own.agent_id,
+        lease: own.lease,
+        amount: Amount::from(terms.amount()),
+        pay_to: &intent.pay_to,
+        valid_after: to_i64(now),
+        valid_before: to_i64(now.saturating_add(WINDOW_BOUND_SECS)),
+        authorization: &authorization,
+        header_value,
+    };
+    faults::at(state.faults.as_ref(), Point::BeforeResign).await;
+    let refusal = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        super::reserve::fenced(store::resign(&mut conn, &resign).await?)?
+    };
+    if let Some(refusal) = refusal {
+        return refused(state, refusal, None, Value::Array(vec![raw]));
+    }
+    tracing::info!(agent_id = %own.agent_id, "signed an expired Solana payment again with the same nonce");
+    exchange(state, own, call, rpc, &attempt, deadline).await
+}
+
+/// A re-sign that could not be made: the chain or the mint could not be read.
+fn stop_reason(stop: &Stop) -> &'static str {
+    if stop.metric == "rpc_unavailable" {
+        "the Solana network cannot be read to sign an expired payment again; nothing was signed; retry later"
+    } else {
+        "an expired Solana payment of this call cannot be signed again; nothing was signed"
+    }
+}
+
+/// Why a recorded Solana intent may no longer be sent: the agent disabled or gone, its network or
+/// mint no longer configured, or its amount over the agent's current per-call cap.
+async fn still_allowed(
+    state: &AppState,
+    solana: &Solana,
+    agent_id: Uuid,
+    signed: &SignedSvmTransfer,
+) -> Result<Option<(Code, String)>, Error> {
+    let spend = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    let Some(spend) = spend else {
+        return Ok(Some((Code::PaymentNotMade, "the agent no longer exists".into())));
+    };
+    if spend.disabled {
+        return Ok(Some((Code::PaymentNotMade, "the agent is disabled".into())));
+    }
+    let configured = x402::svm::SvmNetwork::parse(&signed.network)
+        .ok()
+        .zip(signed.mint.parse().ok())
+        .and_then(|(n, m)| solana.config.decimals(&n, &m));
+    if configured.is_none() || configured != state.supported.unit() {
+        let why = format!("asset {} on {} is no longer configured for payments", signed.mint, signed.network);
+        return Ok(Some((Code::PaymentUnsupported, why)));
+    }
+    let amount = Amount::parse(&signed.amount).map_err(|e| Error::invariant(e.to_string()))?;
+    match spend.cap() {
+        Err(_) => Ok(Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+        Ok(Some(cap)) if amount > cap => {
+            Ok(Some((Code::PaymentOverBudget, format!("the price {amount} exceeds the agent's per-call cap {cap}"))))
+        }
+        Ok(_) => Ok(None),
+    }
+}
