@@ -31,6 +31,8 @@ pub struct SolanaConfig {
     pub networks: BTreeMap<SvmNetwork, SolanaNetwork>,
     /// The compute-unit price the router sets (micro-lamports; the fee payer pays it).
     pub compute_unit_price: u64,
+    /// The decimals of every mint: the router's unit (that of its EVM assets, when known).
+    pub unit: u8,
 }
 
 /// One Solana network: its RPC endpoint and the mints paid there, with their decimals.
@@ -176,6 +178,7 @@ pub fn config(
         )
     })?;
     let mut networks = BTreeMap::new();
+    let mut unit = unit;
     for (network, rpc_url) in urls {
         let list = match mints.remove(&network) {
             Some(list) => list,
@@ -189,7 +192,7 @@ pub fn config(
                 }
             },
         };
-        let unit = unit.unwrap_or(list[0].1);
+        let unit = *unit.get_or_insert(list[0].1);
         if let Some((mint, d)) = list.iter().find(|(_, d)| *d != unit) {
             return Err(ConfigError::new(
                 "X402_ASSETS",
@@ -201,7 +204,8 @@ pub fn config(
         }
         networks.insert(network, SolanaNetwork { rpc_url, mints: list });
     }
-    Ok(Some(SolanaConfig { signer: Arc::new(signer), networks, compute_unit_price: price }))
+    let unit = unit.unwrap_or(USDC_DECIMALS);
+    Ok(Some(SolanaConfig { signer: Arc::new(signer), networks, compute_unit_price: price, unit }))
 }
 
 #[cfg(test)]
@@ -246,6 +250,11 @@ mod tests {
         assert!(e.contains("give its decimals"), "{e}");
         let e = config(&urls, &format!("{DEVNET}={MINT}@9"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
         assert!(e.contains("9 decimals"), "{e}");
+        // Without EVM decimals known, every Solana mint must share one unit.
+        let two = format!("{DEVNET}=http://a,solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z=http://c");
+        let mixed = format!("{DEVNET}={MINT}@6,solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z={MINT}@9");
+        assert!(config(&two, &mixed, &args(Some(KEY)), None).unwrap_err().to_string().contains("9 decimals"));
+        assert_eq!(config(&urls, &assets, &args(Some(KEY)), None).unwrap().unwrap().unit, 6);
         let e = config(&urls, &format!("{DEVNET}=0xabc@6"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
         assert!(e.contains("not a Solana mint"), "{e}");
         // Devnet has a built-in USDC mint; a CAIP-2 id of another cluster does not.

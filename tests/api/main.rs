@@ -30,6 +30,7 @@ mod permit2;
 mod properties;
 mod recovery;
 mod rpc;
+mod solana;
 mod stalls;
 mod structure;
 mod terms;

@@ -147,7 +147,7 @@ async fn choose<'a>(
         let decimals = solana.config.decimals(network, &mint);
         let refusal = if decimals.is_none() {
             Some((0, Code::PaymentUnsupported, format!("{mint} on {network} is not configured for payments")))
-        } else if decimals != state.supported.unit() {
+        } else if !in_unit(state, solana, decimals) {
             Some((0, Code::PaymentUnsupported, format!("{mint} on {network} is not in the router's unit")))
         } else if terms.fee_payer() == payer {
             Some((
@@ -229,6 +229,13 @@ async fn sign(
         Ok(header) => Ok(SvmAttempt { id: Uuid::new_v4(), version: terms.version(), nonce, signed, header }),
         Err(msg) => Err(Stop::new("sign_failed", Code::PaymentNotMade, msg)),
     })
+}
+
+/// True when a mint of `decimals` is in the router's unit (that of its EVM assets too, once
+/// they are known: caps and budgets are atomic units of one unit).
+fn in_unit(state: &AppState, solana: &Solana, decimals: Option<u8>) -> bool {
+    let unit = solana.config.unit;
+    decimals == Some(unit) && state.supported.unit().is_none_or(|u| u == unit)
 }
 
 /// The payment header of `signed`.
@@ -615,7 +622,7 @@ async fn still_allowed(
         .ok()
         .zip(signed.mint.parse().ok())
         .and_then(|(n, m)| solana.config.decimals(&n, &m));
-    if configured.is_none() || configured != state.supported.unit() {
+    if !in_unit(state, solana, configured) {
         let why = format!("asset {} on {} is no longer configured for payments", signed.mint, signed.network);
         return Ok(Some((Code::PaymentUnsupported, why)));
     }

@@ -9,6 +9,7 @@ pub mod chain;
 pub mod db;
 pub mod pg_replication;
 pub mod services;
+pub mod solana;
 pub mod tls_services;
 pub mod upstream;
 
@@ -19,6 +20,7 @@ pub use chain::{
 };
 pub use db::TestDb;
 pub use services::PrivateRedis;
+pub use solana::{SVM_PRICE, SolanaRig};
 pub use upstream::TestUpstream;
 pub use x402_router_testkit::Proxy as TcpProxy;
 pub use x402_router_testkit::invariants;

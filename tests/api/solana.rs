@@ -1,0 +1,357 @@
+//! Paying on Solana: the router against `x402-test-upstream serve-svm` on the local Solana chain
+//! (tools/solana-chain), money counted in token balances on the chain. The attacks of the EVM
+//! path, on Solana: payments the router may not make are never signed, an upstream's "failed"
+//! and made-up settlements are checked on chain, a kept transaction settled later is found, a
+//! takeover resends the same transaction and signs again only once the chain shows the old one
+//! can never land, and an RPC endpoint of another chain is never believed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+use x402_router::faults::{Hook, Inject, Point};
+use x402_router::startup::Hooks;
+use x402_router_testkit::wait::let_time_pass;
+
+use crate::helpers::*;
+
+async fn solana_app(rig: &SolanaRig) -> TestApp {
+    spawn_app_with(AppOptions { extra: rig.router_extra(), ..Default::default() }).await
+}
+
+fn call(rig: &SolanaRig, path: &str) -> Value {
+    json!({"url": rig.url(path), "max_amount": SVM_PRICE.to_string()})
+}
+
+async fn route(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
+    let resp = app.route(key, body).await;
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+async fn ledger(app: &TestApp, sql: &str) -> i64 {
+    count(&app.db, sql).await
+}
+
+/// The agent's `remaining_24h` (`GET /agents/me`).
+async fn remaining(app: &TestApp) -> String {
+    let me = get_json(&app.client, &format!("{}/agents/me", app.address), &app.agent.key).await;
+    me["remaining"].as_str().map(str::to_owned).unwrap_or_else(|| panic!("{me}"))
+}
+
+async fn set_budget(app: &TestApp, daily: u64) {
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = {daily} WHERE id = '{}'", app.agent.id)).await;
+}
+
+#[actix_web::test]
+async fn a_solana_call_pays_exactly_the_price_once_and_replays_move_nothing() {
+    let rig = SolanaRig::start(&[]).await;
+    let app = solana_app(&rig).await;
+    set_budget(&app, 100_000).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    for (n, path) in ["/svm/v2/paid", "/svm/v1/paid"].into_iter().enumerate() {
+        let key = new_key();
+        let body = call(&rig, path);
+        let (status, env) = route(&app, &key, &body).await;
+        assert_eq!(status, 200, "{path}: {env}");
+        assert_eq!(env["body"], json!({"paid": true}), "{env}");
+        let p = &env["payment"];
+        assert_eq!(p["status"], "settled", "{env}");
+        assert_eq!(p["network"], rig.chain.field("network"));
+        assert_eq!(p["asset"], rig.chain.field("mint"));
+        assert_eq!(p["pay_to"], rig.chain.field("pay_to"));
+        assert_eq!(p["payer"], rig.chain.field("payer"));
+        assert_eq!(p["amount"], SVM_PRICE.to_string());
+        assert_eq!(p["x402_version"], if path.contains("/v2/") { 2 } else { 1 });
+        assert_eq!(p["nonce"], router_nonce(app.agent.id, &key, &body).to_string());
+        // The transaction the chain shows, carrying the router's signature.
+        let tx = p["tx_hash"].as_str().unwrap();
+        let found = rig
+            .chain
+            .rpc(
+                "getTransaction",
+                json!([tx, {"encoding": "json", "commitment": "confirmed", "maxSupportedTransactionVersion": 0}]),
+            )
+            .await
+            .unwrap();
+        let signed: Value = serde_json::from_str(
+            &count_text(
+                &app,
+                &format!(
+                    "SELECT signed_authorization->>'signature' AS t FROM payments WHERE idempotency_key = '{key}'"
+                ),
+            )
+            .await,
+        )
+        .unwrap_or(Value::Null);
+        let signatures = found["result"]["transaction"]["signatures"].as_array().unwrap();
+        assert!(signatures.iter().any(|s| *s == signed), "{found}");
+        let paid = (n as u64 + 1) * SVM_PRICE;
+        assert_eq!(rig.balances().await, (payer0 - paid, pay_to0 + paid));
+
+        let replay = app.route(&key, &body).await;
+        assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
+        assert_eq!(replay.json::<Value>().await.unwrap(), env);
+        assert_eq!(rig.balances().await, (payer0 - paid, pay_to0 + paid));
+        // The receipt records the payment and verifies.
+        let receipt = get_json(
+            &app.client,
+            &format!("{}/receipts/{}", app.address, env["receipt_id"].as_str().unwrap()),
+            &app.agent.key,
+        )
+        .await;
+        assert_eq!(receipt["payment"]["status"], "settled");
+        assert!(x402_router::receipts::Receipt::verify_json(&receipt.to_string()).is_ok());
+    }
+    assert_eq!(rig.stats().await["settled"], 2);
+    assert_eq!(remaining(&app).await, (100_000 - 2 * SVM_PRICE).to_string());
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments WHERE status = 'settled'").await, 2);
+}
+
+/// One text value of a query (`SELECT … AS t`), JSON-quoted.
+async fn count_text(app: &TestApp, sql: &str) -> String {
+    use diesel::QueryableByName;
+    use diesel_async::RunQueryDsl;
+    #[derive(QueryableByName)]
+    struct T {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        t: String,
+    }
+    let mut conn = app.db.conn().await;
+    let row: T = diesel::sql_query(sql).get_result(&mut conn).await.unwrap();
+    Value::String(row.t).to_string()
+}
+
+#[actix_web::test]
+async fn a_solana_payment_the_router_may_not_make_is_never_signed() {
+    let rig = SolanaRig::start(&[]).await;
+    let app = solana_app(&rig).await;
+    let before = rig.balances().await;
+    let payer = rig.chain.field("payer").to_owned();
+    let pay_to = rig.chain.field("pay_to").to_owned();
+    let mut flipped = pay_to.clone();
+    // The same letters in another case: another account (base58 is case-sensitive).
+    let i = flipped.find(|c: char| c.is_ascii_alphabetic() && c != 'l' && c != 'L' && c != 'o' && c != 'i').unwrap();
+    let c = flipped.as_bytes()[i] as char;
+    let swapped = if c.is_ascii_lowercase() { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() };
+    flipped.replace_range(i..=i, &swapped.to_string());
+    let cases: Vec<(&str, Value, Option<String>, &str)> = vec![
+        (
+            "over max_amount",
+            json!({"url": rig.url("/svm/v2/paid"), "max_amount": "9999"}),
+            None,
+            "payment_over_max_amount",
+        ),
+        (
+            "over the budget",
+            call(&rig, "/svm/v2/paid"),
+            Some("UPDATE agents SET daily_budget = 5000".into()),
+            "payment_over_budget",
+        ),
+        (
+            "fee payer is the router",
+            call(&rig, &format!("/svm/v2/paid?fee_payer={payer}")),
+            None,
+            "payment_unsupported",
+        ),
+        (
+            "payTo in another case",
+            call(&rig, "/svm/v2/paid"),
+            Some(format!("UPDATE agents SET allowed_pay_to = ARRAY['{flipped}']")),
+            "payment_not_allowed",
+        ),
+    ];
+    for (what, body, setup, code) in cases {
+        exec(&app.db, "UPDATE agents SET daily_budget = NULL, allowed_pay_to = NULL").await;
+        if let Some(sql) = setup {
+            exec(&app.db, &sql).await;
+        }
+        let (status, env) = route(&app, &new_key(), &body).await;
+        assert_eq!((status, env["code"].as_str()), (402, Some(code)), "{what}: {env}");
+    }
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 0);
+    assert_eq!(rig.balances().await, before);
+    assert_eq!(rig.stats().await, json!({"settled": 0, "kept": 0, "refused": 0}));
+    // The exact payTo on the allowlist is paid.
+    exec(&app.db, &format!("UPDATE agents SET allowed_pay_to = ARRAY['{pay_to}']")).await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/paid")).await;
+    assert_eq!((status, &env["payment"]["status"]), (200, &json!("settled")), "{env}");
+}
+
+#[actix_web::test]
+async fn an_upstream_that_says_failed_after_settling_is_caught_on_chain() {
+    let rig = SolanaRig::start(&[]).await;
+    let app = solana_app(&rig).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/lie-failed");
+    let (status, env) = route(&app, &key, &body).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("settled_response_lost")), "{env}");
+    assert_eq!(env["payment"]["status"], "settled_response_lost");
+    assert!(env["payment"]["tx_hash"].is_string(), "{env}");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    // A retry is the recorded answer; nothing is paid again.
+    let (again, replayed) = route(&app, &key, &body).await;
+    assert_eq!((again, &replayed), (status, &env));
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost'").await, 1);
+}
+
+#[actix_web::test]
+async fn a_made_up_settlement_stays_reserved_until_the_chain_shows_the_transaction_can_never_land() {
+    let rig = SolanaRig::start(&["--slot-ms", "0"]).await;
+    let app = solana_app(&rig).await;
+    set_budget(&app, 100_000).await;
+    let before = rig.balances().await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/claim-unsettled")).await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["payment"]["status"], "unconfirmed", "{env}");
+    assert_eq!(env["payment"]["tx_hash"], Value::Null, "a made-up id is never recorded: {env}");
+    assert_eq!(rig.balances().await, before);
+    assert_eq!(remaining(&app).await, (100_000 - SVM_PRICE).to_string(), "reserved");
+    // The transaction could still land: reconcile decides nothing.
+    let report = rig.reconcile(&app.db);
+    assert_eq!((report["expired"].as_u64(), report["pending"].as_u64()), (Some(0), Some(1)), "{report}");
+    // Past its blockhash's last valid height, finalized: it can never land.
+    rig.chain.advance(200).await.unwrap();
+    let report = rig.reconcile(&app.db);
+    assert_eq!(report["expired"], 1, "{report}");
+    assert_eq!(remaining(&app).await, "100000", "released");
+    assert_eq!(rig.balances().await, before);
+}
+
+#[actix_web::test]
+async fn a_kept_transaction_settled_later_is_found_by_reconcile_and_lands_once() {
+    let rig = SolanaRig::start(&[]).await;
+    let app = solana_app(&rig).await;
+    set_budget(&app, 100_000).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/keep")).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("payment_rejected")), "{env}");
+    assert_eq!(env["payment"]["status"], "rejected");
+    assert_eq!(remaining(&app).await, (100_000 - SVM_PRICE).to_string(), "a kept transaction stays reserved");
+    assert_eq!(rig.balances().await, (payer0, pay_to0));
+    let kept = rig.settle_kept().await;
+    assert_eq!(kept["settled"].as_array().map(Vec::len), Some(1), "{kept}");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    let report = rig.reconcile(&app.db);
+    assert_eq!(report["settled_response_lost"], 1, "{report}");
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments WHERE status = 'settled_response_lost'").await, 1);
+    // Submitted again, the same transaction moves nothing.
+    let _ = rig.settle_kept().await;
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    assert_eq!(remaining(&app).await, (100_000 - SVM_PRICE).to_string());
+}
+
+/// Once `target` is reached, every fault point blocks (the owner's call and its heartbeats)
+/// until thawed.
+fn freeze_at(target: Point) -> (Hook, Arc<Notify>, watch::Sender<bool>) {
+    let reached = Arc::new(Notify::new());
+    let (thaw, thawed) = watch::channel(false);
+    let frozen = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&reached);
+    let hook: Hook = Arc::new(move |p| {
+        let (reached, mut thawed, frozen) = (Arc::clone(&r), thawed.clone(), Arc::clone(&frozen));
+        Box::pin(async move {
+            if p == target && !frozen.swap(true, Ordering::SeqCst) {
+                reached.notify_one();
+            }
+            if frozen.load(Ordering::SeqCst) {
+                let _ = thawed.wait_for(|t| *t).await;
+            }
+            Inject::Nothing
+        })
+    });
+    (hook, reached, thaw)
+}
+
+/// POSTs until the answer is final (not in flight, not 503).
+async fn until_final(app: &TestApp, agent: &Agent, key: &str, body: &Value) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resp = route_at(&app.client, &app.address, agent, key, body).await;
+        let status = resp.status().as_u16();
+        let env: Value = resp.json().await.unwrap_or(Value::Null);
+        let retry = status == 503 || (status == 409 && env["code"] == "idempotency_key_in_flight");
+        if !retry {
+            return (status, env);
+        }
+        assert!(Instant::now() < deadline, "no final answer: {status} {env}");
+        let_time_pass(Duration::from_millis(200)).await;
+    }
+}
+
+/// An owner frozen once its intent is committed, before the payment leaves; another router
+/// takes the call over. `expire`: the chain moves past the transaction's last valid height
+/// (finalized) before the takeover.
+async fn take_over_a_frozen_payment(expire: bool) {
+    let rig = SolanaRig::start(if expire { &["--slot-ms", "0"] } else { &[] }).await;
+    let db = Arc::new(TestDb::new().await);
+    let options = |hooks| AppOptions {
+        abandon_ms: 1000,
+        heartbeat_ms: 200,
+        extra: rig.router_extra(),
+        hooks,
+        ..Default::default()
+    };
+    let (hook, reached, thaw) = freeze_at(Point::PaymentLeaving);
+    let owner = spawn_app_on(Arc::clone(&db), options(Hooks { at: Some(hook), ..Default::default() })).await;
+    let retrier = spawn_app_on(Arc::clone(&db), options(Hooks::default())).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/paid");
+    let first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
+    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner reached the point");
+    let signature = "SELECT signed_authorization->>'signature' AS t FROM payments";
+    let signed_first = count_text(&owner, signature).await;
+    if expire {
+        rig.chain.advance(200).await.unwrap();
+    }
+    let (status, env) = until_final(&retrier, &owner.agent, &key, &body).await;
+    assert_eq!((status, &env["payment"]["status"]), (200, &json!("settled")), "{env}");
+    let signed_last = count_text(&owner, signature).await;
+    assert_eq!(signed_first == signed_last, !expire, "re-signed only after the chain showed the old one dead");
+    assert_eq!(ledger(&owner, "SELECT count(*) AS n FROM payments").await, 1, "one intent per request");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    // The frozen owner wakes and sends what it held (the same transaction, or one whose
+    // blockhash expired): the chain lands nothing more.
+    thaw.send_replace(true);
+    let _ = tokio::time::timeout(Duration::from_secs(60), first).await.expect("the thawed owner answers");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    assert_eq!(rig.stats().await["settled"], 1);
+    let (again, replayed) = until_final(&retrier, &owner.agent, &key, &body).await;
+    assert_eq!((again, replayed), (status, env));
+}
+
+#[actix_web::test]
+async fn a_takeover_resends_the_same_solana_transaction_and_it_lands_once() {
+    take_over_a_frozen_payment(false).await;
+}
+
+#[actix_web::test]
+async fn a_takeover_signs_again_only_after_the_old_transaction_can_never_land() {
+    take_over_a_frozen_payment(true).await;
+}
+
+#[actix_web::test]
+async fn a_solana_rpc_of_another_chain_is_never_believed() {
+    let rig = SolanaRig::start(&[]).await;
+    let other = tokio::task::spawn_blocking(|| {
+        x402_router_testkit::solana::SolanaChain::start(&[
+            "--genesis-hash",
+            "4uhcVJyU9pJkvQyS88uRDiswHXSCkY3zQawwpjk2NsNY",
+        ])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let app =
+        spawn_app_with(AppOptions { extra: rig.router_extra_via(other.field("rpc_url")), ..Default::default() }).await;
+    let before = rig.balances().await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/paid")).await;
+    assert_eq!((status, env["code"].as_str()), (503, Some("payment_network_unavailable")), "{env}");
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 0);
+    assert_eq!(rig.balances().await, before);
+    assert_eq!(rig.stats().await["settled"], 0);
+}
