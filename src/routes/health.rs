@@ -138,6 +138,9 @@ pub enum TransferMethod {
     Eip3009,
     /// A Permit2 signature transfer.
     Permit2,
+    /// Solana: an SPL `TransferChecked` in a transaction the router signs as the token owner
+    /// (the upstream's facilitator pays the fees).
+    Spl,
 }
 
 /// An x402 payment scheme the router pays with.
@@ -165,6 +168,10 @@ pub struct RouterDescription {
     /// The router's wallet.
     #[schema(value_type = Address)]
     pub payer: String,
+    /// The router's Solana wallet (the token owner of its Solana payments), when it pays on Solana.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Address>)]
+    pub solana_payer: Option<String>,
     /// Versions some payable asset can be paid in (1 only for EIP-3009 assets on networks with
     /// a v1 name).
     #[schema(value_type = Vec<u8>)]
@@ -191,7 +198,7 @@ pub struct NetworkDescription {
 /// An asset the router pays with on a network.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AssetDescription {
-    /// The token contract.
+    /// The token contract (EVM) or mint (Solana).
     #[schema(value_type = Address)]
     pub asset: String,
     /// Its decimals (the router's unit).
@@ -229,24 +236,43 @@ fn describe(state: &AppState) -> RouterDescription {
             x402_versions: versions,
         });
     }
-    let assets = || networks.values().flatten();
+    let mut networks: Vec<NetworkDescription> = networks
+        .into_iter()
+        .map(|(n, assets)| NetworkDescription { network: n.caip2(), v1_name: n.v1_name(), assets })
+        .collect();
+    if let Some(solana) = state.solana.as_deref() {
+        let unit_ok = unit.is_none_or(|u| u == solana.config.unit);
+        for (network, config) in solana.config.networks.iter().filter(|_| unit_ok) {
+            let versions: Vec<u8> = if network.v1_name().is_some() { vec![1, 2] } else { vec![2] };
+            let assets = config
+                .mints
+                .iter()
+                .map(|(mint, decimals)| AssetDescription {
+                    asset: mint.to_string(),
+                    decimals: *decimals,
+                    asset_transfer_methods: vec![TransferMethod::Spl],
+                    schemes: vec![Scheme::Exact],
+                    x402_versions: versions.clone(),
+                })
+                .collect();
+            networks.push(NetworkDescription { network: network.caip2(), v1_name: network.v1_name(), assets });
+        }
+    }
+    let assets = || networks.iter().flat_map(|n| &n.assets);
     let x402_versions: Vec<u8> =
         [1u8, 2].into_iter().filter(|v| assets().any(|a| a.x402_versions.contains(v))).collect();
     let schemes: Vec<Scheme> =
         [Scheme::Exact, Scheme::Upto].into_iter().filter(|s| assets().any(|a| a.schemes.contains(s))).collect();
-    let methods: Vec<TransferMethod> = [TransferMethod::Eip3009, TransferMethod::Permit2]
+    let methods: Vec<TransferMethod> = [TransferMethod::Eip3009, TransferMethod::Permit2, TransferMethod::Spl]
         .into_iter()
         .filter(|m| assets().any(|a| a.asset_transfer_methods.contains(m)))
-        .collect();
-    let networks = networks
-        .into_iter()
-        .map(|(n, assets)| NetworkDescription { network: n.caip2(), v1_name: n.v1_name(), assets })
         .collect();
     RouterDescription {
         name: "x402-router",
         version: env!("CARGO_PKG_VERSION"),
         receipt_signer: state.receipt_signer.address().to_checksum(None),
         payer: state.config.signer.address().to_checksum(None),
+        solana_payer: state.solana.as_ref().map(|s| s.config.signer.address().to_string()),
         x402_versions,
         schemes,
         asset_transfer_methods: methods,

@@ -675,3 +675,38 @@ async fn internal_error_fits_the_document() {
         spec.check("POST", "/route", app.route(&new_key(), &json!({"url": up.url("/ok/poison")})).await).await;
     assert_eq!((status, body["code"].as_str()), (502, Some("internal_error")), "{body}");
 }
+
+/// Paying on Solana: the paid answer, a refusal after paying, the receipt and
+/// `/.well-known/x402-router` (base58 addresses, a Solana transaction id) fit the document.
+#[actix_web::test]
+async fn solana_answers_fit_the_document() {
+    let rig = SolanaRig::start(&[]).await;
+    let app = spawn_app_with(AppOptions { extra: rig.router_extra(), ..Default::default() }).await;
+    let spec = Spec::new();
+    let body = json!({"url": rig.url("/svm/v2/paid"), "max_amount": SVM_PRICE.to_string()});
+    let (status, paid) = spec.check("POST", "/route", app.route(&new_key(), &body).await).await;
+    assert_eq!((status, &paid["payment"]["status"]), (200, &json!("settled")), "{paid}");
+    let lied = json!({"url": rig.url("/svm/v1/lie-failed"), "max_amount": SVM_PRICE.to_string()});
+    let (status, lost) = spec.check("POST", "/route", app.route(&new_key(), &lied).await).await;
+    assert_eq!((status, lost["code"].as_str()), (502, Some("settled_response_lost")), "{lost}");
+    let receipt = app
+        .client
+        .get(format!("{}/receipts/{}", app.address, paid["receipt_id"].as_str().unwrap()))
+        .bearer_auth(&app.agent.key)
+        .send()
+        .await
+        .unwrap();
+    spec.check("GET", "/receipts/{id}", receipt).await;
+    let described = reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap();
+    let (_, described) = spec.check("GET", "/.well-known/x402-router", described).await;
+    assert_eq!(described["solana_payer"], rig.chain.field("payer"), "{described}");
+    let network =
+        &described["networks"].as_array().unwrap().iter().find(|n| n["network"] == rig.chain.field("network"));
+    let network = network.unwrap_or_else(|| panic!("{described}"));
+    assert_eq!(network["v1_name"], "solana-devnet");
+    assert_eq!(
+        network["assets"],
+        json!([{"asset": rig.chain.field("mint"), "decimals": 6, "asset_transfer_methods": ["spl"],
+                "schemes": ["exact"], "x402_versions": [1, 2]}])
+    );
+}

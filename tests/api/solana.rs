@@ -86,7 +86,7 @@ async fn a_solana_call_pays_exactly_the_price_once_and_replays_move_nothing() {
         )
         .unwrap_or(Value::Null);
         let signatures = found["result"]["transaction"]["signatures"].as_array().unwrap();
-        assert!(signatures.iter().any(|s| *s == signed), "{found}");
+        assert!(signatures.contains(&signed), "{found}");
         let paid = (n as u64 + 1) * SVM_PRICE;
         assert_eq!(rig.balances().await, (payer0 - paid, pay_to0 + paid));
 

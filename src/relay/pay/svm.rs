@@ -161,10 +161,10 @@ async fn choose<'a>(
             Some((1, Code::PaymentNotAllowed, format!("its payTo {} is not on the agent's allowlist", terms.pay_to())))
         } else if amount > call.max_amount {
             Some((3, Code::PaymentOverMaxAmount, format!("its amount {amount} exceeds max_amount {}", call.max_amount)))
-        } else if let Some(limit) = limit.filter(|l| amount > *l) {
-            Some((2, Code::PaymentOverBudget, format!("its amount {amount} exceeds the agent's limits ({limit} left)")))
         } else {
-            None
+            limit.filter(|l| amount > *l).map(|limit| {
+                (2, Code::PaymentOverBudget, format!("its amount {amount} exceeds the agent's limits ({limit} left)"))
+            })
         };
         match refusal {
             Some((rank, code, why)) => refusals.push((rank, code, format!("Solana option {i}: {why}"))),
