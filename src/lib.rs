@@ -20,7 +20,7 @@
 //! * `gc`            deletion of expired idempotency rows.
 //! * `faults`        deterministic fault points for tests (no hook in production).
 //! * `wallet`        the paying wallet's balance gauge.
-//! * `solana`        the Solana wallet, networks and RPC endpoints (the walk is `relay/pay/svm.rs`).
+//! * `solana`        the Solana wallet, networks and RPC endpoints (the walk is `relay/pay/svm/`).
 //! * `approve`       `wallet approve-permit2`: the one transaction the router's wallet sends itself.
 //! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
 //! * `codes`         the machine-readable error codes of every error body.

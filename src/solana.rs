@@ -1,6 +1,6 @@
 //! Paying on Solana: the wallet, the configured networks and mints, and one RPC endpoint per
 //! network ([`SolanaRpcs`], also what `reconcile` asks). The payment flow itself is
-//! `relay/pay/svm.rs`; the protocol is `x402::svm`.
+//! `relay/pay/svm/`; the protocol is `x402::svm`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

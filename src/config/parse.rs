@@ -89,6 +89,13 @@ pub(super) fn split_list(raw: &str) -> impl Iterator<Item = &str> {
     raw.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
+/// True for an `X402_RPC_URLS` / `X402_ASSETS` entry whose network is a Solana one (read by
+/// `config::solana`; the EVM parsers skip it).
+pub(super) fn is_solana_entry(item: &str) -> bool {
+    item.split_once('=').is_some_and(|(network, _)| crate::x402::svm::SvmNetwork::parse(network.trim()).is_ok())
+        || item.trim_start().to_ascii_lowercase().starts_with("solana")
+}
+
 pub(super) fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Network, &'a str), ConfigError> {
     let (network, value) = item
         .split_once('=')
@@ -106,7 +113,7 @@ pub(super) fn split_pair<'a>(env: &'static str, item: &'a str) -> Result<(Networ
 /// (it may carry an API key); they name the network and the URL's position.
 pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Url>> = BTreeMap::new();
-    for item in split_list(raw).filter(|item| !super::solana::is_solana_entry(item)) {
+    for item in split_list(raw).filter(|item| !is_solana_entry(item)) {
         let (network, url) = split_pair("X402_RPC_URLS", item)?;
         let list = out.entry(network).or_default();
         let position = list.len();
@@ -133,7 +140,7 @@ pub(super) fn parse_assets(raw: &str) -> Result<Assets, ConfigError> {
     let mut out: BTreeMap<Network, Vec<Address>> = BTreeMap::new();
     let mut decimals = BTreeMap::new();
     let mut permit2_only = BTreeSet::new();
-    for item in split_list(raw).filter(|item| !super::solana::is_solana_entry(item)) {
+    for item in split_list(raw).filter(|item| !is_solana_entry(item)) {
         let (network, spec) = split_pair("X402_ASSETS", item)?;
         let (spec, only_permit2) = match spec.trim().strip_suffix(PERMIT2_ONLY) {
             Some(rest) => (rest, true),

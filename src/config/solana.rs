@@ -11,7 +11,7 @@ use std::sync::Arc;
 use url::Url;
 
 use super::ConfigError;
-use super::parse::split_list;
+use super::parse::{is_solana_entry, split_list};
 use crate::cli::SolanaArgs;
 use crate::x402::svm::{SvmAddress, SvmNetwork, SvmSigner, transfer::MAX_COMPUTE_UNIT_PRICE};
 
@@ -47,12 +47,6 @@ impl SolanaConfig {
     pub fn decimals(&self, network: &SvmNetwork, mint: &SvmAddress) -> Option<u8> {
         self.networks.get(network)?.mints.iter().find(|(m, _)| m == mint).map(|(_, d)| *d)
     }
-}
-
-/// True for an `X402_RPC_URLS` / `X402_ASSETS` entry whose network is a Solana one.
-pub fn is_solana_entry(item: &str) -> bool {
-    item.split_once('=').is_some_and(|(network, _)| SvmNetwork::parse(network.trim()).is_ok())
-        || item.trim_start().to_ascii_lowercase().starts_with("solana")
 }
 
 /// The Solana entries of `X402_RPC_URLS`: one URL per network.
@@ -226,6 +220,7 @@ mod tests {
 
     #[test]
     fn solana_entries_are_told_apart_from_evm_ones() {
+        use super::super::parse::is_solana_entry;
         assert!(is_solana_entry(&format!("{DEVNET}=http://a")));
         assert!(is_solana_entry("solana-devnet=http://a"));
         assert!(is_solana_entry("solana:not base58=http://a"), "malformed, but Solana's to refuse");

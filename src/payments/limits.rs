@@ -394,11 +394,16 @@ pub fn parse_pay_to(raw: &str) -> Result<String, BadEntry> {
     match hex {
         Some(h) if h.len() == 40 && h.chars().all(|c| c.is_ascii_hexdigit()) => Ok(entry.to_ascii_lowercase()),
         // A Solana address: base58 is case-sensitive, kept as written.
-        None if entry.len() <= 44 && entry.parse::<crate::x402::svm::SvmAddress>().is_ok() => Ok(entry.to_owned()),
+        None if (32..=44).contains(&entry.len()) && entry.bytes().all(is_base58) => Ok(entry.to_owned()),
         _ => Err(BadEntry(format!(
             "{raw:?} is not an address (0x followed by 40 hex digits, or a base58 Solana address)"
         ))),
     }
+}
+
+/// A character of the base58 alphabet (no `0`, `O`, `I`, `l`).
+fn is_base58(b: u8) -> bool {
+    b.is_ascii_alphanumeric() && !b"0OIl".contains(&b)
 }
 
 /// True when the allowlist entry `entry` (as [`parse_pay_to`] stores it) names `pay_to`: an EVM

@@ -31,6 +31,57 @@ pub fn decode_authorization(stored: &serde_json::Value) -> Result<SignedPayment,
     serde_json::from_value(stored.clone()).map_err(|e| DecodeError::Authorization(e.to_string()))
 }
 
+/// A stored Solana transfer (the `signed_authorization` of a `solana:` intent), decoded, and
+/// checked against the row's `network`, `asset` (the mint) and `payer`: a record that disagrees
+/// with the row it is stored in is not trusted.
+///
+/// # Errors
+/// [`DecodeError::Authorization`] when it is not a Solana transfer or disagrees with the row.
+pub fn decode_svm_transfer(
+    stored: &serde_json::Value,
+    (network, asset, payer): (&str, &str, &str),
+) -> Result<crate::x402::svm::SignedSvmTransfer, DecodeError> {
+    let signed: crate::x402::svm::SignedSvmTransfer =
+        serde_json::from_value(stored.clone()).map_err(|e| DecodeError::Authorization(e.to_string()))?;
+    if (signed.network.as_str(), signed.mint.as_str(), signed.payer.as_str()) != (network, asset, payer) {
+        return Err(DecodeError::Authorization("the stored Solana transfer disagrees with its row".into()));
+    }
+    Ok(signed)
+}
+
+/// A ledger row's Solana payment, decoded once: its x402 version, the request's nonce and the
+/// signed transfer.
+#[derive(Debug, Clone)]
+pub struct StoredSvmIntent {
+    pub version: X402Version,
+    pub nonce: String,
+    pub signed: crate::x402::svm::SignedSvmTransfer,
+}
+
+impl StoredSvmIntent {
+    /// Decodes the row's stored transfer (checked against the row) and version.
+    ///
+    /// # Errors
+    /// [`DecodeError`] when either cannot be read.
+    pub fn decode(row: &PaymentRow) -> Result<Self, DecodeError> {
+        let signed = decode_svm_transfer(&row.signed_authorization, (&row.network, &row.asset, &row.payer))?;
+        if signed.pay_to != row.pay_to {
+            return Err(DecodeError::Authorization("the stored Solana transfer disagrees with its row".into()));
+        }
+        let version = stored_version(row.x402_version)?;
+        Ok(Self { version, nonce: row.nonce.clone(), signed })
+    }
+
+    /// The view of this payment in `status`.
+    pub fn view(&self, status: PaymentStatus, tx_hash: Option<&str>) -> PaymentView {
+        PaymentView::svm(self.version, &self.signed, &self.nonce, status, tx_hash)
+    }
+}
+
+fn stored_version(number: i16) -> Result<X402Version, DecodeError> {
+    u64::try_from(number).ok().and_then(X402Version::from_number).ok_or(DecodeError::Version(number))
+}
+
 /// A ledger row's payment, decoded once: the x402 version it was made for and the signed
 /// payment (scheme, network, asset, amounts, payer, EIP-3009 authorization or Permit2 witness).
 #[derive(Debug, Clone)]
@@ -46,10 +97,7 @@ impl StoredIntent {
     /// [`DecodeError`] when either cannot be read.
     pub fn decode(row: &PaymentRow) -> Result<Self, DecodeError> {
         let signed = decode_authorization(&row.signed_authorization)?;
-        let version = u64::try_from(row.x402_version)
-            .ok()
-            .and_then(X402Version::from_number)
-            .ok_or(DecodeError::Version(row.x402_version))?;
+        let version = stored_version(row.x402_version)?;
         Ok(Self { version, signed })
     }
 

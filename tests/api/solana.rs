@@ -278,6 +278,7 @@ async fn until_final(app: &TestApp, agent: &Agent, key: &str, body: &Value) -> (
             return (status, env);
         }
         assert!(Instant::now() < deadline, "no final answer: {status} {env}");
+        // lets time pass: a retry interval (the router asked to retry shortly).
         let_time_pass(Duration::from_millis(200)).await;
     }
 }
@@ -354,4 +355,50 @@ async fn a_solana_rpc_of_another_chain_is_never_believed() {
     assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 0);
     assert_eq!(rig.balances().await, before);
     assert_eq!(rig.stats().await["settled"], 0);
+}
+
+/// Races: the same call sent 8 times at once under one key pays once; 8 calls under 8 keys
+/// against a budget for 3 pay exactly 3, on two router instances sharing the ledger.
+#[actix_web::test]
+async fn racing_solana_calls_pay_once_per_key_and_never_past_the_budget() {
+    let rig = SolanaRig::start(&[]).await;
+    let db = Arc::new(TestDb::new().await);
+    let options = || AppOptions { extra: rig.router_extra(), ..Default::default() };
+    let one = spawn_app_on(Arc::clone(&db), options()).await;
+    let two = spawn_app_on(Arc::clone(&db), options()).await;
+    let agent = one.agent.clone();
+    let (payer0, pay_to0) = rig.balances().await;
+    let apps = [&one, &two];
+
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/paid");
+    let same: Vec<_> =
+        (0..8).map(|i| spawn_route(&apps[i % 2].client, &apps[i % 2].address, &agent, &key, &body)).collect();
+    for call in same {
+        let _ = call.await.unwrap().unwrap();
+    }
+    let (status, env) = until_final(&one, &agent, &key, &body).await;
+    assert_eq!((status, &env["payment"]["status"]), (200, &json!("settled")), "{env}");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE), "one key, one payment");
+
+    exec(&db, &format!("UPDATE agents SET daily_budget = {} WHERE id = '{}'", 4 * SVM_PRICE, agent.id)).await;
+    let keys: Vec<String> = (0..8).map(|_| new_key()).collect();
+    let calls: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| spawn_route(&apps[i % 2].client, &apps[i % 2].address, &agent, k, &body))
+        .collect();
+    let mut paid = 0;
+    for (call, key) in calls.into_iter().zip(&keys) {
+        let _ = call.await.unwrap().unwrap();
+        let (status, env) = until_final(&one, &agent, key, &body).await;
+        match status {
+            200 => paid += 1,
+            402 => assert_eq!(env["code"], "payment_over_budget", "{env}"),
+            _ => panic!("{status} {env}"),
+        }
+    }
+    assert_eq!(paid, 3, "the budget left room for 3");
+    assert_eq!(rig.balances().await, (payer0 - 4 * SVM_PRICE, pay_to0 + 4 * SVM_PRICE));
+    assert_eq!(rig.stats().await["settled"], 4);
 }

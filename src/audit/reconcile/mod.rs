@@ -338,12 +338,9 @@ impl From<bool> for Verdict {
 
 /// What the Solana chain says of a Solana intent, whose stored transfer must agree with its row.
 async fn svm_verdict(rpcs: Option<&crate::solana::SolanaRpcs>, c: &Candidate) -> Result<Verdict, Unreadable> {
-    use crate::x402::svm::{SignedSvmTransfer, TransferState};
-    let signed: SignedSvmTransfer =
-        serde_json::from_value(c.signed_authorization.clone()).map_err(|e| format!("stored Solana transfer: {e}"))?;
-    if (signed.network.as_str(), signed.mint.as_str(), signed.payer.as_str()) != (&*c.network, &*c.asset, &*c.payer) {
-        return Err("stored Solana transfer disagrees with its row".into());
-    }
+    use crate::x402::svm::TransferState;
+    let signed = crate::relay::view::decode_svm_transfer(&c.signed_authorization, (&c.network, &c.asset, &c.payer))
+        .map_err(|e| Unreadable(e.to_string()))?;
     let rpc = rpcs.and_then(|r| r.of(&c.network)).ok_or_else(|| format!("no RPC URL for {}", c.network))?;
     Ok(match rpc.transfer_state(&signed).await.map_err(|e| Unreadable(e.to_string()))? {
         TransferState::Settled { .. } => Verdict::Used,

@@ -40,7 +40,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use self::ahead::pay_ahead;
-pub use self::resume::{Resume, resume};
+pub use self::resume::resume;
 use super::request::RouteCall;
 use super::view::{PaymentView, StoredIntent};
 use super::{Error, Failure, Outcome, PaymentNote};
@@ -79,6 +79,15 @@ const MIN_RECOVERY_TIME: Duration = Duration::from_secs(1);
 /// How long to wait for a claimed settlement to become visible on-chain.
 const SETTLEMENT_POLLS: u32 = 10;
 const SETTLEMENT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Why an existing intent of this request is picked up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// A takeover after the previous owner of the key was abandoned (crashed or frozen).
+    Takeover,
+    /// The key expired and was reused for the same request.
+    KeyReused,
+}
 
 /// An authorization ready to send: the ledger row id, the signed message and its header.
 struct Attempt {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::{Attempt, MIN_VALIDITY_SECS, declined, refused, wrong_chain};
+use super::{Attempt, MIN_VALIDITY_SECS, Resume, declined, refused, wrong_chain};
 use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::faults::{self, Point};
@@ -19,15 +19,6 @@ use crate::relay::{Error, Failure, Outcome, PaymentNote};
 use crate::state::AppState;
 use crate::upstream::UpstreamResponse;
 use crate::x402::{self, Requirement, SignedPayment, X402Version};
-
-/// Why an existing intent of this request is picked up again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resume {
-    /// A takeover after the previous owner of the key was abandoned (crashed or frozen).
-    Takeover,
-    /// The key expired and was reused for the same request.
-    KeyReused,
-}
 
 /// Resumes the recorded intent of this request: a takeover after a crash, or the same
 /// request re-sent under a key that expired. The chain decides first: used ⇒ never pay
