@@ -36,7 +36,9 @@ use crate::payments::{Exchange, RecoveryKind, RecoveryStep};
 use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
 use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
-use crate::x402::wire::{PAYMENT_IDENTIFIER, parse_settlement};
+use crate::x402::svm::record::SignedSvmTransfer;
+use crate::x402::svm::rpc::SvmRpc;
+use crate::x402::wire::{PAYMENT_IDENTIFIER, SettlementResponse, parse_settlement};
 
 /// Why a stored paid request cannot be sent again byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,7 +129,7 @@ pub fn can_resend(row: &PaymentRow) -> bool {
 #[derive(Debug)]
 pub enum Ending {
     /// The upstream's original answer, proven to carry the settling transaction.
-    Recovered { resp: UpstreamResponse, tx_hash: B256 },
+    Recovered { resp: UpstreamResponse, tx_hash: String },
     /// Nothing recovered.
     Lost,
 }
@@ -167,42 +169,67 @@ fn coordinates(row: &PaymentRow) -> Result<Coordinates, NotResendable> {
     Ok((network, asset, payer, nonce))
 }
 
-/// What a re-send needs: the stored request, its payment header and the payment's on-chain
-/// coordinates, when the row may be re-sent at all.
+/// Who proves that a re-sent answer's settlement claim is the payment's: the chain of the row.
+#[derive(Clone, Copy)]
+pub enum Proof<'a> {
+    /// An EVM payment: the EIP-3009 event, or the Permit2 proxy call, of the row's authorization.
+    Evm(&'a Chain),
+    /// A Solana payment: the claimed transaction must carry the stored transfer's signature.
+    Svm(&'a SvmRpc, &'a SignedSvmTransfer),
+}
+
+/// What a re-send needs: the stored request and its payment header, when the row may be
+/// re-sent at all (and, for an EVM payment, its on-chain coordinates can be read).
 fn prepare(
     upstream: &UpstreamClient,
     row: &PaymentRow,
-) -> Result<(UpstreamRequest, (HeaderName, HeaderValue), Coordinates), NotResendable> {
+    proof: Proof<'_>,
+) -> Result<(UpstreamRequest, (HeaderName, HeaderValue)), NotResendable> {
     if !can_resend(row) {
         return Err("the upstream did not advertise payment-identifier".into());
     }
     let request = stored_request(row)?.ok_or_else(|| NotResendable::from("the request as sent was not recorded"))?;
-    let prepared = (stored_payment_header(row)?, coordinates(row)?);
+    let header = stored_payment_header(row)?;
+    if matches!(proof, Proof::Evm(_)) {
+        coordinates(row)?;
+    }
     // The same upstream policy as every call of the router (one constructor, one guard): an
     // address it refuses is never re-sent to, and that is final (a retry cannot change it).
     upstream.guard().check_url(&request.url).map_err(|e| format!("refused by the upstream policy: {e}"))?;
-    Ok((request, prepared.0, prepared.1))
+    Ok((request, header))
 }
 
-/// The transaction the chain shows using this payment, when it is the one `claimed`:
-/// EIP-3009's event, or (Permit2) the proxy call of these terms.
-async fn proof(chain: &Chain, row: &PaymentRow, coordinates: Coordinates, claimed: Option<B256>) -> Option<B256> {
-    let (network, asset, payer, nonce) = coordinates;
-    match (claimed, Permit2Terms::from_record(&row.signed_authorization)) {
-        (Some(c), Some(terms)) => chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash),
-        (Some(c), None) => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
-        (None, _) => None,
+/// The transaction the chain shows settling this payment, when it is the one the answer
+/// claims: EIP-3009's event or (Permit2) the proxy call of these terms; on Solana, a landed,
+/// successful transaction carrying the payer's signature.
+async fn proven(proof: Proof<'_>, row: &PaymentRow, claim: Option<&SettlementResponse>) -> Option<String> {
+    let claim = claim?;
+    match proof {
+        Proof::Evm(chain) => {
+            let (network, asset, payer, nonce) = coordinates(row).ok()?;
+            let c = claim.tx_hash?;
+            let found = match Permit2Terms::from_record(&row.signed_authorization) {
+                Some(terms) => chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash),
+                None => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
+            };
+            found.filter(|p| *p == c).map(|p| p.to_string())
+        }
+        Proof::Svm(rpc, transfer) => {
+            let c = claim.transaction.as_deref()?;
+            let landed = rpc.landed_as(transfer, c).await.ok().flatten()?;
+            (landed.error.is_none() && landed.tx_id == c).then_some(landed.tx_id)
+        }
     }
 }
 
 /// Tries to get back the answer of the paid request recorded in `row`, whose nonce the chain
 /// shows used, by re-sending it byte for byte, within `deadline`. Sends nothing unless
 /// [`can_resend`]. Never signs.
-pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow, deadline: Instant) -> Recovery {
+pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentRow, deadline: Instant) -> Recovery {
     let mut log = Vec::new();
     let mut sends = 0;
     let lost = |log: Vec<RecoveryStep>, sends| Recovery { ending: Ending::Lost, log, sends };
-    let (request, header, coordinates) = match prepare(upstream, row) {
+    let (request, header) = match prepare(upstream, row, proof) {
         Ok(p) => p,
         Err(why) => return lost(vec![RecoveryStep::none(why.0)], 0),
     };
@@ -233,21 +260,20 @@ pub async fn recover(upstream: &UpstreamClient, chain: &Chain, row: &PaymentRow,
         match resp.status {
             200 => {
                 let claim = parse_settlement(&resp.headers).ok().flatten();
-                let claimed = claim.as_ref().and_then(|c| c.tx_hash);
-                let proven = proof(chain, row, coordinates, claimed).await;
-                match (claimed, proven) {
-                    (Some(c), Some(p)) if c == p => {
+                let claimed = claim.as_ref().and_then(|c| c.transaction.clone());
+                match proven(proof, row, claim.as_ref()).await {
+                    Some(p) => {
                         entry.result = Some("recovered".into());
-                        entry.transaction = Some(p.to_string());
+                        entry.transaction = Some(p.clone());
                         log.push(RecoveryStep::Resend(entry));
                         return Recovery { ending: Ending::Recovered { resp, tx_hash: p }, log, sends };
                     }
-                    _ => {
+                    None => {
                         entry.result = Some(
                             "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment"
                                 .into(),
                         );
-                        entry.claimed_transaction = claimed.map(|c| c.to_string());
+                        entry.claimed_transaction = claimed;
                         log.push(RecoveryStep::Resend(entry));
                         break;
                     }

@@ -82,6 +82,18 @@ fn stored_version(number: i16) -> Result<X402Version, DecodeError> {
     u64::try_from(number).ok().and_then(X402Version::from_number).ok_or(DecodeError::Version(number))
 }
 
+/// The view of any stored intent, EVM or Solana (by its network), in `status`.
+///
+/// # Errors
+/// [`DecodeError`] when the row cannot be read.
+pub fn stored_view(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<PaymentView, DecodeError> {
+    if crate::solana::is_solana_network(&row.network) {
+        Ok(StoredSvmIntent::decode(row)?.view(status, tx_hash))
+    } else {
+        Ok(StoredIntent::decode(row)?.view(status, tx_hash))
+    }
+}
+
 /// A ledger row's payment, decoded once: the x402 version it was made for and the signed
 /// payment (scheme, network, asset, amounts, payer, EIP-3009 authorization or Permit2 witness).
 #[derive(Debug, Clone)]

@@ -402,3 +402,65 @@ async fn racing_solana_calls_pay_once_per_key_and_never_past_the_budget() {
     assert_eq!(rig.balances().await, (payer0 - 4 * SVM_PRICE, pay_to0 + 4 * SVM_PRICE));
     assert_eq!(rig.stats().await["settled"], 4);
 }
+
+/// The upstream settles and answers 3 s later; the router gives each upstream exchange 1.5 s:
+/// the paid answer is lost in transit, the chain shows the transfer, and the same call re-sends
+/// the identical payment (payment-identifier) until the upstream has its original answer.
+#[actix_web::test]
+async fn a_solana_answer_lost_to_the_upstream_timeout_is_recovered_within_the_same_call() {
+    let rig = SolanaRig::start(&[]).await;
+    let app =
+        spawn_app_with(AppOptions { upstream_timeout_ms: 1500, extra: rig.router_extra(), ..Default::default() }).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/pid?slow=3");
+    let (status, env) = route(&app, &key, &body).await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["body"], json!({"paid": true}), "the original answer: {env}");
+    assert_eq!(env["payment"]["status"], "settled", "{env}");
+    assert_eq!(env["payment"]["recovery"], "recovered", "{env}");
+    assert!(env["payment"]["tx_hash"].is_string(), "{env}");
+    assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
+    assert_eq!(rig.stats().await["settled"], 1);
+    let (again, replayed) = route(&app, &key, &body).await;
+    assert_eq!((again, replayed), (status, env));
+}
+
+/// An owner frozen after its paid request was answered, before recording: the takeover finds
+/// the transfer on chain and gets the original answer back with a byte-identical re-send;
+/// without payment-identifier it is `settled_response_lost`. Nothing is paid twice.
+#[actix_web::test]
+async fn a_takeover_of_a_settled_solana_payment_gets_its_answer_back_or_pays_nothing_more() {
+    let rig = SolanaRig::start(&[]).await;
+    for (path, recovered) in [("/svm/v2/pid", true), ("/svm/v2/paid", false)] {
+        let db = Arc::new(TestDb::new().await);
+        let options = |hooks| AppOptions {
+            abandon_ms: 1000,
+            heartbeat_ms: 200,
+            extra: rig.router_extra(),
+            hooks,
+            ..Default::default()
+        };
+        let (hook, reached, thaw) = freeze_at(Point::PaidAnswered);
+        let owner = spawn_app_on(Arc::clone(&db), options(Hooks { at: Some(hook), ..Default::default() })).await;
+        let retrier = spawn_app_on(Arc::clone(&db), options(Hooks::default())).await;
+        let (payer0, pay_to0) = rig.balances().await;
+        let key = new_key();
+        let body = call(&rig, path);
+        let first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
+        tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner reached the point");
+        let (status, env) = until_final(&retrier, &owner.agent, &key, &body).await;
+        if recovered {
+            assert_eq!((status, &env["payment"]["recovery"]), (200, &json!("recovered")), "{env}");
+            assert_eq!(env["payment"]["status"], "settled");
+        } else {
+            assert_eq!((status, env["code"].as_str()), (502, Some("settled_response_lost")), "{env}");
+            assert!(env["payment"]["tx_hash"].is_string(), "{env}");
+        }
+        assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE), "{path}");
+        thaw.send_replace(true);
+        let _ = tokio::time::timeout(Duration::from_secs(60), first).await.expect("the thawed owner answers");
+        assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE), "{path}");
+    }
+    assert_eq!(rig.stats().await["settled"], 2);
+}

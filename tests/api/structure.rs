@@ -268,8 +268,19 @@ fn recovery_cannot_reach_anything_that_signs() {
     let m = |p: &str| -> Module { p.split("::").map(str::to_owned).collect() };
     // `x402::siwx` signs sign-in messages (re-access, issue 16): relay calls it, recovery must
     // not reach it either.
-    let forbidden =
-        [m("x402::sign"), m("x402::siwx"), m("x402::payload"), m("x402::nonce"), m("state"), m("relay"), m("startup")];
+    // `x402::svm::transfer` signs Solana payments (recovery reads the Solana chain through
+    // `x402::svm::rpc` and the signed record of `x402::svm::record` only).
+    let forbidden = [
+        m("x402::sign"),
+        m("x402::siwx"),
+        m("x402::payload"),
+        m("x402::nonce"),
+        m("x402::svm::transfer"),
+        m("x402::svm"),
+        m("state"),
+        m("relay"),
+        m("startup"),
+    ];
     // The x402 root re-exports `sign_authorization`, and `Config` holds the wallet key:
     // recovery names neither (the upstream client below it reads only `UpstreamConfig`).
     let direct = graph.get(&m("recovery")).cloned().unwrap_or_default();

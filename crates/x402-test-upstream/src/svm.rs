@@ -11,6 +11,11 @@
 //!   /_settle_kept` submits everything kept (a lying upstream that settles later).
 //! - `lie-failed`: settles, then answers 402 "settlement failed".
 //! - `claim-unsettled`: submits nothing and answers 200 with a made-up successful settlement.
+//! - `pid` (v2 only): like `paid`, advertising the `payment-identifier` extension; `?slow=N`
+//!   answers N seconds after settling. A request whose payment carries an id is remembered: the
+//!   same id with the same payment header gets 503 (`Retry-After: 1`) while the first is handled,
+//!   then the first's answer again (nothing settled twice); another header with that id gets 409.
+//!   The first is handled to its end even when its client went away.
 //!
 //! Query: `?price=N` (atomic units) and `?fee_payer=ADDR` (the fee payer advertised, e.g. the
 //! payer's own wallet: a transaction naming it is refused, it cannot be co-signed here).
@@ -19,7 +24,7 @@
 //!
 //! Shares no code with the `x402` crate: written against the scheme, not against the router.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -106,6 +111,8 @@ struct State {
     seen: Arc<Mutex<HashSet<Vec<u8>>>>,
     /// Co-signed transactions of the `keep` route, submitted by `POST /_settle_kept`.
     kept: Arc<Mutex<Vec<String>>>,
+    /// The `pid` route's requests by payment-identifier id.
+    pids: Arc<Mutex<HashMap<String, PidEntry>>>,
 }
 
 pub async fn run(args: SvmServeArgs) -> anyhow::Result<()> {
@@ -145,7 +152,14 @@ pub async fn run(args: SvmServeArgs) -> anyhow::Result<()> {
         settle_timeout: Duration::from_secs(args.settle_timeout_seconds.max(1)),
     });
     tracing::info!(network = %settings.network, mint = %mint, pay_to = %pay_to, fee_payer = %settings.fee_payer.pubkey(), "x402 SVM test upstream configured");
-    let state = State { settings, http, counters: Arc::default(), seen: Arc::default(), kept: Arc::default() };
+    let state = State {
+        settings,
+        http,
+        counters: Arc::default(),
+        seen: Arc::default(),
+        kept: Arc::default(),
+        pids: Arc::default(),
+    };
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
@@ -189,14 +203,22 @@ enum Behaviour {
     Keep,
     LieFailed,
     ClaimUnsettled,
+    Pid,
 }
 
+/// A payment-identifier id's first request: its payment header, and its answer once handled
+/// (the settling transaction and the payer).
+type PidEntry = (String, Option<(String, String)>);
+
 /// The offer of one request: its price and advertised fee payer.
+#[derive(Clone)]
 struct Offer {
     version: Version,
     price: u64,
     fee_payer: Address,
     url: String,
+    /// The 402 advertises `payment-identifier`.
+    pid: bool,
 }
 
 async fn paid_route(req: HttpRequest, state: web::Data<State>, path: web::Path<(String, String)>) -> HttpResponse {
@@ -211,6 +233,7 @@ async fn paid_route(req: HttpRequest, state: web::Data<State>, path: web::Path<(
         "keep" => Behaviour::Keep,
         "lie-failed" => Behaviour::LieFailed,
         "claim-unsettled" => Behaviour::ClaimUnsettled,
+        "pid" if version == Version::V2 => Behaviour::Pid,
         _ => return HttpResponse::NotFound().json(json!({"error": "no such route"})),
     };
     let s = &state.settings;
@@ -227,8 +250,13 @@ async fn paid_route(req: HttpRequest, state: web::Data<State>, path: web::Path<(
         Some(Ok(a)) => a,
         Some(Err(_)) => return HttpResponse::BadRequest().json(json!({"error": "fee_payer is not an address"})),
     };
+    let slow = match query.get("slow").map(|p| p.parse::<u64>()) {
+        None => 0,
+        Some(Ok(n)) if n <= 60 => n,
+        Some(_) => return HttpResponse::BadRequest().json(json!({"error": "slow is 0 to 60 seconds"})),
+    };
     let url = format!("http://{}{}", req.connection_info().host(), req.uri());
-    let offer = Offer { version, price, fee_payer, url };
+    let offer = Offer { version, price, fee_payer, url, pid: behaviour == Behaviour::Pid };
     let header = match version {
         Version::V1 => "x-payment",
         Version::V2 => "payment-signature",
@@ -236,18 +264,100 @@ async fn paid_route(req: HttpRequest, state: web::Data<State>, path: web::Path<(
     let Some(value) = req.headers().get(header).and_then(|v| v.to_str().ok()) else {
         return payment_required(s, &offer, "payment required");
     };
+    // The payment-identifier cache answers before anything is verified (a re-send of a settled
+    // payment would fail verification).
+    let pid = if behaviour == Behaviour::Pid { payment_id(value) } else { None };
+    if let Some(id) = &pid
+        && let Some(answer) = remembered(&state, &offer, id, value).await
+    {
+        return answer;
+    }
+    let forget = || async {
+        if let Some(id) = &pid {
+            state.pids.lock().await.remove(id);
+        }
+    };
     let tx = match decode(value).and_then(|tx| check(s, &offer, tx)) {
         Ok(tx) => tx,
         Err(why) => {
+            forget().await;
             state.counters.refused.fetch_add(1, Ordering::Relaxed);
             return payment_required(s, &offer, why);
         }
     };
     if !state.seen.lock().await.insert(tx.signatures[1].as_ref().to_vec()) {
+        forget().await;
         state.counters.refused.fetch_add(1, Ordering::Relaxed);
         return payment_required(s, &offer, "duplicate payment");
     }
+    if behaviour == Behaviour::Pid {
+        // Handled to its end in a task of its own, even if the client goes away meanwhile.
+        let (state, offer) = (state.get_ref().clone(), offer.clone());
+        let handled = actix_web::rt::spawn(async move { settle_pid(&state, &offer, tx, pid, slow).await });
+        return handled.await.unwrap_or_else(|_| HttpResponse::InternalServerError().finish());
+    }
     settle_as(&state, &offer, behaviour, tx).await
+}
+
+/// The answer to a request whose payment-identifier id was seen before: 409 for another payment
+/// header, 503 while the first is handled, its answer once handled. `None`: a new id, now taken.
+async fn remembered(state: &State, offer: &Offer, id: &str, header: &str) -> Option<HttpResponse> {
+    let mut pids = state.pids.lock().await;
+    match pids.get(id) {
+        Some((first, _)) if first != header => {
+            Some(HttpResponse::Conflict().json(json!({"error": "payment-identifier reused with another payment"})))
+        }
+        Some((_, None)) => Some(
+            HttpResponse::ServiceUnavailable().insert_header(("Retry-After", "1")).json(json!({"error": "in flight"})),
+        ),
+        Some((_, Some((tx_id, payer)))) => Some(paid(&state.settings, offer, tx_id, payer)),
+        None => {
+            pids.insert(id.to_owned(), (header.to_owned(), None));
+            None
+        }
+    }
+}
+
+/// `extensions["payment-identifier"].info.id` of a payment header, if any.
+fn payment_id(header: &str) -> Option<String> {
+    let message: Value = B64.decode(header).ok().and_then(|b| serde_json::from_slice(&b).ok())?;
+    message.pointer("/extensions/payment-identifier/info/id")?.as_str().map(str::to_owned)
+}
+
+/// The `pid` route: settles, waits `slow` seconds, remembers the answer under the id.
+async fn settle_pid(
+    state: &State,
+    offer: &Offer,
+    mut tx: VersionedTransaction,
+    pid: Option<String>,
+    slow: u64,
+) -> HttpResponse {
+    let s = &state.settings;
+    let payer = tx.message.static_account_keys()[1].to_string();
+    tx.signatures[0] = s.fee_payer.sign_message(&tx.message.serialize());
+    let submitted = match wincode::serialize(&tx) {
+        Ok(bytes) => submit(state, &B64.encode(bytes)).await,
+        Err(e) => Err(anyhow::anyhow!("unserializable transaction: {e}")),
+    };
+    match submitted {
+        Ok(tx_id) => {
+            state.counters.settled.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(slow)).await;
+            if let Some(id) = pid
+                && let Some(entry) = state.pids.lock().await.get_mut(&id)
+            {
+                entry.1 = Some((tx_id.clone(), payer.clone()));
+            }
+            paid(s, offer, &tx_id, &payer)
+        }
+        Err(e) => {
+            tracing::warn!("settlement failed: {e:#}");
+            if let Some(id) = pid {
+                state.pids.lock().await.remove(&id);
+            }
+            payment_required(s, offer, "settlement failed")
+        }
+    }
 }
 
 async fn settle_as(state: &State, offer: &Offer, behaviour: Behaviour, mut tx: VersionedTransaction) -> HttpResponse {
@@ -406,7 +516,11 @@ fn payment_required(s: &Settings, offer: &Offer, error: &str) -> HttpResponse {
             HttpResponse::PaymentRequired().json(json!({"x402Version": 1, "error": error, "accepts": accepts}))
         }
         Version::V2 => {
-            let message = json!({"x402Version": 2, "error": error, "resource": {"url": offer.url}, "accepts": accepts});
+            let mut message =
+                json!({"x402Version": 2, "error": error, "resource": {"url": offer.url}, "accepts": accepts});
+            if offer.pid {
+                message["extensions"] = crate::wire::payment_identifier_declaration();
+            }
             HttpResponse::PaymentRequired()
                 .insert_header(("PAYMENT-REQUIRED", B64.encode(message.to_string())))
                 .json(json!({}))

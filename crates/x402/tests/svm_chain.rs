@@ -207,7 +207,7 @@ async fn pay_official(
     let blockhash = rpc.latest_blockhash().await.unwrap();
     let signer = SvmSigner::parse(&chain.key("payer").unwrap()).unwrap();
     let transfer = sign_transfer(&signer, &terms, &mint, &blockhash, memo, ComputeBudget::default()).unwrap();
-    let payload = x402::svm::payment_payload(&terms, required.resource.as_ref(), &transfer.transaction);
+    let payload = x402::svm::payment_payload(&terms, required.resource.as_ref(), &transfer.transaction, None);
     let (name, value) = x402::wire::encode_payment_header(required.version, &payload).unwrap();
     let header = (name.to_owned(), value.to_str().unwrap().to_owned());
     let paid = http.get(url).header(name, value).send().await.unwrap();

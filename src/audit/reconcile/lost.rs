@@ -2,6 +2,9 @@
 //! (see the parent module's rules), each recorded in one transaction with its receipt.
 
 use super::*;
+use crate::recovery::Proof;
+use crate::solana::SolanaRpcs;
+use crate::x402::svm::{SignedSvmTransfer, SvmRpc};
 
 #[derive(Debug, QueryableByName)]
 struct LostRow {
@@ -56,7 +59,7 @@ fn eligible(row: &PaymentRow) -> Option<Vec<RecoveryStep>> {
 /// The second pass: tries to get back the lost answers it may, within the run's bounds.
 pub(super) async fn recover_lost(
     conn: &mut AsyncPgConnection,
-    chain: &Chain,
+    (chain, solana): (&Chain, Option<&SolanaRpcs>),
     r: &Recovering<'_>,
     report: &mut Report,
 ) -> QueryResult<()> {
@@ -95,7 +98,13 @@ pub(super) async fn recover_lost(
                 continue;
             };
             let deadline = run_deadline.min(Instant::now() + PER_PAYMENT);
-            let attempt = recovery::recover(r.upstream, chain, &row, deadline).await;
+            let attempt = match solana_proof(solana, &row) {
+                Ok(Some((rpc, transfer))) => {
+                    recovery::recover(r.upstream, Proof::Svm(rpc, &transfer), &row, deadline).await
+                }
+                Ok(None) => recovery::recover(r.upstream, Proof::Evm(chain), &row, deadline).await,
+                Err(why) => recovery::Recovery::skipped(why),
+            };
             report.resends += u64::from(attempt.sends);
             let kind = attempt.kind();
             let mut log = earlier;
@@ -125,6 +134,22 @@ pub(super) async fn recover_lost(
     }
 }
 
+/// The Solana endpoint and stored transfer that prove a re-sent answer of a Solana `row`
+/// (`Ok(None)`: an EVM row, proven by the EVM chain).
+fn solana_proof<'a>(
+    solana: Option<&'a SolanaRpcs>,
+    row: &PaymentRow,
+) -> Result<Option<(&'a SvmRpc, SignedSvmTransfer)>, &'static str> {
+    if !crate::solana::is_solana_network(&row.network) {
+        return Ok(None);
+    }
+    let rpc = solana.and_then(|s| s.of(&row.network)).ok_or("no RPC URL for the payment's Solana network")?;
+    let transfer =
+        crate::relay::view::decode_svm_transfer(&row.signed_authorization, (&row.network, &row.asset, &row.payer))
+            .map_err(|_| "the stored Solana transfer is unreadable")?;
+    Ok(Some((rpc, transfer)))
+}
+
 /// Why a recovery could not be recorded.
 #[derive(Debug, thiserror::Error)]
 enum RecordError {
@@ -147,9 +172,9 @@ async fn record(
     claimed: DateTime<Utc>,
     kind: RecoveryKind,
     note: &Value,
-    answer: Option<(UpstreamResponse, B256)>,
+    answer: Option<(UpstreamResponse, String)>,
 ) -> QueryResult<bool> {
-    let tx_hash = answer.as_ref().map(|(_, tx)| tx.to_string());
+    let tx_hash = answer.as_ref().map(|(_, tx)| tx.clone());
     let status = if answer.is_some() { Settled } else { SettledResponseLost };
     // Rendered before the transaction: the receipt is signed once.
     let rendered = match &answer {
@@ -201,8 +226,9 @@ fn render(
     tx_hash: Option<&str>,
 ) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), Unreadable> {
     use crate::idempotency::canonical;
-    let view = StoredIntent::decode(row).map_err(|e| Unreadable(e.to_string()))?;
-    let shown = view.view(Settled, tx_hash).recovery(Some(kind));
+    let shown = crate::relay::view::stored_view(row, Settled, tx_hash)
+        .map_err(|e| Unreadable(e.to_string()))?
+        .recovery(Some(kind));
     let receipt_id = Uuid::new_v4();
     let (outcome, http_status, body) = crate::relay::outcome::answered(resp, Some(&shown), receipt_id);
     let draft = crate::receipts::Draft {

@@ -81,7 +81,7 @@ use crate::money::Amount;
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
-use crate::relay::view::{StoredIntent, decode_authorization};
+use crate::relay::view::decode_authorization;
 use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::{Chain, Network, SignedPayment};
 
@@ -375,7 +375,7 @@ pub async fn run(
     decide_all(conn, chain, settings, &mut report).await?;
     prove_charges(conn, chain, &mut report).await?;
     if let Some(r) = recovering {
-        lost::recover_lost(conn, chain, r, &mut report).await?;
+        lost::recover_lost(conn, (chain, settings.solana.as_deref()), r, &mut report).await?;
     }
     Ok(report)
 }

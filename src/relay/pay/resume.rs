@@ -79,7 +79,7 @@ async fn paid_before(
     // Paid, and the answer was lost: try to get it back without paying again
     // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
     let recovery = if state.config.recover_lost_answers {
-        crate::recovery::recover(&state.upstream, &state.chain, intent, deadline).await
+        crate::recovery::recover(&state.upstream, crate::recovery::Proof::Evm(&state.chain), intent, deadline).await
     } else {
         crate::recovery::Recovery::skipped("recovery is disabled (RECOVER_LOST_ANSWERS=false)")
     };

@@ -8,6 +8,7 @@
 //! never move money).
 
 pub mod network;
+pub mod record;
 pub mod rpc;
 pub mod terms;
 pub mod transfer;
@@ -15,6 +16,7 @@ pub mod transfer;
 use solana_address::Address;
 
 pub use network::{SvmNetwork, SvmNetworkError};
+pub use record::{ASSOCIATED_TOKEN_PROGRAM, COMPUTE_BUDGET_PROGRAM, MEMO_PROGRAM, TOKEN_2022_PROGRAM, TOKEN_PROGRAM};
 pub use rpc::{SvmRpc, SvmRpcError, TransferState};
 pub use terms::{SvmTerms, TermsError, payment_payload};
 pub use transfer::{
@@ -24,14 +26,3 @@ pub use transfer::{
 
 /// A Solana address (public key).
 pub type SvmAddress = Address;
-
-/// The SPL Token program.
-pub const TOKEN_PROGRAM: Address = Address::from_str_const("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA");
-/// The SPL Token-2022 program.
-pub const TOKEN_2022_PROGRAM: Address = Address::from_str_const("TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb");
-/// The associated token account program.
-pub const ASSOCIATED_TOKEN_PROGRAM: Address = Address::from_str_const("ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL");
-/// The compute-budget program.
-pub const COMPUTE_BUDGET_PROGRAM: Address = Address::from_str_const("ComputeBudget111111111111111111111111111111");
-/// The SPL Memo program (v2).
-pub const MEMO_PROGRAM: Address = Address::from_str_const("MemoSq4gqABAXKb96qnH8TysNcWxMyWCqXgDLGmfcHr");

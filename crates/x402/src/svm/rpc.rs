@@ -26,8 +26,7 @@ use solana_address::Address;
 use solana_hash::Hash;
 
 use super::network::SvmNetwork;
-use super::transfer::{Blockhash, Mint, SignedSvmTransfer};
-use super::{TOKEN_2022_PROGRAM, TOKEN_PROGRAM};
+use super::record::{Blockhash, Mint, SignedSvmTransfer, TOKEN_2022_PROGRAM, TOKEN_PROGRAM};
 
 /// The largest JSON-RPC answer read.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;

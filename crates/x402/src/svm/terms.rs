@@ -145,10 +145,23 @@ impl SvmTerms {
 }
 
 /// The JSON payment payload of the paid retry for `terms` ([`crate::wire::payment_message`]),
-/// its scheme payload `{transaction}` (the base64 transaction of [`super::SignedSvmTransfer`]).
-pub fn payment_payload(terms: &SvmTerms, resource: Option<&Value>, transaction: &str) -> Value {
+/// its scheme payload `{transaction}` (the base64 transaction of [`super::SignedSvmTransfer`]);
+/// v2 `extensions` echoed when given (e.g. `payment-identifier`).
+pub fn payment_payload(
+    terms: &SvmTerms,
+    resource: Option<&Value>,
+    transaction: &str,
+    extensions: Option<&Value>,
+) -> Value {
     let payload = serde_json::json!({ "transaction": transaction });
-    crate::wire::payment_message(terms.version, &terms.raw, ("exact", &terms.network_raw), resource, payload, None)
+    crate::wire::payment_message(
+        terms.version,
+        &terms.raw,
+        ("exact", &terms.network_raw),
+        resource,
+        payload,
+        extensions,
+    )
 }
 
 fn str_field<'a>(obj: &'a Map<String, Value>, name: &'static str) -> Result<&'a str, TermsError> {

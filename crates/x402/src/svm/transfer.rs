@@ -15,10 +15,7 @@ use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use solana_address::Address;
-use solana_hash::Hash;
 use solana_instruction::{AccountMeta, Instruction};
 use solana_keypair::Keypair;
 use solana_message::VersionedMessage;
@@ -27,8 +24,11 @@ use solana_signature::Signature;
 use solana_signer::Signer;
 use solana_transaction::versioned::VersionedTransaction;
 
+use super::record::{
+    ASSOCIATED_TOKEN_PROGRAM, COMPUTE_BUDGET_PROGRAM, MEMO_PROGRAM, TOKEN_2022_PROGRAM, TOKEN_PROGRAM,
+};
+pub use super::record::{Blockhash, Mint, SignedSvmTransfer};
 use super::terms::SvmTerms;
-use super::{ASSOCIATED_TOKEN_PROGRAM, COMPUTE_BUDGET_PROGRAM, MEMO_PROGRAM, TOKEN_2022_PROGRAM, TOKEN_PROGRAM};
 
 /// The highest compute-unit price the router ever sets (micro-lamports), the official
 /// facilitator's own limit: a higher one would be refused anyway.
@@ -110,24 +110,6 @@ impl fmt::Debug for SvmSigner {
     }
 }
 
-/// An SPL mint as the chain describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mint {
-    pub address: Address,
-    /// The program that owns the mint account: SPL Token or Token-2022.
-    pub token_program: Address,
-    pub decimals: u8,
-}
-
-/// A recent blockhash and the last block height at which a transaction using it can land.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blockhash {
-    pub hash: Hash,
-    pub last_valid_block_height: u64,
-    /// The slot at which the chain answered it: a transaction signed afterwards lands later.
-    pub context_slot: u64,
-}
-
 /// The compute budget the router sets on its transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ComputeBudget {
@@ -146,49 +128,6 @@ impl Default for ComputeBudget {
 /// The associated token account of `owner` for `mint` under `token_program`.
 pub fn associated_token_address(owner: &Address, mint: &Address, token_program: &Address) -> Address {
     Address::find_program_address(&[owner.as_ref(), token_program.as_ref(), mint.as_ref()], &ASSOCIATED_TOKEN_PROGRAM).0
-}
-
-/// A payment transaction signed by the payer, and what it does: the record the ledger keeps.
-/// Its signature is the transaction's id on chain; it can land at most once, and not after
-/// the block height `last_valid_block_height`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SignedSvmTransfer {
-    /// CAIP-2 id.
-    pub network: String,
-    pub mint: String,
-    pub token_program: String,
-    pub decimals: u8,
-    pub payer: String,
-    pub pay_to: String,
-    /// The destination token account (`payTo`'s associated token account).
-    pub destination: String,
-    /// Atomic units, decimal.
-    pub amount: String,
-    pub fee_payer: String,
-    pub memo: String,
-    pub compute_unit_limit: u32,
-    pub compute_unit_price: String,
-    pub blockhash: String,
-    pub last_valid_block_height: u64,
-    /// The slot at which the blockhash was read: the transaction cannot land before it.
-    pub min_slot: u64,
-    /// The payer's signature (base58). The transaction's id on chain is its first signature,
-    /// the fee payer's, known only once the facilitator signs: the chain is searched for this one.
-    pub signature: String,
-    /// The partially signed transaction, base64 (the scheme payload's `transaction`).
-    pub transaction: String,
-}
-
-impl SignedSvmTransfer {
-    /// The scheme payload of the paid retry: `{"transaction": <base64>}`.
-    pub fn payload_json(&self) -> Value {
-        json!({ "transaction": self.transaction })
-    }
-    /// True when the chain at `block_height` can no longer include it.
-    pub fn expired_at(&self, block_height: u64) -> bool {
-        block_height > self.last_valid_block_height
-    }
 }
 
 /// Builds and signs the payment of `terms`: see the module's rules.
@@ -306,6 +245,8 @@ fn instructions(
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    use solana_hash::Hash;
 
     use super::*;
     use crate::wire::X402Version;

@@ -19,7 +19,7 @@ mod resume;
 use std::time::Instant;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
 pub(super) use self::resume::resume;
@@ -31,7 +31,8 @@ use crate::faults::{self, Point};
 use crate::idempotency::Ownership;
 use crate::money::Amount;
 use crate::payments::store::{self, PaymentRow};
-use crate::payments::{Final, PaymentStatus, limits};
+use crate::payments::{Final, PaymentStatus, RecoveryNote, limits};
+use crate::recovery::{Ending, Proof};
 use crate::relay::request::RouteCall;
 use crate::relay::view::{PaymentView, StoredSvmIntent};
 use crate::relay::{Error, Failure, Outcome, PaymentNote, remaining};
@@ -57,7 +58,7 @@ struct SvmAttempt {
 
 impl SvmAttempt {
     fn note(&self, status: PaymentStatus, tx: Option<String>, error: Option<String>) -> PaymentNote {
-        note(self.id, (self.version, &self.signed, &self.nonce), status, tx, error)
+        note(self.id, (self.version, &self.signed, &self.nonce), (status, tx), error, None)
     }
 }
 
@@ -65,12 +66,45 @@ impl SvmAttempt {
 fn note(
     id: Uuid,
     (version, signed, nonce): (X402Version, &SignedSvmTransfer, &str),
-    status: PaymentStatus,
-    tx: Option<String>,
+    (status, tx): (PaymentStatus, Option<String>),
     error: Option<String>,
+    recovery: Option<RecoveryNote>,
 ) -> PaymentNote {
-    let shown = PaymentView::svm(version, signed, nonce, status, tx.as_deref());
-    PaymentNote { shown, ledger: Some(Final { id, status, tx_hash: tx, error, recovery: None }) }
+    let shown =
+        PaymentView::svm(version, signed, nonce, status, tx.as_deref()).recovery(recovery.as_ref().map(|r| r.kind));
+    PaymentNote { shown, ledger: Some(Final { id, status, tx_hash: tx, error, recovery }) }
+}
+
+/// Asks the upstream of a settled Solana payment whose answer was lost for that answer again: a
+/// byte-identical re-send of the recorded request and payment (`crate::recovery`, which cannot
+/// sign), only to an upstream that advertised `payment-identifier`. `Ok`: the original answer,
+/// its claimed transaction proven to carry the payment; `Err`: what was tried (None: nothing).
+async fn recover_answer(
+    state: &AppState,
+    intent: &PaymentRow,
+    rpc: &SvmRpc,
+    signed: &SignedSvmTransfer,
+    deadline: Instant,
+) -> Result<(UpstreamResponse, String, RecoveryNote), Option<RecoveryNote>> {
+    if !state.config.recover_lost_answers || !crate::recovery::can_resend(intent) {
+        return Err(None);
+    }
+    let recovery = crate::recovery::recover(&state.upstream, Proof::Svm(rpc, signed), intent, deadline).await;
+    let kind = recovery.kind();
+    state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
+    let note = RecoveryNote { kind, log: recovery.log };
+    match recovery.ending {
+        Ending::Recovered { resp, tx_hash } => {
+            state.metrics.payments.with_label_values(&["recovered"]).inc();
+            tracing::info!(
+                upstream.status = resp.status,
+                sends = recovery.sends,
+                "the answer to a settled Solana payment, lost, was recovered by a byte-identical re-send"
+            );
+            Ok((resp, tx_hash, note))
+        }
+        Ending::Lost => Err(Some(note)),
+    }
 }
 
 /// The 402's Solana options: its entries that read as SVM `exact` terms, with the entry as sent.
@@ -108,13 +142,18 @@ pub(super) async fn pay(
         return Err(Error::invariant("a configured Solana network without an endpoint"));
     };
     let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
-    let resource = required.resource.as_ref();
-    let attempt = match sign(solana, rpc, terms, resource, nonce.to_string()).await? {
+    // `{version, resource, extensions}` (payment-identifier echoed with our own id when
+    // advertised, so that a lost answer can be asked for again): what the payload is built from.
+    let context = super::sign::context_of(state, own, required)?;
+    let attempt = match sign(solana, rpc, terms, &context, nonce.to_string()).await? {
         Ok(attempt) => attempt,
         Err(stop) => return Ok(stop.outcome(state, first)),
     };
-    let context = json!({ "version": required.version.number(), "resource": required.resource, "extensions": null });
-    if let Some(refusal) = reserve(state, own, call, (terms, raw), &context, &attempt).await? {
+    let advertised = match required.extensions.as_ref() {
+        Some(e) => Some(serde_json::to_vec(e).map_err(|e| Error::Internal(e.into()))?),
+        None => None,
+    };
+    if let Some(refusal) = reserve(state, own, call, (terms, raw), (&context, advertised.as_deref()), &attempt).await? {
         return refused(state, refusal, Some(first), accepts());
     }
     tracing::info!(agent_id = %own.agent_id, payment.network = %attempt.signed.network, payment.amount = %attempt.signed.amount,
@@ -190,7 +229,7 @@ async fn sign(
     solana: &Solana,
     rpc: &SvmRpc,
     terms: &SvmTerms,
-    resource: Option<&Value>,
+    context: &Value,
     nonce: String,
 ) -> Result<Result<SvmAttempt, Stop>, Error> {
     let mint = terms.mint();
@@ -228,7 +267,7 @@ async fn sign(
             return Ok(Err(Stop::new("sign_failed", Code::PaymentNotMade, format!("cannot sign the payment: {e}"))));
         }
     };
-    Ok(match header(terms, resource, &signed) {
+    Ok(match header(terms, context, &signed) {
         Ok(header) => Ok(SvmAttempt { id: Uuid::new_v4(), version: terms.version(), nonce, signed, header }),
         Err(msg) => Err(Stop::new("sign_failed", Code::PaymentNotMade, msg.0)),
     })
@@ -244,10 +283,12 @@ fn in_unit(state: &AppState, solana: &Solana, decimals: Option<u8>) -> bool {
 /// The payment header of `signed`.
 fn header(
     terms: &SvmTerms,
-    resource: Option<&Value>,
+    context: &Value,
     signed: &SignedSvmTransfer,
 ) -> Result<(HeaderName, HeaderValue), super::PayError> {
-    let payload = x402::svm::payment_payload(terms, resource, &signed.transaction);
+    let resource = context.get("resource").filter(|v| !v.is_null());
+    let extensions = context.get("extensions").filter(|v| !v.is_null());
+    let payload = x402::svm::payment_payload(terms, resource, &signed.transaction, extensions);
     let (name, value) = x402::wire::encode_payment_header(terms.version(), &payload)
         .map_err(|e| format!("cannot encode the payment: {e}"))?;
     let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("bad payment header name: {e}"))?;
@@ -261,7 +302,7 @@ async fn reserve(
     own: &Ownership,
     call: &RouteCall,
     (terms, raw): (&SvmTerms, &Value),
-    context: &Value,
+    (context, advertised): (&Value, Option<&[u8]>),
     attempt: &SvmAttempt,
 ) -> Result<Option<limits::Refusal>, Error> {
     let signed = &attempt.signed;
@@ -291,7 +332,7 @@ async fn reserve(
         header_name: attempt.header.0.as_str(),
         header_value,
         request: &sent,
-        advertised_extensions: None,
+        advertised_extensions: advertised,
     };
     faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
     let mut conn = crate::relay::error::conn(&state.pool).await?;
@@ -309,7 +350,7 @@ async fn exchange(
 ) -> Result<Outcome, Error> {
     let sent = super::exchange::send(state, own, call, &attempt.header, deadline).await?;
     Ok(match sent {
-        Err(e) => lost_answer(state, rpc, attempt, &e).await,
+        Err(e) => lost_answer(state, own, rpc, attempt, &e, deadline).await,
         Ok(resp) if resp.status == 402 => refused_after_paying(state, rpc, attempt, resp).await,
         Ok(resp) => answered(state, own, rpc, attempt, resp, deadline).await,
     })
@@ -412,11 +453,39 @@ async fn refused_after_paying(state: &AppState, rpc: &SvmRpc, attempt: &SvmAttem
 }
 
 /// No answer to the paid request: the chain says whether money moved.
-async fn lost_answer(state: &AppState, rpc: &SvmRpc, attempt: &SvmAttempt, e: &UpstreamError) -> Outcome {
+async fn lost_answer(
+    state: &AppState,
+    own: &Ownership,
+    rpc: &SvmRpc,
+    attempt: &SvmAttempt,
+    e: &UpstreamError,
+    deadline: Instant,
+) -> Outcome {
     let (status, tx) = match rpc.transfer_state(&attempt.signed).await {
         Ok(TransferState::Settled { tx_id, .. }) => (PaymentStatus::SettledResponseLost, Some(tx_id)),
         _ => (PaymentStatus::Unknown, None),
     };
+    let mut recorded = None;
+    // Paid and the answer lost: while the route deadline allows, ask for it again.
+    if status == PaymentStatus::SettledResponseLost && remaining(deadline) >= super::MIN_RECOVERY_TIME {
+        let intent = match crate::relay::error::conn(&state.pool).await {
+            Ok(mut conn) => {
+                store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await.ok().flatten()
+            }
+            Err(_) => None,
+        };
+        if let Some(intent) = intent {
+            match recover_answer(state, &intent, rpc, &attempt.signed, deadline).await {
+                Ok((resp, tx_hash, recovery)) => {
+                    count(state, &attempt.signed, PaymentStatus::Settled);
+                    let ids = (attempt.version, &attempt.signed, attempt.nonce.as_str());
+                    let payment = note(attempt.id, ids, (PaymentStatus::Settled, Some(tx_hash)), None, Some(recovery));
+                    return Outcome::Answered { resp, payment: Some(payment) };
+                }
+                Err(tried) => recorded = tried,
+            }
+        }
+    }
     count(state, &attempt.signed, status);
     let (code, msg) = if status == PaymentStatus::SettledResponseLost {
         (Code::SettledResponseLost, format!("{e}; the payment settled on-chain but the response was lost"))
@@ -425,7 +494,8 @@ async fn lost_answer(state: &AppState, rpc: &SvmRpc, attempt: &SvmAttempt, e: &U
             format!("{e}; the payment was not seen on-chain (its transaction can land until its blockhash expires)");
         (Code::PaymentUnknown, msg)
     };
-    let payment = attempt.note(status, tx, Some(e.to_string()));
+    let ids = (attempt.version, &attempt.signed, attempt.nonce.as_str());
+    let payment = note(attempt.id, ids, (status, tx), Some(e.to_string()), recorded);
     Outcome::Failed(Failure::new(code, msg).timeout(matches!(e, UpstreamError::Timeout)).payment(Some(payment)))
 }
 

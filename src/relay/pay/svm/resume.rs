@@ -7,7 +7,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{SvmAttempt, WINDOW_BOUND_SECS, count, exchange, in_unit, note, sign};
+use super::{SvmAttempt, WINDOW_BOUND_SECS, count, exchange, in_unit, note, recover_answer, sign};
 use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::faults::{self, Point};
@@ -65,27 +65,7 @@ pub(crate) async fn resume(
     };
     match fate {
         TransferState::Settled { tx_id, .. } => {
-            let shown = PaymentView::svm(version, &signed, &intent.nonce, PaymentStatus::Settled, Some(&tx_id));
-            if mode == Resume::KeyReused {
-                state.metrics.payments.with_label_values(&["already_paid"]).inc();
-                let previous_receipt = {
-                    let mut conn = crate::relay::error::conn(&state.pool).await?;
-                    crate::receipts::store::latest_for_request(
-                        &mut conn,
-                        own.agent_id,
-                        own.key.as_str(),
-                        &own.request_hash,
-                    )
-                    .await?
-                };
-                return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown.clone() });
-            }
-            let status = PaymentStatus::SettledResponseLost;
-            count(state, &signed, status);
-            tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on Solana: settled, response lost");
-            let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
-            let payment = note(intent.id, (version, &signed, &intent.nonce), status, Some(tx_id), None);
-            Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(Some(payment))))
+            paid_before(state, own, (&intent, rpc), (version, signed), tx_id, (deadline, mode)).await
         }
         TransferState::Failed { finalized: false, .. } => Err(Error::PaymentNetworkUnavailable(
             "an earlier Solana transaction of this call failed and is not final yet; nothing was signed; retry later",
@@ -105,6 +85,45 @@ pub(crate) async fn resume(
     }
 }
 
+/// The recorded transaction landed: never pay again. A reused key points at the earlier
+/// receipt; a takeover asks for the lost answer again (payment-identifier), else it is
+/// settled, response lost.
+async fn paid_before(
+    state: &AppState,
+    own: &Ownership,
+    (intent, rpc): (&PaymentRow, &SvmRpc),
+    (version, signed): (X402Version, SignedSvmTransfer),
+    tx_id: String,
+    (deadline, mode): (Instant, Resume),
+) -> Result<Outcome, Error> {
+    let shown = PaymentView::svm(version, &signed, &intent.nonce, PaymentStatus::Settled, Some(&tx_id));
+    if mode == Resume::KeyReused {
+        state.metrics.payments.with_label_values(&["already_paid"]).inc();
+        let previous_receipt = {
+            let mut conn = crate::relay::error::conn(&state.pool).await?;
+            crate::receipts::store::latest_for_request(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash)
+                .await?
+        };
+        return Ok(Outcome::AlreadyPaid { previous_receipt, payment: shown });
+    }
+    // Paid, and the answer was lost: try to get it back without paying again.
+    let ids = (version, &signed, intent.nonce.as_str());
+    let tried = match recover_answer(state, intent, rpc, &signed, deadline).await {
+        Ok((resp, tx_hash, recovery)) => {
+            count(state, &signed, PaymentStatus::Settled);
+            let payment = note(intent.id, ids, (PaymentStatus::Settled, Some(tx_hash)), None, Some(recovery));
+            return Ok(Outcome::Answered { resp, payment: Some(payment) });
+        }
+        Err(tried) => tried,
+    };
+    let status = PaymentStatus::SettledResponseLost;
+    count(state, &signed, status);
+    tracing::warn!(agent_id = %own.agent_id, "resumed key was already paid on Solana: settled, response lost");
+    let msg = "payment settled on-chain but the upstream's response was lost; the router will not pay again";
+    let payment = note(intent.id, ids, (status, Some(tx_id)), None, tried);
+    Ok(Outcome::Failed(Failure::new(Code::SettledResponseLost, msg).payment(Some(payment))))
+}
+
 /// The recorded transaction can never land: sign the same terms again (new blockhash, same
 /// nonce and memo), record it over the old one, and send it.
 async fn sign_again(
@@ -120,8 +139,7 @@ async fn sign_again(
     let (raw, context) = stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
     let terms = SvmTerms::from_json(version, &raw)
         .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
-    let resource = context.get("resource").filter(|v| !v.is_null());
-    let attempt = match sign(solana, rpc, &terms, resource, intent.nonce.clone()).await? {
+    let attempt = match sign(solana, rpc, &terms, &context, intent.nonce.clone()).await? {
         Ok(a) => SvmAttempt { id: intent.id, ..a },
         Err(stop) => return Err(Error::Unavailable(stop_reason(&stop))),
     };
