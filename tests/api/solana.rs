@@ -464,3 +464,30 @@ async fn a_takeover_of_a_settled_solana_payment_gets_its_answer_back_or_pays_not
     }
     assert_eq!(rig.stats().await["settled"], 2);
 }
+
+/// A Solana answer lost with recovery off in the call (`RECOVER_LOST_ANSWERS=false`) is
+/// `settled_response_lost`; `reconcile` then gets the original answer back, once.
+#[actix_web::test]
+async fn reconcile_recovers_a_lost_solana_answer() {
+    let rig = SolanaRig::start(&[]).await;
+    let mut extra = rig.router_extra();
+    extra.push(("recover-lost-answers".into(), "false".into()));
+    let app = spawn_app_with(AppOptions { upstream_timeout_ms: 1500, extra, ..Default::default() }).await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/pid?slow=3")).await;
+    assert_eq!((status, env["code"].as_str()), (504, Some("settled_response_lost")), "{env}");
+    let out = router_command()
+        .args(["reconcile", "--older-than-secs", "0", "--upstream-allow-private", "true"])
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("{}={}", rig.chain.field("network"), rig.chain.field("rpc_url")))
+        .env("ROUTER_PRIVATE_KEY", ROUTER_KEY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["recovered"], 1, "{report}");
+    let recovered =
+        "SELECT count(*) AS n FROM payments WHERE status = 'settled' AND recovery->>'outcome' = 'recovered'";
+    assert_eq!(ledger(&app, recovered).await, 1);
+    assert_eq!(rig.stats().await["settled"], 1);
+}
