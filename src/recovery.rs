@@ -11,7 +11,8 @@
 //!   `PAYMENT-RESPONSE.transaction` is the transaction the chain shows using this nonce is
 //!   the original answer (`recovered`); 503 is retried a bounded number of times, honouring
 //!   `Retry-After` (the original is still in flight upstream), and so is a transport error
-//!   (after a second); 409, 402 or anything else stop.
+//!   or an answer the chain could not be read to check (after a second); 409, 402 or anything
+//!   else stop.
 //! - otherwise nothing is sent: settled, response lost.
 //!
 //! When this recovers nothing, `relay` may still re-access the resource by signing in as
@@ -202,25 +203,38 @@ fn prepare(
 /// The transaction the chain shows settling this payment, when it is the one the answer
 /// claims: EIP-3009's event or (Permit2) the proxy call of these terms; on Solana, a landed,
 /// successful transaction carrying the payer's signature.
-async fn proven(proof: Proof<'_>, row: &PaymentRow, claim: Option<&SettlementResponse>) -> Option<String> {
-    let claim = claim?;
+///
+/// # Errors
+/// The chain could not be read: nothing is decided (the answer may well be the original).
+async fn proven(
+    proof: Proof<'_>,
+    row: &PaymentRow,
+    claim: Option<&SettlementResponse>,
+) -> Result<Option<String>, ChainUnread> {
+    let Some(claim) = claim else { return Ok(None) };
     match proof {
         Proof::Evm(chain) => {
-            let (network, asset, payer, nonce) = coordinates(row).ok()?;
-            let c = claim.tx_hash?;
-            let found = match Permit2Terms::from_record(&row.signed_authorization) {
-                Some(terms) => chain.permit2_settlement(&terms, Some(c)).await.ok().flatten().map(|s| s.tx_hash),
-                None => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await.ok().flatten(),
+            let (Ok((network, asset, payer, nonce)), Some(c)) = (coordinates(row), claim.tx_hash) else {
+                return Ok(None);
             };
-            found.filter(|p| *p == c).map(|p| p.to_string())
+            let found = match Permit2Terms::from_record(&row.signed_authorization) {
+                Some(terms) => chain.permit2_settlement(&terms, Some(c)).await.map(|s| s.map(|s| s.tx_hash)),
+                None => chain.authorization_tx(network, asset, payer, nonce, Some(c)).await,
+            };
+            let found = found.map_err(|e| ChainUnread(e.to_string()))?;
+            Ok(found.filter(|p| *p == c).map(|p| p.to_string()))
         }
         Proof::Svm(rpc, transfer) => {
-            let c = claim.transaction.as_deref()?;
-            let landed = rpc.landed_as(transfer, c).await.ok().flatten()?;
-            (landed.error.is_none() && landed.tx_id == c).then_some(landed.tx_id)
+            let Some(c) = claim.transaction.as_deref() else { return Ok(None) };
+            let landed = rpc.landed_as(transfer, c).await.map_err(|e| ChainUnread(e.to_string()))?;
+            Ok(landed.filter(|l| l.error.is_none() && l.tx_id == c).map(|l| l.tx_id))
         }
     }
 }
+
+/// The chain could not be read to prove an answer (an RPC error or stall).
+#[derive(Debug)]
+struct ChainUnread(String);
 
 /// Tries to get back the answer of the paid request recorded in `row`, whose nonce the chain
 /// shows used, by re-sending it byte for byte, within `deadline`. Sends nothing unless
@@ -262,13 +276,24 @@ pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentR
                 let claim = parse_settlement(&resp.headers).ok().flatten();
                 let claimed = claim.as_ref().and_then(|c| c.transaction.clone());
                 match proven(proof, row, claim.as_ref()).await {
-                    Some(p) => {
+                    Ok(Some(p)) => {
                         entry.result = Some("recovered".into());
                         entry.transaction = Some(p.clone());
                         log.push(RecoveryStep::Resend(entry));
                         return Recovery { ending: Ending::Recovered { resp, tx_hash: p }, log, sends };
                     }
-                    None => {
+                    // Nothing decided: the re-send is byte-identical and answered from the
+                    // upstream's cache, so it is asked again (within the bounds) and, if the
+                    // chain stays unreadable, left worth retrying for `reconcile`.
+                    Err(ChainUnread(e)) => {
+                        entry.result = Some("the chain could not be read to check the answer; retrying".into());
+                        entry.error = Some(format!("chain unreadable: {e}"));
+                        entry.claimed_transaction = claimed;
+                        log.push(RecoveryStep::Resend(entry));
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        tokio::time::sleep(TRANSPORT_RETRY.min(left)).await;
+                    }
+                    Ok(None) => {
                         entry.result = Some(
                             "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment"
                                 .into(),
@@ -305,7 +330,8 @@ pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentR
 
 /// Whether a recovery that ended lost with `log` may be worth trying again later: it was cut
 /// short while the upstream might still answer (its last attempt was a 503 "still in
-/// flight", a transport error, or the deadline). A refusal (409, 402), a wrong or
+/// flight", a transport error, an answer the chain could not be read to check, or the
+/// deadline). A refusal (409, 402), a wrong or
 /// unexpected answer, or nothing to re-send are final.
 pub fn worth_retrying(log: &[RecoveryStep]) -> bool {
     match log.last() {

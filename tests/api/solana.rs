@@ -491,3 +491,85 @@ async fn reconcile_recovers_a_lost_solana_answer() {
     assert_eq!(ledger(&app, recovered).await, 1);
     assert_eq!(rig.stats().await["settled"], 1);
 }
+
+/// Mints: an offer in a mint the router is not configured for is declined, and a configured
+/// mint whose decimals the chain says differ from the setting is never signed for.
+#[actix_web::test]
+async fn unknown_mints_and_mints_the_chain_contradicts_are_never_paid() {
+    let rig = SolanaRig::start(&[]).await;
+    let before = rig.balances().await;
+    let network = rig.chain.field("network").to_owned();
+    let with_assets = |assets: String| {
+        let mut extra = rig.router_extra();
+        extra.retain(|(k, _)| k != "x402-assets");
+        extra.push(("x402-assets".into(), assets));
+        AppOptions { extra, ..Default::default() }
+    };
+    // Devnet's USDC is configured; the upstream asks for the chain's test mint.
+    let other = spawn_app_with(with_assets(format!("{network}=4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU@6"))).await;
+    let (status, env) = route(&other, &new_key(), &call(&rig, "/svm/v2/paid")).await;
+    assert_eq!((status, env["code"].as_str()), (402, Some("payment_unsupported")), "{env}");
+    // The test mint configured with 9 decimals: the chain says 6, nothing is signed.
+    let wrong = spawn_app_with(with_assets(format!("{network}={}@9", rig.chain.field("mint")))).await;
+    let (status, env) = route(&wrong, &new_key(), &call(&rig, "/svm/v2/paid")).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("payment_not_made")), "{env}");
+    assert!(env["error"].as_str().unwrap().contains("decimals"), "{env}");
+    for app in [&other, &wrong] {
+        assert_eq!(ledger(app, "SELECT count(*) AS n FROM payments").await, 0);
+    }
+    assert_eq!(rig.balances().await, before);
+    assert_eq!(rig.stats().await, json!({"settled": 0, "kept": 0, "refused": 0}));
+}
+
+/// Recovery never gives up on an answer because the chain could not be read to check it
+/// (chaos found it: an RPC stall made four re-sent original answers "not proven", for good):
+/// it asks again while it may and leaves the payment worth retrying; with the chain readable
+/// the same re-send is the original answer.
+#[actix_web::test]
+async fn an_answer_the_chain_cannot_be_read_to_check_is_retried_not_refused() {
+    use diesel::{QueryDsl, SelectableHelper};
+    use diesel_async::RunQueryDsl;
+    use x402_router::payments::store::PaymentRow;
+    use x402_router::recovery::{self, Ending, Proof};
+    use x402_router::x402::svm::{SvmNetwork, SvmRpc};
+    let rig = SolanaRig::start(&[]).await;
+    let app = solana_app(&rig).await;
+    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/pid")).await;
+    assert_eq!(status, 200, "{env}");
+    let row: PaymentRow = x402_router::db::schema::payments::table
+        .select(PaymentRow::as_select())
+        .first(&mut app.db.conn().await)
+        .await
+        .unwrap();
+    let transfer = x402_router::relay::view::decode_svm_transfer(
+        &row.signed_authorization,
+        (&row.network, &row.asset, &row.payer),
+    )
+    .unwrap();
+    let upstream = x402_router::upstream::UpstreamClient::new(&x402_router::config::UpstreamConfig {
+        allow_private: true,
+        allow_cidrs: vec![],
+        connect_timeout: Duration::from_secs(2),
+        timeout: Duration::from_secs(5),
+        max_response_bytes: 1 << 20,
+    })
+    .unwrap();
+    let network = SvmNetwork::parse(rig.chain.field("network")).unwrap();
+    let nobody = format!("http://127.0.0.1:{}", free_port()).parse().unwrap();
+    let unreadable = SvmRpc::new(network.clone(), nobody, Duration::from_millis(500)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let tried = recovery::recover(&upstream, Proof::Svm(&unreadable, &transfer), &row, deadline).await;
+    assert!(matches!(tried.ending, Ending::Lost), "{:?}", tried.log);
+    assert!(tried.sends >= 2, "asked again: {:?}", tried.log);
+    assert!(recovery::worth_retrying(&tried.log), "left for reconcile: {:?}", tried.log);
+    let readable = SvmRpc::new(network, rig.chain.field("rpc_url").parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    match recovery::recover(&upstream, Proof::Svm(&readable, &transfer), &row, deadline).await.ending {
+        Ending::Recovered { resp, tx_hash } => {
+            assert_eq!(resp.status, 200);
+            assert_eq!(Some(tx_hash), row.tx_hash);
+        }
+        Ending::Lost => panic!("the original answer was not recognised"),
+    }
+    assert_eq!(rig.stats().await["settled"], 1, "re-sends settle nothing");
+}
