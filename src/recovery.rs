@@ -273,35 +273,17 @@ pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentR
         let mut entry = Exchange { status: Some(resp.status), ..Exchange::at(&at) };
         match resp.status {
             200 => {
-                let claim = parse_settlement(&resp.headers).ok().flatten();
-                let claimed = claim.as_ref().and_then(|c| c.transaction.clone());
-                match proven(proof, row, claim.as_ref()).await {
-                    Ok(Some(p)) => {
-                        entry.result = Some("recovered".into());
-                        entry.transaction = Some(p.clone());
-                        log.push(RecoveryStep::Resend(entry));
+                let (entry, checked) = check_answer(proof, row, &resp, entry).await;
+                log.push(RecoveryStep::Resend(entry));
+                match checked {
+                    Checked::Original(p) => {
                         return Recovery { ending: Ending::Recovered { resp, tx_hash: p }, log, sends };
                     }
-                    // Nothing decided: the re-send is byte-identical and answered from the
-                    // upstream's cache, so it is asked again (within the bounds) and, if the
-                    // chain stays unreadable, left worth retrying for `reconcile`.
-                    Err(ChainUnread(e)) => {
-                        entry.result = Some("the chain could not be read to check the answer; retrying".into());
-                        entry.error = Some(format!("chain unreadable: {e}"));
-                        entry.claimed_transaction = claimed;
-                        log.push(RecoveryStep::Resend(entry));
+                    Checked::Unread => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         tokio::time::sleep(TRANSPORT_RETRY.min(left)).await;
                     }
-                    Ok(None) => {
-                        entry.result = Some(
-                            "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment"
-                                .into(),
-                        );
-                        entry.claimed_transaction = claimed;
-                        log.push(RecoveryStep::Resend(entry));
-                        break;
-                    }
+                    Checked::NotOriginal => break,
                 }
             }
             503 => {
@@ -326,6 +308,49 @@ pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentR
         }
     }
     lost(log, sends)
+}
+
+/// What the chain says of a re-sent 200.
+enum Checked {
+    /// The original answer: it names the transaction that settled the payment.
+    Original(String),
+    /// The chain could not be read: nothing decided. The re-send is byte-identical and answered
+    /// from the upstream's cache, so it is asked again (within the bounds) and, if the chain
+    /// stays unreadable, left worth retrying for `reconcile`.
+    Unread,
+    /// It does not name that transaction.
+    NotOriginal,
+}
+
+/// Checks a re-sent 200 against the chain; `entry` records the verdict.
+async fn check_answer(
+    proof: Proof<'_>,
+    row: &PaymentRow,
+    resp: &UpstreamResponse,
+    mut entry: Exchange,
+) -> (Exchange, Checked) {
+    let claim = parse_settlement(&resp.headers).ok().flatten();
+    let claimed = claim.as_ref().and_then(|c| c.transaction.clone());
+    let checked = match proven(proof, row, claim.as_ref()).await {
+        Ok(Some(p)) => {
+            entry.result = Some("recovered".into());
+            entry.transaction = Some(p.clone());
+            return (entry, Checked::Original(p));
+        }
+        Err(ChainUnread(e)) => {
+            entry.result = Some("the chain could not be read to check the answer; retrying".into());
+            entry.error = Some(format!("chain unreadable: {e}"));
+            Checked::Unread
+        }
+        Ok(None) => {
+            entry.result = Some(
+                "refused: the answer's PAYMENT-RESPONSE does not name the transaction that used this payment".into(),
+            );
+            Checked::NotOriginal
+        }
+    };
+    entry.claimed_transaction = claimed;
+    (entry, checked)
 }
 
 /// Whether a recovery that ended lost with `log` may be worth trying again later: it was cut

@@ -171,8 +171,10 @@ fn spell_float(f: f64, style: &mut Style) -> String {
     if f == 0.0 {
         return ["0", "-0", "0.0", "-0.0", "0e7", "0E-3"][style.pick(6)].to_owned();
     }
-    // Shortest round-trip digits and exponent: `d.ddde±x`.
-    let sci = format!("{f:e}");
+    // The digits JCS writes (ECMAScript's shortest round trip: in a rounding tie it may differ
+    // from Rust's `{:e}`, and the router accepts only a spelling of JCS's value), as `d.ddde±x`.
+    let jcs = serde_jcs::to_string(&f).unwrap();
+    let sci = scientific(&jcs);
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
     match style.pick(5) {
@@ -185,9 +187,22 @@ fn spell_float(f: f64, style: &mut Style) -> String {
             let point = exp - (digits.len() as i32 - 1);
             format!("{}{digits}e{point}", if neg { "-" } else { "" })
         }
-        3 => format!("{f}"),
+        3 => jcs,
         _ => sci,
     }
+}
+
+/// A JCS number literal as `[-]d[.ddd]e<exp>` with the same digits.
+fn scientific(literal: &str) -> String {
+    let (sign, rest) = literal.strip_prefix('-').map_or(("", literal), |r| ("-", r));
+    let (mantissa, exp) = rest.split_once(['e', 'E']).map_or((rest, 0), |(m, e)| (m, e.parse::<i32>().unwrap()));
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int_part}{frac_part}");
+    let leading = all.len() - all.trim_start_matches('0').len();
+    let digits = all.trim_start_matches('0').trim_end_matches('0');
+    let exp = exp + int_part.len() as i32 - 1 - leading as i32;
+    let mantissa = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits.to_owned() };
+    format!("{sign}{mantissa}e{exp}")
 }
 
 fn text(d: &Doc, seed: u64) -> String {
