@@ -65,6 +65,9 @@ impl SolanaRig {
             ("x402-rpc-urls".into(), format!("{network}={rpc_url}")),
             ("x402-assets".into(), format!("{network}={}@6", self.chain.field("mint"))),
             ("solana-private-key-file".into(), self.chain.key_file("payer").display().to_string()),
+            // Several of these tests run two routers at once beside other tests: a small pool
+            // keeps the suite under Postgres's 100 connections.
+            ("database-pool-size".into(), "6".into()),
         ]
     }
 
