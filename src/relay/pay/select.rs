@@ -75,16 +75,10 @@ pub(super) async fn still_allowed(
     agent_id: uuid::Uuid,
     requirement: &Requirement,
 ) -> Result<Option<(Code, String)>, Error> {
-    let spend = {
-        let mut conn = crate::relay::error::conn(&state.pool).await?;
-        store::agent_spend(&mut conn, agent_id, false).await?
+    let spend = match live_agent(state, agent_id).await? {
+        Ok(spend) => spend,
+        Err(why) => return Ok(Some(why)),
     };
-    let Some(spend) = spend else {
-        return Ok(Some((Code::PaymentNotMade, "the agent no longer exists".into())));
-    };
-    if spend.disabled {
-        return Ok(Some((Code::PaymentNotMade, "the agent is disabled".into())));
-    }
     let (network, asset) = (requirement.network(), requirement.asset());
     let unit_ok =
         state.supported.unit().is_some() && state.supported.decimals(network, asset) == state.supported.unit();
@@ -94,12 +88,37 @@ pub(super) async fn still_allowed(
             format!("asset {asset} on {network} is no longer configured for payments"),
         )));
     }
+    Ok(over_cap(&spend, requirement.amount()))
+}
+
+/// The agent's limits, when it still exists and is enabled; else why a recorded intent may no
+/// longer be sent for it.
+///
+/// # Errors
+/// [`Error`] when the agent cannot be read from the database.
+pub(super) async fn live_agent(
+    state: &AppState,
+    agent_id: uuid::Uuid,
+) -> Result<Result<store::Spend, Declined>, Error> {
+    let spend = {
+        let mut conn = crate::relay::error::conn(&state.pool).await?;
+        store::agent_spend(&mut conn, agent_id, false).await?
+    };
+    Ok(match spend {
+        None => Err((Code::PaymentNotMade, "the agent no longer exists".into())),
+        Some(spend) if spend.disabled => Err((Code::PaymentNotMade, "the agent is disabled".into())),
+        Some(spend) => Ok(spend),
+    })
+}
+
+/// Why `amount` may not be paid under the agent's current per-call cap, if it may not (an
+/// unreadable cap refuses).
+pub(super) fn over_cap(spend: &store::Spend, amount: crate::money::Amount) -> Option<(Code, String)> {
     match spend.cap() {
-        Err(_) => Ok(Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
-        Ok(Some(cap)) if requirement.amount() > cap => Ok(Some((
-            Code::PaymentOverBudget,
-            format!("the price {} exceeds the agent's per-call cap {cap}", requirement.amount()),
-        ))),
-        Ok(_) => Ok(None),
+        Err(_) => Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into())),
+        Ok(Some(cap)) if amount > cap => {
+            Some((Code::PaymentOverBudget, format!("the price {amount} exceeds the agent's per-call cap {cap}")))
+        }
+        Ok(_) => None,
     }
 }

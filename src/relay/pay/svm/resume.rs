@@ -189,16 +189,10 @@ async fn still_allowed(
     agent_id: Uuid,
     signed: &SignedSvmTransfer,
 ) -> Result<Option<(Code, String)>, Error> {
-    let spend = {
-        let mut conn = crate::relay::error::conn(&state.pool).await?;
-        store::agent_spend(&mut conn, agent_id, false).await?
+    let spend = match crate::relay::pay::select::live_agent(state, agent_id).await? {
+        Ok(spend) => spend,
+        Err(why) => return Ok(Some(why)),
     };
-    let Some(spend) = spend else {
-        return Ok(Some((Code::PaymentNotMade, "the agent no longer exists".into())));
-    };
-    if spend.disabled {
-        return Ok(Some((Code::PaymentNotMade, "the agent is disabled".into())));
-    }
     let configured = x402::svm::SvmNetwork::parse(&signed.network)
         .ok()
         .zip(signed.mint.parse().ok())
@@ -208,11 +202,5 @@ async fn still_allowed(
         return Ok(Some((Code::PaymentUnsupported, why)));
     }
     let amount = Amount::parse(&signed.amount).map_err(|e| Error::invariant(e.to_string()))?;
-    match spend.cap() {
-        Err(_) => Ok(Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
-        Ok(Some(cap)) if amount > cap => {
-            Ok(Some((Code::PaymentOverBudget, format!("the price {amount} exceeds the agent's per-call cap {cap}"))))
-        }
-        Ok(_) => Ok(None),
-    }
+    Ok(crate::relay::pay::select::over_cap(&spend, amount))
 }
