@@ -420,26 +420,37 @@ fn metrics_addr(raw: Option<&str>, bind: SocketAddr) -> Result<Option<SocketAddr
     })
 }
 
+/// A secret given inline or in a file, each named by its setting: the setting it came from and
+/// its text; `None` when neither is set.
+///
+/// # Errors
+/// Both set, or an unreadable file.
+pub(crate) fn secret_text(
+    (inline_env, inline): (&'static str, Option<&String>),
+    (file_env, file): (&'static str, Option<&String>),
+) -> Result<Option<(&'static str, String)>, ConfigError> {
+    match (inline, file) {
+        (Some(k), None) => Ok(Some((inline_env, k.clone()))),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map(|text| Some((file_env, text)))
+            .map_err(|e| ConfigError::new(file_env, format!("cannot read {path:?}: {e}"))),
+        (Some(_), Some(_)) => Err(ConfigError::new(inline_env, format!("set {inline_env} or {file_env}, not both"))),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The router's key from `ROUTER_PRIVATE_KEY` or `ROUTER_PRIVATE_KEY_FILE`; `None` when
 /// neither is set.
 ///
 /// # Errors
 /// Both set, an unreadable file, or a value that is not a key.
 pub fn load_signer(args: &KeyArgs) -> Result<Option<PrivateKeySigner>, ConfigError> {
-    let (env, raw) = match (&args.router_private_key, &args.router_private_key_file) {
-        (Some(k), None) => ("ROUTER_PRIVATE_KEY", k.clone()),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new("ROUTER_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
-            ("ROUTER_PRIVATE_KEY_FILE", text)
-        }
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::new(
-                "ROUTER_PRIVATE_KEY",
-                "set ROUTER_PRIVATE_KEY or ROUTER_PRIVATE_KEY_FILE, not both",
-            ));
-        }
-        (None, None) => return Ok(None),
+    let Some((env, raw)) = secret_text(
+        ("ROUTER_PRIVATE_KEY", args.router_private_key.as_ref()),
+        ("ROUTER_PRIVATE_KEY_FILE", args.router_private_key_file.as_ref()),
+    )?
+    else {
+        return Ok(None);
     };
     let hex = raw.trim();
     PrivateKeySigner::from_str(hex)

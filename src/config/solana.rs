@@ -122,20 +122,12 @@ fn pair<'a>(env: &'static str, item: &'a str) -> Result<(SvmNetwork, &'a str), C
 /// # Errors
 /// Both set, an unreadable file, or a value that is not a key (never quoted).
 pub fn load_signer(args: &SolanaArgs) -> Result<Option<SvmSigner>, ConfigError> {
-    let (env, raw) = match (&args.solana_private_key, &args.solana_private_key_file) {
-        (Some(k), None) => ("SOLANA_PRIVATE_KEY", k.clone()),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::new("SOLANA_PRIVATE_KEY_FILE", format!("cannot read {path:?}: {e}")))?;
-            ("SOLANA_PRIVATE_KEY_FILE", text)
-        }
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::new(
-                "SOLANA_PRIVATE_KEY",
-                "set SOLANA_PRIVATE_KEY or SOLANA_PRIVATE_KEY_FILE, not both",
-            ));
-        }
-        (None, None) => return Ok(None),
+    let Some((env, raw)) = super::secret_text(
+        ("SOLANA_PRIVATE_KEY", args.solana_private_key.as_ref()),
+        ("SOLANA_PRIVATE_KEY_FILE", args.solana_private_key_file.as_ref()),
+    )?
+    else {
+        return Ok(None);
     };
     SvmSigner::parse(&raw).map(Some).map_err(|why| ConfigError::new(env, why))
 }
