@@ -7,45 +7,16 @@
 //! left in flight, every replay equal to the key's final answer.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use x402_router_testkit::Deadline;
 use x402_router_testkit::wait::let_time_pass;
 
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
-use x402_router::faults::{Hook, Inject, Point};
+use x402_router::faults::Point;
 use x402_router::startup::Hooks;
 
 use crate::helpers::invariants::{self, Target};
 use crate::helpers::*;
-
-/// Once `target` is reached, every point blocks (the owner's call and its heartbeats) until
-/// thawed; an owner never thawed has crashed.
-struct Freezer {
-    reached: Arc<Notify>,
-    thaw: watch::Sender<bool>,
-}
-
-fn freeze_at(target: Point) -> (Hook, Freezer) {
-    let reached = Arc::new(Notify::new());
-    let (thaw, thawed) = watch::channel(false);
-    let frozen = Arc::new(AtomicBool::new(false));
-    let r = Arc::clone(&reached);
-    let hook: Hook = Arc::new(move |p| {
-        let (reached, mut thawed, frozen) = (Arc::clone(&r), thawed.clone(), Arc::clone(&frozen));
-        Box::pin(async move {
-            if p == target && !frozen.swap(true, Ordering::SeqCst) {
-                reached.notify_one();
-            }
-            if frozen.load(Ordering::SeqCst) {
-                let _ = thawed.wait_for(|t| *t).await;
-            }
-            Inject::Nothing
-        })
-    });
-    (hook, Freezer { reached, thaw })
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {

@@ -6,12 +6,10 @@
 //! can never land, and an RPC endpoint of another chain is never believed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
-use x402_router::faults::{Hook, Inject, Point};
+use x402_router::faults::Point;
 use x402_router::startup::Hooks;
 use x402_router_testkit::wait::let_time_pass;
 
@@ -244,28 +242,6 @@ async fn a_kept_transaction_settled_later_is_found_by_reconcile_and_lands_once()
     assert_eq!(remaining(&app).await, (100_000 - SVM_PRICE).to_string());
 }
 
-/// Once `target` is reached, every fault point blocks (the owner's call and its heartbeats)
-/// until thawed.
-fn freeze_at(target: Point) -> (Hook, Arc<Notify>, watch::Sender<bool>) {
-    let reached = Arc::new(Notify::new());
-    let (thaw, thawed) = watch::channel(false);
-    let frozen = Arc::new(AtomicBool::new(false));
-    let r = Arc::clone(&reached);
-    let hook: Hook = Arc::new(move |p| {
-        let (reached, mut thawed, frozen) = (Arc::clone(&r), thawed.clone(), Arc::clone(&frozen));
-        Box::pin(async move {
-            if p == target && !frozen.swap(true, Ordering::SeqCst) {
-                reached.notify_one();
-            }
-            if frozen.load(Ordering::SeqCst) {
-                let _ = thawed.wait_for(|t| *t).await;
-            }
-            Inject::Nothing
-        })
-    });
-    (hook, reached, thaw)
-}
-
 /// POSTs until the answer is final (not in flight, not 503).
 async fn until_final(app: &TestApp, agent: &Agent, key: &str, body: &Value) -> (u16, Value) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -296,14 +272,16 @@ async fn take_over_a_frozen_payment(expire: bool) {
         hooks,
         ..Default::default()
     };
-    let (hook, reached, thaw) = freeze_at(Point::PaymentLeaving);
+    let (hook, freezer) = freeze_at(Point::PaymentLeaving);
     let owner = spawn_app_on(Arc::clone(&db), options(Hooks { at: Some(hook), ..Default::default() })).await;
     let retrier = spawn_app_on(Arc::clone(&db), options(Hooks::default())).await;
     let (payer0, pay_to0) = rig.balances().await;
     let key = new_key();
     let body = call(&rig, "/svm/v2/paid");
     let first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
-    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner reached the point");
+    tokio::time::timeout(Duration::from_secs(30), freezer.reached.notified())
+        .await
+        .expect("the owner reached the point");
     let signature = "SELECT signed_authorization->>'signature' AS t FROM payments";
     let signed_first = count_text(&owner, signature).await;
     if expire {
@@ -317,7 +295,7 @@ async fn take_over_a_frozen_payment(expire: bool) {
     assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
     // The frozen owner wakes and sends what it held (the same transaction, or one whose
     // blockhash expired): the chain lands nothing more.
-    thaw.send_replace(true);
+    freezer.thaw.send_replace(true);
     let _ = tokio::time::timeout(Duration::from_secs(60), first).await.expect("the thawed owner answers");
     assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE));
     assert_eq!(rig.stats().await["settled"], 1);
@@ -441,14 +419,16 @@ async fn a_takeover_of_a_settled_solana_payment_gets_its_answer_back_or_pays_not
             hooks,
             ..Default::default()
         };
-        let (hook, reached, thaw) = freeze_at(Point::PaidAnswered);
+        let (hook, freezer) = freeze_at(Point::PaidAnswered);
         let owner = spawn_app_on(Arc::clone(&db), options(Hooks { at: Some(hook), ..Default::default() })).await;
         let retrier = spawn_app_on(Arc::clone(&db), options(Hooks::default())).await;
         let (payer0, pay_to0) = rig.balances().await;
         let key = new_key();
         let body = call(&rig, path);
         let first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
-        tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the owner reached the point");
+        tokio::time::timeout(Duration::from_secs(30), freezer.reached.notified())
+            .await
+            .expect("the owner reached the point");
         let (status, env) = until_final(&retrier, &owner.agent, &key, &body).await;
         if recovered {
             assert_eq!((status, &env["payment"]["recovery"]), (200, &json!("recovered")), "{env}");
@@ -458,7 +438,7 @@ async fn a_takeover_of_a_settled_solana_payment_gets_its_answer_back_or_pays_not
             assert!(env["payment"]["tx_hash"].is_string(), "{env}");
         }
         assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE), "{path}");
-        thaw.send_replace(true);
+        freezer.thaw.send_replace(true);
         let _ = tokio::time::timeout(Duration::from_secs(60), first).await.expect("the thawed owner answers");
         assert_eq!(rig.balances().await, (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE), "{path}");
     }

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod chain;
 pub mod db;
+pub mod freeze;
 pub mod pg_replication;
 pub mod services;
 pub mod solana;
@@ -19,6 +20,7 @@ pub use chain::{
     settle_kept,
 };
 pub use db::TestDb;
+pub use freeze::freeze_at;
 pub use services::PrivateRedis;
 pub use solana::{SVM_PRICE, SolanaRig};
 pub use upstream::TestUpstream;
