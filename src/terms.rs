@@ -91,6 +91,11 @@ impl Terms {
         Some(required)
     }
 
+    /// Whether fresh terms are known for `key` (what [`Terms::get`] would find).
+    pub fn knows(&self, key: &TermsKey) -> bool {
+        self.limits.is_some() && self.known().get(key).is_some_and(|k| k.until > Instant::now())
+    }
+
     /// Remembers what a `402` from `url` asked (unless the answer says not to).
     pub fn put(&self, key: TermsKey, url: &Url, required: &PaymentRequired, headers: &HeaderMap) {
         let Some(limits) = self.limits else { return };

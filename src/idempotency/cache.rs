@@ -86,8 +86,10 @@ mod base64_bytes {
 /// What a lookup found.
 #[derive(Debug)]
 pub enum Lookup {
-    /// No entry, or Redis could not be asked in time.
+    /// Redis answered: no entry (or one expired with its row).
     Miss,
+    /// Redis could not be asked (no connection, an error, no answer in time).
+    Unavailable,
     /// An authentic entry.
     Hit(Entry),
     /// An entry that failed authentication (or did not parse after it): never believed.
@@ -218,7 +220,7 @@ impl Cache {
     /// is [`Lookup::Rejected`].
     pub async fn get(&self, agent_id: Uuid, key: &str) -> Lookup {
         let Some(mut conn) = self.connection() else {
-            return Lookup::Miss;
+            return Lookup::Unavailable;
         };
         let rkey = self.redis_key(agent_id, key);
         let raw: Option<Vec<u8>> = match tokio::time::timeout(self.inner.timeout, conn.get(&rkey)).await {
@@ -226,12 +228,12 @@ impl Cache {
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis get failed");
                 self.after_failure();
-                return Lookup::Miss;
+                return Lookup::Unavailable;
             }
             Err(_) => {
                 tracing::debug!("redis get timed out");
                 self.after_failure();
-                return Lookup::Miss;
+                return Lookup::Unavailable;
             }
         };
         let Some(raw) = raw else {

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 pub use cache::Cache;
 pub use key::IdempotencyKey;
-pub use store::{Gate, Status};
+pub use store::{Commit, Gate, Status};
 
 /// Timing of the idempotency protocol (`IDEMPOTENCY_*` and `ROUTE_DEADLINE_MS` settings).
 #[derive(Debug, Clone, Copy)]
@@ -66,9 +66,23 @@ pub struct Ownership {
     pub lease: Uuid,
     /// True when this request took over an abandoned attempt.
     pub took_over: bool,
+    /// False while the claim may not be on disk yet ([`Commit::Deferred`]): the call makes it
+    /// durable before it contacts the upstream.
+    pub durable: bool,
     /// When the row may be garbage-collected (Unix seconds, database clock): the cached
     /// answer expires with it.
     pub expires_unix: i64,
+}
+
+/// What Redis says of a key before Postgres is asked.
+#[derive(Debug)]
+pub enum Hint {
+    /// An authentic terminal entry decided the request (a replay, or the key reused).
+    Decided(Decision, Path),
+    /// Redis answered and has no terminal entry: the key is most likely new (or in flight).
+    Absent,
+    /// Redis could not be asked, or its entry failed authentication: the key may well exist.
+    Unknown,
 }
 
 /// What to do with a request, decided by the ledger.
@@ -130,28 +144,23 @@ pub struct Idempotency {
 }
 
 impl Idempotency {
-    /// Redis fast path. `Some` only for a decisive hit (terminal replay or mismatch);
-    /// in-flight entries and misses go to Postgres.
-    pub async fn check_cache(
-        &self,
-        agent_id: Uuid,
-        key: &IdempotencyKey,
-        request_hash: &str,
-    ) -> Option<(Decision, Path)> {
+    /// Redis fast path: a decision for an authentic terminal entry (replay or mismatch);
+    /// otherwise what Redis's silence says about the key (see [`Hint`]).
+    pub async fn check_cache(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str) -> Hint {
         let entry = match self.cache.get(agent_id, key.as_str()).await {
             cache::Lookup::Hit(entry) => entry,
-            cache::Lookup::Miss => return None,
+            cache::Lookup::Miss => return Hint::Absent,
+            cache::Lookup::Unavailable => return Hint::Unknown,
             cache::Lookup::Rejected => {
                 self.metrics.cache_rejected.inc();
-                return None;
+                return Hint::Unknown;
             }
         };
         if entry.request_hash != request_hash {
-            return Some((Decision::Mismatch, Path::Mismatch));
+            return Hint::Decided(Decision::Mismatch, Path::Mismatch);
         }
         match (entry.status, entry.response_status_code, entry.response) {
-            (Status::InFlight, _, _) => None,
-            (status, Some(code), Some(body)) => Some((
+            (status, Some(code), Some(body)) if status != Status::InFlight => Hint::Decided(
                 Decision::Replay(Stored {
                     status,
                     http_status: to_http_status(code),
@@ -159,8 +168,9 @@ impl Idempotency {
                     receipt_id: entry.receipt_id,
                 }),
                 Path::ReplayRedis,
-            )),
-            _ => None,
+            ),
+            // In flight (or incomplete): Postgres decides, the claim statement first.
+            _ => Hint::Absent,
         }
     }
 
@@ -174,12 +184,30 @@ impl Idempotency {
         agent_id: Uuid,
         key: &IdempotencyKey,
         request_hash: &str,
-        gate: Gate,
+        (gate, commit, hint): (Gate, Commit, &Hint),
     ) -> diesel::QueryResult<(Decision, Path)> {
+        // Redis could not say the key is new: a plain read first, which decides a replay or a
+        // reused key at the cost of one primary-key lookup (the claim statement's insert costs
+        // Postgres more even when it inserts nothing). A key in flight or not found is claimed
+        // as below (the claim reads it again, with the operator's call gate).
+        if matches!(hint, Hint::Unknown)
+            && let Some(row) = store::find(conn, agent_id, key.as_str()).await?
+            && (row.status != Status::InFlight || row.request_hash != request_hash)
+        {
+            return self.decide(conn, agent_id, key, request_hash, row, false).await;
+        }
         for attempt in 0..=MAX_GC_RACE_RETRIES {
             let lease = Uuid::new_v4();
-            let (row, gate_pending) = match store::claim(conn, agent_id, key.as_str(), request_hash, lease, gate)
-                .await?
+            let (row, gate_pending) = match store::claim(
+                conn,
+                agent_id,
+                key.as_str(),
+                request_hash,
+                lease,
+                gate,
+                commit,
+            )
+            .await?
             {
                 store::Claim::Gated => return Ok((Decision::Gated, Path::Fresh)),
                 store::Claim::Claimed { expires_unix } => {
@@ -195,6 +223,7 @@ impl Idempotency {
                         request_hash: request_hash.to_owned(),
                         lease,
                         took_over: false,
+                        durable: commit == Commit::Now,
                         expires_unix,
                     };
                     return Ok((Decision::Execute(own), Path::Fresh));
@@ -287,6 +316,7 @@ impl Idempotency {
             request_hash: request_hash.to_owned(),
             lease,
             took_over: true,
+            durable: true,
             expires_unix,
         };
         Ok((Decision::Execute(own), Path::Takeover))

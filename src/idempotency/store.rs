@@ -150,6 +150,8 @@ struct ClaimRow {
 /// existing row with `gate_pending`) and the caller checks the gate, then claims with
 /// [`Gate::Checked`].
 ///
+/// With [`Commit::Deferred`] the insert's commit does not wait for the WAL flush (see there).
+///
 /// The insert is `ON CONFLICT DO NOTHING`; the read shares the statement's snapshot, so a
 /// row committed by a concurrent claim while the insert waited on it is not shown:
 /// [`Claim::Unseen`], and the caller reads it with a new statement.
@@ -163,6 +165,7 @@ pub async fn claim(
     request_hash: &str,
     lease: Uuid,
     gate: Gate,
+    commit: Commit,
 ) -> QueryResult<Claim> {
     let row: ClaimRow = diesel::sql_query(concat!(
         "WITH k AS (SELECT ",
@@ -178,13 +181,15 @@ pub async fn claim(
              ON CONFLICT (agent_id, key) DO NOTHING \
              RETURNING EXTRACT(EPOCH FROM expires_at)::bigint AS e) \
          SELECT (SELECT e FROM ins) AS claimed_expires, (SELECT gated FROM g) AS gated, k.* \
-           FROM (SELECT) AS one LEFT JOIN k ON true",
+           FROM (SELECT) AS one LEFT JOIN k ON true \
+          WHERE CASE WHEN $6 THEN set_config('synchronous_commit', 'off', true) = 'off' ELSE true END",
     ))
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(key)
     .bind::<Text, _>(request_hash)
     .bind::<SqlUuid, _>(lease)
     .bind::<diesel::sql_types::Bool, _>(gate == Gate::Checked)
+    .bind::<diesel::sql_types::Bool, _>(commit == Commit::Deferred)
     .prepared()
     .get_result(conn)
     .await?;
@@ -209,6 +214,20 @@ pub enum Gate {
     /// Not checked: claim only if the agent has no gate (the statement reads it); otherwise
     /// insert nothing and say so.
     Unchecked,
+}
+
+/// When a new claim becomes durable. The claim must be on disk before the upstream hears of
+/// the call (a claim lost in a crash would let a retry call it again); it need not be on disk
+/// at its own commit when a later synchronous commit comes first: one WAL flush writes every
+/// record before it, this claim's included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// At its own commit.
+    Now,
+    /// By a later synchronous commit of the same call before it contacts the upstream: the
+    /// payment intent of a call paid ahead on known terms, or [`make_durable`] on any other
+    /// path. One WAL flush (2–4 ms on a disk that honours `fsync`) fewer per call paid ahead.
+    Deferred,
 }
 
 /// Gives up a claim that recorded nothing (a pause or a rate limit refused the call before
@@ -317,14 +336,26 @@ pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, 
     Ok(n == 1)
 }
 
+/// Makes a claim made with [`Commit::Deferred`] durable before the call contacts the upstream
+/// on a path without a synchronous write of its own: a fenced heartbeat, committed
+/// synchronously (its WAL flush writes the claim too). `false`: we lost the lease.
+///
+/// # Errors
+/// Database errors.
+pub async fn make_durable(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
+    heartbeat(conn, agent_id, key, lease).await
+}
+
 /// Whether `lease` still owns the in-flight key, read under a row lock: a takeover being
 /// committed is waited for and seen. The owner asks this immediately before a payment leaves.
+/// The lock is all this statement writes and ends with it: its commit does not wait for the
+/// WAL flush (a crash loses nothing by it), one flush fewer per paid call.
 ///
 /// # Errors
 /// Database errors.
 pub async fn lease_held(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
     let n = diesel::sql_query(
-        "SELECT 1 FROM idempotency_keys \
+        "SELECT set_config('synchronous_commit', 'off', true) FROM idempotency_keys \
           WHERE agent_id = $1 AND key = $2 AND lease = $3 AND status = 'in_flight' FOR NO KEY UPDATE",
     )
     .bind::<diesel::sql_types::Uuid, _>(agent_id)

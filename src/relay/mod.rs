@@ -31,7 +31,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::codes::Code;
-use crate::idempotency::{Decision, Gate, Heartbeat, IdempotencyKey, Ownership, Stored};
+use crate::idempotency::{Commit, Decision, Gate, Heartbeat, Hint, IdempotencyKey, Ownership, Stored};
 use crate::payments::limits;
 use crate::state::AppState;
 use crate::upstream::UpstreamError;
@@ -70,7 +70,7 @@ pub async fn handle(
     // the deadline, and so within the abandonment window.
     let deadline = started + state.idempotency.timing.deadline;
     let cached = state.idempotency.check_cache(agent_id, &key, &request.request_hash).await;
-    if let Some((Decision::Replay(stored), path)) = cached {
+    if let Hint::Decided(Decision::Replay(stored), path) = cached {
         // The fingerprint of a request that was validated and executed: nothing more to check.
         count_outcome(state, agent_id, path);
         return Ok(replay(stored));
@@ -78,8 +78,8 @@ pub async fn handle(
     // Anything else is validated first: an invalid body is a 400 whatever its key's state.
     let call = request.into_call().map_err(|e| Error::BadRequest(e.0))?;
     let (decision, path) = match cached {
-        Some(hit) => hit,
-        None => {
+        Hint::Decided(decision, path) => (decision, path),
+        hint => {
             // Refuse forbidden upstreams before anything is written.
             state
                 .upstream
@@ -87,13 +87,18 @@ pub async fn handle(
                 .check(&call.upstream.url)
                 .await
                 .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
+            // A call that will pay ahead on known terms commits its claim with its payment
+            // intent's flush (one WAL flush fewer); every other call's claim is durable at once.
+            let terms = crate::terms::TermsKey::new(agent_id, &call.upstream.method, &call.upstream.url);
+            let commit = if state.terms.knows(&terms) { Commit::Deferred } else { Commit::Now };
             let claim = async {
                 let mut conn = error::conn(&state.pool).await?;
                 let hash = &call.request_hash;
                 // One statement decides a replay, a conflict, or the claim of an agent without
                 // call limits; an agent with them (host allowlist, rate, a pause of all calls)
                 // is refused or admitted before its key is claimed: nothing written if refused.
-                let decided = state.idempotency.claim(&mut conn, agent_id, &key, hash, Gate::Unchecked).await?;
+                let decided =
+                    state.idempotency.claim(&mut conn, agent_id, &key, hash, (Gate::Unchecked, commit, &hint)).await?;
                 if !matches!(decided.0, Decision::Gated) {
                     return Ok(decided);
                 }
@@ -102,7 +107,11 @@ pub async fn handle(
                 if let Some(refusal) = limits::admit(&mut conn, agent_id, &host, url.port()).await? {
                     return Err(Error::Refused(refusal));
                 }
-                Ok::<_, Error>(state.idempotency.claim(&mut conn, agent_id, &key, hash, Gate::Checked).await?)
+                let claimed = state
+                    .idempotency
+                    .claim(&mut conn, agent_id, &key, hash, (Gate::Checked, commit, &Hint::Absent))
+                    .await?;
+                Ok::<_, Error>(claimed)
             };
             tokio::time::timeout_at(deadline.into(), claim)
                 .await
@@ -195,6 +204,7 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
     {
         return Ok(outcome);
     }
+    make_durable(state, own).await?;
     crate::faults::at(state.faults.as_ref(), crate::faults::Point::BeforeUpstreamSend).await;
     let started = Instant::now();
     let sent = state.upstream.send(&call.upstream, &[], remaining(deadline).min(state.upstream.timeout())).await;
@@ -207,6 +217,24 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
         return pay::pay(state, own, call, resp, deadline).await;
     }
     Ok(Outcome::Answered { resp, payment: None })
+}
+
+/// Makes a deferred claim ([`Commit::Deferred`]) durable before the call contacts the
+/// upstream on a path that writes nothing synchronously first (the unpaid request, a payment
+/// ahead that resumes an earlier intent).
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost; database errors.
+pub(crate) async fn make_durable(state: &AppState, own: &Ownership) -> Result<(), Error> {
+    if own.durable {
+        return Ok(());
+    }
+    let mut conn = error::conn(&state.pool).await?;
+    if crate::idempotency::store::make_durable(&mut conn, own.agent_id, own.key.as_str(), own.lease).await? {
+        Ok(())
+    } else {
+        Err(Error::Superseded)
+    }
 }
 
 /// Time left until `deadline` (zero if past).

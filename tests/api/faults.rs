@@ -57,6 +57,19 @@ async fn redis_that_was_never_reachable_does_not_fail_requests() {
     assert_eq!(app.route(&key, &body).await.status(), 200);
     assert_eq!(app.route(&key, &body).await.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(up.hits.get("/ok/no-redis"), 1);
+    // Without Redis the key is read first: a key in flight is still decided by the claim
+    // statement (409 while its owner lives, taken over once abandoned), a reused key is 409.
+    assert_eq!(app.route(&key, &json!({"url": up.url("/ok/other")})).await.status(), 409);
+    let (live, abandoned) = (new_key(), new_key());
+    let body = json!({"url": up.url("/ok/no-redis-owned")});
+    insert_in_flight(&app.db, app.agent.id, &live, &body, 0).await;
+    insert_in_flight(&app.db, app.agent.id, &abandoned, &body, 90).await;
+    assert_eq!(app.route(&live, &body).await.status(), 409);
+    let taken = app.route(&abandoned, &body).await;
+    assert_eq!(taken.status(), 200);
+    assert!(taken.headers().get("x-idempotent-replay").is_none());
+    assert_eq!(up.hits.get("/ok/no-redis-owned"), 1);
+    assert_eq!(up.hits.get("/ok/other"), 0);
 }
 
 #[actix_web::test]

@@ -178,3 +178,101 @@ async fn terms_moved_to_another_token_are_not_paid_on_top_of_a_live_authorizatio
     paid(&app, chain.url("/v2/permit2?token=plain")).await;
     assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await - plain_before, U256::from(PRICE));
 }
+
+/// A hook that, once armed, holds the call at `target` until the test has looked at the
+/// ledger (`checked`), then lets it go on.
+fn hold_at(target: x402_router::faults::Point) -> (x402_router::faults::Hook, Held) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let reached = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (checked, seen) = tokio::sync::watch::channel(false);
+    let (a, r) = (armed.clone(), reached.clone());
+    let hook: x402_router::faults::Hook = std::sync::Arc::new(move |p| {
+        let (armed, reached, mut seen) = (a.clone(), r.clone(), seen.clone());
+        Box::pin(async move {
+            if p == target && armed.swap(false, Ordering::SeqCst) {
+                reached.notify_one();
+                let _ = seen.wait_for(|c| *c).await;
+            }
+            x402_router::faults::Inject::Nothing
+        })
+    });
+    (hook, Held { armed, reached, checked })
+}
+
+struct Held {
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reached: std::sync::Arc<tokio::sync::Notify>,
+    checked: tokio::sync::watch::Sender<bool>,
+}
+
+/// Notes, for every claim, its transaction and whether it committed without waiting for the
+/// WAL flush (`synchronous_commit` as the claim's statement left it).
+async fn note_claims(app: &TestApp) {
+    for sql in [
+        "CREATE TABLE claim_commits (key text PRIMARY KEY, xid bigint NOT NULL, sync text NOT NULL)",
+        "CREATE FUNCTION note_claim() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           INSERT INTO claim_commits VALUES (NEW.key, txid_current(), current_setting('synchronous_commit')); \
+           RETURN NULL; END $$",
+        "CREATE TRIGGER note_claim AFTER INSERT ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION note_claim()",
+    ] {
+        exec(&app.db, sql).await;
+    }
+}
+
+/// Whether the claim of `key` committed without waiting for the WAL flush.
+async fn claim_deferred(app: &TestApp, key: &str) -> bool {
+    count(&app.db, &format!("SELECT (sync = 'off')::int::bigint AS n FROM claim_commits WHERE key = '{key}'")).await
+        == 1
+}
+
+/// Transactions committed after the claim of `key` that wrote its key row or its intent: a
+/// synchronous commit of the call after its claim, which flushed the claim's WAL too.
+async fn writes_after_claim(app: &TestApp, key: &str) -> i64 {
+    count(
+        &app.db,
+        &format!(
+            "SELECT count(*) AS n FROM claim_commits c, \
+               (SELECT xmin::text::bigint AS x FROM idempotency_keys WHERE key = '{key}' \
+                UNION ALL SELECT xmin::text::bigint FROM payments WHERE idempotency_key = '{key}') w \
+              WHERE c.key = '{key}' AND w.x <> c.xid % 4294967296"
+        ),
+    )
+    .await
+}
+
+/// A call paid ahead commits its claim without waiting for the WAL flush: the intent's
+/// synchronous commit, before the payment leaves, writes it to disk. Every other way to the
+/// upstream makes the claim durable first: a call on known terms that cannot be paid ahead
+/// (here over the agent's `max_amount`) rewrites its key row synchronously before the unpaid
+/// request leaves, and a call on unknown terms claims synchronously. Held at the moment the
+/// upstream is contacted, the ledger shows it; the answers are as ever.
+#[actix_web::test]
+async fn a_claim_is_on_disk_before_the_upstream_hears_of_the_call() {
+    use x402_router::faults::Point;
+    use x402_router::startup::Hooks;
+    let chain = Devnet::start().await;
+    for (target, max_amount, status) in [(Point::PaymentLeaving, "50000", 200), (Point::BeforeUpstreamSend, "10", 402)]
+    {
+        let (hook, held) = hold_at(target);
+        let hooks = Hooks { at: Some(hook), ..Default::default() };
+        let app = spawn_app_with(AppOptions { extra: chain.router_extra(), hooks, ..Default::default() }).await;
+        note_claims(&app).await;
+        paid(&app, chain.url("/v2/weather")).await;
+        // Terms unknown at the first call: claimed durably at once.
+        let deferred = count(&app.db, "SELECT count(*) AS n FROM claim_commits WHERE sync = 'off'").await;
+        assert_eq!(deferred, 0, "a claim on unknown terms waits for its flush");
+
+        let key = new_key();
+        held.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let body = json!({"url": chain.url("/v2/weather"), "max_amount": max_amount});
+        let check = async {
+            held.reached.notified().await;
+            assert!(claim_deferred(&app, &key).await, "{target:?}: terms known, the claim is deferred");
+            assert!(writes_after_claim(&app, &key).await >= 1, "{target:?}: nothing flushed the claim");
+            held.checked.send(true).unwrap();
+        };
+        let (resp, ()) = tokio::join!(app.route(&key, &body), check);
+        assert_eq!(resp.status(), status, "{target:?}");
+    }
+}

@@ -48,6 +48,7 @@ pub async fn pay_ahead(
         return Ok(None);
     };
     if let Some(intent) = existing? {
+        crate::relay::make_durable(state, own).await?;
         return resume(state, own, call, intent, deadline, Resume::KeyReused).await.map(Some);
     }
     let Ok(signing) = sign::sign_new(state, own, call, (required, &chosen), nonces)? else {
