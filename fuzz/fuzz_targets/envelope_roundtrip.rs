@@ -42,6 +42,7 @@ static OWNER: LazyLock<Ownership> = LazyLock::new(|| Ownership {
     request_hash: CALL.request_hash.clone(),
     lease: Uuid::nil(),
     took_over: false,
+    durable: true,
     expires_unix: 4_000_000_000,
 });
 static CACHE: LazyLock<Cache> = LazyLock::new(|| {
