@@ -225,8 +225,8 @@ pub enum Commit {
     /// At its own commit.
     Now,
     /// By a later synchronous commit of the same call before it contacts the upstream: the
-    /// payment intent of a call paid ahead on known terms, or [`make_durable`] on any other
-    /// path. One WAL flush (2–4 ms on a disk that honours `fsync`) fewer per call paid ahead.
+    /// payment intent of a call paid ahead on known terms, or a synchronous [`heartbeat`]
+    /// (`relay::make_durable`) on any other path. One WAL flush (2–4 ms on a disk that honours `fsync`) fewer per call paid ahead.
     Deferred,
 }
 
@@ -334,16 +334,6 @@ pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, 
     .execute(conn)
     .await?;
     Ok(n == 1)
-}
-
-/// Makes a claim made with [`Commit::Deferred`] durable before the call contacts the upstream
-/// on a path without a synchronous write of its own: a fenced heartbeat, committed
-/// synchronously (its WAL flush writes the claim too). `false`: we lost the lease.
-///
-/// # Errors
-/// Database errors.
-pub async fn make_durable(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
-    heartbeat(conn, agent_id, key, lease).await
 }
 
 /// Whether `lease` still owns the in-flight key, read under a row lock: a takeover being

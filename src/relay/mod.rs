@@ -221,7 +221,8 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
 
 /// Makes a deferred claim ([`Commit::Deferred`]) durable before the call contacts the
 /// upstream on a path that writes nothing synchronously first (the unpaid request, a payment
-/// ahead that resumes an earlier intent).
+/// ahead that resumes an earlier intent): a fenced heartbeat, committed synchronously, whose
+/// WAL flush writes the claim too.
 ///
 /// # Errors
 /// [`Error::Superseded`] when the lease was lost; database errors.
@@ -230,7 +231,7 @@ pub(crate) async fn make_durable(state: &AppState, own: &Ownership) -> Result<()
         return Ok(());
     }
     let mut conn = error::conn(&state.pool).await?;
-    if crate::idempotency::store::make_durable(&mut conn, own.agent_id, own.key.as_str(), own.lease).await? {
+    if crate::idempotency::store::heartbeat(&mut conn, own.agent_id, own.key.as_str(), own.lease).await? {
         Ok(())
     } else {
         Err(Error::Superseded)

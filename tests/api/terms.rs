@@ -179,33 +179,6 @@ async fn terms_moved_to_another_token_are_not_paid_on_top_of_a_live_authorizatio
     assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await - plain_before, U256::from(PRICE));
 }
 
-/// A hook that, once armed, holds the call at `target` until the test has looked at the
-/// ledger (`checked`), then lets it go on.
-fn hold_at(target: x402_router::faults::Point) -> (x402_router::faults::Hook, Held) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let armed = std::sync::Arc::new(AtomicBool::new(false));
-    let reached = std::sync::Arc::new(tokio::sync::Notify::new());
-    let (checked, seen) = tokio::sync::watch::channel(false);
-    let (a, r) = (armed.clone(), reached.clone());
-    let hook: x402_router::faults::Hook = std::sync::Arc::new(move |p| {
-        let (armed, reached, mut seen) = (a.clone(), r.clone(), seen.clone());
-        Box::pin(async move {
-            if p == target && armed.swap(false, Ordering::SeqCst) {
-                reached.notify_one();
-                let _ = seen.wait_for(|c| *c).await;
-            }
-            x402_router::faults::Inject::Nothing
-        })
-    });
-    (hook, Held { armed, reached, checked })
-}
-
-struct Held {
-    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    reached: std::sync::Arc<tokio::sync::Notify>,
-    checked: tokio::sync::watch::Sender<bool>,
-}
-
 /// Notes, for every claim, its transaction and whether it committed without waiting for the
 /// WAL flush (`synchronous_commit` as the claim's statement left it).
 async fn note_claims(app: &TestApp) {
@@ -254,7 +227,7 @@ async fn a_claim_is_on_disk_before_the_upstream_hears_of_the_call() {
     let chain = Devnet::start().await;
     for (target, max_amount, status) in [(Point::PaymentLeaving, "50000", 200), (Point::BeforeUpstreamSend, "10", 402)]
     {
-        let (hook, held) = hold_at(target);
+        let (hook, held, armed) = hold_at(target);
         let hooks = Hooks { at: Some(hook), ..Default::default() };
         let app = spawn_app_with(AppOptions { extra: chain.router_extra(), hooks, ..Default::default() }).await;
         note_claims(&app).await;
@@ -264,13 +237,13 @@ async fn a_claim_is_on_disk_before_the_upstream_hears_of_the_call() {
         assert_eq!(deferred, 0, "a claim on unknown terms waits for its flush");
 
         let key = new_key();
-        held.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
         let body = json!({"url": chain.url("/v2/weather"), "max_amount": max_amount});
         let check = async {
             held.reached.notified().await;
             assert!(claim_deferred(&app, &key).await, "{target:?}: terms known, the claim is deferred");
             assert!(writes_after_claim(&app, &key).await >= 1, "{target:?}: nothing flushed the claim");
-            held.checked.send(true).unwrap();
+            held.thaw.send(true).unwrap();
         };
         let (resp, ()) = tokio::join!(app.route(&key, &body), check);
         assert_eq!(resp.status(), status, "{target:?}");

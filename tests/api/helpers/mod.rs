@@ -20,7 +20,7 @@ pub use chain::{
     settle_kept,
 };
 pub use db::TestDb;
-pub use freeze::freeze_at;
+pub use freeze::{freeze_at, hold_at};
 pub use services::PrivateRedis;
 pub use solana::{SVM_PRICE, SolanaRig};
 pub use upstream::TestUpstream;
