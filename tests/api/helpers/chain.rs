@@ -198,6 +198,19 @@ impl Devnet {
         all["routes"].clone()
     }
 
+    /// Query parameters the upstream reads before every paid request's own (`POST /_defaults`;
+    /// "" clears them): one exact URL changes its price, `keep`, `free` or `hold` between calls.
+    pub async fn set_defaults(&self, query: &str) {
+        let resp = reqwest::Client::new().post(self.url("/_defaults")).body(query.to_owned()).send().await.unwrap();
+        assert_eq!(resp.status(), 204);
+    }
+
+    /// The authorizations the upstream kept and has not submitted (`GET /_kept`): `from`,
+    /// `to`, `value`, `nonce` of each.
+    pub async fn kept(&self) -> Vec<Value> {
+        reqwest::get(self.url("/_kept")).await.unwrap().json().await.unwrap()
+    }
+
     /// Stops anvil (the RPC goes away; the upstream stays up).
     pub async fn stop_chain(&mut self) {
         if let Some(mut a) = self.anvil.take() {

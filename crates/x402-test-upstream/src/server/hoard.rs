@@ -46,3 +46,17 @@ pub(super) async fn settle_kept(state: web::Data<AppState>) -> HttpResponse {
     }
     HttpResponse::Ok().json(json!({ "settled": settled, "refused": refused }))
 }
+
+/// `GET /_kept`: the authorizations kept so far (not yet submitted), as a test reads them:
+/// payer, payee, value, nonce.
+pub(super) async fn kept_handler(state: web::Data<AppState>) -> HttpResponse {
+    let kept = state.kept.lock().await;
+    let list: Vec<serde_json::Value> = kept
+        .iter()
+        .map(|a| {
+            json!({ "from": a.from.to_checksum(None), "to": a.to.to_checksum(None),
+                    "value": a.value.to_string(), "nonce": a.nonce.to_string() })
+        })
+        .collect();
+    HttpResponse::Ok().json(list)
+}

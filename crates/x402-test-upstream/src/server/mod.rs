@@ -75,6 +75,18 @@ struct AppState {
     pid_cache: pid_cache::PidCache,
     /// Sign-in-with-x challenges and payers of `/v2/siwx` and `/v2/pid-siwx`.
     siwx: siwx::SiwxState,
+    /// Query parameters every paid request gets before its own (`POST /_defaults`), so a test
+    /// can change what one exact URL does (its price, `keep`, `free`, `hold`) between calls.
+    defaults: Arc<std::sync::Mutex<String>>,
+}
+
+impl AppState {
+    /// The query string a paid route reads for `req`: the defaults, then the request's own
+    /// parameters (read later, so they win).
+    fn query_of(&self, req: &actix_web::HttpRequest) -> String {
+        let defaults = self.defaults.lock().map(|d| d.clone()).unwrap_or_default();
+        if defaults.is_empty() { req.query_string().to_owned() } else { format!("{defaults}&{}", req.query_string()) }
+    }
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -117,6 +129,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let reprices = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let pid_cache = pid_cache::PidCache::default();
     let siwx_state = siwx::SiwxState::default();
+    let defaults = Arc::new(std::sync::Mutex::new(String::new()));
     let server = HttpServer::new(move || {
         // One provider per worker: its connection pool lives on that worker's runtime.
         let chain = Chain::connect(rpc_url.clone(), signer.clone(), rpc_timeout);
@@ -136,6 +149,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             reprices: reprices.clone(),
             pid_cache: pid_cache.clone(),
             siwx: siwx_state.clone(),
+            defaults: defaults.clone(),
         };
         App::new().app_data(web::Data::new(state)).configure(routes).default_service(web::to(not_found))
     })
@@ -200,6 +214,8 @@ fn routes(cfg: &mut web::ServiceConfig) {
         .route("/free", web::post().to(free))
         .route("/_stats", web::get().to(stats_handler))
         .route("/_settle_kept", web::post().to(settle_kept))
+        .route("/_kept", web::get().to(hoard::kept_handler))
+        .route("/_defaults", web::post().to(respond::set_defaults))
         .route(permit2_routes::PERMIT2_PATH, web::get().to(permit2_routes::permit2_paid))
         .route(permit2_routes::UPTO_PATH, web::get().to(permit2_routes::permit2_paid));
     for spec in ROUTES {
@@ -312,9 +328,10 @@ impl AppState {
     /// The `accepts` of a route, in the order they are advertised (`price`: `?price=N`).
     fn offers(&self, behaviour: Behaviour, price: Option<U256>) -> Vec<Offer> {
         let s = &self.settings;
+        let echo_price = price.unwrap_or(s.echo_price);
         let price = price.unwrap_or(s.price);
         match behaviour {
-            Behaviour::Echo => vec![self.offer(s.echo_price, self.token_extra())],
+            Behaviour::Echo => vec![self.offer(echo_price, self.token_extra())],
             Behaviour::Reprice => {
                 let n = self.reprices.load(std::sync::atomic::Ordering::SeqCst);
                 vec![self.offer(price.saturating_mul(U256::from(n + 1)), self.token_extra())]

@@ -43,7 +43,7 @@ pub(super) async fn paid(req: HttpRequest, body: Bytes, state: web::Data<AppStat
         return not_found().await;
     };
     state.stats.update(spec.path, |s| s.requests += 1);
-    let query = Query::parse(req.query_string());
+    let query = Query::parse(&state.query_of(&req));
     let seconds = match spec.behaviour {
         Behaviour::Stall | Behaviour::SlowSettle => match query.seconds() {
             Ok(seconds) => seconds,
@@ -102,6 +102,9 @@ pub(super) async fn paid_v2(
         return answer;
     }
     let Some(payload) = payload else {
+        if let Err(message) = hold(query).await {
+            return bad_request(&message);
+        }
         let answer = payment_required_v2(&required("Payment required"), json!({}));
         if spec.behaviour == Behaviour::Reprice {
             state.reprices.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -138,6 +141,15 @@ pub(super) async fn paid_v2(
         V2Answer::Answered(stored) => stored.response(),
         V2Answer::Other(r) => r,
     }
+}
+
+/// `?hold=N`: waits N seconds before a `402` is answered.
+async fn hold(query: &Query) -> Result<(), String> {
+    let seconds = query.hold()?;
+    if seconds > 0 {
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+    }
+    Ok(())
 }
 
 /// A sign-in of a payer of a sign-in-with-x route: the answer again without paying, or a 402.
@@ -276,7 +288,7 @@ pub(super) async fn paid_v1(
     url: &str,
     seconds: u64,
 ) -> HttpResponse {
-    let offers = state.offers(spec.behaviour, Query::parse(req.query_string()).price());
+    let offers = state.offers(spec.behaviour, Query::parse(&state.query_of(req)).price());
     let required = |error: &str, payer: Option<Address>| wire::PaymentRequiredV1 {
         x402_version: 1,
         error: error.to_owned(),

@@ -117,7 +117,7 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     let path: &'static str = if req.path() == UPTO_PATH { UPTO_PATH } else { PERMIT2_PATH };
     let upto = path == UPTO_PATH;
     state.stats.update(path, |s| s.requests += 1);
-    let query = match parse_query(req.query_string()) {
+    let query = match parse_query(&state.query_of(&req)) {
         Ok(q) => q,
         Err(message) => return bad_request(&message),
     };

@@ -78,8 +78,24 @@ pub(super) fn resource_url(req: &HttpRequest) -> String {
     format!("{}://{}{}", info.scheme(), info.host(), path)
 }
 
+/// `POST /_defaults`: the body (a query string, at most 1000 bytes; empty: none) is read
+/// before every paid request's own query parameters from now on.
+pub(super) async fn set_defaults(state: web::Data<AppState>, body: String) -> HttpResponse {
+    if body.len() > 1000 {
+        return bad_request("defaults hold at most 1000 bytes");
+    }
+    match state.defaults.lock() {
+        Ok(mut defaults) => {
+            *defaults = body.trim().to_owned();
+            HttpResponse::NoContent().finish()
+        }
+        Err(_) => HttpResponse::InternalServerError().finish(),
+    }
+}
+
 /// The query parameters the test routes understand.
 pub(super) struct Query {
+    hold: Option<String>,
     seconds: Option<String>,
     reason: Option<String>,
     max_timeout: Option<String>,
@@ -92,6 +108,7 @@ pub(super) struct Query {
 impl Query {
     pub(super) fn parse(raw: &str) -> Self {
         let mut query = Self {
+            hold: None,
             seconds: None,
             reason: None,
             max_timeout: None,
@@ -103,6 +120,7 @@ impl Query {
         for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
             match &*key {
                 "seconds" => query.seconds = Some(value.into_owned()),
+                "hold" => query.hold = Some(value.into_owned()),
                 "reason" => query.reason = Some(value.into_owned()),
                 "max_timeout" => query.max_timeout = Some(value.into_owned()),
                 "conflict" => query.conflict = value == "true",
@@ -133,6 +151,18 @@ impl Query {
     /// settlement (with `keep=all`, it still keeps an authorization it did not ask for).
     pub(super) fn free(&self) -> bool {
         self.free
+    }
+
+    /// `?hold=N`: an unpaid request is answered its `402` only after N seconds (an upstream
+    /// that holds calls back before naming its price); whole seconds, at most an hour.
+    pub(super) fn hold(&self) -> Result<u64, String> {
+        match &self.hold {
+            None => Ok(0),
+            Some(raw) => match u64::from_str(raw) {
+                Ok(n) if n <= MAX_SECONDS => Ok(n),
+                _ => Err(format!("hold must be a whole number from 0 to {MAX_SECONDS}")),
+            },
+        }
     }
 
     /// `?seconds=N`, whole seconds, at most an hour.
