@@ -133,6 +133,8 @@ impl From<relay::Error> for ApiError {
                     Refusal::HostNotAllowed(why) => Self::UpstreamNotAllowed(why),
                     Refusal::RateLimited { retry_after, .. } => Self::RateLimited { message, retry_after },
                     Refusal::Paused => Self::PaymentsPaused(message),
+                    Refusal::Disabled => Self::Forbidden,
+                    Refusal::KeyRotated => Self::Unauthorized,
                     // Recorded as the call's answer, never raised: a bug if it is.
                     Refusal::OverBudget(_) | Refusal::PayToNotAllowed(_) => {
                         Self::Internal(anyhow::anyhow!("a recorded refusal was raised as an error: {message}"))

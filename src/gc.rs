@@ -45,8 +45,8 @@ pub async fn run(
         .await?;
         total += n as u64;
         if (n as i64) < batch {
-            // The rate-limit windows of past minutes (a handful of rows per agent and hour).
-            crate::payments::limits::delete_old_rate_windows(conn).await?;
+            // The counted calls and payments that left the rate limits' sliding window.
+            crate::payments::limits::delete_old_rate_events(conn).await?;
             return Ok(total);
         }
         if let Some(rate) = max_rows_per_second {

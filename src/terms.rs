@@ -1,6 +1,13 @@
-//! Known payment terms: the requirements an upstream's last `402` asked, per agent, method
-//! and URL without its query, so that the next call pays on its first request instead of
-//! probing unpaid first (docs/DESIGN.md §6, "Paying ahead").
+//! Known payment terms: the requirements an upstream's last `402` asked, per agent and
+//! **whole request** (method, URL with its query, the headers the router forwards and the
+//! body), so that the next identical call pays on its first request instead of probing unpaid
+//! first (docs/DESIGN.md §6, "Paying ahead").
+//!
+//! Why the whole request: a price is the price of one request. Terms learnt for
+//! `/item?size=large` signed, ahead, for `/item?size=small` would hand the upstream an
+//! authorization for more than this request costs, which a lenient upstream settles. Keyed by
+//! the whole request, what is signed ahead is what this very request was last asked; calls
+//! that differ in any byte probe first (one round trip).
 //!
 //! Only a hint. Paying ahead is safe because the nonce is a function of the request
 //! (agent, key, request hash), never of the price: if the terms changed, the upstream answers
@@ -20,36 +27,48 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use reqwest::Method;
 use reqwest::header::{CACHE_CONTROL, HeaderMap};
-use serde_json::{Map, Value, json};
-use url::Url;
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 pub use crate::config::TermsLimits;
+use crate::upstream::UpstreamRequest;
 use crate::x402::PaymentRequired;
 
-/// Where terms apply: one agent's calls with this method to this URL (without query).
+/// Where terms apply: one agent's calls of exactly this request (a digest of its method, URL
+/// with query, forwarded headers in order, and body).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TermsKey {
     agent_id: Uuid,
-    method: Method,
-    url: String,
+    request: [u8; 32],
 }
 
 impl TermsKey {
-    pub fn new(agent_id: Uuid, method: &Method, url: &Url) -> Self {
-        let mut bare = url.clone();
-        bare.set_query(None);
-        bare.set_fragment(None);
-        Self { agent_id, method: method.clone(), url: bare.into() }
+    /// The key of `request` as the router sends it (before any payment header is added).
+    pub fn of(agent_id: Uuid, request: &UpstreamRequest) -> Self {
+        let mut h = Sha256::new();
+        // Every part length-prefixed: no two different requests hash the same bytes.
+        let mut part = |bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_be_bytes());
+            h.update(bytes);
+        };
+        part(request.method.as_str().as_bytes());
+        let url = request.url.as_str();
+        part(url.split_once('#').map_or(url, |(before, _)| before).as_bytes());
+        for (name, value) in &request.headers {
+            part(name.as_str().as_bytes());
+            part(value.as_bytes());
+        }
+        match &request.body {
+            Some(body) => part(body),
+            None => h.update([0xff; 8]),
+        }
+        Self { agent_id, request: h.finalize().into() }
     }
 }
 
 struct Known {
     required: PaymentRequired,
-    /// The URL whose 402 this was (the v2 `resource` names it).
-    url: Url,
     until: Instant,
     stored: Instant,
 }
@@ -70,9 +89,8 @@ impl Terms {
         self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The terms to pay `url` ahead with, if known and fresh. A v2 `resource` that named the
-    /// URL the terms were learnt from names `url` instead (the query may differ).
-    pub fn get(&self, key: &TermsKey, url: &Url) -> Option<PaymentRequired> {
+    /// The terms to pay the request of `key` ahead with, if known and fresh.
+    pub fn get(&self, key: &TermsKey) -> Option<PaymentRequired> {
         self.limits?;
         let now = Instant::now();
         let mut known = self.known();
@@ -81,14 +99,7 @@ impl Terms {
             known.remove(key);
             return None;
         }
-        let mut required = entry.required.clone();
-        if let Some(resource) = &required.resource
-            && entry.url != *url
-            && resource.get("url").and_then(Value::as_str) == Some(entry.url.as_str())
-        {
-            required.resource = Some(with_url(resource, url));
-        }
-        Some(required)
+        Some(entry.required.clone())
     }
 
     /// Whether fresh terms are known for `key` (what [`Terms::get`] would find).
@@ -96,8 +107,8 @@ impl Terms {
         self.limits.is_some() && self.known().get(key).is_some_and(|k| k.until > Instant::now())
     }
 
-    /// Remembers what a `402` from `url` asked (unless the answer says not to).
-    pub fn put(&self, key: TermsKey, url: &Url, required: &PaymentRequired, headers: &HeaderMap) {
+    /// Remembers what a `402` to the request of `key` asked (unless the answer says not to).
+    pub fn put(&self, key: TermsKey, required: &PaymentRequired, headers: &HeaderMap) {
         let Some(limits) = self.limits else { return };
         let Some(ttl) = lifetime(headers, limits.ttl) else {
             self.forget(&key);
@@ -113,7 +124,7 @@ impl Terms {
                 known.remove(&oldest);
             }
         }
-        let entry = Known { required: required.clone(), url: url.clone(), until: now + ttl, stored: now };
+        let entry = Known { required: required.clone(), until: now + ttl, stored: now };
         known.insert(key, entry);
     }
 
@@ -131,18 +142,6 @@ impl Terms {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// `resource` with its `url` member set to `url`, other members kept.
-fn with_url(resource: &Value, url: &Url) -> Value {
-    match resource.as_object() {
-        Some(members) => {
-            let replaced =
-                members.iter().map(|(k, v)| (k.clone(), if k == "url" { json!(url.as_str()) } else { v.clone() }));
-            Value::Object(replaced.collect::<Map<String, Value>>())
-        }
-        None => resource.clone(),
     }
 }
 
@@ -170,7 +169,10 @@ fn lifetime(headers: &HeaderMap, max: Duration) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::Method;
     use reqwest::header::HeaderValue;
+    use serde_json::json;
+    use url::Url;
 
     fn headers(cache_control: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -190,16 +192,39 @@ mod tests {
         }
     }
 
+    fn request(method: Method, url: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> UpstreamRequest {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        UpstreamRequest { method, url: Url::parse(url).unwrap(), headers: map, body: body.map(<[u8]>::to_vec) }
+    }
+
     #[test]
-    fn keys_ignore_the_query_but_not_the_method_the_path_or_the_agent() {
+    fn keys_cover_the_whole_request_and_the_agent() {
         let agent = Uuid::new_v4();
-        let a = Url::parse("https://api.example/x?city=Paris#f").unwrap();
-        let b = Url::parse("https://api.example/x?city=Rome").unwrap();
-        let c = Url::parse("https://api.example/y").unwrap();
-        assert_eq!(TermsKey::new(agent, &Method::GET, &a), TermsKey::new(agent, &Method::GET, &b));
-        assert_ne!(TermsKey::new(agent, &Method::GET, &a), TermsKey::new(agent, &Method::POST, &a));
-        assert_ne!(TermsKey::new(agent, &Method::GET, &a), TermsKey::new(agent, &Method::GET, &c));
-        assert_ne!(TermsKey::new(agent, &Method::GET, &a), TermsKey::new(Uuid::new_v4(), &Method::GET, &a));
+        let key = |r: &UpstreamRequest| TermsKey::of(agent, r);
+        let base = request(Method::GET, "https://api.example/x?size=large", &[("x-a", "1")], None);
+        assert_eq!(key(&base), key(&request(Method::GET, "https://api.example/x?size=large#f", &[("x-a", "1")], None)));
+        let others = [
+            request(Method::GET, "https://api.example/x?size=small", &[("x-a", "1")], None),
+            request(Method::GET, "https://api.example/x", &[("x-a", "1")], None),
+            request(Method::POST, "https://api.example/x?size=large", &[("x-a", "1")], None),
+            request(Method::GET, "https://api.example/y?size=large", &[("x-a", "1")], None),
+            request(Method::GET, "https://api.example/x?size=large", &[("x-a", "2")], None),
+            request(Method::GET, "https://api.example/x?size=large", &[], None),
+            request(Method::GET, "https://api.example/x?size=large", &[("x-a", "1")], Some(b"")),
+            request(Method::GET, "https://api.example/x?size=large", &[("x-a", "1")], Some(b"{}")),
+            // A part boundary moved: length prefixes keep these apart.
+            request(Method::GET, "https://api.example/x?size=large", &[("x-a1", "")], None),
+        ];
+        for other in &others {
+            assert_ne!(key(&base), key(other), "{} {:?} {:?}", other.url, other.headers, other.body);
+        }
+        assert_ne!(key(&base), TermsKey::of(Uuid::new_v4(), &base));
     }
 
     fn required(amount: &str) -> PaymentRequired {
@@ -218,32 +243,22 @@ mod tests {
         let limits = TermsLimits { ttl: Duration::from_secs(60), entries: 2 };
         let terms = Terms::new(Some(limits));
         let agent = Uuid::new_v4();
-        let urls: Vec<Url> = (0..3).map(|i| Url::parse(&format!("http://api.example/{i}")).unwrap()).collect();
-        for (i, url) in urls.iter().enumerate() {
-            terms.put(
-                TermsKey::new(agent, &Method::GET, url),
-                url,
-                &required(&format!("{}", 1000 + i)),
-                &HeaderMap::new(),
-            );
+        let keys: Vec<TermsKey> = (0..3)
+            .map(|i| TermsKey::of(agent, &request(Method::GET, &format!("http://api.example/{i}"), &[], None)))
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            terms.put(key.clone(), &required(&format!("{}", 1000 + i)), &HeaderMap::new());
         }
         assert_eq!(terms.len(), 2);
-        assert!(terms.get(&TermsKey::new(agent, &Method::GET, &urls[0]), &urls[0]).is_none(), "the oldest went first");
-        let kept = terms.get(&TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2]).unwrap();
+        assert!(terms.get(&keys[0]).is_none(), "the oldest went first");
+        let kept = terms.get(&keys[2]).unwrap();
         assert_eq!(kept.accepts[0].amount().to_string(), "1002");
         // max-age=0 forgets what was known.
-        terms.put(TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2], &required("5"), &headers("max-age=0"));
-        assert!(terms.get(&TermsKey::new(agent, &Method::GET, &urls[2]), &urls[2]).is_none());
+        terms.put(keys[2].clone(), &required("5"), &headers("max-age=0"));
+        assert!(terms.get(&keys[2]).is_none());
 
         let off = Terms::new(None);
-        off.put(TermsKey::new(agent, &Method::GET, &urls[0]), &urls[0], &required("1"), &HeaderMap::new());
+        off.put(keys[0].clone(), &required("1"), &HeaderMap::new());
         assert!(off.is_empty());
-    }
-
-    #[test]
-    fn resource_names_the_url_being_paid() {
-        let r = json!({"url": "https://api.example/x?city=Paris", "description": "d"});
-        let to = Url::parse("https://api.example/x?city=Rome").unwrap();
-        assert_eq!(with_url(&r, &to), json!({"url": "https://api.example/x?city=Rome", "description": "d"}));
     }
 }

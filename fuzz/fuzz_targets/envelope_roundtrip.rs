@@ -44,6 +44,7 @@ static OWNER: LazyLock<Ownership> = LazyLock::new(|| Ownership {
     took_over: false,
     durable: true,
     expires_unix: 4_000_000_000,
+    credential: String::new(),
 });
 static CACHE: LazyLock<Cache> = LazyLock::new(|| {
     // Never connects: seal/open are pure.

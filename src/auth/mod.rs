@@ -23,9 +23,12 @@ use crate::state::AppState;
 pub use crate::keys::{KEY_PREFIX, generate_api_key, hash_api_key};
 
 /// The agent behind a request's `Authorization: Bearer` key.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct AuthenticatedAgent {
     pub id: Uuid,
+    /// The sha256 of the key (hex): a call reserves a payment only while it is still the
+    /// agent's key (a rotated key's calls in flight reserve nothing new).
+    pub key_hash: String,
 }
 
 pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
@@ -54,7 +57,7 @@ impl FromRequest for AuthenticatedAgent {
                 // pool can hand out a live connection (no query; 503 without Postgres, as
                 // without the cache).
                 drop(state.pool.get().await.map_err(ApiError::pool)?);
-                return Ok(AuthenticatedAgent { id });
+                return Ok(AuthenticatedAgent { id, key_hash });
             }
             let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
             let found = agents::find_by_key_hash(&mut conn, &key_hash).await.map_err(ApiError::database)?;
@@ -63,9 +66,9 @@ impl FromRequest for AuthenticatedAgent {
                 Some(a) if a.disabled => Err(ApiError::Forbidden),
                 Some(a) => {
                     if let Some(c) = &cache {
-                        c.insert_enabled(key_hash, a.id);
+                        c.insert_enabled(key_hash.clone(), a.id);
                     }
-                    Ok(AuthenticatedAgent { id: a.id })
+                    Ok(AuthenticatedAgent { id: a.id, key_hash })
                 }
             }
         })

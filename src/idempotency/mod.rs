@@ -72,6 +72,18 @@ pub struct Ownership {
     /// When the row may be garbage-collected (Unix seconds, database clock): the cached
     /// answer expires with it.
     pub expires_unix: i64,
+    /// The sha256 of the agent key that authenticated the request owning the key (empty until
+    /// [`Ownership::authenticated_by`]): the ledger reserves nothing once the agent's key is
+    /// another one (rotated), and an empty credential matches no key.
+    pub credential: String,
+}
+
+impl Ownership {
+    /// This ownership, for a request authenticated with the key whose sha256 is `credential`.
+    #[must_use]
+    pub fn authenticated_by(self, credential: &str) -> Self {
+        Self { credential: credential.to_owned(), ..self }
+    }
 }
 
 /// What Redis says of a key before Postgres is asked.
@@ -225,6 +237,7 @@ impl Idempotency {
                         took_over: false,
                         durable: commit == Commit::Now,
                         expires_unix,
+                        credential: String::new(),
                     };
                     return Ok((Decision::Execute(own), Path::Fresh));
                 }
@@ -318,6 +331,7 @@ impl Idempotency {
             took_over: true,
             durable: true,
             expires_unix,
+            credential: String::new(),
         };
         Ok((Decision::Execute(own), Path::Takeover))
     }

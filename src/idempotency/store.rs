@@ -336,27 +336,6 @@ pub async fn heartbeat(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, 
     Ok(n == 1)
 }
 
-/// Whether `lease` still owns the in-flight key, read under a row lock: a takeover being
-/// committed is waited for and seen. The owner asks this immediately before a payment leaves.
-/// The lock is all this statement writes and ends with it: its commit does not wait for the
-/// WAL flush (a crash loses nothing by it), one flush fewer per paid call.
-///
-/// # Errors
-/// Database errors.
-pub async fn lease_held(conn: &mut AsyncPgConnection, agent_id: Uuid, key: &str, lease: Uuid) -> QueryResult<bool> {
-    let n = diesel::sql_query(
-        "SELECT set_config('synchronous_commit', 'off', true) FROM idempotency_keys \
-          WHERE agent_id = $1 AND key = $2 AND lease = $3 AND status = 'in_flight' FOR NO KEY UPDATE",
-    )
-    .bind::<diesel::sql_types::Uuid, _>(agent_id)
-    .bind::<diesel::sql_types::Text, _>(key)
-    .bind::<diesel::sql_types::Uuid, _>(lease)
-    .prepared()
-    .execute(conn)
-    .await?;
-    Ok(n == 1)
-}
-
 /// Whether the key was finished by `lease` with `receipt_id` and this exact response: what
 /// the owner re-reads after a commit whose acknowledgement was lost.
 ///

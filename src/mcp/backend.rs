@@ -99,7 +99,7 @@ impl Backend {
     ///
     /// # Errors
     /// A connection-level failure (no HTTP answer): the outcome is unknown.
-    pub async fn call(&self, agent: Option<Uuid>, call: &Call) -> Result<Reply, BackendError> {
+    pub async fn call(&self, agent: Option<&super::McpAgent>, call: &Call) -> Result<Reply, BackendError> {
         match self {
             Self::Remote { client, base, agent_key } => remote(client, base, agent_key, call).await,
             Self::Local(state) => {
@@ -140,7 +140,8 @@ async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Cal
     Ok(Reply { status, body, retry_after, replayed, payment_status })
 }
 
-async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
+async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply {
+    let agent = caller.id;
     match call {
         Call::Route { key, body } => {
             let raw = match serde_json::to_vec(body) {
@@ -158,7 +159,7 @@ async fn local(state: &AppState, agent: Uuid, call: &Call) -> Reply {
                 Ok(p) => p,
                 Err(e) => return Reply::error(&e),
             };
-            match relay::handle(state, agent, key, request).await {
+            match relay::handle(state, (agent, &caller.credential), key, request).await {
                 Ok(r) => {
                     let body = crate::relay::envelope::to_value(&r.body).unwrap_or(serde_json::Value::Null);
                     Reply { replayed: r.replay, ..Reply::json(r.http_status, body) }

@@ -56,7 +56,7 @@ pub async fn mcp(
         builder = builder.header(name.as_str(), value.as_bytes());
     }
     let mut request = builder.body(Full::new(body)).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    request.extensions_mut().insert(McpAgent(agent.id));
+    request.extensions_mut().insert(McpAgent { id: agent.id, credential: agent.key_hash });
     let response = endpoint.service.handle(request).await;
     let (parts, body) = response.into_parts();
     let status = StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

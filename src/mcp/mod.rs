@@ -55,9 +55,13 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// The `code` of a `fetch` result whose call goes on past the wait bound.
 pub const IN_PROGRESS: &str = "fetch_in_progress";
 
-/// The authenticated agent of an `/mcp` HTTP request (put in the request's extensions).
-#[derive(Debug, Clone, Copy)]
-pub struct McpAgent(pub Uuid);
+/// The authenticated agent of an `/mcp` HTTP request (put in the request's extensions): its id
+/// and the sha256 of the key it authenticated with (see `idempotency::Ownership::credential`).
+#[derive(Debug, Clone)]
+pub struct McpAgent {
+    pub id: Uuid,
+    pub credential: String,
+}
 
 /// The MCP server handler: three tools over a [`Backend`].
 #[derive(Clone)]
@@ -229,12 +233,12 @@ impl RouterTools {
     }
 
     /// The call with its retries of transient answers (same key), to its result.
-    async fn run_fetch(backend: Backend, agent: Option<Uuid>, call: Call, key: String) -> CallToolResult {
+    async fn run_fetch(backend: Backend, agent: Option<McpAgent>, call: Call, key: String) -> CallToolResult {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let (next, reply, transport) = match backend.call(agent, &call).await {
+            let (next, reply, transport) = match backend.call(agent.as_ref(), &call).await {
                 Ok(reply) => (policy::classify(reply.status, &reply.body), Some(reply), None),
                 Err(e) => (Next::RetrySameKey, None, Some(e.0)),
             };
@@ -252,7 +256,7 @@ impl RouterTools {
 
     async fn simple(&self, call: Call, ctx: &RequestContext<RoleServer>) -> CallToolResult {
         let (agent, _) = http_identity(ctx);
-        match self.backend.call(agent, &call).await {
+        match self.backend.call(agent.as_ref(), &call).await {
             Ok(reply) if reply.status == 200 => {
                 let mut body = reply.body;
                 if let (Call::Receipt(_), Value::Object(_)) = (&call, &body) {
@@ -333,11 +337,11 @@ pub fn derive_key(scope: &str, request_id: &Value, arguments: &Map<String, Value
 }
 
 /// The agent and session of an `/mcp` HTTP request (`None` on stdio).
-fn http_identity(ctx: &RequestContext<RoleServer>) -> (Option<Uuid>, Option<String>) {
+fn http_identity(ctx: &RequestContext<RoleServer>) -> (Option<McpAgent>, Option<String>) {
     let Some(parts) = ctx.extensions.get::<::http::request::Parts>() else {
         return (None, None);
     };
-    let agent = parts.extensions.get::<McpAgent>().map(|a| a.0);
+    let agent = parts.extensions.get::<McpAgent>().cloned();
     let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(|s| format!("session:{s}"));
     (agent, session)
 }

@@ -55,6 +55,12 @@ pub enum Refusal {
     Paused,
     /// Over a per-minute rate: 429 `rate_limited`, nothing recorded for the call.
     RateLimited { what: RateKind, retry_after: u32 },
+    /// The agent was disabled (by an operator, after this call began): 403 `agent_disabled`,
+    /// nothing signed or sent from then on, nothing recorded for the call.
+    Disabled,
+    /// The agent's key was rotated after this call authenticated with the old one: 401
+    /// `unauthorized`; a call reserves nothing once its key is no longer the agent's.
+    KeyRotated,
 }
 
 /// What a per-minute rate counts.
@@ -127,8 +133,26 @@ pub async fn wallet_used_24h(conn: &mut AsyncPgConnection) -> QueryResult<String
     Ok(row.used)
 }
 
-/// Counts one more `kind` for `agent_id` in the current minute if fewer than `limit` were
-/// counted; `Some(seconds until the next minute)` if the limit is reached (nothing counted).
+/// The sliding window of the per-minute rates.
+pub const RATE_WINDOW_SECS: i32 = 60;
+
+impl RateKind {
+    /// The first key of the transaction-level advisory lock that serializes the counting of
+    /// one agent's `kind` on every router.
+    fn lock_class(self) -> i32 {
+        match self {
+            Self::Call => 0x0402_0001,
+            Self::Payment => 0x0402_0002,
+        }
+    }
+}
+
+/// Counts one more `kind` for `agent_id` if fewer than `limit` were counted in the last
+/// [`RATE_WINDOW_SECS`] (a sliding window: never more than `limit` in any 60 s, however the
+/// calls fall across minute boundaries); `Some(seconds until one more fits)` if not (nothing
+/// counted). Must run inside a transaction: an advisory lock per (agent, kind), held until it
+/// ends, makes concurrent counts on any number of routers happen one after another, and the
+/// count is read in a statement after the lock was granted (a fresh snapshot).
 ///
 /// # Errors
 /// Database errors.
@@ -138,48 +162,50 @@ pub async fn take_rate(
     kind: RateKind,
     limit: i32,
 ) -> QueryResult<Option<u32>> {
+    diesel::sql_query("SELECT pg_advisory_xact_lock($1, hashtext($2::text))")
+        .bind::<Integer, _>(kind.lock_class())
+        .bind::<SqlUuid, _>(agent_id)
+        .prepared()
+        .execute(conn)
+        .await?;
     #[derive(QueryableByName)]
-    struct Counted {
+    struct Taken {
+        #[diesel(sql_type = Bool)]
+        taken: bool,
         #[diesel(sql_type = Integer)]
-        #[expect(dead_code, reason = "only whether a row came back matters")]
-        count: i32,
+        secs: i32,
     }
-    let counted: Option<Counted> = diesel::sql_query(
-        "INSERT INTO agent_rate_windows AS w (agent_id, kind, window_start, count) \
-         VALUES ($1, $2, date_trunc('minute', now()), 1) \
-         ON CONFLICT (agent_id, kind, window_start) DO UPDATE SET count = w.count + 1 WHERE w.count < $3 \
-         RETURNING w.count",
+    // The `limit` most recent events of the window; full: the oldest of them leaves it first.
+    let taken: Taken = diesel::sql_query(
+        "WITH recent AS ( \
+              SELECT at FROM agent_rate_events \
+               WHERE agent_id = $1 AND kind = $2 AND at > clock_timestamp() - make_interval(secs => $4) \
+               ORDER BY at DESC LIMIT $3), \
+              counted AS (SELECT count(*) AS n, min(at) AS oldest FROM recent), \
+              ins AS (INSERT INTO agent_rate_events (agent_id, kind, at) \
+                      SELECT $1, $2, clock_timestamp() FROM counted WHERE n < $3 RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM ins) AS taken, \
+                GREATEST(1, COALESCE(CEIL(EXTRACT(EPOCH FROM oldest + make_interval(secs => $4) - clock_timestamp())), 1))::int AS secs \
+           FROM counted",
     )
     .bind::<SqlUuid, _>(agent_id)
     .bind::<Text, _>(kind.as_str())
     .bind::<Integer, _>(limit)
+    .bind::<Integer, _>(RATE_WINDOW_SECS)
     .prepared()
     .get_result(conn)
-    .await
-    .optional()?;
-    if counted.is_some() {
-        return Ok(None);
-    }
-    // A limit of 0 rows inserted can only mean the window is full.
-    #[derive(QueryableByName)]
-    struct Left {
-        #[diesel(sql_type = Integer)]
-        secs: i32,
-    }
-    let left: Left = diesel::sql_query(
-        "SELECT GREATEST(1, CEIL(EXTRACT(EPOCH FROM date_trunc('minute', now()) + interval '1 minute' - now())))::int AS secs",
-    )
-    .get_result(conn)
     .await?;
-    Ok(Some(u32::try_from(left.secs).unwrap_or(60)))
+    Ok((!taken.taken).then(|| u32::try_from(taken.secs).unwrap_or(60)))
 }
 
-/// Deletes rate windows older than an hour (run by `gc`); returns how many.
+/// Deletes counted calls and payments that left the sliding window (run by `gc`); returns how
+/// many.
 ///
 /// # Errors
 /// Database errors.
-pub async fn delete_old_rate_windows(conn: &mut AsyncPgConnection) -> QueryResult<usize> {
-    diesel::sql_query("DELETE FROM agent_rate_windows WHERE window_start < now() - interval '1 hour'")
+pub async fn delete_old_rate_events(conn: &mut AsyncPgConnection) -> QueryResult<usize> {
+    diesel::sql_query("DELETE FROM agent_rate_events WHERE at < now() - make_interval(secs => $1)")
+        .bind::<Integer, _>(RATE_WINDOW_SECS * 2)
         .execute(conn)
         .await
 }
@@ -260,6 +286,60 @@ pub async fn check_reservation(
     Ok(None)
 }
 
+/// What [`before_leaving`] found: whether anything signed may leave the router now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leaving {
+    /// The caller still owns the key, payments are not paused and the agent is enabled.
+    Clear,
+    /// The caller no longer owns the in-flight key (taken over, or finished by another).
+    Superseded,
+    /// Stopped by an operator: payments paused, or the agent disabled (or gone).
+    Stopped(Refusal),
+}
+
+/// The one check before anything signed leaves the router for an upstream (a payment header,
+/// new or recorded earlier, or a sign-in): the key's lease (under its row lock, so a takeover
+/// being committed is waited for and seen), the pause and the agent's `disabled` flag, read in
+/// one statement immediately before sending. The row lock is all it writes and ends with it:
+/// its commit does not wait for the WAL flush (a crash loses nothing by it).
+///
+/// # Errors
+/// Database errors.
+pub async fn before_leaving(
+    conn: &mut AsyncPgConnection,
+    agent_id: Uuid,
+    key: &str,
+    lease: Uuid,
+) -> QueryResult<Leaving> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = Bool)]
+        paused: bool,
+        #[diesel(sql_type = Nullable<Bool>)]
+        disabled: Option<bool>,
+    }
+    let found: Option<Found> = diesel::sql_query(
+        "SELECT set_config('synchronous_commit', 'off', true) AS sync, s.paused, \
+                (SELECT a.disabled FROM agents a WHERE a.id = k.agent_id) AS disabled \
+           FROM idempotency_keys k, router_settings s \
+          WHERE k.agent_id = $1 AND k.key = $2 AND k.lease = $3 AND k.status = 'in_flight' AND s.id \
+            FOR NO KEY UPDATE OF k",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<Text, _>(key)
+    .bind::<SqlUuid, _>(lease)
+    .prepared()
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(match found {
+        None => Leaving::Superseded,
+        Some(Found { paused: true, .. }) => Leaving::Stopped(Refusal::Paused),
+        Some(Found { disabled: Some(false), .. }) => Leaving::Clear,
+        Some(_) => Leaving::Stopped(Refusal::Disabled),
+    })
+}
+
 /// What [`admit`] reads.
 #[derive(Debug, QueryableByName)]
 struct Gate {
@@ -317,10 +397,14 @@ pub async fn admit(
             "the upstream host {shown} is not on this agent's allowlist"
         ))));
     }
-    if let Some(limit) = gate.calls_per_minute
-        && let Some(retry_after) = take_rate(conn, agent_id, RateKind::Call, limit).await?
-    {
-        return Ok(Some(Refusal::RateLimited { what: RateKind::Call, retry_after }));
+    if let Some(limit) = gate.calls_per_minute {
+        use diesel_async::AsyncConnection;
+        let counted = conn
+            .transaction::<_, diesel::result::Error, _>(async |c| take_rate(c, agent_id, RateKind::Call, limit).await)
+            .await?;
+        if let Some(retry_after) = counted {
+            return Ok(Some(Refusal::RateLimited { what: RateKind::Call, retry_after }));
+        }
     }
     Ok(None)
 }

@@ -7,6 +7,7 @@
 
 pub mod limits;
 pub mod reprice;
+pub mod spend;
 pub mod store;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};

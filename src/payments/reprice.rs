@@ -9,7 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::PaymentStatus;
-use super::store::{Reservation, agent_spend};
+use super::store::{Reservation, lock_for_reservation};
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
 
@@ -17,6 +17,8 @@ use crate::money::Amount;
 pub struct Repriced<'a> {
     pub id: Uuid,
     pub agent_id: Uuid,
+    /// The sha256 of the key the call authenticated with (`store::lock_for_reservation`).
+    pub credential: &'a str,
     pub lease: Uuid,
     /// The intent's amount now (what the first authorization signed).
     pub first_amount: Amount,
@@ -43,8 +45,9 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
     let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
     let (requirement_json, context_json) = (exact(r.requirement)?, exact(r.context)?);
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
-            return Ok(Reservation::Refused(super::limits::Refusal::OverBudget("unknown agent".into())));
+        let spend = match lock_for_reservation(c, r.agent_id, r.credential).await? {
+            Ok(spend) => spend,
+            Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
         let more = Amount::from_u256(r.amount.as_u256().saturating_sub(r.first_amount.as_u256()));
         if let Some(refusal) = super::limits::check_reservation(c, &spend, more, r.pay_to).await? {

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::PaymentStatus;
 pub use super::Spend;
 use super::limits::Refusal;
+pub use super::spend::{agent_spend, lock_for_reservation};
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
@@ -88,6 +89,8 @@ fn exact_or(exact: Option<&[u8]>, fallback: &Value) -> serde_json::Result<Value>
 pub struct NewPayment<'a> {
     pub id: Uuid,
     pub agent_id: Uuid,
+    /// The sha256 of the key the reserving call authenticated with ([`lock_for_reservation`]).
+    pub credential: &'a str,
     pub idempotency_key: &'a str,
     pub request_hash: &'a str,
     pub lease: Uuid,
@@ -195,8 +198,9 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
 pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult<Reservation> {
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let Some(spend) = agent_spend(c, r.agent_id, true).await? else {
-            return Ok(Reservation::Refused(Refusal::OverBudget("unknown agent".into())));
+        let spend = match lock_for_reservation(c, r.agent_id, r.credential).await? {
+            Ok(spend) => spend,
+            Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
         let current: Option<PaymentRow> = payments::table
             .find((r.agent_id, r.id))
@@ -247,6 +251,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
 pub struct Resign<'a> {
     pub id: Uuid,
     pub agent_id: Uuid,
+    /// The sha256 of the key the re-signing call authenticated with.
+    pub credential: &'a str,
     pub lease: Uuid,
     pub amount: Amount,
     pub pay_to: &'a str,
@@ -304,56 +310,6 @@ pub async fn finalize(conn: &mut AsyncPgConnection, agent_id: Uuid, fin: &super:
     Ok(())
 }
 
-/// The spend of `agent_id`. With `lock`, first locks the agent row in a statement of its
-/// own, so that (under READ COMMITTED) the sums are read from a snapshot taken after every
-/// earlier reservation of this agent committed: concurrent payments of one agent reserve
-/// strictly one after another. The lock is `FOR NO KEY UPDATE`: it serializes reservations
-/// just as well, but, unlike `FOR UPDATE`, does not conflict with the `FOR KEY SHARE` lock
-/// that every foreign-key check on the agent row takes (each claim, intent and receipt insert
-/// of the agent), so a reservation neither waits for nor blocks those. (Locking inside the summing statement would not do: after
-/// waiting for the lock, Postgres re-checks the locked row but keeps the statement's old
-/// snapshot for the sums.) `None`: no such agent.
-///
-/// # Errors
-/// Database errors.
-pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: bool) -> QueryResult<Option<Spend>> {
-    if lock {
-        let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE")
-            .bind::<SqlUuid, _>(agent_id)
-            .prepared()
-            .execute(conn)
-            .await?;
-        if locked == 0 {
-            return Ok(None);
-        }
-    }
-    use PaymentStatus::{Settled, SettledResponseLost};
-    let released = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
-    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    debug_assert_eq!(spent, super::sql_list([Settled, SettledResponseLost]));
-    let sql = format!(
-        "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
-                u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
-                CASE WHEN a.daily_budget IS NULL THEN NULL \
-                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h, \
-                a.month_budget::text AS month_budget, u.settled_month::text AS settled_month, \
-                CASE WHEN a.month_budget IS NULL THEN NULL \
-                     ELSE GREATEST(a.month_budget - u.settled_month - u.reserved, 0)::text END AS remaining_month, \
-                a.allowed_hosts, a.allowed_pay_to, a.calls_per_minute, a.payments_per_minute \
-           FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {window}), 0) AS settled, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {month}), 0) AS settled_month, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
-                  FROM payments p \
-                 WHERE p.agent_id = a.id AND p.status NOT IN {released} \
-                   AND (p.status NOT IN {spent} OR {window} OR {month})) u \
-          WHERE a.id = $1",
-        window = super::IN_WINDOW_24H,
-        month = super::IN_MONTH,
-    );
-    diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
-}
-
 /// Why a reservation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reservation {
@@ -373,8 +329,9 @@ pub enum Reservation {
 pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<Reservation> {
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let Some(spend) = agent_spend(c, p.agent_id, true).await? else {
-            return Ok(Reservation::Refused(Refusal::OverBudget("unknown agent".into())));
+        let spend = match lock_for_reservation(c, p.agent_id, p.credential).await? {
+            Ok(spend) => spend,
+            Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
         if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to).await? {
             return Ok(Reservation::Refused(refusal));

@@ -12,8 +12,9 @@ pub enum Error {
     /// The upstream URL is refused by the SSRF guard (before anything is written).
     #[error("{0}")]
     ForbiddenUpstream(String),
-    /// An operator's limit refuses the call before anything is recorded: a host off the
-    /// allowlist, a rate limit, a pause ([`Refusal`](crate::payments::limits::Refusal)).
+    /// An operator's limit or stop refuses the call before anything is recorded: a host off
+    /// the allowlist, a rate limit, a pause, a disabled agent or a rotated key
+    /// ([`Refusal`](crate::payments::limits::Refusal)).
     /// After a claim, the key is released first, so the same key can be retried.
     #[error("{}", refusal_message(.0))]
     Refused(crate::payments::limits::Refusal),
@@ -48,6 +49,10 @@ fn refusal_message(r: &crate::payments::limits::Refusal) -> String {
         }
         Refusal::RateLimited { what: RateKind::Payment, .. } => {
             "the agent's payments per minute are used up; nothing was paid or recorded, retry after Retry-After".into()
+        }
+        Refusal::Disabled => "the agent was disabled by an operator; nothing more is signed or sent for it".into(),
+        Refusal::KeyRotated => {
+            "the agent's key was rotated after this call began; nothing more is signed for the old key".into()
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::codes::Code;
 use crate::idempotency::{Commit, Decision, Gate, Heartbeat, Hint, IdempotencyKey, Ownership, Stored};
 use crate::payments::limits;
 use crate::state::AppState;
+use crate::terms::TermsKey;
 use crate::upstream::UpstreamError;
 pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
@@ -60,7 +61,7 @@ pub struct RouteResponse {
 /// included, are `Ok`).
 pub async fn handle(
     state: &AppState,
-    agent_id: Uuid,
+    (agent_id, credential): (Uuid, &str),
     key: IdempotencyKey,
     request: Received,
 ) -> Result<RouteResponse, Error> {
@@ -77,6 +78,8 @@ pub async fn handle(
     }
     // Anything else is validated first: an invalid body is a 400 whatever its key's state.
     let call = request.into_call().map_err(|e| Error::BadRequest(e.0))?;
+    // The request's payment terms, if an earlier 402 to exactly this request taught them.
+    let terms = crate::terms::TermsKey::of(agent_id, &call.upstream);
     let (decision, path) = match cached {
         Hint::Decided(decision, path) => (decision, path),
         hint => {
@@ -89,7 +92,6 @@ pub async fn handle(
                 .map_err(|e| Error::ForbiddenUpstream(e.to_string()))?;
             // A call that will pay ahead on known terms commits its claim with its payment
             // intent's flush (one WAL flush fewer); every other call's claim is durable at once.
-            let terms = crate::terms::TermsKey::new(agent_id, &call.upstream.method, &call.upstream.url);
             let commit = if state.terms.knows(&terms) { Commit::Deferred } else { Commit::Now };
             let claim = async {
                 let mut conn = error::conn(&state.pool).await?;
@@ -127,7 +129,8 @@ pub async fn handle(
         Decision::Gated => Err(Error::invariant("the claim asked for a call gate that was checked")),
         Decision::Execute(own) => {
             // The spawned task keeps the request's span (and its request id) in every log line.
-            let task = tokio::spawn(run_owned(state.clone(), own, call, deadline).in_current_span());
+            let own = own.authenticated_by(credential);
+            let task = tokio::spawn(run_owned(state.clone(), own, (call, terms), deadline).in_current_span());
             task.await.map_err(|e| Error::invariant(format!("route task failed: {e}")))?
         }
     };
@@ -150,7 +153,7 @@ fn replay(stored: Stored) -> RouteResponse {
 async fn run_owned(
     state: AppState,
     own: Ownership,
-    call: RouteCall,
+    (call, terms): (RouteCall, TermsKey),
     deadline: Instant,
 ) -> Result<RouteResponse, Error> {
     let heartbeat =
@@ -159,7 +162,7 @@ async fn run_owned(
     // answer with the settlement still `unknown` rather than drop it); this hard stop, a
     // little later, only cuts what is still waiting for an upstream or the chain.
     let hard_stop = deadline + DEADLINE_GRACE;
-    let run = tokio::time::timeout_at(hard_stop.into(), execute(&state, &own, &call, deadline));
+    let run = tokio::time::timeout_at(hard_stop.into(), execute(&state, &own, (&call, &terms), deadline));
     let outcome = tokio::select! {
         biased;
         // Another attempt took the key over: stop before any further side effect; the new
@@ -188,7 +191,12 @@ async fn run_owned(
 ///
 /// # Errors
 /// An [`Error`] means "answer this and record nothing".
-async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: Instant) -> Result<Outcome, Error> {
+async fn execute(
+    state: &AppState,
+    own: &Ownership,
+    (call, terms): (&RouteCall, &TermsKey),
+    deadline: Instant,
+) -> Result<Outcome, Error> {
     if own.took_over {
         let mut conn = error::conn(&state.pool).await?;
         let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
@@ -198,9 +206,8 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
         }
     }
     // Known terms: pay with the first request instead of probing unpaid (src/terms.rs).
-    let known = crate::terms::TermsKey::new(own.agent_id, &call.upstream.method, &call.upstream.url);
-    if let Some(required) = state.terms.get(&known, &call.upstream.url)
-        && let Some(outcome) = pay::pay_ahead(state, own, call, &known, &required, deadline).await?
+    if let Some(required) = state.terms.get(terms)
+        && let Some(outcome) = pay::pay_ahead(state, own, call, terms, &required, deadline).await?
     {
         return Ok(outcome);
     }
@@ -214,7 +221,7 @@ async fn execute(state: &AppState, own: &Ownership, call: &RouteCall, deadline: 
         Err(e) => return Ok(upstream_failure(&e)),
     };
     if resp.status == 402 {
-        return pay::pay(state, own, call, resp, deadline).await;
+        return pay::pay(state, own, (call, terms), resp, deadline).await;
     }
     Ok(Outcome::Answered { resp, payment: None })
 }
@@ -235,6 +242,32 @@ pub(crate) async fn make_durable(state: &AppState, own: &Ownership) -> Result<()
         Ok(())
     } else {
         Err(Error::Superseded)
+    }
+}
+
+/// What a pause and a disabled agent stop (docs/DESIGN.md §8, "What an operator's stop
+/// stops"), checked here, immediately before anything signed leaves the router: every payment
+/// header (new, re-sent by a takeover or a reused key, signed again, repriced, on any network)
+/// and every sign-in (SIWX). New signatures are refused earlier too, by the ledger's
+/// reservation under the agent's lock. Not stopped: replays, unpaid calls (unless the pause
+/// includes them) and recovery's byte-identical re-send of a payment the chain shows already
+/// used (it cannot move money again; `crate::recovery` cannot sign).
+///
+/// # Errors
+/// [`Error::Superseded`] when the lease was lost (a takeover owns the key), [`Error::Refused`]
+/// when an operator stopped it; database errors.
+pub(crate) async fn may_leave(state: &AppState, own: &Ownership) -> Result<(), Error> {
+    let mut conn = error::conn(&state.pool).await?;
+    match limits::before_leaving(&mut conn, own.agent_id, own.key.as_str(), own.lease).await? {
+        limits::Leaving::Clear => Ok(()),
+        limits::Leaving::Superseded => {
+            tracing::warn!(agent_id = %own.agent_id, "lease lost before a signed request left; nothing sent");
+            Err(Error::Superseded)
+        }
+        limits::Leaving::Stopped(refusal) => {
+            tracing::warn!(agent_id = %own.agent_id, "an operator's stop holds a signed request back; nothing sent");
+            Err(Error::Refused(refusal))
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
 use super::remaining;
+use crate::idempotency::Ownership;
 use crate::payments::store::PaymentRow;
 use crate::payments::{Exchange, RecoveryStep};
 use crate::state::AppState;
@@ -43,30 +44,50 @@ fn advertised(row: &PaymentRow) -> bool {
 }
 
 /// Tries to re-access the resource of `row` by signing in as its payer. Sends nothing unless
-/// the stored request is a GET or HEAD and its 402 advertised sign-in-with-x.
-pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> Reaccess {
+/// the stored request is a GET or HEAD and its 402 advertised sign-in-with-x, and signs
+/// nothing unless [`super::may_leave`] allows it (the owner's lease, no pause, the agent
+/// enabled).
+///
+/// # Errors
+/// [`super::Error::Superseded`] or [`super::Error::Refused`] from that check (nothing signed
+/// or sent); database errors.
+pub async fn reaccess(
+    state: &AppState,
+    own: &Ownership,
+    row: &PaymentRow,
+    deadline: Instant,
+) -> Result<Reaccess, super::Error> {
     if !advertised(row) {
-        return Reaccess { answer: None, log: Vec::new() };
+        return Ok(Reaccess { answer: None, log: Vec::new() });
     }
     let (request, network, payer) = match eligible(state, row) {
         Ok(r) => r,
         Err(why) => {
             let log = vec![RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}")))];
-            return Reaccess { answer: None, log };
+            return Ok(Reaccess { answer: None, log });
         }
     };
     // 1. A fresh challenge: the stored request, unpaid.
-    let (step, header) = challenge(state, &request, (network, payer), deadline).await;
+    let (step, challenge) = challenge(state, &request, (network, payer), deadline).await;
     let mut log = vec![step];
-    let Some(header) = header else {
-        return Reaccess { answer: None, log };
+    let Some(challenge) = challenge else {
+        return Ok(Reaccess { answer: None, log });
     };
-    // 2. The stored request again, signed in, without any payment.
+    // 2. The stored request again, signed in, without any payment: signed only if nothing
+    // stops it now.
     let left = remaining(deadline);
     if left.is_zero() {
         log.push(RecoveryStep::SignIn(Exchange::result("not sent: route deadline")));
-        return Reaccess { answer: None, log };
+        return Ok(Reaccess { answer: None, log });
     }
+    super::may_leave(state, own).await?;
+    let header = match sign_in(state, &challenge) {
+        Ok(header) => header,
+        Err(why) => {
+            log.push(RecoveryStep::SignIn(Exchange::result(format!("not signed: {why}"))));
+            return Ok(Reaccess { answer: None, log });
+        }
+    };
     let at = chrono::Utc::now().to_rfc3339();
     match state.upstream.send(&request, std::slice::from_ref(&header), left.min(state.upstream.timeout())).await {
         Ok(resp) if resp.status == 200 => {
@@ -75,7 +96,7 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
                 result: Some("reaccessed".into()),
                 ..Exchange::at(&at)
             }));
-            Reaccess { answer: Some(resp), log }
+            Ok(Reaccess { answer: Some(resp), log })
         }
         Ok(resp) => {
             log.push(RecoveryStep::SignIn(Exchange {
@@ -83,11 +104,11 @@ pub async fn reaccess(state: &AppState, row: &PaymentRow, deadline: Instant) -> 
                 result: Some("refused: the upstream did not accept the sign-in".into()),
                 ..Exchange::at(&at)
             }));
-            Reaccess { answer: None, log }
+            Ok(Reaccess { answer: None, log })
         }
         Err(e) => {
             log.push(RecoveryStep::SignIn(Exchange { error: Some(e.to_string()), ..Exchange::at(&at) }));
-            Reaccess { answer: None, log }
+            Ok(Reaccess { answer: None, log })
         }
     }
 }
@@ -115,14 +136,14 @@ fn eligible(state: &AppState, row: &PaymentRow) -> Result<(UpstreamRequest, Netw
     Ok((request, network, payer))
 }
 
-/// Asks for a fresh challenge (the stored request, unpaid) and signs in to it: the step for
-/// the log, and the sign-in header when one was made.
+/// Asks for a fresh challenge (the stored request, unpaid) and validates it: the step for the
+/// log, and the challenge when it may be signed.
 async fn challenge(
     state: &AppState,
     request: &UpstreamRequest,
     (network, payer): (Network, Address),
     deadline: Instant,
-) -> (RecoveryStep, Option<(HeaderName, HeaderValue)>) {
+) -> (RecoveryStep, Option<Challenge>) {
     let left = remaining(deadline);
     if left.is_zero() {
         return (RecoveryStep::Challenge(Exchange::result("not tried: route deadline")), None);
@@ -151,20 +172,17 @@ async fn challenge(
             return (RecoveryStep::Challenge(entry), None);
         }
     };
-    let header = siwx::sign_in(&state.config.signer, &challenge)
-        .map_err(|e| e.to_string())
-        .and_then(|v| HeaderValue::from_str(&v).map_err(|e| e.to_string()));
-    let header =
-        header.and_then(|v| Ok((HeaderName::from_bytes(siwx::HEADER.as_bytes()).map_err(|e| e.to_string())?, v)));
-    match header {
-        Ok(h) => {
-            entry.result = Some("signed in".into());
-            entry.nonce = Some(challenge.nonce().to_string());
-            (RecoveryStep::Challenge(entry), Some(h))
-        }
-        Err(why) => {
-            entry.result = Some(format!("not signed: {why}"));
-            (RecoveryStep::Challenge(entry), None)
-        }
-    }
+    entry.result = Some("challenge accepted".into());
+    entry.nonce = Some(challenge.nonce().to_string());
+    (RecoveryStep::Challenge(entry), Some(challenge))
+}
+
+/// The sign-in header for `challenge`, signed by the router's wallet (EIP-4361, never a
+/// payment).
+fn sign_in(state: &AppState, challenge: &Challenge) -> Result<(HeaderName, HeaderValue), NotTried> {
+    let not = |e: &dyn std::fmt::Display| NotTried(e.to_string());
+    let value = siwx::sign_in(&state.config.signer, challenge).map_err(|e| not(&e))?;
+    let value = HeaderValue::from_str(&value).map_err(|e| not(&e))?;
+    let name = HeaderName::from_bytes(siwx::HEADER.as_bytes()).map_err(|e| not(&e))?;
+    Ok((name, value))
 }

@@ -63,7 +63,7 @@ pub async fn route(
     let key = IdempotencyKey::parse(req.headers().get("idempotency-key").map(|v| v.as_bytes()))?;
     let raw = super::read_limited(payload, state.config.request_max_bytes).await?;
     let request = Received::parse(&raw, req.path(), req.query_string())?;
-    let answer = relay::handle(&state, agent.id, key, request).await?;
+    let answer = relay::handle(&state, (agent.id, &agent.key_hash), key, request).await?;
     Ok(respond(answer))
 }
 

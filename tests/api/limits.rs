@@ -48,18 +48,18 @@ fn settled(results: &[(u16, Value, Option<String>)]) -> usize {
     results.iter().filter(|(s, b, _)| *s == 200 && b["payment"]["status"] == "settled").count()
 }
 
-/// Per-minute windows are calendar minutes: start a race early in a minute, so that it does
-/// not straddle two windows (the count would then be up to twice the limit, by design).
-async fn early_in_a_minute() {
-    let limit = std::time::Duration::from_secs(61);
+/// Milliseconds into the current minute of the wall clock (the routers' Postgres runs here).
+fn ms_in_minute() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 60_000
+}
+
+/// Waits until the clock is between `from_ms` and `to_ms` into a minute.
+async fn at_ms_in_minute(from_ms: u128, to_ms: u128) {
     x402_router_testkit::wait::wait_for_every(
-        limit,
-        std::time::Duration::from_millis(250),
-        "an early second",
-        || async {
-            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
-            (secs < 40).then_some(())
-        },
+        std::time::Duration::from_secs(62),
+        std::time::Duration::from_millis(20),
+        "a moment of the minute",
+        || async { (from_ms..to_ms).contains(&ms_in_minute()).then_some(()) },
     )
     .await
     .unwrap();
@@ -157,7 +157,7 @@ async fn the_call_gate_stops_calls_that_would_start_and_not_answers_already_reco
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers().get("x-idempotent-replay").unwrap(), "true");
     }
-    assert_eq!(count(&app.db, "SELECT COALESCE(sum(count), 0)::bigint AS n FROM agent_rate_windows").await, 0);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM agent_rate_events").await, 0);
     // A takeover would call the upstream again: refused, the abandoned row left as it was.
     let lease = "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight' AND takeovers = 0";
     let resp = app.route(&abandoned, &abandoned_body).await;
@@ -173,7 +173,7 @@ async fn the_call_gate_stops_calls_that_would_start_and_not_answers_already_reco
     set(&app, "allowed_hosts = NULL").await;
     assert_eq!(app.route(&abandoned, &abandoned_body).await.status(), 200);
     assert_eq!(up.hits.get("/ok/gate-abandoned"), 1);
-    assert_eq!(count(&app.db, "SELECT COALESCE(sum(count), 0)::bigint AS n FROM agent_rate_windows").await, 1);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM agent_rate_events").await, 1);
 }
 
 #[actix_web::test]
@@ -190,7 +190,6 @@ async fn calls_per_minute_hold_across_three_router_processes() {
     ];
     let up = TestUpstream::start().await;
     let client = reqwest::Client::new();
-    early_in_a_minute().await;
     let results = join_all((0..30).map(|i| {
         let (client, addr, agent) = (client.clone(), routers[i % 3].address.clone(), agent.clone());
         let body = json!({"url": up.url(&format!("/ok/rate-{i}"))});
@@ -207,8 +206,39 @@ async fn calls_per_minute_hold_across_three_router_processes() {
     assert!(limited.iter().all(|r| r.2 == "rate_limited" && r.1.is_some_and(|s| (1..=60).contains(&s))));
     // Nothing of the refused calls was written or sent.
     assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys").await, 7);
-    assert_eq!(count(&db, "SELECT COALESCE(sum(count), 0)::bigint AS n FROM agent_rate_windows").await, 7);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM agent_rate_events").await, 7);
     assert_eq!(up.hits.total(), 7);
+}
+
+/// A rate is a sliding window, not a calendar minute (issue 38, item 4): 7 calls at :59.6 and
+/// 7 more at :00.1, spread over two router processes, and only 7 run.
+#[actix_web::test]
+async fn a_burst_straddling_a_minute_boundary_gets_the_limit_once() {
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "straddle").await;
+    exec(&db, &format!("UPDATE agents SET calls_per_minute = 7 WHERE id = '{}'", agent.id)).await;
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let opts = AppOptions::default();
+    let routers =
+        [RouterProcess::spawn(&db.url, &opts, &prefix).await, RouterProcess::spawn(&db.url, &opts, &prefix).await];
+    let up = TestUpstream::start().await;
+    let client = reqwest::Client::new();
+    let burst = |from: usize| {
+        join_all((from..from + 7).map(|i| {
+            let (client, addr, agent) = (client.clone(), routers[i % 2].address.clone(), agent.clone());
+            let body = json!({"url": up.url(&format!("/ok/straddle-{i}"))});
+            async move { route_at(&client, &addr, &agent, &new_key(), &body).await.status().as_u16() }
+        }))
+    };
+    at_ms_in_minute(59_550, 59_700).await;
+    let mut statuses = burst(0).await;
+    at_ms_in_minute(50, 400).await;
+    statuses.extend(burst(7).await);
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((ok, limited), (7, 7), "{statuses:?}");
+    assert_eq!(up.hits.total(), 7);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM agent_rate_events").await, 7);
 }
 
 #[actix_web::test]
@@ -217,7 +247,6 @@ async fn payments_per_minute_refuse_with_429_and_the_same_key_pays_later() {
     let app = Arc::new(paid_app(&chain).await);
     set(&app, "payments_per_minute = 3").await;
     let before = moved(&chain).await;
-    early_in_a_minute().await;
     let results = race(&app, 20, &paid_body(&chain)).await;
     assert_eq!(settled(&results), 3, "{:?}", results.iter().map(|r| r.0).collect::<Vec<_>>());
     let limited = with_code(&results, "rate_limited");
@@ -227,11 +256,11 @@ async fn payments_per_minute_refuse_with_429_and_the_same_key_pays_later() {
     // A refused call left no key behind: only the three paid ones are recorded.
     assert_eq!(app.idempotency_rows().await, 3);
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, 3);
-    // The next minute (simulated by ageing the window), the same key of a refused call pays once.
+    // A minute later (simulated by ageing what was counted), the same key of a refused call pays once.
     let key = new_key();
     let resp = app.route(&key, &paid_body(&chain)).await;
     assert_eq!(resp.status(), 429);
-    exec(&app.db, "UPDATE agent_rate_windows SET window_start = window_start - interval '1 minute'").await;
+    exec(&app.db, "UPDATE agent_rate_events SET at = at - interval '1 minute'").await;
     let resp = app.route(&key, &paid_body(&chain)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(app.route(&key, &paid_body(&chain)).await.headers().get("x-idempotent-replay").unwrap(), "true");
@@ -314,7 +343,6 @@ async fn a_month_budget_and_payments_per_minute_hold_across_two_router_processes
     let client = reqwest::Client::new();
     let before = moved(&chain).await;
     let body = paid_body(&chain);
-    early_in_a_minute().await;
     let results = join_all((0..32).map(|i| {
         let agent = if i % 2 == 0 { monthly.clone() } else { paced.clone() };
         let (client, addr, body) = (client.clone(), routers[(i / 2) % 2].address.clone(), body.clone());

@@ -32,6 +32,7 @@ mod recovery;
 mod rpc;
 mod solana;
 mod stalls;
+mod stops;
 mod structure;
 mod terms;
 mod traces;

@@ -1,9 +1,10 @@
 //! Paying ahead on known terms (issue 25, item 1): the router remembers what an upstream's
-//! 402 asked (per agent, method and URL without query) and pays the next call with its first
-//! request. Terms that changed are paid once more with the same nonce, so the chain lets at
-//! most one of the two authorizations move money. Real anvil, the project's token and test
-//! upstream (`?price=N` changes a route's price, `?keep=all` hoards every authorization it
-//! is sent, `?free=1` stops charging); money is counted on-chain.
+//! 402 asked (per agent and whole request: method, URL with query, forwarded headers, body)
+//! and pays the next identical call with its first request. Terms that changed are paid once
+//! more with the same nonce, so the chain lets at most one of the two authorizations move
+//! money. Real anvil, the project's token and test upstream (`?price=N` changes a route's
+//! price, `?keep=all` hoards every authorization it is sent, `?free=1` stops charging; `POST
+//! /_defaults` sets them for one exact URL between two calls); money is counted on-chain.
 
 use alloy::primitives::U256;
 use serde_json::{Value, json};
@@ -34,37 +35,74 @@ async fn paid(app: &TestApp, url: String) -> Value {
 async fn known_terms_are_paid_with_the_first_request_unless_turned_off() {
     let chain = Devnet::start().await;
     let app = paid_app_with(&chain, &[]).await;
+    let requests = async || stat(&chain, "/v2/weather", "requests").await;
     paid(&app, chain.url("/v2/weather?city=Paris")).await;
-    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 2, "probe, then the paid request");
-    // Another query, another key: the terms are known, the first request carries the payment.
-    paid(&app, chain.url("/v2/weather?city=Rome")).await;
-    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 3);
+    assert_eq!(requests().await, 2, "probe, then the paid request");
+    // The same request under another key: the terms are known, the first request pays.
+    paid(&app, chain.url("/v2/weather?city=Paris")).await;
+    assert_eq!(requests().await, 3);
     assert_eq!(stat(&chain, "/v2/weather", "paid").await, 2);
+    // Another query is another request: its price is asked first.
+    paid(&app, chain.url("/v2/weather?city=Rome")).await;
+    assert_eq!(requests().await, 5);
     // Another agent learns its own terms (never paid ahead on another agent's).
     let other = create_agent(&app.db, "other").await;
-    let resp = app.route_as(&other, &new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
+    let resp = app
+        .route_as(&other, &new_key(), &json!({"url": chain.url("/v2/weather?city=Paris"), "max_amount": "50000"}))
+        .await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 5);
+    assert_eq!(requests().await, 7);
 
     let off = paid_app_with(&chain, &[("requirements-cache-seconds", "0")]).await;
     paid(&off, chain.url("/v2/weather")).await;
     paid(&off, chain.url("/v2/weather")).await;
-    assert_eq!(stat(&chain, "/v2/weather", "requests").await, 9, "off: every call probes");
+    assert_eq!(requests().await, 11, "off: every call probes");
 }
 
-/// The price fell between two calls, and the upstream hoards every authorization it gets:
-/// it holds the one signed for the old price and the one for the new. Both carry the same
-/// nonce, so exactly one moves money: the new price, once.
+/// A price is the price of one request (issue 38, item 2): terms learnt for `?price=30000`
+/// are never signed for `?price=10000`, nor for another body of the same URL, even to an
+/// upstream that keeps every authorization it is sent (a lenient one would settle it).
+#[actix_web::test]
+async fn terms_learnt_for_one_request_are_never_signed_for_another() {
+    let chain = Devnet::start().await;
+    let app = paid_app_with(&chain, &[]).await;
+    paid(&app, chain.url("/v2/weather?price=30000")).await;
+    let env = paid(&app, chain.url("/v2/weather?price=10000&keep=all")).await;
+    assert_eq!(env["payment"]["amount"], "10000");
+    // Another body, same URL: the price learnt for the first body is not this one's.
+    let echo = |size: &str| json!({"url": chain.url("/v2/echo"), "method": "POST", "body": {"size": size}, "max_amount": "50000"});
+    chain.set_defaults("price=30000").await;
+    assert_eq!(app.route(&new_key(), &echo("large")).await.status(), 200);
+    chain.set_defaults("price=10000&keep=all").await;
+    assert_eq!(app.route(&new_key(), &echo("small")).await.status(), 200);
+    let kept = chain.kept().await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    for auth in &kept {
+        assert_eq!(auth["value"], "10000", "only this request's own price was signed: {kept:?}");
+    }
+    assert_eq!(settle_kept(&chain).await["settled"], 0, "both were settled as asked, once");
+    // The same request again is paid ahead, at its own price.
+    let requests = stat(&chain, "/v2/weather", "requests").await;
+    let env = paid(&app, chain.url("/v2/weather?price=10000&keep=all")).await;
+    assert_eq!(env["payment"]["amount"], "10000");
+    assert_eq!(stat(&chain, "/v2/weather", "requests").await, requests + 1, "paid with the first request");
+}
+
+/// The price fell between two calls of one request, and the upstream hoards every
+/// authorization it gets: it holds the one signed for the old price and the one for the new.
+/// Both carry the same nonce, so exactly one moves money: the new price, once.
 #[actix_web::test]
 async fn a_changed_price_is_paid_once_with_the_same_nonce_even_by_a_hoarding_upstream() {
     let chain = Devnet::start().await;
     let app = paid_app_with(&chain, &[]).await;
-    paid(&app, chain.url("/v2/weather?price=3000")).await;
+    chain.set_defaults("price=3000").await;
+    paid(&app, chain.url("/v2/weather")).await;
     let before = chain.balance(PAY_TO).await;
     let router_before = chain.balance(ROUTER_ADDRESS).await;
 
+    chain.set_defaults("price=1200&keep=all").await;
     let key = new_key();
-    let body = json!({"url": chain.url("/v2/weather?price=1200&keep=all"), "max_amount": "50000"});
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "50000"});
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
@@ -87,10 +125,12 @@ async fn a_changed_price_is_paid_once_with_the_same_nonce_even_by_a_hoarding_ups
 async fn a_price_rise_is_paid_at_the_new_price_on_v1_too() {
     let chain = Devnet::start().await;
     let app = paid_app_with(&chain, &[]).await;
-    paid(&app, chain.url("/v1/weather?price=1000")).await;
+    chain.set_defaults("price=1000").await;
+    paid(&app, chain.url("/v1/weather")).await;
     let before = chain.balance(PAY_TO).await;
+    chain.set_defaults("price=2500").await;
     let key = new_key();
-    let body = json!({"url": chain.url("/v1/weather?price=2500"), "max_amount": "50000"});
+    let body = json!({"url": chain.url("/v1/weather"), "max_amount": "50000"});
     let env: Value = app.route(&key, &body).await.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled", "{env}");
     assert_eq!(env["payment"]["x402_version"], 1);
@@ -103,10 +143,12 @@ async fn a_price_rise_is_paid_at_the_new_price_on_v1_too() {
 async fn a_changed_permit2_price_is_paid_once_at_the_new_price() {
     let chain = Devnet::start().await;
     let app = paid_app_with(&chain, &[]).await;
-    paid(&app, chain.url("/v2/permit2?price=3000")).await;
+    chain.set_defaults("price=3000").await;
+    paid(&app, chain.url("/v2/permit2")).await;
     let before = chain.balance(PAY_TO).await;
+    chain.set_defaults("price=1500").await;
     let key = new_key();
-    let body = json!({"url": chain.url("/v2/permit2?price=1500"), "max_amount": "50000"});
+    let body = json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"});
     let env: Value = app.route(&key, &body).await.json().await.unwrap();
     assert_eq!(env["payment"]["status"], "settled", "{env}");
     assert_eq!(env["payment"]["amount"], "1500");
@@ -122,8 +164,9 @@ async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_
     let chain = Devnet::start().await;
     let app = paid_app_with(&chain, &[]).await;
     paid(&app, chain.url("/v2/weather")).await;
+    chain.set_defaults("free=1&keep=all").await;
     let key = new_key();
-    let body = json!({"url": chain.url("/v2/weather?free=1&keep=all"), "max_amount": "50000"});
+    let body = json!({"url": chain.url("/v2/weather"), "max_amount": "50000"});
     let resp = app.route(&key, &body).await;
     assert_eq!(resp.status(), 200);
     let env: Value = resp.json().await.unwrap();
@@ -131,7 +174,7 @@ async fn an_upstream_that_stopped_charging_keeps_the_payment_reserved_until_the_
     assert_ne!(env["payment"]["status"], "settled", "{env}");
     // It charged nothing: the next call probes first instead of handing out another one.
     let requests = stat(&chain, "/v2/weather", "requests").await;
-    let again = app.route(&new_key(), &json!({"url": chain.url("/v2/weather?free=1&keep=all")})).await;
+    let again = app.route(&new_key(), &json!({"url": chain.url("/v2/weather")})).await;
     assert_eq!(again.status(), 200);
     assert_eq!(again.json::<Value>().await.unwrap()["payment"], Value::Null);
     assert_eq!(stat(&chain, "/v2/weather", "requests").await, requests + 1);
@@ -167,7 +210,8 @@ async fn terms_moved_to_another_token_are_not_paid_on_top_of_a_live_authorizatio
     paid(&app, chain.url("/v2/permit2")).await;
     let plain_before = chain.balance_in(chain.plain_token, PAY_TO).await;
     let before = chain.balance(PAY_TO).await;
-    let body = json!({"url": chain.url("/v2/permit2?token=plain"), "max_amount": "50000"});
+    chain.set_defaults("token=plain").await;
+    let body = json!({"url": chain.url("/v2/permit2"), "max_amount": "50000"});
     let resp = app.route(&new_key(), &body).await;
     assert_eq!(resp.status(), 502);
     let env: Value = resp.json().await.unwrap();
@@ -175,7 +219,7 @@ async fn terms_moved_to_another_token_are_not_paid_on_top_of_a_live_authorizatio
     assert_eq!(chain.balance(PAY_TO).await, before, "nothing moved");
     assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await, plain_before, "nothing moved");
     // A new key pays the terms now known, once.
-    paid(&app, chain.url("/v2/permit2?token=plain")).await;
+    paid(&app, chain.url("/v2/permit2")).await;
     assert_eq!(chain.balance_in(chain.plain_token, PAY_TO).await - plain_before, U256::from(PRICE));
 }
 

@@ -114,7 +114,7 @@ async fn repriced(
         state.terms.forget(key);
         return Ok(None);
     };
-    state.terms.put(key.clone(), &call.upstream.url, &asked, &resp.headers);
+    state.terms.put(key.clone(), &asked, &resp.headers);
     let Ok(chosen) = select::choose(state, own.agent_id, call, &asked).await? else {
         return Ok(None);
     };
@@ -143,6 +143,7 @@ async fn repriced(
     let row = Repriced {
         id: first.id,
         agent_id: own.agent_id,
+        credential: &own.credential,
         lease: own.lease,
         first_amount: paid.chosen.amount(),
         amount: chosen.amount(),

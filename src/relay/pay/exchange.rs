@@ -37,10 +37,11 @@ pub(super) async fn exchange(
 /// What the upstream said to a paid request (or why it said nothing).
 pub(super) type Sent = Result<UpstreamResponse, UpstreamError>;
 
-/// Sends the paid request, once the lease is seen held.
+/// Sends the paid request, once [`crate::relay::may_leave`] allows it.
 ///
 /// # Errors
-/// [`Error::Superseded`] when the lease was lost before the payment left (nothing sent).
+/// [`Error::Superseded`] when the lease was lost before the payment left, [`Error::Refused`]
+/// when an operator stopped it (paused, agent disabled): nothing sent.
 pub(super) async fn send(
     state: &AppState,
     own: &Ownership,
@@ -49,16 +50,7 @@ pub(super) async fn send(
     deadline: Instant,
 ) -> Result<Sent, Error> {
     faults::at(state.faults.as_ref(), Point::BeforePaidSend).await;
-    // The lease is read under a row lock immediately before the payment leaves: an owner
-    // that was presumed dead and taken over sends nothing.
-    let held = {
-        let mut conn = crate::relay::error::conn(&state.pool).await?;
-        crate::idempotency::store::lease_held(&mut conn, own.agent_id, own.key.as_str(), own.lease).await?
-    };
-    if !held {
-        tracing::warn!(agent_id = %own.agent_id, "lease lost before the paid request left; nothing sent");
-        return Err(Error::Superseded);
-    }
+    crate::relay::may_leave(state, own).await?;
     faults::at(state.faults.as_ref(), Point::PaymentLeaving).await;
     let started = Instant::now();
     let sent = state

@@ -116,7 +116,7 @@ impl Attempt {
 pub async fn pay(
     state: &AppState,
     own: &Ownership,
-    call: &RouteCall,
+    (call, terms): (&RouteCall, &crate::terms::TermsKey),
     first: UpstreamResponse,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
@@ -128,8 +128,7 @@ pub async fn pay(
             return Ok(Stop::new("invalid_402", Code::UpstreamInvalid402, msg).outcome(state, first));
         }
     };
-    let known = crate::terms::TermsKey::new(own.agent_id, &call.upstream.method, &call.upstream.url);
-    state.terms.put(known, &call.upstream.url, &required, &first.headers);
+    state.terms.put(terms.clone(), &required, &first.headers);
     let accepts = || Value::Array(required.raw_accepts.clone());
     // The agent's limits, an intent of an earlier attempt and the chain's nonces: read at once.
     let (chosen, existing, nonces) = tokio::join!(

@@ -29,6 +29,7 @@ pub(super) async fn reserve(
     let row = store::NewPayment {
         id: attempt.id,
         agent_id: own.agent_id,
+        credential: &own.credential,
         idempotency_key: own.key.as_str(),
         request_hash: &own.request_hash,
         lease: own.lease,
@@ -73,6 +74,7 @@ pub(super) async fn resign(
     let resign = store::Resign {
         id: intent.id,
         agent_id: own.agent_id,
+        credential: &own.credential,
         lease: own.lease,
         amount: requirement.amount(),
         pay_to: &intent.pay_to,

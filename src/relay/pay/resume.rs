@@ -100,7 +100,7 @@ async fn paid_before(
     // Nothing came back: for a GET/HEAD whose 402 advertised sign-in-with-x, sign in as
     // the payer and run the request again (a new execution, never a payment).
     let mut log = note.log;
-    let again = crate::relay::reaccess::reaccess(state, intent, deadline).await;
+    let again = crate::relay::reaccess::reaccess(state, own, intent, deadline).await?;
     log.extend(again.log);
     if let Some(resp) = again.answer {
         return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
@@ -138,7 +138,7 @@ async fn key_reused(
     );
     if unserved {
         let mut log = crate::payments::RecoveryStep::stored(intent.recovery.as_ref());
-        let again = crate::relay::reaccess::reaccess(state, intent, deadline).await;
+        let again = crate::relay::reaccess::reaccess(state, own, intent, deadline).await?;
         log.extend(again.log);
         if let Some(resp) = again.answer {
             return Ok(reaccessed(state, own, version, signed, intent.id, tx_hash, resp, log));

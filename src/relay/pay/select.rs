@@ -27,6 +27,7 @@ pub(super) async fn choose(
         let mut conn = crate::relay::error::conn(&state.pool).await?;
         store::agent_spend(&mut conn, agent_id, false).await?
     };
+    refuse_disabled(spend.as_ref())?;
     let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
         None => (None, None),
         Some((Ok(cap), Ok(day), Ok(month))) => (cap, min_limit(day, month)),
@@ -57,6 +58,18 @@ pub(super) async fn choose(
             Err((Code::for_rejection(&rejection), why))
         }
     })
+}
+
+/// A disabled agent's call stops before anything is signed (the reservation, under the agent's
+/// lock, refuses it anyway: this only spares the chain reads and the signing).
+///
+/// # Errors
+/// [`Error::Refused`] when the agent is disabled.
+pub(super) fn refuse_disabled(spend: Option<&store::Spend>) -> Result<(), Error> {
+    match spend {
+        Some(s) if s.disabled => Err(Error::Refused(limits::Refusal::Disabled)),
+        _ => Ok(()),
+    }
 }
 
 /// The lower of two optional limits (None: no limit).

@@ -173,6 +173,7 @@ async fn choose<'a>(
         let mut conn = crate::relay::error::conn(&state.pool).await?;
         store::agent_spend(&mut conn, agent_id, false).await?
     };
+    crate::relay::pay::select::refuse_disabled(spend.as_ref())?;
     let limit = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
         None => None,
         Some((Ok(cap), Ok(day), Ok(month))) => [cap, day, month].into_iter().flatten().min(),
@@ -313,6 +314,7 @@ async fn reserve(
     let row = store::NewPayment {
         id: attempt.id,
         agent_id: own.agent_id,
+        credential: &own.credential,
         idempotency_key: own.key.as_str(),
         request_hash: &own.request_hash,
         lease: own.lease,

@@ -152,6 +152,7 @@ async fn sign_again(
     let resign = store::Resign {
         id: intent.id,
         agent_id: own.agent_id,
+        credential: &own.credential,
         lease: own.lease,
         amount: Amount::from(terms.amount()),
         pay_to: &intent.pay_to,
