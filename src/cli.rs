@@ -127,6 +127,17 @@ pub struct ServeArgs {
     /// tokens made by `operators create` work with or without it.
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]
     pub operator_token: Option<String>,
+    /// Failed operator authentications (unknown, revoked or missing tokens, agent keys) one
+    /// client address (the TCP peer) may make per window; past it every operator request
+    /// from it gets 429 with Retry-After, the token not even looked up. 0 turns it off.
+    #[arg(long, env = "OPERATOR_AUTH_MAX_FAILURES", default_value = "10")]
+    pub operator_auth_max_failures: String,
+    /// The window of OPERATOR_AUTH_MAX_FAILURES, in ms, from an address's first failure.
+    #[arg(long, env = "OPERATOR_AUTH_WINDOW_MS", default_value = "60000")]
+    pub operator_auth_window_ms: String,
+    /// Most client addresses whose failures are tracked at once (the oldest dropped first).
+    #[arg(long, env = "OPERATOR_AUTH_MAX_ADDRESSES", default_value = "10000")]
+    pub operator_auth_max_addresses: String,
     /// A second listener serving only GET /metrics, without authentication, for Prometheus on
     /// a private interface (e.g. 127.0.0.1:9464). The main listener's /metrics always needs an
     /// operator token.

@@ -41,6 +41,12 @@ pub enum Code {
     /// 429 + `Retry-After`: the agent's calls or payments per minute are used up; nothing
     /// was recorded (retry the same key after `Retry-After`).
     RateLimited,
+    /// 429 + `Retry-After`: too many failed operator authentications from the client's
+    /// address; the token was not looked up.
+    AuthThrottled,
+    /// 409: revoking the last live admin operator with no `OPERATOR_TOKEN` configured would
+    /// leave no one able to administer the router; nothing changed.
+    LastAdmin,
     /// 503 + `Retry-After`: an operator paused payments (or all calls); nothing was paid or
     /// recorded (retry the same key later).
     PaymentsPaused,
@@ -88,6 +94,11 @@ pub enum Code {
     Permit2AllowanceRequired,
 }
 
+/// [`Code::AuthThrottled`]'s description.
+const AUTH_THROTTLED: &str = "Too many failed operator authentications (unknown, revoked or missing tokens, agent keys) from this client address within `OPERATOR_AUTH_WINDOW_MS`; every operator request from it is refused, a correct token too, without looking the token up. Retry after `Retry-After` seconds.";
+/// [`Code::LastAdmin`]'s description.
+const LAST_ADMIN: &str = "The operator is the last live admin and the router has no bootstrap `OPERATOR_TOKEN`: revoking it would leave no one able to administer the router. Nothing changed; create another admin first.";
+
 impl Code {
     /// Every code, in documentation order.
     pub const ALL: &[Code] = &[
@@ -103,6 +114,8 @@ impl Code {
         Code::IdempotencyKeyInFlight,
         Code::Superseded,
         Code::RateLimited,
+        Code::AuthThrottled,
+        Code::LastAdmin,
         Code::PaymentsPaused,
         Code::DatabaseUnavailable,
         Code::PaymentNetworkUnavailable,
@@ -137,6 +150,8 @@ impl Code {
             Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Self::Superseded => "superseded",
             Self::RateLimited => "rate_limited",
+            Self::AuthThrottled => "auth_throttled",
+            Self::LastAdmin => "last_admin",
             Self::PaymentsPaused => "payments_paused",
             Self::DatabaseUnavailable => "database_unavailable",
             Self::PaymentNetworkUnavailable => "payment_network_unavailable",
@@ -166,8 +181,12 @@ impl Code {
             Self::Unauthorized => &[401],
             Self::AgentDisabled | Self::OperatorOnly | Self::UpstreamNotAllowed => &[403],
             Self::NotFound => &[404],
-            Self::IdempotencyKeyReused | Self::IdempotencyKeyInFlight | Self::Superseded | Self::AlreadyPaid => &[409],
-            Self::RateLimited => &[429],
+            Self::IdempotencyKeyReused
+            | Self::IdempotencyKeyInFlight
+            | Self::Superseded
+            | Self::AlreadyPaid
+            | Self::LastAdmin => &[409],
+            Self::RateLimited | Self::AuthThrottled => &[429],
             Self::PaymentsPaused | Self::DatabaseUnavailable | Self::PaymentNetworkUnavailable => &[503],
             // 502: a /route call that reached the upstream but whose answer could not be recorded.
             Self::InternalError => &[500, 502],
@@ -226,6 +245,8 @@ impl Code {
             Self::RateLimited => {
                 "The agent's calls or payments per minute (set by an operator) are used up; nothing was recorded. Retry the same key after `Retry-After` seconds."
             }
+            Self::AuthThrottled => AUTH_THROTTLED,
+            Self::LastAdmin => LAST_ADMIN,
             Self::PaymentsPaused => {
                 "An operator paused payments (or all calls); nothing was paid or recorded. Retry the same key after `Retry-After` seconds."
             }

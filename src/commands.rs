@@ -154,64 +154,39 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
     Value::Object(body)
 }
 
-/// `operators create|list|revoke`. Create and revoke record an operator event (actor `cli`)
-/// in the change's own transaction.
+/// `operators create|list|revoke`: the same calls, validation and operator events (actor
+/// `cli`) as `/admin/operators`. The command line has no bootstrap token: the last live admin
+/// is not revoked (create another first).
 ///
 /// # Errors
 /// Configuration, validation or database errors.
 pub async fn operators(args: &OperatorsArgs) -> anyhow::Result<()> {
-    use diesel_async::AsyncConnection;
-
-    use crate::operators::{Actor, Role, events, generate_token, hash_token, store};
+    use crate::operators::Actor;
+    use crate::operators::manage::{self, Bootstrap, NewOperator};
     let db = DatabaseConfig::from_args(&args.db)?;
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     let actor = Actor::cli();
     match &args.command {
         OperatorsCommand::Create { name, role } => {
-            let name = name.trim().to_owned();
-            anyhow::ensure!(!name.is_empty() && name.len() <= 200, "--name must be 1 to 200 characters");
-            let role = Role::parse(role.trim()).context("--role must be `viewer` or `admin`")?;
-            let id = Uuid::new_v4();
-            let token = generate_token().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-            let hash = hash_token(&token);
-            let created = conn
-                .transaction::<_, diesel::result::Error, _>(async move |conn| {
-                    let created = store::create(conn, id, &name, role, &hash).await?;
-                    let after = serde_json::to_value(&created).unwrap_or_default();
-                    events::record(conn, &actor, "operators.create", Some(&id.to_string()), None, Some(&after)).await?;
-                    Ok(created)
-                })
-                .await
-                .context("creating the operator")?;
+            let new = NewOperator::new(name, role.trim())?;
+            let (created, token) = manage::create(&mut conn, &actor, &new).await.context("creating the operator")?;
             println!(
                 "{}",
                 json!({ "operator_id": created.id, "name": created.name, "role": created.role, "token": token })
             );
         }
         OperatorsCommand::List => {
-            for o in store::list(&mut conn).await.context("listing operators")? {
+            for o in manage::list(&mut conn).await.context("listing operators")? {
                 println!("{}", serde_json::to_string(&o)?);
             }
         }
         OperatorsCommand::Revoke { id } => {
             let id = Uuid::parse_str(id.trim()).context("ID must be an operator uuid")?;
-            let revoked = conn
-                .transaction::<_, diesel::result::Error, _>(async move |conn| {
-                    let Some((before, after)) = store::revoke(conn, id).await? else {
-                        return Ok(None);
-                    };
-                    if before.revoked_at.is_none() {
-                        let (b, a) = (serde_json::to_value(&before), serde_json::to_value(&after));
-                        let (b, a) = (b.unwrap_or_default(), a.unwrap_or_default());
-                        events::record(conn, &actor, "operators.revoke", Some(&id.to_string()), Some(&b), Some(&a))
-                            .await?;
-                    }
-                    Ok(Some(after))
-                })
-                .await
-                .context("revoking the operator")?;
-            let revoked = revoked.with_context(|| format!("no operator {id}"))?;
+            let revoked = match manage::revoke(&mut conn, &actor, id, Bootstrap::Absent).await {
+                Err(manage::OperatorError::NotFound) => anyhow::bail!("no operator {id}"),
+                other => other?,
+            };
             println!("{}", json!({ "operator_id": id, "revoked_at": revoked.revoked_at }));
         }
     }

@@ -32,6 +32,10 @@ pub enum ApiError {
     UpstreamNotAllowed(String),
     #[error("{message}")]
     RateLimited { message: String, retry_after: u32 },
+    #[error("too many failed operator authentications from this address; retry after {retry_after} s")]
+    AuthThrottled { retry_after: u32 },
+    #[error("{0}")]
+    LastAdmin(String),
     #[error("{0}")]
     PaymentsPaused(String),
     #[error("this needs an admin operator token")]
@@ -80,6 +84,8 @@ impl ApiError {
             Self::Forbidden => Code::AgentDisabled,
             Self::UpstreamNotAllowed(_) => Code::UpstreamNotAllowed,
             Self::RateLimited { .. } => Code::RateLimited,
+            Self::AuthThrottled { .. } => Code::AuthThrottled,
+            Self::LastAdmin(_) => Code::LastAdmin,
             Self::PaymentsPaused(_) => Code::PaymentsPaused,
             Self::OperatorOnly | Self::AdminOnly => Code::OperatorOnly,
             Self::NotFound => Code::NotFound,
@@ -97,7 +103,7 @@ impl ApiError {
         match self {
             Self::InFlight | Self::PaymentNetworkUnavailable => Some(5),
             Self::Unavailable(_) => Some(1),
-            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            Self::RateLimited { retry_after, .. } | Self::AuthThrottled { retry_after } => Some(*retry_after),
             Self::PaymentsPaused(_) => Some(30),
             _ => None,
         }
@@ -172,6 +178,19 @@ impl From<crate::admin::AdminError> for ApiError {
     }
 }
 
+impl From<crate::operators::manage::OperatorError> for ApiError {
+    fn from(e: crate::operators::manage::OperatorError) -> Self {
+        use crate::operators::manage::OperatorError;
+        match e {
+            OperatorError::Invalid(m) => Self::BadRequest(m),
+            OperatorError::NotFound => Self::NotFound,
+            OperatorError::LastAdmin => Self::LastAdmin(OperatorError::LastAdmin.to_string()),
+            OperatorError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
+            OperatorError::Database(e) => Self::database(e),
+        }
+    }
+}
+
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> Self {
         Self::BadRequest(e.0)
@@ -197,11 +216,11 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::UpstreamNotAllowed(_) => StatusCode::FORBIDDEN,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited { .. } | Self::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::PaymentsPaused(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::KeyReused | Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
+            Self::KeyReused | Self::InFlight | Self::Superseded | Self::LastAdmin(_) => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -246,6 +265,8 @@ mod tests {
             ApiError::OperatorOnly,
             ApiError::UpstreamNotAllowed("x".into()),
             ApiError::RateLimited { message: "x".into(), retry_after: 1 },
+            ApiError::AuthThrottled { retry_after: 1 },
+            ApiError::LastAdmin("x".into()),
             ApiError::PaymentsPaused("x".into()),
             ApiError::AdminOnly,
             ApiError::NotFound,

@@ -13,6 +13,7 @@
 //! * `receipts/`     signed receipts and their table.
 //! * `recovery`      getting back a paid answer that was lost, by a byte-identical re-send; cannot sign.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
+//! * `auth_throttle` failed operator authentications per client address (429 past a limit).
 //! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
 //! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
@@ -30,6 +31,7 @@ pub mod admin;
 pub mod approve;
 pub mod audit;
 pub mod auth;
+pub mod auth_throttle;
 pub mod cli;
 pub mod clock;
 pub mod codes;

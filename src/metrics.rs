@@ -50,6 +50,13 @@ pub struct Metrics {
     /// `x402_router_payments_by_status{status}`: payment intents per ledger status (all time),
     /// as `audit::gauges` last read the ledger.
     pub payments_by_status: IntGaugeVec,
+    /// `x402_router_operator_auth_failures_total{reason}`: operator authentications refused,
+    /// reason `missing` (no token), `unknown` (no live operator has it, nor is it
+    /// `OPERATOR_TOKEN`) or `agent_key`.
+    pub operator_auth_failures: IntCounterVec,
+    /// `x402_router_operator_auth_throttled_total`: operator requests refused (429) because
+    /// their address failed too often, the token not looked up.
+    pub operator_auth_throttled: IntCounter,
     /// `x402_router_build_info{version}` = 1.
     pub build_info: IntGaugeVec,
 }
@@ -86,9 +93,15 @@ impl Metrics {
             rpc_endpoint_up: r.int_gauges("x402_router_rpc_endpoint_up", "1 when the RPC URL's last attempt answered, else 0", &["network", "endpoint"])?,
             paid_amount: r.counters("x402_router_paid_amount_total", "Atomic units paid by settled payments (saturates at 2^64-1)", &["network", "asset"])?,
             payments_by_status: r.int_gauges("x402_router_payments_by_status", "Payment intents in the ledger by status", &["status"])?,
+            operator_auth_failures: r.counters("x402_router_operator_auth_failures_total", "Operator authentications refused, by reason (missing, unknown, agent_key)", &["reason"])?,
+            operator_auth_throttled: r.add(IntCounter::new("x402_router_operator_auth_throttled_total", "Operator requests refused (429) because their client address failed to authenticate too often")?)?,
             build_info,
             registry: r.0,
         };
+        // Shown at 0 before the first failure (an alert on the rate needs the series).
+        for reason in ["missing", "unknown", "agent_key"] {
+            metrics.operator_auth_failures.with_label_values(&[reason]);
+        }
         // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, … (Linux).
         #[cfg(target_os = "linux")]
         metrics.registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;

@@ -219,7 +219,9 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         Some(c) => Some(Arc::new(crate::solana::Solana::new(c, payments.rpc_timeout)?)),
         None => None,
     };
+    let operator_auth = Arc::new(crate::auth_throttle::AuthThrottle::new(config.operator_auth));
     Ok(AppState {
+        operator_auth,
         solana,
         terms,
         config: Arc::new(config),

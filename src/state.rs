@@ -35,6 +35,8 @@ pub struct AppState {
     pub terms: Arc<crate::terms::Terms>,
     /// Paying on Solana networks (`None`: none configured).
     pub solana: Option<Arc<crate::solana::Solana>>,
+    /// Failed operator authentications per client address (`auth_throttle`), per process.
+    pub operator_auth: Arc<crate::auth_throttle::AuthThrottle>,
     /// Test-only fault points (`None` in production).
     pub faults: Option<crate::faults::Hook>,
 }

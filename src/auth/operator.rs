@@ -5,9 +5,13 @@
 //! - no or an unknown/revoked token: 401 `unauthorized`;
 //! - an agent key (`x4r_…`): 403 `operator_only`;
 //! - a viewer token on an admin endpoint: 403 `operator_only` ("this needs an admin operator
-//!   token").
+//!   token");
+//! - an address with too many failed authentications (the three above but the last):
+//!   429 `auth_throttled` with `Retry-After`, before the token is looked up
+//!   ([`crate::auth_throttle`]).
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 
 use actix_web::dev::Payload;
@@ -33,13 +37,41 @@ pub struct Admin {
 /// Longest token looked up (a real one is 47 characters).
 const MAX_TOKEN_LEN: usize = 200;
 
-/// Authenticates the request's bearer token as an operator.
+/// Authenticates the request's bearer token as an operator, unless its address failed too
+/// often (`auth_throttle`: 429 before anything is looked up). Failures are counted for the
+/// address and in `x402_router_operator_auth_failures_total{reason}`.
 async fn authenticate(
     state: Option<web::Data<AppState>>,
     token: Option<String>,
-    remote_addr: Option<String>,
+    peer: Option<IpAddr>,
 ) -> Result<Actor, ApiError> {
     let state = state.ok_or_else(|| ApiError::Internal(anyhow::anyhow!("app state missing")))?;
+    let attempt = state.operator_auth.begin(peer).map_err(|t| {
+        state.metrics.operator_auth_throttled.inc();
+        ApiError::AuthThrottled { retry_after: t.retry_after }
+    })?;
+    let missing = token.is_none();
+    let result = check(&state, token, peer.map(|ip| ip.to_string())).await;
+    let reason = match &result {
+        Err(ApiError::Unauthorized) if missing => "missing",
+        Err(ApiError::Unauthorized) => "unknown",
+        Err(ApiError::OperatorOnly) => "agent_key",
+        // A success, or Postgres unavailable: nothing was refused.
+        _ => return result,
+    };
+    state.metrics.operator_auth_failures.with_label_values(&[reason]).inc();
+    if attempt.failed() {
+        tracing::warn!(
+            client.address = peer.map(|ip| ip.to_string()).unwrap_or_default(),
+            "too many failed operator authentications: the address is refused until its window ends"
+        );
+    }
+    result
+}
+
+/// The token's operator: the bootstrap `OPERATOR_TOKEN` (compared in constant time) or a live
+/// operator row.
+async fn check(state: &AppState, token: Option<String>, remote_addr: Option<String>) -> Result<Actor, ApiError> {
     let token = token.ok_or(ApiError::Unauthorized)?;
     if let Some(expected) = state.config.operator_token.as_ref()
         && bool::from(token.as_bytes().ct_eq(expected.expose().as_bytes()))
@@ -61,11 +93,11 @@ async fn authenticate(
     Ok(Actor { operator_id: Some(op.id), name: op.name, role, remote_addr })
 }
 
-fn parts(req: &HttpRequest) -> (Option<web::Data<AppState>>, Option<String>, Option<String>) {
+fn parts(req: &HttpRequest) -> (Option<web::Data<AppState>>, Option<String>, Option<IpAddr>) {
     (
         req.app_data::<web::Data<AppState>>().cloned(),
         super::bearer(req).map(str::to_owned),
-        req.peer_addr().map(|a| a.ip().to_string()),
+        req.peer_addr().map(|a| a.ip()),
     )
 }
 

@@ -21,7 +21,10 @@ use crate::x402::Network;
 mod parse;
 pub mod solana;
 
-pub use self::parse::{Assets, parse_mcp_wait, parse_ms, parse_num, parse_requirements_cache, parse_rpc_urls};
+pub use self::parse::{
+    Assets, OperatorAuthLimits, parse_mcp_wait, parse_ms, parse_num, parse_operator_auth, parse_requirements_cache,
+    parse_rpc_urls,
+};
 use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
 
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
@@ -237,6 +240,8 @@ pub struct Config {
     pub signer: PrivateKeySigner,
     pub payments: PaymentConfig,
     pub operator_token: Option<Secret>,
+    /// Throttling of failed operator authentications per client address.
+    pub operator_auth: OperatorAuthLimits,
     /// The unauthenticated metrics listener (`METRICS_ADDR`), if any.
     pub metrics_addr: Option<SocketAddr>,
     pub upstream: UpstreamConfig,
@@ -372,6 +377,11 @@ impl Config {
             signer,
             payments,
             operator_token,
+            operator_auth: parse_operator_auth(
+                &args.operator_auth_max_failures,
+                &args.operator_auth_window_ms,
+                &args.operator_auth_max_addresses,
+            )?,
             metrics_addr,
             upstream,
             request_max_bytes: parse_num("REQUEST_MAX_BYTES", &args.request_max_bytes)?,
@@ -470,6 +480,24 @@ mod tests {
         for bad in ["0", "3601", "-1", "1.5", "", "20s", "18446744073709551616"] {
             let e = parse_mcp_wait(bad).unwrap_err().to_string();
             assert!(e.contains("MCP_FETCH_WAIT_SECONDS"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_operator_auth_throttle_settings_are_bounded_and_named() {
+        let d = parse_operator_auth("10", "60000", "10000").unwrap();
+        assert_eq!((d.max_failures, d.window, d.max_addresses), (10, Duration::from_secs(60), 10_000));
+        assert_eq!(parse_operator_auth("0", "1", "1").unwrap().max_failures, 0, "0 turns it off");
+        for (f, w, a, name) in [
+            ("-1", "60000", "10", "OPERATOR_AUTH_MAX_FAILURES"),
+            ("1000001", "60000", "10", "OPERATOR_AUTH_MAX_FAILURES"),
+            ("10", "0", "10", "OPERATOR_AUTH_WINDOW_MS"),
+            ("10", "86400001", "10", "OPERATOR_AUTH_WINDOW_MS"),
+            ("10", "60000", "0", "OPERATOR_AUTH_MAX_ADDRESSES"),
+            ("10", "60000", "x", "OPERATOR_AUTH_MAX_ADDRESSES"),
+        ] {
+            let e = parse_operator_auth(f, w, a).unwrap_err().to_string();
+            assert!(e.contains(name), "{f} {w} {a}: {e}");
         }
     }
 

@@ -55,6 +55,44 @@ pub fn parse_requirements_cache(secs: &str, entries: &str) -> Result<Option<supe
     Ok((secs > 0).then(|| super::TermsLimits { ttl: Duration::from_secs(secs), entries }))
 }
 
+/// How failed operator authentications are throttled per client address (see
+/// `auth_throttle`): `OPERATOR_AUTH_MAX_FAILURES` (0: off), `OPERATOR_AUTH_WINDOW_MS`,
+/// `OPERATOR_AUTH_MAX_ADDRESSES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperatorAuthLimits {
+    /// Failures (plus authentications still running) an address may have in one window.
+    pub max_failures: u32,
+    /// How long an address's failures count, from its first failure.
+    pub window: Duration,
+    /// Most addresses tracked at once (the oldest window is dropped first).
+    pub max_addresses: usize,
+}
+
+/// The operator-auth throttle's settings: failures 0 (off) to 1000000, a window of 1 ms to a
+/// day, 1 to 1000000 addresses.
+///
+/// # Errors
+/// A value that does not parse or is out of range, naming the setting.
+pub fn parse_operator_auth(
+    failures: &str,
+    window_ms: &str,
+    addresses: &str,
+) -> Result<OperatorAuthLimits, ConfigError> {
+    let max_failures: u32 = parse_num("OPERATOR_AUTH_MAX_FAILURES", failures)?;
+    if max_failures > 1_000_000 {
+        return Err(ConfigError::new("OPERATOR_AUTH_MAX_FAILURES", "must be between 0 (off) and 1000000"));
+    }
+    let window = parse_ms("OPERATOR_AUTH_WINDOW_MS", window_ms)?;
+    if window > Duration::from_secs(86_400) {
+        return Err(ConfigError::new("OPERATOR_AUTH_WINDOW_MS", "must be between 1 and 86400000 ms"));
+    }
+    let max_addresses: usize = parse_num("OPERATOR_AUTH_MAX_ADDRESSES", addresses)?;
+    if !(1..=1_000_000).contains(&max_addresses) {
+        return Err(ConfigError::new("OPERATOR_AUTH_MAX_ADDRESSES", "must be between 1 and 1000000"));
+    }
+    Ok(OperatorAuthLimits { max_failures, window, max_addresses })
+}
+
 /// A duration in milliseconds, greater than zero.
 ///
 /// # Errors

@@ -9,7 +9,7 @@
 //! | 502/504 with `payment` null, or `payment.status` `expired` | done; a new key is safe |
 //! | 502/504 with any other `payment.status` (`rejected`, `not_settled`, `settled_response_lost`, `unknown`, …) | done; a new key is **not** safe until `GET /payments` says `new_key_safe` |
 //! | 409 `already_paid` (the same request re-sent under an expired key; paid before) | done; a new key pays again |
-//! | 400, 401, 403, 404, 409 `idempotency_key_reused`, 413 | fix the request |
+//! | 400, 401, 403, 404, 409 `idempotency_key_reused` (or an operator's `last_admin`), 413 | fix the request |
 //!
 //! Replays (same key) of a recorded outcome return the same answer and never execute again,
 //! so retrying the same key is always safe; only a *new* key can pay twice.
@@ -43,7 +43,8 @@ pub fn classify(status: u16, body: &Value) -> Next {
     match status {
         200..=299 => Next::Done,
         402 => Next::NewKeySafe,
-        409 if code == "idempotency_key_reused" => Next::FixRequest,
+        // `last_admin` (an operator's revocation, never /route): the same request fails again.
+        409 if code == "idempotency_key_reused" || code == "last_admin" => Next::FixRequest,
         409 if code == "already_paid" => Next::DoNotRekey,
         // 429 `rate_limited` and 503 `payments_paused` recorded nothing: the same key, later.
         409 | 429 | 500 | 503 => Next::RetrySameKey,
@@ -94,6 +95,8 @@ mod tests {
             (409, json!({"code": "idempotency_key_in_flight"}), Next::RetrySameKey),
             (409, json!({"code": "superseded"}), Next::RetrySameKey),
             (409, json!({"code": "idempotency_key_reused"}), Next::FixRequest),
+            (409, json!({"code": "last_admin"}), Next::FixRequest),
+            (429, json!({"code": "auth_throttled"}), Next::RetrySameKey),
             (409, json!({"code": "already_paid"}), Next::DoNotRekey),
             (503, json!({"code": "database_unavailable"}), Next::RetrySameKey),
             (503, json!({"code": "payments_paused"}), Next::RetrySameKey),

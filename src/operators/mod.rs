@@ -8,17 +8,19 @@
 //! set, is a bootstrap admin with no row (its [`Actor::operator_id`] is `None`).
 //!
 //! Every lookup of an operator token reads Postgres (no cache): a revoked token is refused
-//! from the moment `operators revoke` commits.
+//! by every router from the moment the revocation commits (`DELETE /admin/operators/{id}` or
+//! `operators revoke`, both [`manage::revoke`]).
 //!
 //! Every change an operator makes is recorded by [`events::record`] in the change's own
 //! transaction, in the append-only `operator_events` table.
 
 pub mod events;
+pub mod manage;
 pub mod store;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::idempotency::canonical::sha256_hex;
@@ -48,7 +50,7 @@ impl Actor {
 pub const TOKEN_PREFIX: &str = "x4o_";
 
 /// What an operator may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads: audit, receipts, exports, metrics.

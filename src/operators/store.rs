@@ -9,7 +9,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 /// An operator as listed (never the token or its hash).
-#[derive(Debug, Clone, Serialize, QueryableByName)]
+#[derive(Debug, Clone, Serialize, QueryableByName, utoipa::ToSchema)]
+#[schema(as = Operator, description = "An operator as listed: never its token or the token's hash.")]
 pub struct OperatorInfo {
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
@@ -17,11 +18,13 @@ pub struct OperatorInfo {
     pub name: String,
     /// `viewer` or `admin`.
     #[diesel(sql_type = Text)]
+    #[schema(value_type = super::Role)]
     pub role: String,
     #[diesel(sql_type = Timestamptz)]
     pub created_at: DateTime<Utc>,
-    /// Set once revoked: the token is refused from then on.
+    /// Set once revoked: the token is refused from then on (null: live).
     #[diesel(sql_type = Nullable<Timestamptz>)]
+    #[schema(required = true)]
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
@@ -57,28 +60,58 @@ pub async fn list(conn: &mut AsyncPgConnection) -> QueryResult<Vec<OperatorInfo>
     diesel::sql_query(format!("SELECT {COLUMNS} FROM operators ORDER BY created_at, id")).load(conn).await
 }
 
-/// Revokes an operator: its row before and after, or `None` when there is no such
-/// operator. Revoking a revoked operator changes nothing (its `revoked_at` stays).
+/// Serializes the changes of operators: until the transaction ends, no other transaction
+/// may insert, revoke or lock them (reads, and so every token lookup, go on). A revocation
+/// that counts the live admins takes it first, so that two admins revoking each other at
+/// once cannot both see the other as the one left.
+///
+/// # Errors
+/// Database errors (`lock_timeout` included).
+pub async fn lock_changes(conn: &mut AsyncPgConnection) -> QueryResult<()> {
+    diesel::sql_query("LOCK TABLE operators IN SHARE ROW EXCLUSIVE MODE").execute(conn).await.map(|_| ())
+}
+
+/// One operator, revoked or not.
 ///
 /// # Errors
 /// Database errors.
-pub async fn revoke(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option<(OperatorInfo, OperatorInfo)>> {
-    let before: Option<OperatorInfo> =
-        diesel::sql_query(format!("SELECT {COLUMNS} FROM operators WHERE id = $1 FOR UPDATE"))
-            .bind::<SqlUuid, _>(id)
-            .get_result(conn)
-            .await
-            .optional()?;
-    let Some(before) = before else {
-        return Ok(None);
-    };
-    let after: OperatorInfo = diesel::sql_query(format!(
+pub async fn find(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option<OperatorInfo>> {
+    diesel::sql_query(format!("SELECT {COLUMNS} FROM operators WHERE id = $1"))
+        .bind::<SqlUuid, _>(id)
+        .get_result(conn)
+        .await
+        .optional()
+}
+
+/// Live (not revoked) admins.
+///
+/// # Errors
+/// Database errors.
+pub async fn live_admins(conn: &mut AsyncPgConnection) -> QueryResult<i64> {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let c: Count = diesel::sql_query("SELECT count(*) AS n FROM operators WHERE role = 'admin' AND revoked_at IS NULL")
+        .get_result(conn)
+        .await?;
+    Ok(c.n)
+}
+
+/// Sets `revoked_at` (kept when already set); the row after, `None` when there is no such
+/// operator.
+///
+/// # Errors
+/// Database errors.
+pub async fn mark_revoked(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option<OperatorInfo>> {
+    diesel::sql_query(format!(
         "UPDATE operators SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1 RETURNING {COLUMNS}"
     ))
     .bind::<SqlUuid, _>(id)
     .get_result(conn)
-    .await?;
-    Ok(Some((before, after)))
+    .await
+    .optional()
 }
 
 /// The live (not revoked) operator whose token hashes to `token_hash`.

@@ -245,7 +245,7 @@ pub async fn payments_csv(state: web::Data<AppState>, _: Viewer, req: HttpReques
     security(("operatorToken" = [])),
     params(
         ("operator_id" = Option<Uuid>, Query, description = "Only this operator's events."),
-        ("action" = Option<String>, Query, min_length = 1, max_length = 100, description = "Only this action, e.g. `operators.create`."),
+        ("action" = Option<String>, Query, min_length = 1, max_length = 100, description = "Only this action, e.g. `operator.create`."),
         ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339; `at >= from`."),
         ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339; `at < to`."),
         ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page (opaque)."),

@@ -11,6 +11,7 @@ mod console;
 mod health;
 mod inline;
 pub mod openapi;
+mod operators;
 mod pages;
 mod receipts;
 mod responses;
@@ -64,6 +65,10 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/admin/pause", |r| r.to(admin::pause)),
     (Method::DELETE, "/admin/pause", |r| r.to(admin::resume)),
     (Method::POST, "/admin/reconcile", |r| r.to(admin::reconcile)),
+    // Operator tokens: admins only, listing included.
+    (Method::POST, "/admin/operators", |r| r.to(operators::create)),
+    (Method::GET, "/admin/operators", |r| r.to(operators::list)),
+    (Method::DELETE, "/admin/operators/{id}", |r| r.to(operators::revoke)),
     // Any operator token (Prometheus without one: the METRICS_ADDR listener).
     (Method::GET, "/metrics", |r| r.to(health::metrics)),
     // Anyone.

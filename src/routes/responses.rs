@@ -48,6 +48,13 @@ shared! {
     AdminOnly => error(Code::OperatorOnly, "A viewer token (`operator_only`, \"this needs an admin operator token\") or an agent key (`operator_only`).");
     /// 400 for a request body.
     BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
+    /// 413 `payload_too_large` for a request body.
+    BodyTooLarge => error(Code::PayloadTooLarge, "The request body is larger than the endpoint takes; nothing changed.");
+    /// 409 `last_admin`.
+    LastAdmin => error(Code::LastAdmin, "The last live admin, and the router has no bootstrap `OPERATOR_TOKEN` (`last_admin`); nothing changed. Create another admin first.");
+    /// 429 `auth_throttled`, with `Retry-After` (every operation that takes an operator token).
+    AuthThrottled => error(Code::AuthThrottled, "Too many failed operator authentications from this client address (`auth_throttled`); the token was not looked up. Retry after `Retry-After` seconds.")
+        .header("Retry-After", Header::new(ObjectBuilder::new().schema_type(Type::Integer)));
 }
 
 /// The `Error_not_found` schema, named by an operation as a body (its schema is written from

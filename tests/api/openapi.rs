@@ -160,6 +160,23 @@ impl Caller<'_> {
     }
 }
 
+/// `/admin/operators`: an admin creates, lists and revokes; bad input, a viewer, an unknown
+/// id and the last live admin (no `OPERATOR_TOKEN` here) are refused.
+async fn operator_tokens(c: &Caller<'_>, admin: &str, admin_id: Uuid, viewer: &str, nobody: Uuid) {
+    let ops = "/admin/operators";
+    let (status, made) = c.call("POST", ops, ops, Some(admin), Some(json!({"name": "olga", "role": "viewer"}))).await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(c.call("POST", ops, ops, Some(admin), Some(json!({"name": "x"}))).await.0, 400);
+    assert_eq!(c.call("POST", ops, ops, Some(viewer), Some(json!({"name": "x", "role": "admin"}))).await.0, 403);
+    assert_eq!(c.call("GET", ops, ops, Some(admin), None).await.0, 200);
+    assert_eq!(c.call("GET", ops, ops, Some(viewer), None).await.0, 403);
+    let one = "/admin/operators/{id}";
+    let olga = format!("/admin/operators/{}", made["operator"]["id"].as_str().unwrap());
+    assert_eq!(c.call("DELETE", one, &olga, Some(admin), None).await.0, 200);
+    assert_eq!(c.call("DELETE", one, &format!("/admin/operators/{nobody}"), Some(admin), None).await.0, 404);
+    assert_eq!(c.call("DELETE", one, &format!("/admin/operators/{admin_id}"), Some(admin), None).await.0, 409);
+}
+
 /// A request for the endpoint `method template` of ROUTES with a well-formed body and query,
 /// `{id}` standing for `id`.
 fn request(app: &TestApp, m: &str, template: &str, token: Option<&str>, id: Uuid) -> reqwest::RequestBuilder {
@@ -199,10 +216,14 @@ const ANYONE: [&str; 4] = ["/healthz", "/readyz", "/.well-known/x402-router", "/
 async fn every_endpoint_answers_as_the_document_says() {
     let chain = Devnet::start().await;
     let up = TestUpstream::start().await;
-    let app = spawn_app_with(AppOptions { extra: chain.router_extra(), ..Default::default() }).await;
+    // Every credential is also tried wrong on every endpoint below: more failures from one
+    // address than the operator-auth throttle allows by default.
+    let mut extra = chain.router_extra();
+    extra.push(("operator-auth-max-failures".into(), "1000".into()));
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
     let spec = Spec::new();
     let c = Caller { app: &app, spec: &spec };
-    let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
+    let (admin_id, admin) = create_operator(&app.db, "ada", Role::Admin).await;
     let viewer = app.viewer_token.clone();
     let agent = app.agent.clone();
     let key = agent.key.clone();
@@ -357,6 +378,7 @@ async fn every_endpoint_answers_as_the_document_says() {
     assert_eq!(c.call("POST", "/admin/agents", "/admin/agents", None, Some(json!({"name": "x"}))).await.0, 401);
     assert_eq!(c.call("GET", "/admin/agents", "/admin/agents", Some(&viewer), None).await.0, 200);
     assert_eq!(c.call("GET", "/admin/agents", "/admin/agents", None, None).await.0, 401);
+    operator_tokens(&c, &admin, admin_id, &viewer, nobody).await;
     let bob = format!("/admin/agents/{bob_id}");
     let ghost = format!("/admin/agents/{nobody}");
     assert_eq!(c.call("GET", "/admin/agents/{id}", &bob, Some(&viewer), None).await.0, 200);

@@ -61,6 +61,9 @@ use crate::mcp::policy::{Next, classify};
         super::admin::enable_agent,
         super::admin::rotate_key,
         super::admin::reconcile,
+        super::operators::create,
+        super::operators::list,
+        super::operators::revoke,
         super::health::well_known,
         super::agents::me,
         super::receipts::get_own,
@@ -100,6 +103,9 @@ use crate::mcp::policy::{Next, classify};
         responses::AgentDisabled,
         responses::AdminOnly,
         responses::BadInput,
+        responses::BodyTooLarge,
+        responses::LastAdmin,
+        responses::AuthThrottled,
     )),
     modifiers(&EmptyBodyAllowed)
 )]
@@ -169,6 +175,7 @@ pub fn document() -> Value {
         item[&method] = operation.clone();
     }
     doc["paths"] = Value::Object(paths);
+    declare_throttle(&mut doc);
     share(&mut doc);
     let schemas = &mut doc["components"]["schemas"];
     for code in Code::ALL {
@@ -181,6 +188,19 @@ pub fn document() -> Value {
     schemas["PaymentDeclined"]["properties"]["code"]["enum"] = json!(with_status(&[402]));
     schemas["RouteError"]["properties"]["code"]["enum"] = json!(with_status(&[502, 504]));
     doc
+}
+
+/// Every operation that takes an operator token may answer 429 `auth_throttled`
+/// (`auth_throttle`): declared once here rather than on each handler.
+fn declare_throttle(doc: &mut Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else { return };
+    for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|item| item.values_mut()) {
+        let operator =
+            operation["security"].as_array().is_some_and(|s| s.iter().any(|r| r.get("operatorToken").is_some()));
+        if operator && operation["responses"].get("429").is_none() {
+            operation["responses"]["429"] = json!({ "$ref": "#/components/responses/AuthThrottled" });
+        }
+    }
 }
 
 /// Points the generated parameters and response headers equal to a shared one of
