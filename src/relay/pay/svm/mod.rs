@@ -39,7 +39,7 @@ use crate::relay::{Error, Failure, Outcome, PaymentNote, remaining};
 use crate::solana::Solana;
 use crate::state::AppState;
 use crate::upstream::{UpstreamError, UpstreamResponse};
-use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmRpc, SvmRpcError, SvmTerms, TransferState};
+use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmEndpoints, SvmRpc, SvmRpcError, SvmTerms, TransferState};
 use crate::x402::{self, PaymentRequired, X402Version};
 
 /// How long after signing a Solana payment counts in the 24-hour budget window at the least
@@ -138,7 +138,7 @@ pub(super) async fn pay(
         Ok(chosen) => chosen,
         Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
     };
-    let Some(rpc) = solana.rpcs.of(&terms.network().caip2()) else {
+    let Some(rpc) = solana.rpcs.of(&terms.network().caip2()).map(SvmEndpoints::primary) else {
         return Err(Error::invariant("a configured Solana network without an endpoint"));
     };
     let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);
