@@ -2,7 +2,8 @@
 //! the agent's limits, sign, commit the intent, send, ask the chain — with the chain's own
 //! at-most-once rule: a transaction lands at most once, and never after the block height
 //! `lastValidBlockHeight` of its blockhash. A request is signed again only when the chain shows
-//! its recorded transaction can never land ([`TransferState::may_sign_again`]).
+//! its recorded transaction can never land ([`TransferState::may_sign_again`]), by the word of
+//! every RPC endpoint of its network, at least two (`SvmEndpoints::fate`, in `resume`).
 //!
 //! The intent's row: `network` (CAIP-2), `asset` (the mint), `pay_to` and `payer` (base58),
 //! `nonce` the request's deterministic nonce (stable across re-signings, so one intent per
