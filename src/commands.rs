@@ -208,6 +208,8 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         "invalid setting X402_RPC_URLS (--x402-rpc-urls): is required: reconcile reads the chain"
     );
     let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?;
+    // Logs from here on: a Solana network with one RPC URL is warned about as it is built.
+    crate::telemetry::init(false);
     let solana = crate::solana::SolanaRpcs::new(&solana_urls, timeout).context("building the Solana RPC clients")?;
     let solana = (!solana.is_empty()).then(|| std::sync::Arc::new(solana));
     let older_than: u64 = config::parse_num("RECONCILE_OLDER_THAN_SECS", &args.older_than_secs)
@@ -227,7 +229,6 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("max-recoveries"))?;
     let budget: u64 =
         config::parse_num("RECONCILE_RECOVERY_SECS", &args.recovery_secs).map_err(|e| e.for_flag("recovery-secs"))?;
-    crate::telemetry::init(false);
     let upstream = crate::upstream::UpstreamClient::new(&upstream_config).context("building the upstream client")?;
     let recovering = receipt_signer.as_ref().map(|signer| reconcile::Recovering {
         upstream: &upstream,

@@ -2,7 +2,10 @@
 //! entries of `X402_RPC_URLS` and `X402_ASSETS` (the EVM parsers skip them).
 //!
 //! A Solana network is paid on only with an RPC URL, a mint and the key; each mint's decimals
-//! must be the router's unit (caps and budgets are atomic units of one unit).
+//! must be the router's unit (caps and budgets are atomic units of one unit). A network may be
+//! listed with several URLs: the first is read to pay, the others are witnesses, asked before
+//! a payment is signed again or released as never landing (`x402::svm::SvmEndpoints`); with
+//! one URL alone, that never happens (docs/operations.md, "Solana").
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -35,10 +38,12 @@ pub struct SolanaConfig {
     pub unit: u8,
 }
 
-/// One Solana network: its RPC endpoint and the mints paid there, with their decimals.
+/// One Solana network: its RPC endpoints (the first is read to pay, the others are witnesses)
+/// and the mints paid there, with their decimals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SolanaNetwork {
-    pub rpc_url: Url,
+    /// Never empty.
+    pub rpc_urls: Vec<Url>,
     pub mints: Vec<(SvmAddress, u8)>,
 }
 
@@ -49,24 +54,24 @@ impl SolanaConfig {
     }
 }
 
-/// The Solana entries of `X402_RPC_URLS`: one URL per network.
+/// The Solana entries of `X402_RPC_URLS`: each network's URLs, in the order given (the first
+/// is read to pay; the others are witnesses).
 ///
 /// # Errors
-/// A malformed entry, or a network listed twice. Messages never quote a URL.
-pub fn rpc_urls(raw: &str) -> Result<BTreeMap<SvmNetwork, Url>, ConfigError> {
-    let mut out = BTreeMap::new();
+/// A malformed entry, or a URL listed twice for a network. Messages never quote a URL.
+pub fn rpc_urls(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<Url>>, ConfigError> {
+    let mut out: BTreeMap<SvmNetwork, Vec<Url>> = BTreeMap::new();
     for item in split_list(raw).filter(|i| is_solana_entry(i)) {
         let (network, url) = pair("X402_RPC_URLS", item)?;
-        let parsed = Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| ConfigError::new("X402_RPC_URLS", format!("the URL of {network} is not an http(s) URL")))?;
-        if out.insert(network.clone(), parsed).is_some() {
-            return Err(ConfigError::new(
-                "X402_RPC_URLS",
-                format!("{network} is listed twice (one URL per Solana network)"),
-            ));
+        let list = out.entry(network.clone()).or_default();
+        let position = list.len();
+        let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+            ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is not an http(s) URL"))
+        })?;
+        if list.contains(&parsed) {
+            return Err(ConfigError::new("X402_RPC_URLS", format!("URL {position} of {network} is listed twice")));
         }
+        list.push(parsed);
     }
     Ok(out)
 }
@@ -165,7 +170,7 @@ pub fn config(
     })?;
     let mut networks = BTreeMap::new();
     let mut unit = unit;
-    for (network, rpc_url) in urls {
+    for (network, rpc_urls) in urls {
         let list = match mints.remove(&network) {
             Some(list) => list,
             None => match built_in_usdc(&network) {
@@ -188,7 +193,7 @@ pub fn config(
                 ),
             ));
         }
-        networks.insert(network, SolanaNetwork { rpc_url, mints: list });
+        networks.insert(network, SolanaNetwork { rpc_urls, mints: list });
     }
     let unit = unit.unwrap_or(USDC_DECIMALS);
     Ok(Some(SolanaConfig { signer: Arc::new(signer), networks, compute_unit_price: price, unit }))
@@ -251,8 +256,12 @@ mod tests {
         let other = "solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z=http://c";
         let e = config(other, "", &args(Some(KEY)), Some(6)).unwrap_err().to_string();
         assert!(e.contains("names no mint"), "{e}");
-        let e = config(&format!("{DEVNET}=http://a,{DEVNET}=http://b"), &assets, &args(Some(KEY)), None);
+        let e = config(&format!("{DEVNET}=http://a/k,{DEVNET}=http://a/k"), &assets, &args(Some(KEY)), None);
         assert!(e.unwrap_err().to_string().contains("listed twice"));
+        // Several URLs of one network: the first pays, the others witness, in the order given.
+        let two = config(&format!("{DEVNET}=http://b,{DEVNET}=http://a"), &assets, &args(Some(KEY)), None);
+        let given: Vec<String> = two.unwrap().unwrap().networks[&network].rpc_urls.iter().map(Url::to_string).collect();
+        assert_eq!(given, ["http://b/", "http://a/"]);
         let e = config(&format!("{DEVNET}=ftp://a/secret"), &assets, &args(Some(KEY)), None).unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
         // Without a Solana URL there is nothing to pay on (and no key needed).

@@ -325,8 +325,11 @@ async fn a_solana_rpc_of_another_chain_is_never_believed() {
     .await
     .unwrap()
     .unwrap();
-    let app =
-        spawn_app_with(AppOptions { extra: rig.router_extra_via(other.field("rpc_url")), ..Default::default() }).await;
+    let app = spawn_app_with(AppOptions {
+        extra: rig.router_extra_via(&[other.field("rpc_url").into()]),
+        ..Default::default()
+    })
+    .await;
     let before = rig.balances().await;
     let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/paid")).await;
     assert_eq!((status, env["code"].as_str()), (503, Some("payment_network_unavailable")), "{env}");
@@ -552,4 +555,131 @@ async fn an_answer_the_chain_cannot_be_read_to_check_is_retried_not_refused() {
         Ending::Lost => panic!("the original answer was not recognised"),
     }
     assert_eq!(rig.stats().await["settled"], 1, "re-sends settle nothing");
+}
+
+/// Asks until the answer is not "in flight" (the owner's lease has to run out first): the
+/// first answer a router decides.
+async fn until_decided(app: &TestApp, agent: &Agent, key: &str, body: &Value) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resp = route_at(&app.client, &app.address, agent, key, body).await;
+        let status = resp.status().as_u16();
+        let env: Value = resp.json().await.unwrap_or(Value::Null);
+        if !(status == 409 && env["code"] == "idempotency_key_in_flight") {
+            return (status, env);
+        }
+        assert!(Instant::now() < deadline, "still in flight: {env}");
+        // lets time pass: the owner's lease (abandon_ms) runs out.
+        let_time_pass(Duration::from_millis(200)).await;
+    }
+}
+
+/// Router settings with a short lease, reading the chain at `rpc_urls`.
+fn takeover_options(rig: &SolanaRig, rpc_urls: &[String], hooks: Hooks) -> AppOptions {
+    AppOptions {
+        abandon_ms: 1000,
+        heartbeat_ms: 200,
+        extra: rig.router_extra_via(rpc_urls),
+        hooks,
+        ..Default::default()
+    }
+}
+
+const SIGNATURE: &str = "SELECT signed_authorization->>'signature' AS t FROM payments";
+
+/// Issue 38, item 5: a signature index that lags behind the ledger is one RPC's word that a
+/// landed transfer never landed. An owner is frozen after its paid request was answered (the
+/// transfer landed); the chain moves past the blockhash's last valid height; the main RPC
+/// URL's index omits the transfer. A takeover reading only that URL must not sign again (503,
+/// the key stays in flight); one that also has a second URL finds the transfer there:
+/// `settled_response_lost`, exactly one transfer. On the old code the first takeover signed
+/// a second transfer and the upstream settled it (two prices moved).
+#[actix_web::test]
+async fn a_lagging_signature_index_never_makes_a_takeover_pay_twice() {
+    let rig = SolanaRig::start(&["--slot-ms", "0"]).await;
+    let db = Arc::new(TestDb::new().await);
+    let main = vec![rig.chain.field("rpc_url").to_owned()];
+    let (hook, freezer) = freeze_at(Point::PaidAnswered);
+    let owner =
+        spawn_app_on(Arc::clone(&db), takeover_options(&rig, &main, Hooks { at: Some(hook), ..Default::default() }))
+            .await;
+    let lone = spawn_app_on(Arc::clone(&db), takeover_options(&rig, &main, Hooks::default())).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let paid_once = (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE);
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/paid");
+    let first = spawn_route(&owner.client, &owner.address, &owner.agent, &key, &body);
+    tokio::time::timeout(Duration::from_secs(30), freezer.reached.notified())
+        .await
+        .expect("the owner reached the point");
+    assert_eq!(rig.balances().await, paid_once, "the transfer landed");
+    let signed = count_text(&owner, SIGNATURE).await;
+    rig.chain.index("", 1_000_000, 0).await.unwrap();
+    rig.chain.advance(200).await.unwrap();
+
+    for _ in 0..2 {
+        let (status, env) = until_decided(&lone, &owner.agent, &key, &body).await;
+        assert_eq!((status, env["code"].as_str()), (503, Some("payment_network_unavailable")), "{env}");
+        assert_eq!(rig.balances().await, paid_once, "never a second transfer on one RPC's word");
+        assert_eq!(count_text(&owner, SIGNATURE).await, signed, "never signed again");
+    }
+    assert_eq!(rig.stats().await["settled"], 1);
+
+    let full = spawn_app_on(Arc::clone(&db), takeover_options(&rig, &rig.rpc_urls(), Hooks::default())).await;
+    let (status, env) = until_final(&full, &owner.agent, &key, &body).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("settled_response_lost")), "{env}");
+    assert!(env["payment"]["tx_hash"].is_string(), "the second URL shows the transfer: {env}");
+    assert_eq!(count_text(&owner, SIGNATURE).await, signed);
+    assert_eq!(ledger(&owner, "SELECT count(*) AS n FROM payments").await, 1);
+    freezer.thaw.send_replace(true);
+    let _ = tokio::time::timeout(Duration::from_secs(60), first).await.expect("the thawed owner answers");
+    assert_eq!(rig.balances().await, paid_once);
+    assert_eq!(rig.stats().await["settled"], 1);
+}
+
+/// Issue 38, item 5, the other ways to "can never land": `reconcile` (which would release the
+/// reservation) and a key reused after GC for the same request (which would sign again). The
+/// upstream keeps the transaction and submits it later; past its blockhash's last valid
+/// height the main URL's index omits it. Reading that URL alone, reconcile leaves the intent
+/// as it is (counted as an error); with the second URL, it finds the transfer; and the reused
+/// key, reading the main URL alone, is 503, nothing signed. On the old code reconcile marked
+/// it `expired` (the agent's budget got the price back) and the reused key signed again.
+#[actix_web::test]
+async fn a_lagging_signature_index_never_releases_nor_re_signs_a_landed_payment() {
+    let rig = SolanaRig::start(&["--slot-ms", "0"]).await;
+    let main = vec![rig.chain.field("rpc_url").to_owned()];
+    let app = spawn_app_with(AppOptions { extra: rig.router_extra_via(&main), ..Default::default() }).await;
+    set_budget(&app, 100_000).await;
+    let (payer0, pay_to0) = rig.balances().await;
+    let paid_once = (payer0 - SVM_PRICE, pay_to0 + SVM_PRICE);
+    let reserved = (100_000 - SVM_PRICE).to_string();
+    let key = new_key();
+    let body = call(&rig, "/svm/v2/keep");
+    let (status, env) = route(&app, &key, &body).await;
+    assert_eq!((status, env["code"].as_str()), (502, Some("payment_rejected")), "{env}");
+    assert_eq!(rig.settle_kept().await["settled"].as_array().map(Vec::len), Some(1));
+    assert_eq!(rig.balances().await, paid_once);
+    let signed = count_text(&app, SIGNATURE).await;
+    rig.chain.index("", 1_000_000, 0).await.unwrap();
+    rig.chain.advance(200).await.unwrap();
+
+    let (ok, report, stderr) = rig.reconcile_via(&app.db, &main);
+    assert_eq!((report["expired"].as_u64(), report["errors"].as_u64()), (Some(0), Some(1)), "{report}");
+    assert!(!ok && stderr.contains("could not be checked"), "a scheduler notices: {stderr}");
+    assert_eq!(remaining(&app).await, reserved, "still reserved");
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments WHERE status = 'rejected'").await, 1);
+
+    let report = rig.reconcile(&app.db);
+    assert_eq!((report["settled_response_lost"].as_u64(), report["expired"].as_u64()), (Some(1), Some(0)), "{report}");
+    assert_eq!(remaining(&app).await, reserved, "spent");
+
+    // The key is reused after GC, for the same request: the router asks the chain again.
+    exec(&app.db, &format!("DELETE FROM idempotency_keys WHERE key = '{key}'")).await;
+    app.forget_cached(&key).await;
+    let (status, env) = route(&app, &key, &body).await;
+    assert_eq!((status, env["code"].as_str()), (503, Some("payment_network_unavailable")), "{env}");
+    assert_eq!(count_text(&app, SIGNATURE).await, signed, "never signed again");
+    assert_eq!(ledger(&app, "SELECT attempts::bigint AS n FROM payments").await, 1);
+    assert_eq!(rig.balances().await, paid_once);
+    assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 1);
 }

@@ -41,6 +41,7 @@
 //
 // JSON-RPC methods: getAccountInfo, getMultipleAccounts, getBalance, getTokenAccountBalance,
 // getLatestBlockhash, isBlockhashValid, getBlockHeight, getSlot, getEpochInfo, getGenesisHash,
+// getFirstAvailableBlock,
 // getVersion, getHealth, getIdentity, getMinimumBalanceForRentExemption, getFeeForMessage,
 // sendTransaction, simulateTransaction, getSignatureStatuses, getSignaturesForAddress, getTransaction,
 // requestAirdrop, getTokenAccountsByOwner. Batches are accepted. requestAirdrop lands at once (its status is
@@ -50,6 +51,11 @@
 // answers json). There is one ledger state: commitment and minContextSlot are accepted and
 // ignored by account reads. simulateTransaction honours sigVerify (default false, so partially
 // signed x402 payloads simulate), replaceRecentBlockhash, innerInstructions and accounts.
+//
+// Views: the JSON-RPC endpoint is served at "/" and at "/view/NAME" (any NAME of [A-Za-z0-9_-],
+// at most 32 characters): one ledger, so that a test can give a client two RPC URLs of one
+// network and make the signature index of one of them lag or be pruned (/_test/index); "/" is
+// the view named "".
 //
 // Test hooks (NOT the JSON-RPC endpoint; POST with a JSON body, answers JSON):
 //   POST /_test/advance {"slots":N}    advance N slots now (N new blockhashes); answers {"slot"}
@@ -61,6 +67,14 @@
 //   POST /_test/mint {"owner","amount"}                mint test tokens into owner's ATA (created)
 //   POST /_test/slot-ms {"ms":N}       set the slot timer (0 = stop it; deterministic heights);
 //                                      answers {"slot_ms","previous"}
+//   POST /_test/index {"view":"","lag_slots":N,"first_available":S}
+//                                      the view's signature index: getSignaturesForAddress omits
+//                                      what landed in the last N slots (an index lagging behind
+//                                      the ledger, which getTransaction and getSignatureStatuses
+//                                      still read); the ledger is pruned below slot S
+//                                      (getFirstAvailableBlock answers S; what landed before S is
+//                                      unknown to every read). Omitted fields keep their value;
+//                                      answers the view's {"view","lag_slots","first_available"}
 //   GET  /_test/state                  {"slot","slot_ms","held","queued","landed","dropped":[{"signature","err"}]}
 import http from "node:http";
 import { readFileSync } from "node:fs";
@@ -131,6 +145,9 @@ const landed = new Map(); // signature -> {slot, err, tx, fee, pre, post, preTok
 const dropped = []; // {signature, err}
 let held = 0;
 const queue = []; // held raw transactions
+const views = new Map(); // view name -> {lag: slots the index lags, firstAvailable: pruned below}
+const viewOf = (name) => views.get(name) ?? { lag: 0n, firstAvailable: 0n };
+const VIEW_NAME = /^[A-Za-z0-9_-]{0,32}$/;
 let txCount = 0n;
 
 blockhashes.set(svm.latestBlockhash(), slot);
@@ -551,8 +568,14 @@ function simulate(tx, cfg) {
   return value;
 }
 
-function statusOf(sig, searchHistory) {
+// What the view's ledger holds of `sig` (nothing below its pruned slot).
+function landedIn(view, sig) {
   const t = landed.get(sig);
+  return t && t.slot >= view.firstAvailable ? t : undefined;
+}
+
+function statusOf(sig, searchHistory, view = viewOf("")) {
+  const t = landedIn(view, sig);
   if (!t) return null;
   if (!searchHistory && slot - t.slot > STATUS_CACHE_SLOTS) return null;
   const age = slot - t.slot;
@@ -625,6 +648,7 @@ const methods = {
   getIdentity: () => ({ identity: keys.fee_payer.address }),
   getSlot: () => slot,
   getBlockHeight: () => slot,
+  getFirstAvailableBlock: (_, view) => view.firstAvailable,
   getEpochInfo: () => {
     const per = svm.getEpochSchedule().slotsPerEpoch;
     return { absoluteSlot: slot, blockHeight: slot, epoch: slot / per, slotIndex: slot % per, slotsInEpoch: per, transactionCount: txCount };
@@ -711,15 +735,16 @@ const methods = {
     const tx = parseTx(decodeWire(p[0], cfg.encoding ?? "base58"));
     return wrap(simulate(tx, cfg));
   },
-  getSignatureStatuses: (p) => {
+  getSignatureStatuses: (p, view) => {
     if (!Array.isArray(p[0])) throw rpcError(-32602, "Invalid params: expected an array of signatures");
     if (p[0].length > 256) throw rpcError(-32602, "Too many inputs provided; max 256");
     const search = !!cfgAt(p, 1).searchTransactionHistory;
-    return wrap(p[0].map((s) => statusOf(s, search)));
+    return wrap(p[0].map((s) => statusOf(s, search, view)));
   },
   // Newest first; an address's transactions are those whose static account keys name it.
   // Options: limit (1..=1000, default 1000), before and until (signatures, both exclusive).
-  getSignaturesForAddress: (p) => {
+  // The view's index omits the last `lag` slots and what its ledger pruned.
+  getSignaturesForAddress: (p, view) => {
     const address = needAddress(p[0]);
     const cfg = cfgAt(p, 1);
     const limit = cfg.limit ?? 1000;
@@ -733,15 +758,16 @@ const methods = {
       }
       if (signature === cfg.until) break;
       if (!t.tx || !t.tx.msg.staticAccounts.includes(address)) continue;
+      if (t.slot + view.lag > slot || t.slot < view.firstAvailable) continue;
       const st = statusOf(signature, true);
       out.push({ signature, slot: t.slot, err: t.err, memo: null, blockTime: t.time, confirmationStatus: st.confirmationStatus });
       if (out.length >= limit) break;
     }
     return out;
   },
-  getTransaction: (p) => {
+  getTransaction: (p, view) => {
     const cfg = typeof p[1] === "string" ? { encoding: p[1] } : cfgAt(p, 1);
-    const t = landed.get(p[0]);
+    const t = landedIn(view, p[0]);
     if (!t || !t.tx) return null;
     if ((cfg.commitment ?? "finalized") === "finalized" && slot - t.slot < FINALIZE_AFTER) return null;
     if (!t.tx.legacy && cfg.maxSupportedTransactionVersion === undefined) {
@@ -775,7 +801,7 @@ function stringify(obj) {
   return JSON.stringify(obj, (_, v) => (typeof v === "bigint" ? `__u64__${v}` : v)).replace(/"__u64__(\d+)"/g, "$1");
 }
 
-function handleOne(req) {
+function handleOne(req, view) {
   const id = req && Object.hasOwn(req, "id") ? req.id : null;
   if (!req || typeof req !== "object" || req.jsonrpc !== "2.0" || typeof req.method !== "string") {
     return { jsonrpc: "2.0", error: { code: -32600, message: "Invalid request" }, id };
@@ -785,7 +811,7 @@ function handleOne(req) {
   try {
     const params = req.params === undefined ? [] : req.params;
     if (!Array.isArray(params)) throw rpcError(-32602, "Invalid params: expected an array");
-    return { jsonrpc: "2.0", result: fn(params), id };
+    return { jsonrpc: "2.0", result: fn(params, view), id };
   } catch (e) {
     if (e instanceof RpcError) {
       const error = { code: e.code, message: e.message };
@@ -830,6 +856,19 @@ const hooks = {
     setSlotTimer(ms);
     return { slot_ms: ms, previous };
   },
+  "POST /_test/index": (b) => {
+    const name = b.view ?? "";
+    if (typeof name !== "string" || !VIEW_NAME.test(name)) throw new Error("view must be a view name");
+    const view = { ...viewOf(name) };
+    for (const [field, key] of [["lag_slots", "lag"], ["first_available", "firstAvailable"]]) {
+      if (b[field] === undefined) continue;
+      const n = Number(b[field]);
+      if (!Number.isInteger(n) || n < 0) throw new Error(`${field} must be a non-negative integer`);
+      view[key] = BigInt(n);
+    }
+    views.set(name, view);
+    return { view: name, lag_slots: view.lag, first_available: view.firstAvailable };
+  },
   "GET /_test/state": () => ({ slot, slot_ms: slotMs, held, queued: queue.length, landed: landed.size, dropped }),
 };
 
@@ -854,7 +893,9 @@ const server = http.createServer((req, res) => {
       }
       return;
     }
-    if (req.method !== "POST" || path !== "/") return send(res, 404, { error: "not found" });
+    const name = path === "/" ? "" : path.startsWith("/view/") ? path.slice(6) : null;
+    if (req.method !== "POST" || name === null || !VIEW_NAME.test(name)) return send(res, 404, { error: "not found" });
+    const view = viewOf(name);
     let body;
     try {
       body = JSON.parse(raw);
@@ -863,9 +904,9 @@ const server = http.createServer((req, res) => {
     }
     if (Array.isArray(body)) {
       if (!body.length) return send(res, 200, { jsonrpc: "2.0", error: { code: -32600, message: "Invalid request" }, id: null });
-      return send(res, 200, body.map(handleOne));
+      return send(res, 200, body.map((one) => handleOne(one, view)));
     }
-    send(res, 200, handleOne(body));
+    send(res, 200, handleOne(body, view));
   });
 });
 

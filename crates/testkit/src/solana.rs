@@ -91,6 +91,23 @@ impl SolanaChain {
         Ok((self.token_balance(self.field("payer_ata")).await?, self.token_balance(self.field("pay_to_ata")).await?))
     }
 
+    /// The JSON-RPC URL of the chain's view `name` (one ledger; a view's signature index can be
+    /// made to lag or its ledger pruned: [`Self::index`]). The view "" is `rpc_url`.
+    pub fn view_url(&self, name: &str) -> String {
+        format!("{}/view/{name}", self.field("rpc_url"))
+    }
+
+    /// The view `view`'s index (`""`: `rpc_url`'s): getSignaturesForAddress omits what landed in
+    /// the last `lag_slots` slots; the ledger is pruned below `first_available`.
+    pub async fn index(&self, view: &str, lag_slots: u64, first_available: u64) -> anyhow::Result<()> {
+        let body = json!({"view": view, "lag_slots": lag_slots, "first_available": first_available});
+        let v = self.post("/_test/index", body).await?;
+        if v["lag_slots"].as_u64() != Some(lag_slots) {
+            bail!("/_test/index answered {v}");
+        }
+        Ok(())
+    }
+
     /// Advances the chain `slots` blocks now.
     pub async fn advance(&self, slots: u64) -> anyhow::Result<()> {
         let v = self.post("/_test/advance", json!({"slots": slots})).await?;

@@ -1,7 +1,8 @@
 //! `x402::svm` against a real local Solana chain (tools/solana-chain: LiteSVM behind JSON-RPC,
 //! started by scripts/solana-chain, which installs its pinned npm packages when missing): the
 //! router's transaction lands once and moves exactly the price; the chain, not any sender,
-//! decides what happened to it; an endpoint of another chain is never believed.
+//! decides what happened to it; an endpoint of another chain is never believed; one
+//! endpoint's lagging or pruned signature index never says alone that a payment can never land.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,8 +15,8 @@ use solana_keypair::Keypair;
 use solana_signer::Signer;
 use solana_transaction::versioned::VersionedTransaction;
 use x402::svm::{
-    ComputeBudget, SignedSvmTransfer, SvmNetwork, SvmRpc, SvmRpcError, SvmSigner, SvmTerms, TOKEN_PROGRAM,
-    TransferState, sign_transfer,
+    ComputeBudget, SignedSvmTransfer, SvmEndpoints, SvmNetwork, SvmRpc, SvmRpcError, SvmSigner, SvmTerms,
+    TOKEN_PROGRAM, TransferState, sign_transfer,
 };
 use x402::wire::X402Version;
 use x402_router_testkit::solana::{OfficialSvm, SolanaChain};
@@ -23,8 +24,13 @@ use x402_router_testkit::solana::{OfficialSvm, SolanaChain};
 const PRICE: u64 = 10_000;
 
 fn rpc_of(chain: &SolanaChain) -> SvmRpc {
+    rpc_at(chain, chain.field("rpc_url"))
+}
+
+/// An endpoint of `chain`'s network at `url`.
+fn rpc_at(chain: &SolanaChain, url: &str) -> SvmRpc {
     let network = SvmNetwork::parse(chain.field("network")).unwrap();
-    SvmRpc::new(network, chain.field("rpc_url").parse().unwrap(), Duration::from_secs(10)).unwrap()
+    SvmRpc::new(network, url.parse().unwrap(), Duration::from_secs(10)).unwrap()
 }
 
 fn terms_of(chain: &SolanaChain, amount: u64) -> SvmTerms {
@@ -248,4 +254,48 @@ async fn the_official_facilitator_and_server_accept_the_payments_and_the_chain_c
     }
     chain.advance(2).await.unwrap();
     assert_eq!(chain.balances().await.unwrap(), after, "replays moved nothing");
+}
+
+/// Issue 38, item 5. The chain's main URL gets a signature index that lags (it omits what
+/// landed); the view "witness" is a second URL of the same ledger. A landed payment, past its
+/// blockhash's last valid height: the lagging endpoint alone says it expired, which is why its
+/// word alone decides nothing; the witness shows it landed. A payment that really never landed
+/// expires by both. A pruned ledger, or a witness of another chain, decides nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn one_endpoints_lagging_or_pruned_index_never_says_alone_that_a_payment_never_landed() {
+    let chain = deterministic_chain();
+    let main = rpc_of(&chain);
+    let witness_url = chain.view_url("witness");
+    let endpoints = |witnesses: &[&str]| {
+        SvmEndpoints::new(rpc_of(&chain), witnesses.iter().map(|u| rpc_at(&chain, u)).collect()).unwrap()
+    };
+    let landed = sign(&chain, &main, PRICE, "f1").await;
+    submit(&chain, &landed).await;
+    state_until(&main, &landed, |s| matches!(s, TransferState::Settled { .. })).await;
+    chain.index("", 1_000_000, 0).await.unwrap();
+    let never_sent = sign(&chain, &main, PRICE, "f2").await;
+    chain.advance(200).await.unwrap();
+
+    let lied = main.transfer_state(&landed).await.unwrap();
+    assert!(matches!(lied, TransferState::Expired { .. }), "the lagging index alone: {lied:?}");
+    assert!(matches!(endpoints(&[]).fate(&landed).await, Err(SvmRpcError::NoSecondOpinion)));
+    let fate = endpoints(&[&witness_url]).fate(&landed).await.unwrap();
+    assert!(matches!(fate, TransferState::Settled { .. }), "{fate:?}");
+    assert!(matches!(endpoints(&[]).fate(&never_sent).await, Err(SvmRpcError::NoSecondOpinion)));
+    let fate = endpoints(&[&witness_url]).fate(&never_sent).await.unwrap();
+    assert!(matches!(fate, TransferState::Expired { .. }) && fate.may_sign_again(), "{fate:?}");
+
+    // The witness's ledger pruned after the payment's blockhash: its search proves nothing.
+    let now = main.finalized_block_height().await.unwrap();
+    chain.index("witness", 0, now).await.unwrap();
+    let pruned = endpoints(&[&witness_url]).fate(&never_sent).await;
+    assert!(matches!(pruned, Err(SvmRpcError::HistoryPruned { .. })), "{pruned:?}");
+    chain.index("witness", 0, 0).await.unwrap();
+
+    // A witness URL that serves another chain is never believed.
+    let other =
+        SolanaChain::start(&["--slot-ms", "0", "--genesis-hash", "4uhcVJyU9pJkvQyS88uRDiswHXSCkY3zQawwpjk2NsNY"])
+            .unwrap();
+    let wrong = endpoints(&[&witness_url, other.field("rpc_url")]).fate(&never_sent).await;
+    assert!(matches!(wrong, Err(SvmRpcError::WrongChain { .. })), "{wrong:?}");
 }

@@ -143,7 +143,10 @@ fn solana_proof<'a>(
     if !crate::solana::is_solana_network(&row.network) {
         return Ok(None);
     }
-    let rpc = solana.and_then(|s| s.of(&row.network)).ok_or("no RPC URL for the payment's Solana network")?;
+    let rpc = solana
+        .and_then(|s| s.of(&row.network))
+        .map(crate::x402::svm::SvmEndpoints::primary)
+        .ok_or("no RPC URL for the payment's Solana network")?;
     let transfer =
         crate::relay::view::decode_svm_transfer(&row.signed_authorization, (&row.network, &row.asset, &row.payer))
             .map_err(|_| "the stored Solana transfer is unreadable")?;

@@ -341,8 +341,10 @@ async fn svm_verdict(rpcs: Option<&crate::solana::SolanaRpcs>, c: &Candidate) ->
     use crate::x402::svm::TransferState;
     let signed = crate::relay::view::decode_svm_transfer(&c.signed_authorization, (&c.network, &c.asset, &c.payer))
         .map_err(|e| Unreadable(e.to_string()))?;
-    let rpc = rpcs.and_then(|r| r.of(&c.network)).ok_or_else(|| format!("no RPC URL for {}", c.network))?;
-    Ok(match rpc.transfer_state(&signed).await.map_err(|e| Unreadable(e.to_string()))? {
+    let endpoints = rpcs.and_then(|r| r.of(&c.network)).ok_or_else(|| format!("no RPC URL for {}", c.network))?;
+    // Every endpoint of the network, at least two, must say it can never land (one lagging,
+    // pruned or lying index is not believed): else an error, and the intent is left as it is.
+    Ok(match endpoints.fate(&signed).await.map_err(|e| Unreadable(e.to_string()))? {
         TransferState::Settled { .. } => Verdict::Used,
         TransferState::Expired { .. } | TransferState::Failed { finalized: true, .. } => Verdict::NeverLands,
         TransferState::Pending { .. } | TransferState::Failed { finalized: false, .. } => Verdict::MayLand,

@@ -1,5 +1,8 @@
 //! A local Solana chain (`testkit::solana`) with `x402-test-upstream serve-svm` over it, and
-//! router settings that pay there with the chain's public test payer key.
+//! router settings that pay there with the chain's public test payer key. The router is given
+//! two RPC URLs of the chain, its main one and the view [`WITNESS`] (one ledger, two signature
+//! indexes: a test makes one lag), as an operator gives two providers: a Solana payment is
+//! signed again, or released, only when both say it can never land.
 
 use std::time::Duration;
 
@@ -10,6 +13,9 @@ use x402_router_testkit::solana::SolanaChain;
 
 /// The price of every serve-svm route, atomic units (the mint has 6 decimals).
 pub const SVM_PRICE: u64 = 10_000;
+
+/// The chain's view that the router has as its second RPC URL (`SolanaChain::view_url`).
+pub const WITNESS: &str = "witness";
 
 pub struct SolanaRig {
     pub chain: SolanaChain,
@@ -53,16 +59,27 @@ impl SolanaRig {
         Self { chain, upstream, _server: server, http: reqwest::Client::new() }
     }
 
-    /// Router settings paying on this chain (and nowhere else) with the chain's payer key.
-    pub fn router_extra(&self) -> Vec<(String, String)> {
-        self.router_extra_via(self.chain.field("rpc_url"))
+    /// The router's RPC URLs of the chain: its main one, then the [`WITNESS`] view.
+    pub fn rpc_urls(&self) -> Vec<String> {
+        vec![self.chain.field("rpc_url").to_owned(), self.chain.view_url(WITNESS)]
     }
 
-    /// [`Self::router_extra`] with another RPC URL for the chain's network.
-    pub fn router_extra_via(&self, rpc_url: &str) -> Vec<(String, String)> {
+    /// Router settings paying on this chain (and nowhere else) with the chain's payer key.
+    pub fn router_extra(&self) -> Vec<(String, String)> {
+        self.router_extra_via(&self.rpc_urls())
+    }
+
+    /// `X402_RPC_URLS` of the chain's network with `rpc_urls` (the first is read to pay).
+    pub fn rpc_urls_setting(&self, rpc_urls: &[String]) -> String {
+        let network = self.chain.field("network");
+        rpc_urls.iter().map(|u| format!("{network}={u}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// [`Self::router_extra`] with other RPC URLs for the chain's network.
+    pub fn router_extra_via(&self, rpc_urls: &[String]) -> Vec<(String, String)> {
         let network = self.chain.field("network");
         vec![
-            ("x402-rpc-urls".into(), format!("{network}={rpc_url}")),
+            ("x402-rpc-urls".into(), self.rpc_urls_setting(rpc_urls)),
             ("x402-assets".into(), format!("{network}={}@6", self.chain.field("mint"))),
             ("solana-private-key-file".into(), self.chain.key_file("payer").display().to_string()),
             // Several of these tests run two routers at once beside other tests: a small pool
@@ -90,16 +107,26 @@ impl SolanaRig {
         self.chain.balances().await.unwrap()
     }
 
-    /// `x402-router reconcile` with no grace period, reading this chain: its JSON report.
+    /// `x402-router reconcile` with no grace period, reading this chain at [`Self::rpc_urls`]:
+    /// its JSON report (the run must succeed).
     pub fn reconcile(&self, db: &super::TestDb) -> Value {
+        let (ok, report, stderr) = self.reconcile_via(db, &self.rpc_urls());
+        assert!(ok, "{stderr}");
+        report
+    }
+
+    /// `x402-router reconcile` with no grace period, reading this chain at `rpc_urls`: whether
+    /// it succeeded, its JSON report, its stderr.
+    pub fn reconcile_via(&self, db: &super::TestDb, rpc_urls: &[String]) -> (bool, Value, String) {
         let out = super::router_command()
             .arg("reconcile")
             .env("DATABASE_URL", &db.url)
-            .env("X402_RPC_URLS", format!("{}={}", self.chain.field("network"), self.chain.field("rpc_url")))
+            .env("X402_RPC_URLS", self.rpc_urls_setting(rpc_urls))
             .env("RECONCILE_OLDER_THAN_SECS", "0")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("no report: {stderr}"));
+        (out.status.success(), report, stderr)
     }
 }

@@ -5,8 +5,10 @@
 //! At most once, chain-enforced: a transaction's signature lands at most once, and not after
 //! the block height `lastValidBlockHeight` of its blockhash. A new transaction for the same
 //! payment may be signed only when [`rpc::TransferState::may_sign_again`] (the old one can
-//! never move money).
+//! never move money), and that verdict is believed only from every RPC endpoint of the
+//! network, at least two ([`endpoints::SvmEndpoints::fate`]).
 
+pub mod endpoints;
 pub mod network;
 pub mod record;
 pub mod rpc;
@@ -15,6 +17,7 @@ pub mod transfer;
 
 use solana_address::Address;
 
+pub use endpoints::SvmEndpoints;
 pub use network::{SvmNetwork, SvmNetworkError};
 pub use record::{ASSOCIATED_TOKEN_PROGRAM, COMPUTE_BUDGET_PROGRAM, MEMO_PROGRAM, TOKEN_2022_PROGRAM, TOKEN_PROGRAM};
 pub use rpc::{SvmRpc, SvmRpcError, TransferState};

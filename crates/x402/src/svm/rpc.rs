@@ -10,8 +10,15 @@
 //!   ([`SvmRpc::landed_as`]).
 //! - [`SvmRpc::transfer_state`] reads the finalized block height *before* searching: once that
 //!   height is past the blockhash's `lastValidBlockHeight`, no block can include the
-//!   transaction any more, so a search afterwards that does not find it proves it never
-//!   landed ([`TransferState::Expired`]). A search too wide to finish decides nothing.
+//!   transaction any more, so a search afterwards that does not find it is this endpoint's
+//!   word that it never landed ([`TransferState::Expired`]) — only when, read after the search,
+//!   the finalized bank also holds the blockhash invalid (`isBlockhashValid`; else
+//!   [`TransferState::Pending`]) and the endpoint's ledger reaches back to the slot the
+//!   blockhash was read at (`getFirstAvailableBlock`; else [`SvmRpcError::HistoryPruned`]: a
+//!   pruned ledger's search proves nothing). A search too wide to finish decides nothing.
+//! - One endpoint's word is not enough to sign again: its signature index may lag or lie by
+//!   omission, which no read of the same endpoint can tell. [`super::SvmEndpoints::fate`]
+//!   asks every endpoint of the network.
 //! - A failure is final only once finalized ([`TransferState::Failed`]`{ finalized }`): a
 //!   processed failure on a fork that is dropped could still land elsewhere.
 //! - Sizes are bounded: answers over [`MAX_ANSWER_BYTES`] are refused, not parsed.
@@ -50,6 +57,17 @@ pub enum SvmRpcError {
     NotAMint,
     #[error("more than {MAX_SEARCHED} transactions of the payer since the payment was signed: not searched further")]
     SearchTooWide,
+    #[error(
+        "the endpoint's ledger starts at slot {first_available}, after the payment's blockhash: its search proves nothing"
+    )]
+    HistoryPruned { first_available: u64 },
+    /// The transaction can never land by one endpoint's word, and no other endpoint of the
+    /// network is configured to confirm it.
+    #[error("only one RPC endpoint of the network says the transaction can never land: a second one must confirm it")]
+    NoSecondOpinion,
+    /// One endpoint says the transaction can never land, another does not (yet).
+    #[error("the network's RPC endpoints disagree on whether the transaction can still land")]
+    Disagreement,
 }
 
 /// The most transactions of the payer's that one search reads (ten pages).
@@ -76,13 +94,15 @@ pub enum TransferState {
     Failed { tx_id: String, slot: u64, finalized: bool, error: String },
     /// Not seen, and its blockhash can still land it.
     Pending { block_height: u64 },
-    /// Not seen, and the finalized block height is past its `lastValidBlockHeight`: it can
-    /// never land.
+    /// Not seen, the finalized block height is past its `lastValidBlockHeight` and the
+    /// finalized bank holds its blockhash invalid: it can never land (by one endpoint's word:
+    /// see [`super::SvmEndpoints::fate`]).
     Expired { block_height: u64 },
 }
 
 impl TransferState {
-    /// True when a new transaction may be signed for the same payment: this one can never move money.
+    /// True when, by this verdict, this transaction can never move money (so a new one may be
+    /// signed for the same payment once every endpoint agrees: [`super::SvmEndpoints::fate`]).
     pub fn may_sign_again(&self) -> bool {
         matches!(self, Self::Expired { .. } | Self::Failed { finalized: true, .. })
     }
@@ -191,6 +211,29 @@ impl SvmRpc {
             .ok_or(SvmRpcError::Malformed("block height"))
     }
 
+    /// Whether the finalized bank still accepts transactions using `blockhash` (base58).
+    ///
+    /// # Errors
+    /// [`SvmRpcError`].
+    pub async fn blockhash_valid(&self, blockhash: &str) -> Result<bool, SvmRpcError> {
+        self.call("isBlockhashValid", json!([blockhash, {"commitment": "finalized"}]))
+            .await?
+            .get("value")
+            .and_then(Value::as_bool)
+            .ok_or(SvmRpcError::Malformed("isBlockhashValid"))
+    }
+
+    /// The lowest slot whose block the endpoint still serves (below it, its ledger is pruned).
+    ///
+    /// # Errors
+    /// [`SvmRpcError`].
+    pub async fn first_available_block(&self) -> Result<u64, SvmRpcError> {
+        self.call("getFirstAvailableBlock", json!([]))
+            .await?
+            .as_u64()
+            .ok_or(SvmRpcError::Malformed("first available block"))
+    }
+
     /// The mint's token program and decimals, from its account.
     ///
     /// # Errors
@@ -229,9 +272,28 @@ impl SvmRpc {
             Some(Landed { tx_id, slot, error: Some(error), finalized }) => {
                 TransferState::Failed { tx_id, slot, finalized, error }
             }
-            None if transfer.expired_at(block_height) => TransferState::Expired { block_height },
+            None if transfer.expired_at(block_height) && self.confirms_expiry(transfer).await? => {
+                TransferState::Expired { block_height }
+            }
             None => TransferState::Pending { block_height },
         })
+    }
+
+    /// After a search that did not find `transfer`, its height past: false when the finalized
+    /// bank still holds the blockhash valid (it may land yet).
+    ///
+    /// # Errors
+    /// [`SvmRpcError::HistoryPruned`] when the ledger does not reach back to the slot the
+    /// blockhash was read at (read after the search: pruning only moves it up), or a failed read.
+    async fn confirms_expiry(&self, transfer: &SignedSvmTransfer) -> Result<bool, SvmRpcError> {
+        if self.blockhash_valid(&transfer.blockhash).await? {
+            return Ok(false);
+        }
+        let first_available = self.first_available_block().await?;
+        if first_available > transfer.min_slot {
+            return Err(SvmRpcError::HistoryPruned { first_available });
+        }
+        Ok(true)
     }
 
     /// The transaction carrying `transfer`, searched among the payer's transactions newest

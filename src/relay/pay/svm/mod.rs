@@ -2,7 +2,8 @@
 //! the agent's limits, sign, commit the intent, send, ask the chain — with the chain's own
 //! at-most-once rule: a transaction lands at most once, and never after the block height
 //! `lastValidBlockHeight` of its blockhash. A request is signed again only when the chain shows
-//! its recorded transaction can never land ([`TransferState::may_sign_again`]).
+//! its recorded transaction can never land ([`TransferState::may_sign_again`]), by the word of
+//! every RPC endpoint of its network, at least two (`SvmEndpoints::fate`, in `resume`).
 //!
 //! The intent's row: `network` (CAIP-2), `asset` (the mint), `pay_to` and `payer` (base58),
 //! `nonce` the request's deterministic nonce (stable across re-signings, so one intent per
@@ -39,7 +40,7 @@ use crate::relay::{Error, Failure, Outcome, PaymentNote, remaining};
 use crate::solana::Solana;
 use crate::state::AppState;
 use crate::upstream::{UpstreamError, UpstreamResponse};
-use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmRpc, SvmRpcError, SvmTerms, TransferState};
+use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmEndpoints, SvmRpc, SvmRpcError, SvmTerms, TransferState};
 use crate::x402::{self, PaymentRequired, X402Version};
 
 /// How long after signing a Solana payment counts in the 24-hour budget window at the least
@@ -138,7 +139,7 @@ pub(super) async fn pay(
         Ok(chosen) => chosen,
         Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
     };
-    let Some(rpc) = solana.rpcs.of(&terms.network().caip2()) else {
+    let Some(rpc) = solana.rpcs.of(&terms.network().caip2()).map(SvmEndpoints::primary) else {
         return Err(Error::invariant("a configured Solana network without an endpoint"));
     };
     let nonce = x402::deterministic_nonce(&state.nonce_secret[..], own.agent_id, own.key.as_str(), &own.request_hash);

@@ -1,5 +1,8 @@
 //! Picking up a recorded Solana intent (a takeover, or a key reused for the same request): the
-//! chain decides first, and a new transaction is signed only once the recorded one can never land.
+//! chain decides first, and a new transaction is signed only once the recorded one can never
+//! land, by the word of every RPC endpoint of its network, at least two
+//! (`SvmEndpoints::fate`): one endpoint's lagging, pruned or lying signature index never makes
+//! the router pay twice.
 
 use std::time::Instant;
 
@@ -44,13 +47,21 @@ pub(crate) async fn resume(
          read); nothing was signed or paid; retry later",
     );
     let StoredSvmIntent { version, signed, .. } = StoredSvmIntent::decode(&intent).map_err(Error::invariant)?;
-    let Some((solana, rpc)) = state.solana.as_deref().and_then(|s| Some((s, s.rpcs.of(&signed.network)?))) else {
+    let Some((solana, endpoints)) = state.solana.as_deref().and_then(|s| Some((s, s.rpcs.of(&signed.network)?))) else {
         return Err(unavailable);
     };
+    let rpc = endpoints.primary();
     faults::at(state.faults.as_ref(), Point::ResumeStart).await;
-    let fate = match rpc.transfer_state(&signed).await {
+    let fate = match endpoints.fate(&signed).await {
         Ok(fate) => fate,
         Err(SvmRpcError::WrongChain { .. }) => return Err(wrong_chain()),
+        Err(e @ (SvmRpcError::NoSecondOpinion | SvmRpcError::Disagreement | SvmRpcError::HistoryPruned { .. })) => {
+            tracing::warn!(error = %e, "a resumed Solana payment may never land, but that is not confirmed; nothing is signed again");
+            return Err(Error::PaymentNetworkUnavailable(
+                "an earlier Solana payment of this call may never land, but not every RPC endpoint of its network \
+                 confirms it; nothing was signed or paid; retry later",
+            ));
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot check a resumed Solana payment on-chain; deferring");
             return Err(unavailable);
