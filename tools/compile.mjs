@@ -27,6 +27,7 @@ const contracts = [
   'X402BatchSettlement',
   'ERC3009DepositCollector',
   'Permit2DepositCollector',
+  'ReentrantDepositCollector',
 ];
 
 const settings = {
