@@ -1,7 +1,11 @@
 // A local x402 facilitator made of the official packages: @x402/core's x402Facilitator with
 // @x402/evm's "exact" EVM schemes, for x402 v2 (CAIP-2 "eip155:84532") and v1 ("base-sepolia"),
-// and its "upto" scheme (v2). Permit2 payments settle through the Permit2 and x402 proxy
-// contracts that the deploy step installs at their canonical addresses.
+// its "upto" scheme (v2) and its "batch-settlement" scheme (v2). Permit2 payments settle through
+// the Permit2 and x402 proxy contracts, batch-settlement deposits, claims, settles and refunds
+// through the project's own channel contract and deposit collectors (contracts/X402BatchSettlement.sol,
+// contracts/*DepositCollector.sol), all installed at their canonical addresses by the deploy step.
+// For batch-settlement it advertises a receiver authorizer (anvil's dev account #3) in /supported
+// and signs the claim batches and refunds of servers that delegate that role to it.
 // It verifies payments and settles them on a local chain (anvil) with anvil's dev account #0 as
 // the transaction sender. Used by scripts/interop; binds 127.0.0.1 only.
 //
@@ -28,9 +32,12 @@ import { toFacilitatorEvmSigner } from "@x402/evm";
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { ExactEvmSchemeV1 } from "@x402/evm/exact/v1/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
+import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
 
 // anvil's well-known dev account #0 (public test key): submits the settlements and pays gas.
 const GAS_PAYER_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+// anvil's dev account #3 (public test key): the batch-settlement receiver authorizer it offers.
+const RECEIVER_AUTHORIZER_KEY = "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6";
 const CHAIN_ID = 84532; // Base Sepolia's chain id, so both network spellings below apply
 const NETWORK_V2 = `eip155:${CHAIN_ID}`;
 const NETWORK_V1 = "base-sepolia";
@@ -90,6 +97,7 @@ const facilitator = new x402Facilitator()
   .register(NETWORK_V2, new ExactEvmScheme(signer))
   .registerV1(NETWORK_V1, new ExactEvmSchemeV1(signer));
 facilitator.register(NETWORK_V2, new UptoEvmScheme(signer));
+facilitator.register(NETWORK_V2, new BatchSettlementEvmScheme(signer, privateKeyToAccount(RECEIVER_AUTHORIZER_KEY)));
 
 const app = express();
 app.disable("x-powered-by");

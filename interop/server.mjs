@@ -7,6 +7,12 @@
 //     see "answers lost after settlement" below)
 //   - x402 v1 routes through the legacy x402-express (402 JSON body / X-PAYMENT / X-PAYMENT-RESPONSE)
 // Both ask the facilitator given on the command line to verify and settle. Binds 127.0.0.1 only.
+// GET /v2/batch is paid with the "batch-settlement" scheme (@x402/evm/batch-settlement/server, its
+// own payee BATCH_PAY_TO, the facilitator's receiver authorizer, in-memory channel storage): a
+// deposit into a payment channel first, then an off-chain voucher per request. POST
+// /_batch/claim-settle has the server's official channel manager claim the vouchers it holds and
+// settle them to BATCH_PAY_TO through the facilitator (answers {claims, settle}); GET
+// /_batch/channels lists the server's channel records. A client refunds itself through the route.
 // GET /v2/siwx is also protected by the official sign-in-with-x extension (@x402/extensions
 // 2.27.0: declareSIWxExtension + createSIWxResourceServerExtension, in-memory storage): a payer
 // whose payment settled may re-access it by sending SIGN-IN-WITH-X instead of paying. Its
@@ -31,6 +37,7 @@ import {
 import { HTTPFacilitatorClient } from "@x402/core/server";
 import { ExactEvmScheme } from "@x402/evm/exact/server";
 import { UptoEvmScheme } from "@x402/evm/upto/server";
+import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/server";
 import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
 import {
   InMemorySIWxStorage,
@@ -43,6 +50,7 @@ import { once } from "node:events";
 const NETWORK_V2 = "eip155:84532";
 const NETWORK_V1 = "base-sepolia"; // the same chain, by its v1 name
 const PAY_TO = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"; // anvil dev account #2
+const BATCH_PAY_TO = "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc"; // anvil dev account #5: /v2/batch's receiver
 
 const { values: opts } = parseArgs({
   options: {
@@ -88,6 +96,10 @@ const ROUTES = [
     description: "Metered like /v2/upto; the answer is held ?ms=N after settlement (x402 v2)",
   },
   {
+    method: "GET", path: "/v2/batch", x402_version: 2, amount: "1000", scheme: "batch-settlement", pay_to: BATCH_PAY_TO,
+    description: "Weather report, paid from a batch-settlement channel (x402 v2)",
+  },
+  {
     method: "GET", path: "/v2/siwx", x402_version: 2, amount: "10000", siwx: true,
     description: "Weather report; payers may re-access it with sign-in-with-x (x402 v2)",
   },
@@ -105,7 +117,9 @@ const v2Routes = {};
 for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
   const extra = r.transfer ? { ...domain, assetTransferMethod: r.transfer } : { ...domain };
   v2Routes[`${r.method} ${r.path}`] = {
-    accepts: { scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: PAY_TO, price: { amount: r.amount, asset, extra } },
+    accepts: {
+      scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: r.pay_to ?? PAY_TO, price: { amount: r.amount, asset, extra },
+    },
     description: r.description,
     mimeType: "application/json",
     ...(r.siwx
@@ -115,9 +129,15 @@ for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
 }
 // Counters of the sign-in-with-x route and extension, for GET /_stats.
 const siwxStats = { handler_runs: 0, handler_runs_signed_in: 0, payment_recorded: 0, access_granted: 0, validation_failed: 0, nonce_reused: 0 };
-const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: facilitatorUrl }))
+const facilitatorClient = new HTTPFacilitatorClient({ url: facilitatorUrl });
+// batch-settlement: no receiverAuthorizerSigner of its own, so it delegates that role to the
+// facilitator's advertised receiver authorizer; the withdraw delay is the scheme's minimum (900 s).
+const batchScheme = new BatchSettlementEvmScheme(BATCH_PAY_TO);
+const batchChannels = batchScheme.createChannelManager(facilitatorClient, NETWORK_V2, asset);
+const resourceServer = new x402ResourceServer(facilitatorClient)
   .register(NETWORK_V2, new ExactEvmScheme())
   .register(NETWORK_V2, new UptoEvmScheme())
+  .register(NETWORK_V2, batchScheme)
   .registerExtension(
     createSIWxResourceServerExtension({
       origin,
@@ -243,6 +263,19 @@ app.use(afterSettlement);
 app.get("/healthz", (_req, res) => res.json({ ok: true }));
 app.get("/free", (_req, res) => res.json({ free: true }));
 app.get("/_stats", (_req, res) => res.json({ siwx: siwxStats }));
+// The batch-settlement server's own operations (no payment): claim and settle what it holds.
+app.post("/_batch/claim-settle", async (_req, res) => {
+  try {
+    const result = await batchChannels.claimAndSettle();
+    emit({ batch: "claim-settle", result });
+    res.json(result);
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    emit({ batch: "claim-settle", error: message });
+    res.status(502).json({ error: message });
+  }
+});
+app.get("/_batch/channels", async (_req, res) => res.json(await batchScheme.getStorage().list()));
 app.use(v1PaymentMiddleware(PAY_TO, v1Routes, { url: facilitatorUrl }));
 app.use(paymentMiddlewareFromHTTPServer(v2Http));
 
@@ -251,6 +284,7 @@ app.get("/v2/weather", (_req, res) => res.json(forecast(2)));
 app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
 app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
 app.get("/v2/permit2", (_req, res) => res.json({ ...forecast(2), via: "permit2" }));
+app.get("/v2/batch", (_req, res) => res.json({ ...forecast(2), via: "batch-settlement" }));
 const upto = (req, res) => {
   const used = typeof req.query.used === "string" && /^[0-9]{1,20}$/.test(req.query.used) ? req.query.used : "1234";
   setSettlementOverrides(res, { amount: used });
@@ -283,8 +317,8 @@ process.stdout.write(
     pay_to: PAY_TO,
     asset,
     facilitator: facilitatorUrl,
-    routes: ROUTES.map(({ method, path, x402_version, amount, scheme }) => ({
-      method, path, x402_version, amount, scheme: scheme ?? "exact",
+    routes: ROUTES.map(({ method, path, x402_version, amount, scheme, pay_to }) => ({
+      method, path, x402_version, amount, scheme: scheme ?? "exact", pay_to: pay_to ?? PAY_TO,
     })),
   })}\n`,
 );

@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod audit;
 mod auth;
+mod batch_settlement;
 mod cli;
 mod concurrency;
 mod console;

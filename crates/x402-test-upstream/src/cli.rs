@@ -22,8 +22,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deploy TestToken and PlainToken (no EIP-3009), install Multicall3, Permit2 and the x402
-    /// Permit2 proxies with anvil_setCode, mint, approve Permit2; print {"token", "plain_token", "chain_id"}.
+    /// Deploy TestToken and PlainToken (no EIP-3009), install Multicall3, Permit2, the x402
+    /// Permit2 proxies and the x402 batch-settlement contracts with anvil_setCode, mint, approve
+    /// Permit2; print {"token", "plain_token", "chain_id"}.
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
     Serve(ServeArgs),

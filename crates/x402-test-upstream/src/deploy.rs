@@ -1,6 +1,6 @@
 //! `deploy`: TestToken and PlainToken (an ERC-20 without EIP-3009) from the embedded fixtures;
-//! Multicall3, Permit2 and the two x402 Permit2 proxies via `anvil_setCode` at their canonical
-//! addresses; then mints both tokens, and approves Permit2 for both from each
+//! Multicall3, Permit2, the two x402 Permit2 proxies and the x402 batch-settlement channel
+//! contract with its two deposit collectors via `anvil_setCode` at their canonical addresses; then mints both tokens, and approves Permit2 for both from each
 //! `--approve-permit2` key.
 //! Prints one JSON line `{"token": "0x…", "plain_token": "0x…", "chain_id": N}` on stdout.
 
@@ -46,6 +46,14 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         chain.set_code(address, code).await.with_context(|| format!("installing code at {address}"))?;
     }
     tracing::info!(permit2 = %crate::permit2::PERMIT2, "Permit2 and the x402 Permit2 proxies installed");
+
+    for (address, code) in fixtures::batch_settlement_runtime_codes()? {
+        chain.set_code(address, code).await.with_context(|| format!("installing code at {address}"))?;
+    }
+    tracing::info!(
+        settlement = %fixtures::BATCH_SETTLEMENT,
+        "the batch-settlement channel contract and its deposit collectors installed"
+    );
 
     for asset in [token, plain_token] {
         for mint in &args.mints {

@@ -16,6 +16,18 @@ const EXACT_PROXY_JSON: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/X402ExactPermit2Proxy.json"));
 const UPTO_PROXY_JSON: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/X402UptoPermit2Proxy.json"));
+const BATCH_SETTLEMENT_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/X402BatchSettlement.json"));
+const ERC3009_COLLECTOR_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/ERC3009DepositCollector.json"));
+const PERMIT2_COLLECTOR_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/Permit2DepositCollector.json"));
+
+/// Where the x402 `batch-settlement` scheme's contracts live (the addresses the official
+/// `@x402/evm` packages call): the channel contract and its two deposit collectors.
+pub const BATCH_SETTLEMENT: Address = address!("0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003");
+pub const ERC3009_DEPOSIT_COLLECTOR: Address = address!("0x4020806089470a89826cB9fB1f4059150b550004");
+pub const PERMIT2_DEPOSIT_COLLECTOR: Address = address!("0x4020425FAf3B746C082C2f942b4E5159887B0005");
 
 #[derive(Debug, thiserror::Error)]
 pub enum FixtureError {
@@ -72,6 +84,23 @@ pub fn permit2_runtime_codes() -> Result<[(Address, Bytes); 3], FixtureError> {
     ])
 }
 
+/// Runtime code of our batch-settlement channel contract and its EIP-3009 and Permit2 deposit
+/// collectors, with the canonical address of each, for `anvil_setCode` (none has constructor
+/// state; the collectors name the channel contract and Permit2 by those addresses).
+pub fn batch_settlement_runtime_codes() -> Result<[(Address, Bytes); 3], FixtureError> {
+    Ok([
+        (BATCH_SETTLEMENT, artifact("X402BatchSettlement.json", BATCH_SETTLEMENT_JSON)?.deployed_bytecode),
+        (
+            ERC3009_DEPOSIT_COLLECTOR,
+            artifact("ERC3009DepositCollector.json", ERC3009_COLLECTOR_JSON)?.deployed_bytecode,
+        ),
+        (
+            PERMIT2_DEPOSIT_COLLECTOR,
+            artifact("Permit2DepositCollector.json", PERMIT2_COLLECTOR_JSON)?.deployed_bytecode,
+        ),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +111,6 @@ mod tests {
         assert!(plain_token_creation_code().unwrap().len() > 100);
         assert!(multicall_runtime_code().unwrap().len() > 100);
         assert!(permit2_runtime_codes().unwrap().iter().all(|(_, code)| code.len() > 100));
+        assert!(batch_settlement_runtime_codes().unwrap().iter().all(|(_, code)| code.len() > 100));
     }
 }

@@ -4,7 +4,9 @@
 //! * `deploy` deploys `contracts/TestToken.sol` (bytecode embedded from
 //!   `tests/fixtures/TestToken.json`), installs the Multicall fixture's runtime code at
 //!   Multicall3's canonical address, our own Permit2 and x402 Permit2 proxies
-//!   (`contracts/Permit2.sol`, `contracts/X402*Permit2Proxy.sol`) at their canonical addresses,
+//!   (`contracts/Permit2.sol`, `contracts/X402*Permit2Proxy.sol`) and x402 batch-settlement
+//!   channel contract and deposit collectors (`contracts/X402BatchSettlement.sol`,
+//!   `contracts/*DepositCollector.sol`) at their canonical addresses,
 //!   mints, approves Permit2 from the `--approve-permit2` keys, and prints `{"token": "0x…", "chain_id": N}`.
 //! * `serve` runs an actix-web x402 server (v1 and v2 wire formats) that verifies payments
 //!   itself, settles them on chain with `transferWithAuthorization` from a facilitator key, and
