@@ -52,6 +52,7 @@ pub mod recovery;
 pub mod relay;
 pub mod routes;
 pub mod schema_doc;
+pub mod secrets;
 pub mod self_service;
 pub mod solana;
 pub mod startup;

@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
             false,
         ),
     };
-    let rendered = outcome.render(&OWNER, &CALL);
+    let rendered = outcome.render(&OWNER, &CALL, &x402_router::secrets::Redaction::default());
     let bytes = rendered.stored.body.clone();
 
     // Rendering: one JSON object that gives the answer back. Its members are read one by one

@@ -201,7 +201,11 @@ impl UpstreamClient {
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| {
-                    if e.is_timeout() { UpstreamError::Timeout } else { UpstreamError::Broken(e.to_string()) }
+                    if e.is_timeout() {
+                        UpstreamError::Timeout
+                    } else {
+                        UpstreamError::Broken(e.without_url().to_string())
+                    }
                 })?;
                 if body.len() + chunk.len() > self.max_response_bytes {
                     return Err(UpstreamError::TooLarge(self.max_response_bytes));
@@ -224,6 +228,8 @@ impl UpstreamClient {
 }
 
 fn classify(e: reqwest::Error) -> UpstreamError {
+    // reqwest's message ends with the request's URL, query and all: never kept or shown.
+    let e = e.without_url();
     if e.is_timeout() {
         return UpstreamError::Timeout;
     }
