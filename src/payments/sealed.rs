@@ -12,7 +12,6 @@
 
 use serde_json::Value;
 
-use super::store::SentRequest;
 
 /// An intent's exact parts, in the clear (in memory only): what a takeover re-sends or
 /// re-signs and what recovery re-sends byte for byte.
@@ -123,5 +122,23 @@ impl Opened {
     /// [`NotKept`]: dropped, unreadable, or never recorded.
     pub fn request(&self) -> Result<&SentRequest, NotKept> {
         self.exact()?.request.as_ref().ok_or_else(|| NotKept("the request as sent was not recorded".into()))
+    }
+}
+
+/// A paid request as sent, in storable form: everything needed to send it again
+/// byte for byte (with the stored payment header), without the agent's `/route` body.
+/// Kept only sealed ([`Exact`]); its `Debug` shows the method only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentRequest {
+    pub method: String,
+    pub url: String,
+    /// JSON array of `[name, value]` pairs, in the order sent.
+    pub headers: Vec<u8>,
+    pub body: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for SentRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentRequest").field("method", &self.method).finish_non_exhaustive()
     }
 }

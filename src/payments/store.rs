@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::PaymentStatus;
 pub use super::Spend;
 use super::limits::Refusal;
+pub use super::sealed::SentRequest;
 use super::sealed::{Kept, Sealed};
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
@@ -83,24 +84,6 @@ pub struct NewPayment<'a> {
     /// The request as it will be sent, the terms, the context and the payment header:
     /// sealed, and shown redacted ([`super::sealed`]).
     pub kept: &'a Kept,
-}
-
-/// A paid request as sent, in storable form: everything needed to send it again
-/// byte for byte (with the stored payment header), without the agent's `/route` body.
-/// Kept only sealed ([`super::sealed::Exact`]); its `Debug` shows the method only.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SentRequest {
-    pub method: String,
-    pub url: String,
-    /// JSON array of `[name, value]` pairs, in the order sent.
-    pub headers: Vec<u8>,
-    pub body: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for SentRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentRequest").field("method", &self.method).finish_non_exhaustive()
-    }
 }
 
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key (its row locked

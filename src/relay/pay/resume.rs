@@ -171,7 +171,7 @@ async fn send_again(
     // The exact copies that were signed (sealed; the JSONB columns are redacted copies).
     let exact = match opened.exact() {
         Ok(exact) => exact,
-        Err(why) => return Ok(not_resumable(&why)),
+        Err(why) => return Ok(super::not_resumable(&why)),
     };
     let stored = exact.requirement().and_then(|r| Ok((r, exact.context()?)));
     let (raw_requirement, context) =
@@ -210,17 +210,6 @@ async fn send_again(
         Attempt { id: intent.id, ..attempt }
     };
     super::exchange::exchange(state, own, call, &attempt, deadline).await
-}
-
-/// An unused earlier payment of this request that can no longer be sent or signed again: the
-/// terms it was signed for were dropped (past `SECRETS_RETENTION_HOURS`) or cannot be opened.
-/// Nothing is signed or paid; the call ends (a new key buys afresh).
-pub(in crate::relay) fn not_resumable(why: &crate::payments::sealed::NotKept) -> Outcome {
-    let msg = format!(
-        "an earlier, unused payment of this request under this Idempotency-Key cannot be resumed: {why}; nothing \
-         was signed or paid; use a new Idempotency-Key"
-    );
-    Outcome::Failed(Failure::new(Code::PaymentNotMade, msg))
 }
 
 /// A settled payment whose answer was lost, served again by signing in as the payer: a new

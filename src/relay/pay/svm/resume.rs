@@ -77,7 +77,7 @@ pub(crate) async fn resume(
             let opened = crate::secrets::intent::open(&state.config.secrets.keyring, &intent);
             let exact = match opened.exact() {
                 Ok(exact) => exact,
-                Err(why) => return Ok(crate::relay::pay::resume::not_resumable(&why)),
+                Err(why) => return Ok(super::super::not_resumable(&why)),
             };
             let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
             let value = HeaderValue::from_str(&exact.header_value).map_err(|e| Error::Internal(e.into()))?;
@@ -143,7 +143,7 @@ async fn sign_again(
     let opened = crate::secrets::intent::open(&state.config.secrets.keyring, intent);
     let exact = match opened.exact() {
         Ok(exact) => exact,
-        Err(why) => return Ok(crate::relay::pay::resume::not_resumable(&why)),
+        Err(why) => return Ok(super::super::not_resumable(&why)),
     };
     let stored = exact.requirement().and_then(|r| Ok((r, exact.context()?)));
     let (raw, context) = stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
