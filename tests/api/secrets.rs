@@ -375,6 +375,8 @@ async fn a_forwarded_secret_reaches_the_upstream_and_no_table_answer_or_log_line
     for log in [&log_a, &log_b] {
         let text = std::fs::read_to_string(log).unwrap();
         assert!(text.contains(" DEBUG "), "the router logs below info: {text}");
+        let theirs = text.lines().find(|l| (l.contains(" DEBUG ") || l.contains(" TRACE ")) && l.contains("rmcp::"));
+        assert_eq!(theirs, None, "the MCP library's request logs are held at info");
         forwarded.assert_none_in(&format!("the log of {}", log.display()), &text);
     }
     std::fs::remove_dir_all(&logs).unwrap();
