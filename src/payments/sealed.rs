@@ -12,7 +12,6 @@
 
 use serde_json::Value;
 
-
 /// An intent's exact parts, in the clear (in memory only): what a takeover re-sends or
 /// re-signs and what recovery re-sends byte for byte.
 #[derive(Clone, PartialEq, Eq)]

@@ -422,7 +422,7 @@ async fn a_settlement_whose_answer_was_lost_is_paid_not_served() {
 
     // No bearer instrument in any payment view. The payment header is kept only sealed, and
     // only while the payment may still need it (the lost one; the served one's is dropped).
-    let header = vec![opened_intent(&app.db, &lost).await.exact().unwrap().header_value.clone()];
+    let header = [opened_intent(&app.db, &lost).await.exact().unwrap().header_value.clone()];
     assert!(payment_row(&app.db, &served).await.sealed.is_none(), "dropped once settled and served");
     let signatures = text_of(&app.db, "signed_authorization->>'signature'").await;
     for path in [
