@@ -124,8 +124,8 @@ pub async fn plaintext_batch(
 }
 
 /// Replaces `row`'s clear copies by `sealed` (`None`: dropped) and its shown copies by
-/// `shown`, if the row was not written since it was read. `false`: it was (left for the
-/// next sweep).
+/// `shown`, if the row was not written since it was read and still holds clear copies.
+/// `false`: it was (left for the next sweep), or another sweep sealed it first.
 ///
 /// # Errors
 /// Database errors.
@@ -135,12 +135,12 @@ pub async fn seal_plaintext(
     sealed: Option<&Sealed>,
     shown: &Shown,
 ) -> diesel::QueryResult<bool> {
-    let n = diesel::sql_query(
+    let n = diesel::sql_query(format!(
         "UPDATE payments SET sealed = $3, sealed_key_id = $4, request_url = $5, requirement = $6, context = $7, \
                 advertised_extensions = $8, request_headers = NULL, request_body = NULL, header_value = NULL, \
                 requirement_json = NULL, context_json = NULL \
-          WHERE agent_id = $1 AND id = $2 AND updated_at = $9",
-    )
+          WHERE agent_id = $1 AND id = $2 AND updated_at = $9 AND {PLAINTEXT}"
+    ))
     .bind::<SqlUuid, _>(row.agent_id)
     .bind::<SqlUuid, _>(row.id)
     .bind::<Nullable<Bytea>, _>(sealed.map(|s| &s.bytes[..]))
@@ -176,24 +176,25 @@ pub struct ShownRow {
     pub advertised_extensions: Option<Vec<u8>>,
 }
 
-/// One batch of rows created at `since` or later (`None`: all), after `after`.
+/// One batch of the rows whose shown copies may hold a URL's parameters (a `?` or `#` in
+/// them), after `after` in `(created_at, id)` order.
 ///
 /// # Errors
 /// Database errors.
 pub async fn shown_batch(
     conn: &mut AsyncPgConnection,
-    since: Option<DateTime<Utc>>,
     after: Option<(DateTime<Utc>, Uuid)>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<ShownRow>> {
     diesel::sql_query(
         "SELECT agent_id, id, created_at, updated_at, request_url, requirement, context, advertised_extensions \
            FROM payments \
-          WHERE ($1::timestamptz IS NULL OR created_at >= $1) \
-            AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid)) \
-          ORDER BY created_at, id LIMIT $4",
+          WHERE (request_url ~ '[?#]' OR requirement::text ~ '[?#]' OR context::text ~ '[?#]' \
+                 OR position('?'::bytea in coalesce(advertised_extensions, '')) > 0 \
+                 OR position('#'::bytea in coalesce(advertised_extensions, '')) > 0) \
+            AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2::uuid)) \
+          ORDER BY created_at, id LIMIT $3",
     )
-    .bind::<Nullable<Timestamptz>, _>(since)
     .bind::<Nullable<Timestamptz>, _>(after.map(|a| a.0))
     .bind::<Nullable<SqlUuid>, _>(after.map(|a| a.1))
     .bind::<BigInt, _>(limit)

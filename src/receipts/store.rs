@@ -130,13 +130,13 @@ pub async fn latest_for_request(
 }
 
 /// One batch of receipts whose URL has a query or a fragment (where a secret parameter may
-/// be), created at `since` or later (`None`: all), after `after` in `(created_at, id)` order.
+/// be), created within `within` (`None`: any time), after `after` in `(created_at, id)` order.
 ///
 /// # Errors
 /// Database errors.
 pub async fn with_url_parameters(
     conn: &mut AsyncPgConnection,
-    since: Option<chrono::DateTime<chrono::Utc>>,
+    within: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
     after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
     limit: i64,
 ) -> QueryResult<Vec<Receipt>> {
@@ -146,8 +146,8 @@ pub async fn with_url_parameters(
         .order((receipts::created_at, receipts::id))
         .limit(limit)
         .into_boxed();
-    if let Some(since) = since {
-        q = q.filter(receipts::created_at.ge(since));
+    if let Some((from, to)) = within {
+        q = q.filter(receipts::created_at.ge(from)).filter(receipts::created_at.lt(to));
     }
     if let Some((at, id)) = after {
         q = q.filter(receipts::created_at.gt(at).or(receipts::created_at.eq(at).and(receipts::id.gt(id))));

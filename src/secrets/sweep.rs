@@ -10,9 +10,13 @@
 //!    start.
 //! 2. URLs shown in the clear are redacted with `REDACT_QUERY_PARAMS`: the ledger's shown
 //!    copies and every receipt's URL (a receipt is signed again by the router's key, as it
-//!    now reads). `secrets_sweep` remembers the names and when the last sweep began: with the
-//!    same names, only rows created since (ten minutes before) then are looked at; with other
-//!    names, all.
+//!    now reads). `secrets_sweep` remembers the names and when the last sweep began. With
+//!    other names (or none remembered: the first start after the upgrade) every row is looked
+//!    at. With the same names, rows this version writes are redacted already, and a row of
+//!    the earlier version in the ledger is found by step 1; only receipts created from ten
+//!    minutes before to a day after the last sweep began are looked at again (those a router
+//!    of the earlier version may have signed during a rolling upgrade), so a restart costs
+//!    little however long the routers ran.
 //!
 //! Every write is guarded by what was read (a row written meanwhile is left to the next
 //! sweep); routers starting together repeat each other's work harmlessly.
@@ -32,9 +36,12 @@ use crate::payments::store::SentRequest;
 
 /// Rows read per batch.
 const BATCH: i64 = 200;
-/// How far before the last sweep's start a sweep with the same names looks again (a row is
-/// stamped when its transaction starts, and committed a little later).
+/// How far before the last sweep's start a sweep with the same names looks again at
+/// receipts (a row is stamped when its transaction starts, and committed a little later).
 const OVERLAP_MINUTES: i64 = 10;
+/// How long after the last sweep's start a router of the earlier version may still have
+/// written receipts (a rolling upgrade), looked at again by a sweep with the same names.
+const ROLLING_HOURS: i64 = 24;
 
 /// What a sweep works with.
 pub struct Sweep<'a> {
@@ -93,11 +100,15 @@ pub async fn run(conn: &mut AsyncPgConnection, s: &Sweep<'_>) -> Result<Swept, S
     let names = s.redaction.names().join(",");
     let marker: Option<Marker> =
         diesel::sql_query("SELECT redacted_names, started_at FROM secrets_sweep").get_result(conn).await.optional()?;
-    let since =
-        marker.filter(|m| m.redacted_names == names).map(|m| m.started_at - chrono::Duration::minutes(OVERLAP_MINUTES));
+    let rolling = marker.filter(|m| m.redacted_names == names).map(|m| {
+        let from = m.started_at - chrono::Duration::minutes(OVERLAP_MINUTES);
+        (from, m.started_at + chrono::Duration::hours(ROLLING_HOURS))
+    });
     seal_plaintext(conn, s, &mut swept).await?;
-    redact_payments(conn, s.redaction, since, &mut swept).await?;
-    redact_receipts(conn, s, since, &mut swept).await?;
+    if rolling.is_none() {
+        redact_payments(conn, s.redaction, &mut swept).await?;
+    }
+    redact_receipts(conn, s, rolling, &mut swept).await?;
     diesel::sql_query(
         "INSERT INTO secrets_sweep (redacted_names, started_at) VALUES ($1, $2) \
          ON CONFLICT (id) DO UPDATE SET redacted_names = $1, started_at = $2",
@@ -165,12 +176,11 @@ async fn seal_plaintext(conn: &mut AsyncPgConnection, s: &Sweep<'_>, swept: &mut
 async fn redact_payments(
     conn: &mut AsyncPgConnection,
     redaction: &Redaction,
-    since: Option<DateTime<Utc>>,
     swept: &mut Swept,
 ) -> Result<(), SweepError> {
     let mut after = None;
     loop {
-        let batch = kept::shown_batch(conn, since, after, BATCH).await?;
+        let batch = kept::shown_batch(conn, after, BATCH).await?;
         for row in &batch {
             let shown = crate::payments::sealed::Shown {
                 request_method: None,
@@ -198,12 +208,12 @@ async fn redact_payments(
 async fn redact_receipts(
     conn: &mut AsyncPgConnection,
     s: &Sweep<'_>,
-    since: Option<DateTime<Utc>>,
+    within: Option<(DateTime<Utc>, DateTime<Utc>)>,
     swept: &mut Swept,
 ) -> Result<(), SweepError> {
     let mut after = None;
     loop {
-        let batch = crate::receipts::store::with_url_parameters(conn, since, after, BATCH).await?;
+        let batch = crate::receipts::store::with_url_parameters(conn, within, after, BATCH).await?;
         for receipt in &batch {
             let shown = s.redaction.text(&receipt.url);
             if shown == receipt.url {
