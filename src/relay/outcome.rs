@@ -138,7 +138,19 @@ impl Outcome {
     /// shows (and signs) the URL with its secret query parameters redacted, and so does any
     /// error the ledger keeps (`redaction`).
     pub fn render(self, own: &Ownership, call: &RouteCall, redaction: &Redaction) -> Rendered {
-        let mut rendered = self.render_as_is(own, call, redaction);
+        // The router's own messages may quote an upstream's words (a 402 it could not read).
+        let redacted = |m: String| redaction.text(&m).into_owned();
+        let this = match self {
+            Self::Failed(mut f) => {
+                f.message = redacted(f.message);
+                Self::Failed(f)
+            }
+            Self::Declined { code, upstream, reason, accepts } => {
+                Self::Declined { code, upstream, reason: redacted(reason), accepts }
+            }
+            other => other,
+        };
+        let mut rendered = this.render_as_is(own, call, redaction);
         if let Some(fin) = rendered.payment.as_mut() {
             fin.error = fin.error.as_deref().map(|e| redaction.text(e).into_owned());
         }
