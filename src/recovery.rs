@@ -6,11 +6,6 @@
 //! payment header, the extensions the 402 advertised), so recovery needs nothing but the
 //! ledger row, an HTTP client and read access to the chain:
 //!
-//! The ledger keeps the request as sent and the payment header sealed (`crate::secrets`); the
-//! caller opens them ([`Opened`]) and hands them over, and they may have been dropped (the
-//! payment settled, or past `SECRETS_RETENTION_HOURS`): then nothing is sent, and the log says
-//! so.
-//!
 //! - the upstream advertised `payment-identifier` (and the stored payment carries the id):
 //!   re-send the byte-identical request with the byte-identical payment header. A 200 whose
 //!   `PAYMENT-RESPONSE.transaction` is the transaction the chain shows using this nonce is
@@ -19,6 +14,11 @@
 //!   or an answer the chain could not be read to check (after a second); 409, 402 or anything
 //!   else stop.
 //! - otherwise nothing is sent: settled, response lost.
+//!
+//! The ledger keeps the request as sent and the payment header sealed (`crate::secrets`); the
+//! caller opens them ([`Opened`]) and hands them over, and they may have been dropped (the
+//! payment settled, or past `SECRETS_RETENTION_HOURS`): then nothing is sent, and the log says
+//! so.
 //!
 //! When this recovers nothing, `relay` may still re-access the resource by signing in as
 //! the payer (Sign-In-With-X, `relay/reaccess.rs`): a new execution, and a signature, which is
