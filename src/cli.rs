@@ -104,6 +104,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub key: KeyArgs,
     #[command(flatten)]
+    pub secrets: SecretsArgs,
+    #[command(flatten)]
     pub solana: SolanaArgs,
     /// Networks the router pays on and their RPC URLs: `eip155:84532=http://…,…`; a network
     /// listed again gets another URL (fallback, in the order given). Solana networks:
@@ -200,6 +202,10 @@ pub struct GcArgs {
     /// Average deletion rate limit, rows per second (0: no limit).
     #[arg(long, env = "GC_MAX_ROWS_PER_SECOND", default_value = "10000")]
     pub gc_max_rows_per_second: String,
+    /// What agents forwarded (sealed) is dropped from payments older than this, in hours
+    /// (the routers' setting).
+    #[arg(long, env = "SECRETS_RETENTION_HOURS", default_value = "48")]
+    pub secrets_retention_hours: String,
 }
 
 #[derive(Debug, Args)]
@@ -318,6 +324,24 @@ pub struct KeyArgs {
     pub router_private_key_file: Option<String>,
 }
 
+/// Secrets at rest (docs/operations.md, "Secrets at rest").
+#[derive(Debug, Args, Clone)]
+pub struct SecretsArgs {
+    /// A file of the keys that seal what agents forward (headers, URLs, bodies) in the ledger:
+    /// one per line, `<key id> <64 hex digits>`; the first seals, every one listed opens.
+    /// Unset: a key derived from the wallet key (id `wallet`).
+    #[arg(long, env = "SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<String>,
+    /// Query parameters whose values are redacted wherever a URL is shown or kept in the clear
+    /// (receipts, the audit API, the ledger), comma-separated, any letter case.
+    #[arg(long, env = "REDACT_QUERY_PARAMS", default_value = "api_key,key,token,sig")]
+    pub redact_query_params: String,
+    /// How long what an agent forwarded is kept (sealed) for a takeover or recovery to re-send
+    /// it, in hours (1–8760); `gc` drops it after, and as soon as the payment is settled.
+    #[arg(long, env = "SECRETS_RETENTION_HOURS", default_value = "48")]
+    pub secrets_retention_hours: String,
+}
+
 /// The Solana wallet (x402 `exact` on `solana:` networks).
 #[derive(Debug, Args, Clone)]
 pub struct SolanaArgs {
@@ -376,6 +400,9 @@ pub struct ReconcileArgs {
     /// that advertised payment-identifier; never a new payment). Without it: no recovery.
     #[command(flatten)]
     pub key: KeyArgs,
+    /// The keys that open what recovery re-sends (the routers' settings).
+    #[command(flatten)]
+    pub secrets: SecretsArgs,
     /// How upstreams are reached by recovery (the routers' settings).
     #[command(flatten)]
     pub upstream: UpstreamArgs,

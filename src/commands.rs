@@ -27,8 +27,34 @@ pub async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
     }
     let app = Application::build(config, Hooks::default())?;
+    sweep_secrets(app.state()).await?;
     tracing::info!(port = app.port(), payer = %app.state().config.signer.address(), "x402-router listening");
     app.run_until_stopped().await?;
+    Ok(())
+}
+
+/// Before serving: says which key seals (warning when it is the one derived from the wallet
+/// key), and seals or redacts what earlier versions kept in the clear (`secrets::sweep`).
+async fn sweep_secrets(state: &crate::state::AppState) -> anyhow::Result<()> {
+    let secrets = &state.config.secrets;
+    let keys: Vec<&str> = secrets.keyring.ids().collect();
+    if secrets.keyring.current_id() == crate::secrets::DERIVED_KEY_ID {
+        tracing::warn!(
+            "SECRETS_KEY_FILE is not set: what agents forward is sealed with a key derived from the wallet key \
+             (set SECRETS_KEY_FILE to keep it under a key of its own; docs/operations.md, \"Secrets at rest\")"
+        );
+    }
+    let mut conn = state.pool.get().await.context("connecting to Postgres")?;
+    let sweep = crate::secrets::sweep::Sweep {
+        keyring: &secrets.keyring,
+        redaction: &secrets.redaction,
+        retention_hours: secrets.retention_hours,
+        receipt_signer: &state.receipt_signer,
+    };
+    let swept = crate::secrets::sweep::run(&mut conn, &sweep).await.context("sealing the secrets of earlier rows")?;
+    tracing::info!(secrets.keys = ?keys, secrets.sealing_key = secrets.keyring.current_id(), sealed = swept.sealed,
+        dropped = swept.dropped, redacted_payments = swept.redacted_payments,
+        redacted_receipts = swept.redacted_receipts, "secrets at rest: earlier rows swept");
     Ok(())
 }
 
@@ -43,7 +69,8 @@ pub async fn migrate(args: &DatabaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `gc`: delete expired idempotency rows; prints `{"deleted": N}`.
+/// `gc`: delete expired idempotency rows, then drop the secrets no payment can need any more
+/// (`payments::kept::drop_secrets`); prints `{"deleted": N, "secrets_dropped": M}`.
 ///
 /// # Errors
 /// Configuration or database errors (non-zero exit).
@@ -59,11 +86,15 @@ pub async fn gc(args: &GcArgs) -> anyhow::Result<()> {
     let rate: u64 = args.gc_max_rows_per_second.trim().parse().ok().context(
         "invalid setting GC_MAX_ROWS_PER_SECOND (--gc-max-rows-per-second): expected a non-negative integer",
     )?;
+    let retention = config::secrets::retention_hours(&args.secrets_retention_hours)?;
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
     let deleted =
         crate::gc::run(&mut conn, batch, std::num::NonZeroU64::new(rate)).await.context("deleting expired rows")?;
-    println!("{}", json!({ "deleted": deleted }));
+    let dropped = crate::payments::kept::drop_secrets(&mut conn, retention, batch)
+        .await
+        .context("dropping the secrets of final or old payments")?;
+    println!("{}", json!({ "deleted": deleted, "secrets_dropped": dropped }));
     Ok(())
 }
 
@@ -230,9 +261,14 @@ pub async fn reconcile(args: &ReconcileArgs) -> anyhow::Result<()> {
     let budget: u64 =
         config::parse_num("RECONCILE_RECOVERY_SECS", &args.recovery_secs).map_err(|e| e.for_flag("recovery-secs"))?;
     let upstream = crate::upstream::UpstreamClient::new(&upstream_config).context("building the upstream client")?;
-    let recovering = receipt_signer.as_ref().map(|signer| reconcile::Recovering {
+    let keyring = receipt_signer
+        .as_ref()
+        .map(|signer| config::secrets::keyring(args.secrets.secrets_key_file.as_ref(), signer))
+        .transpose()?;
+    let recovering = receipt_signer.as_ref().zip(keyring.as_ref()).map(|(signer, keyring)| reconcile::Recovering {
         upstream: &upstream,
         receipt_signer: signer,
+        keyring,
         max_payments,
         budget: std::time::Duration::from_secs(budget),
     });

@@ -13,6 +13,9 @@
 //! A takeover moves `expires_at` 24 h ahead, so its result is kept as long as a fresh call's.
 //! An in-flight row whose caller never retries stays (with its payment intent, which
 //! `reconcile` settles) until a retry takes it over.
+//!
+//! The `gc` command then drops the sealed requests of payments past `SECRETS_RETENTION_HOURS`
+//! (`payments::kept::drop_secrets`; docs/DESIGN.md §10).
 
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};

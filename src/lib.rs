@@ -12,13 +12,14 @@
 //! * `upstream/`     the HTTP client, its SSRF guard and limits.
 //! * `receipts/`     signed receipts and their table.
 //! * `recovery`      getting back a paid answer that was lost, by a byte-identical re-send; cannot sign.
+//! * `secrets/`      what agents forward: sealed at rest, dropped when no longer needed, URLs redacted.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
 //! * `auth_throttle` failed operator authentications per client address (429 past a limit).
 //! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
 //! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations (under an advisory lock), TLS (`db/tls.rs`).
-//! * `gc`            deletion of expired idempotency rows.
+//! * `gc`            deletion of expired idempotency rows (and, by the command, of old sealed requests).
 //! * `faults`        deterministic fault points for tests (no hook in production).
 //! * `wallet`        the paying wallet's balance gauge.
 //! * `solana`        the Solana wallet, networks and RPC endpoints (the walk is `relay/pay/svm/`).
@@ -54,6 +55,7 @@ pub mod recovery;
 pub mod relay;
 pub mod routes;
 pub mod schema_doc;
+pub mod secrets;
 pub mod self_service;
 pub mod solana;
 pub mod startup;

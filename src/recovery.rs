@@ -15,13 +15,18 @@
 //!   else stop.
 //! - otherwise nothing is sent: settled, response lost.
 //!
+//! The ledger keeps the request as sent and the payment header sealed (`crate::secrets`); the
+//! caller opens them ([`Opened`]) and hands them over, and they may have been dropped (the
+//! payment settled, or past `SECRETS_RETENTION_HOURS`): then nothing is sent, and the log says
+//! so.
+//!
 //! When this recovers nothing, `relay` may still re-access the resource by signing in as
 //! the payer (Sign-In-With-X, `relay/reaccess.rs`): a new execution, and a signature, which is
 //! why it lives there and not here.
 //!
 //! **This module cannot sign.** It takes no application state, configuration or key, names
 //! no signing code (`x402::sign`, `x402::payload`, `x402::nonce`), and only re-sends header
-//! bytes read from the ledger. `tests/api/structure.rs` holds it to that.
+//! bytes read from the ledger (opened by its caller). `tests/api/structure.rs` holds it to that.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -32,6 +37,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::{Value, json};
 use url::Url;
 
+use crate::payments::sealed::{NotKept, Opened};
 use crate::payments::store::{PaymentRow, SentRequest};
 use crate::payments::{Exchange, RecoveryKind, RecoveryStep};
 use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
@@ -58,6 +64,12 @@ impl From<&str> for NotResendable {
     }
 }
 
+impl From<NotKept> for NotResendable {
+    fn from(e: NotKept) -> Self {
+        Self(e.0)
+    }
+}
+
 /// Most re-sends of one recovery (the first plus retries after a 503 or a transport error);
 /// the deadline bounds them too.
 pub const MAX_SENDS: u32 = 10;
@@ -81,35 +93,38 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, NotResendable> {
     Ok(SentRequest { method: req.method.to_string(), url: req.url.to_string(), headers, body: req.body.clone() })
 }
 
-/// The stored request, ready to be sent again; `None` when the row predates the columns.
+/// The stored request, ready to be sent again.
 ///
 /// # Errors
-/// A stored part that no longer parses (never for rows this version wrote).
-pub fn stored_request(row: &PaymentRow) -> Result<Option<UpstreamRequest>, NotResendable> {
-    let (Some(method), Some(url), Some(headers)) = (&row.request_method, &row.request_url, &row.request_headers) else {
-        return Ok(None);
-    };
-    let method = Method::from_bytes(method.as_bytes()).map_err(|e| format!("stored method: {e}"))?;
-    let url = Url::parse(url).map_err(|e| format!("stored url: {e}"))?;
-    let pairs: Vec<(String, String)> = serde_json::from_slice(headers).map_err(|e| format!("stored headers: {e}"))?;
+/// Not kept (dropped, unreadable, never recorded), or a stored part that no longer parses
+/// (never for rows this version wrote).
+pub fn stored_request(opened: &Opened) -> Result<UpstreamRequest, NotResendable> {
+    let sent = opened.request()?;
+    let method = Method::from_bytes(sent.method.as_bytes()).map_err(|e| format!("stored method: {e}"))?;
+    let url = Url::parse(&sent.url).map_err(|e| format!("stored url: {e}"))?;
+    let pairs: Vec<(String, String)> = serde_json::from_slice(&sent.headers)
+        .map_err(|_| NotResendable::from("the stored headers are not a list of [name, value]"))?;
     let mut map = HeaderMap::new();
     for (name, value) in pairs {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("stored header name: {e}"))?;
-        let value = HeaderValue::from_str(&value).map_err(|e| format!("stored header value: {e}"))?;
+        // Never quoted: a header value may be a credential.
+        let value = HeaderValue::from_str(&value).map_err(|_| format!("stored header {name} is not a header value"))?;
         map.append(name, value);
     }
-    Ok(Some(UpstreamRequest { method, url, headers: map, body: row.request_body.clone() }))
+    Ok(UpstreamRequest { method, url, headers: map, body: sent.body.clone() })
 }
 
 /// The payment header exactly as stored.
-fn stored_payment_header(row: &PaymentRow) -> Result<(HeaderName, HeaderValue), NotResendable> {
+fn stored_payment_header(row: &PaymentRow, opened: &Opened) -> Result<(HeaderName, HeaderValue), NotResendable> {
+    let exact = opened.exact()?;
     let name = HeaderName::from_bytes(row.header_name.as_bytes()).map_err(|e| format!("stored header name: {e}"))?;
-    let value = HeaderValue::from_str(&row.header_value).map_err(|e| format!("stored payment header: {e}"))?;
+    let value = HeaderValue::from_str(&exact.header_value).map_err(|e| format!("stored payment header: {e}"))?;
     Ok((name, value))
 }
 
 /// True when the 402 advertised `payment-identifier` and the stored payment echoes it with
-/// an id (so a re-send is one the upstream can recognise).
+/// an id (so a re-send is one the upstream can recognise). Read from the row's shown copies:
+/// redaction changes values of URL parameters only, never an extension's name or our id.
 pub fn can_resend(row: &PaymentRow) -> bool {
     let advertised = row
         .advertised_extensions
@@ -117,12 +132,10 @@ pub fn can_resend(row: &PaymentRow) -> bool {
         .and_then(|b| serde_json::from_slice::<Value>(b).ok())
         .is_some_and(|e| e.get(PAYMENT_IDENTIFIER).is_some());
     let sent_id = row
-        .context_signed()
-        .ok()
-        .and_then(|c| {
-            c.pointer(&format!("/extensions/{PAYMENT_IDENTIFIER}/info/id")).and_then(Value::as_str).map(str::len)
-        })
-        .is_some_and(|n| n > 0);
+        .context
+        .pointer(&format!("/extensions/{PAYMENT_IDENTIFIER}/info/id"))
+        .and_then(Value::as_str)
+        .is_some_and(|id| !id.is_empty());
     advertised && sent_id
 }
 
@@ -183,14 +196,14 @@ pub enum Proof<'a> {
 /// re-sent at all (and, for an EVM payment, its on-chain coordinates can be read).
 fn prepare(
     upstream: &UpstreamClient,
-    row: &PaymentRow,
+    (row, opened): (&PaymentRow, &Opened),
     proof: Proof<'_>,
 ) -> Result<(UpstreamRequest, (HeaderName, HeaderValue)), NotResendable> {
     if !can_resend(row) {
         return Err("the upstream did not advertise payment-identifier".into());
     }
-    let request = stored_request(row)?.ok_or_else(|| NotResendable::from("the request as sent was not recorded"))?;
-    let header = stored_payment_header(row)?;
+    let request = stored_request(opened)?;
+    let header = stored_payment_header(row, opened)?;
     if matches!(proof, Proof::Evm(_)) {
         coordinates(row)?;
     }
@@ -236,14 +249,20 @@ async fn proven(
 #[derive(Debug)]
 struct ChainUnread(String);
 
-/// Tries to get back the answer of the paid request recorded in `row`, whose nonce the chain
-/// shows used, by re-sending it byte for byte, within `deadline`. Sends nothing unless
-/// [`can_resend`]. Never signs.
-pub async fn recover(upstream: &UpstreamClient, proof: Proof<'_>, row: &PaymentRow, deadline: Instant) -> Recovery {
+/// Tries to get back the answer of the paid request recorded in `row` (its sealed parts
+/// `opened`), whose nonce the chain shows used, by re-sending it byte for byte, within
+/// `deadline`. Sends nothing unless [`can_resend`] and the request as sent is at hand. Never
+/// signs.
+pub async fn recover(
+    upstream: &UpstreamClient,
+    proof: Proof<'_>,
+    (row, opened): (&PaymentRow, &Opened),
+    deadline: Instant,
+) -> Recovery {
     let mut log = Vec::new();
     let mut sends = 0;
     let lost = |log: Vec<RecoveryStep>, sends| Recovery { ending: Ending::Lost, log, sends };
-    let (request, header) = match prepare(upstream, row, proof) {
+    let (request, header) = match prepare(upstream, (row, opened), proof) {
         Ok(p) => p,
         Err(why) => return lost(vec![RecoveryStep::none(why.0)], 0),
     };
@@ -423,5 +442,16 @@ mod tests {
         assert_eq!(pairs.len(), 3);
         assert_eq!(sent.method, "POST");
         assert_eq!(sent.url, "http://example.test/p?q=1&q=2");
+        let exact = crate::payments::sealed::Exact {
+            request: Some(sent),
+            header_value: String::new(),
+            requirement_json: b"{}".to_vec(),
+            context_json: b"{}".to_vec(),
+            advertised_extensions: None,
+        };
+        let back = stored_request(&Opened::Exact(Box::new(exact))).unwrap();
+        assert_eq!((back.method, back.url, back.headers, back.body), (req.method, req.url, req.headers, req.body));
+        let dropped = stored_request(&Opened::Dropped).unwrap_err().0;
+        assert!(dropped.starts_with("the request as sent was dropped"), "{dropped}");
     }
 }

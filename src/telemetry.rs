@@ -6,7 +6,11 @@
 //! receipt. Without the variable nothing is exported and no trace id is made.
 //!
 //! Spans carry no secrets: the upstream's host and method, the RPC method and network; never
-//! a URL's path or query, a header, a key or a signature.
+//! a URL's path or query, a header, a key or a signature. Other crates' events are let
+//! through at `info` at most, whatever `RUST_LOG` asks ([`only_our_debug`]): the HTTP and MCP
+//! libraries log whole requests at `debug`/`trace` (rmcp a `tools/call` with the agent's
+//! headers, reqwest a redirect's URL, h2 a request's path and query), and what an agent
+//! forwards must reach no log (docs/DESIGN.md §10).
 
 use std::time::Duration;
 
@@ -72,13 +76,26 @@ fn service_name() -> String {
     std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "x402-router".into())
 }
 
+/// The crates whose `debug` and `trace` events (and spans) may be shown: the router's own.
+const OUR_CRATES: [&str; 2] = ["x402_router", "x402"];
+
+/// True for what may be logged at any level: the router's own events and spans, and other
+/// crates' at `info` or above.
+pub fn only_our_debug(meta: &tracing::Metadata<'_>) -> bool {
+    *meta.level() <= tracing::Level::INFO
+        || OUR_CRATES
+            .iter()
+            .any(|c| meta.target() == *c || meta.target().strip_prefix(c).is_some_and(|r| r.starts_with("::")))
+}
+
 fn install(json: bool, provider: Option<&SdkTracerProvider>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ours = tracing_subscriber::filter::filter_fn(only_our_debug);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let plain = (!json).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi));
     let json = json.then(|| tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr));
     let otel = provider.map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("x402-router")));
-    let _ = tracing_subscriber::registry().with(filter).with(plain).with(json).with(otel).try_init();
+    let _ = tracing_subscriber::registry().with(filter).with(ours).with(plain).with(json).with(otel).try_init();
 }
 
 /// The trace id of the current span, when traces are exported (32 lowercase hex digits).

@@ -87,7 +87,9 @@ fuzz_target!(|data: &[u8]| {
             false,
         ),
     };
-    let rendered = outcome.render(&OWNER, &CALL);
+    // Nothing redacted: the reason is the agent's to read back exactly (redaction has its own tests).
+    let nothing = x402_router::secrets::Redaction::parse("").expect("an empty list redacts nothing");
+    let rendered = outcome.render(&OWNER, &CALL, &nothing);
     let bytes = rendered.stored.body.clone();
 
     // Rendering: one JSON object that gives the answer back. Its members are read one by one

@@ -19,6 +19,7 @@ pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
 mod parse;
+pub mod secrets;
 pub mod solana;
 
 pub use self::parse::{
@@ -26,6 +27,7 @@ pub use self::parse::{
     parse_rpc_urls,
 };
 use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
+pub use self::secrets::SecretsConfig;
 
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
 /// environment variable and flag (by default the variable in lower case with dashes).
@@ -261,6 +263,8 @@ pub struct Config {
     pub requirements_cache: Option<TermsLimits>,
     /// Paying on Solana networks (`None`: no Solana network has an RPC URL).
     pub solana: Option<solana::SolanaConfig>,
+    /// Sealing, redacting and keeping what agents forward (`crate::secrets`).
+    pub secrets: SecretsConfig,
 }
 
 /// The bounds of the known payment terms (`REQUIREMENTS_CACHE_SECONDS`,
@@ -333,6 +337,7 @@ impl Config {
             .map_err(|_| ConfigError::new("BIND", "expected host:port, e.g. 127.0.0.1:8080"))?;
         let signer = load_signer(&args.key)?
             .ok_or_else(|| ConfigError::new("ROUTER_PRIVATE_KEY", "is required (or ROUTER_PRIVATE_KEY_FILE)"))?;
+        let secrets = SecretsConfig::from_args(&args.secrets, &signer)?;
         let rpc_urls = parse_rpc_urls(&args.x402_rpc_urls)?;
         let (assets, decimals, permit2_only) = configured_assets(&args.x402_assets, &rpc_urls)?;
         let operator_token = operator_token(args.operator_token.as_deref())?;
@@ -400,6 +405,7 @@ impl Config {
                 &args.requirements_cache_entries,
             )?,
             solana,
+            secrets,
         })
     }
 }

@@ -52,9 +52,11 @@ diesel::table! {
 diesel::joinable!(idempotency_keys -> agents (agent_id));
 diesel::joinable!(receipts -> agents (agent_id));
 
-// `payments.signed_at` (when the current authorization was signed) is not listed: the table is
-// at diesel's 32-column limit, and only raw SQL reads or writes it (`payments::IN_WINDOW_24H`,
-// `payments::store`).
+// `payments.signed_at` (when the current authorization was signed) is not listed (only raw SQL
+// reads or writes it: `payments::IN_WINDOW_24H`, `payments::store`), nor are the clear columns
+// that rows written before secrets were sealed still hold until `secrets::sweep` seals them
+// (`header_value`, `requirement_json`, `context_json`, `request_headers`, `request_body`:
+// raw SQL in `payments::kept` only). diesel's limit is 32 columns.
 diesel::table! {
     payments (agent_id, id) {
         id -> Uuid,
@@ -74,21 +76,18 @@ diesel::table! {
         context -> Jsonb,
         signed_authorization -> Jsonb,
         header_name -> Text,
-        header_value -> Text,
         status -> Text,
         tx_hash -> Nullable<Text>,
         error -> Nullable<Text>,
         attempts -> Int4,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
-        requirement_json -> Nullable<Bytea>,
-        context_json -> Nullable<Bytea>,
         request_method -> Nullable<Text>,
         request_url -> Nullable<Text>,
-        request_headers -> Nullable<Bytea>,
-        request_body -> Nullable<Bytea>,
         advertised_extensions -> Nullable<Bytea>,
         recovery -> Nullable<Jsonb>,
+        sealed -> Nullable<Bytea>,
+        sealed_key_id -> Nullable<Text>,
     }
 }
 

@@ -5,9 +5,11 @@
 //! A row is written (status `signed`) *before* the paid request leaves, and finalised in the
 //! same transaction as the call's receipt and idempotency transition.
 
+pub mod kept;
 pub mod limits;
 pub mod reprice;
 pub mod spend;
+pub mod sealed;
 pub mod store;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};

@@ -9,6 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::PaymentStatus;
+use super::sealed::Kept;
 use super::store::{Reservation, lock_for_reservation};
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
@@ -27,11 +28,10 @@ pub struct Repriced<'a> {
     pub pay_to: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
-    pub requirement: &'a Value,
-    pub context: &'a Value,
     pub authorization: &'a Value,
-    pub header_value: &'a str,
-    pub advertised_extensions: Option<&'a [u8]>,
+    /// The new terms, context, extensions and payment header with the request as sent:
+    /// sealed, and shown redacted.
+    pub kept: &'a Kept,
 }
 
 /// Records `r`, fenced by the caller's lease, while the intent is still `signed`: the amount
@@ -42,8 +42,7 @@ pub struct Repriced<'a> {
 /// # Errors
 /// Database errors.
 pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::QueryResult<Reservation> {
-    let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
-    let (requirement_json, context_json) = (exact(r.requirement)?, exact(r.context)?);
+    let shown = &r.kept.shown;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
         let spend = match lock_for_reservation(c, r.agent_id, r.credential).await? {
             Ok(spend) => spend,
@@ -62,10 +61,11 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
              UPDATE payments p SET amount = GREATEST(p.amount, $4::numeric), \
                                    charge_proven = p.charge_proven AND p.amount = $4::numeric, \
                                    pay_to = $5, valid_after = $6, valid_before = GREATEST(p.valid_before, $7), \
-                                   requirement = $8, context = $9, requirement_json = $10, context_json = $11, \
-                                   signed_authorization = $12, header_value = $13, advertised_extensions = $14, \
+                                   requirement = $8, context = $9, sealed = $10, sealed_key_id = $11, \
+                                   signed_authorization = $12, advertised_extensions = $13, \
+                                   requirement_json = NULL, context_json = NULL, header_value = NULL, \
                                    attempts = attempts + 1, updated_at = now(), signed_at = now() \
-              WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $15 AND p.amount = $16::numeric \
+              WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $14 AND p.amount = $15::numeric \
                 AND EXISTS (SELECT 1 FROM owner)",
         )
         .bind::<SqlUuid, _>(r.id)
@@ -75,13 +75,12 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
         .bind::<Text, _>(r.pay_to)
         .bind::<BigInt, _>(r.valid_after)
         .bind::<BigInt, _>(r.valid_before)
-        .bind::<Jsonb, _>(storable::json(r.requirement).as_ref())
-        .bind::<Jsonb, _>(storable::json(r.context).as_ref())
-        .bind::<Bytea, _>(&requirement_json)
-        .bind::<Bytea, _>(&context_json)
+        .bind::<Jsonb, _>(storable::json(&shown.requirement).as_ref())
+        .bind::<Jsonb, _>(storable::json(&shown.context).as_ref())
+        .bind::<Bytea, _>(&r.kept.sealed.bytes)
+        .bind::<Text, _>(&r.kept.sealed.key_id)
         .bind::<Jsonb, _>(r.authorization)
-        .bind::<Text, _>(r.header_value)
-        .bind::<Nullable<Bytea>, _>(r.advertised_extensions)
+        .bind::<Nullable<Bytea>, _>(shown.advertised_extensions.as_deref())
         .bind::<Text, _>(PaymentStatus::Signed)
         .bind::<Text, _>(r.first_amount.to_string())
         .prepared()

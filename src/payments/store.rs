@@ -13,6 +13,8 @@ use super::PaymentStatus;
 pub use super::Spend;
 use super::limits::Refusal;
 pub use super::spend::{agent_spend, lock_for_reservation};
+pub use super::sealed::SentRequest;
+use super::sealed::{Kept, Sealed};
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
@@ -34,55 +36,31 @@ pub struct PaymentRow {
     pub nonce: String,
     pub valid_after: i64,
     pub valid_before: i64,
+    /// The chosen requirement, secret query parameters redacted (the exact copy is sealed).
     pub requirement: Value,
+    /// The 402's context `{version, resource, extensions}`, redacted likewise.
     pub context: Value,
     pub signed_authorization: Value,
     pub header_name: String,
-    pub header_value: String,
     pub status: PaymentStatus,
     pub tx_hash: Option<String>,
     pub error: Option<String>,
     pub attempts: i32,
-    /// `requirement` exactly as signed (NULL for intents older than this column).
-    pub requirement_json: Option<Vec<u8>>,
-    /// `context` exactly as signed (NULL for intents older than this column).
-    pub context_json: Option<Vec<u8>>,
-    /// The paid request as sent (NULL for intents older than these columns): method, full
-    /// URL, the agent's headers (JSON array of `[name, value]`), body bytes (NULL: none).
+    /// The paid request's method and URL as shown (secret query parameters redacted; NULL for
+    /// intents older than these columns). The request as sent is sealed.
     pub request_method: Option<String>,
     pub request_url: Option<String>,
-    pub request_headers: Option<Vec<u8>>,
-    pub request_body: Option<Vec<u8>>,
-    /// The extensions the 402 advertised, as the exact JSON bytes (NULL: none).
+    /// The extensions the 402 advertised, as JSON bytes, redacted (NULL: none).
     pub advertised_extensions: Option<Vec<u8>>,
     /// What recovery of a lost answer came to: `{"outcome": "recovered" | "reaccessed" |
     /// "lost", "attempts": [...]}`.
     pub recovery: Option<Value>,
     /// The intent's last write (a claim by `reconcile`'s recovery guards its record with it).
     pub updated_at: chrono::DateTime<chrono::Utc>,
-}
-
-impl PaymentRow {
-    /// The chosen requirement as signed: the exact copy when there is one, else the JSONB
-    /// column (exact for intents written before NUL-bearing strings were made storable).
-    ///
-    /// # Errors
-    /// A stored copy that is not JSON.
-    pub fn requirement_signed(&self) -> serde_json::Result<Value> {
-        exact_or(self.requirement_json.as_deref(), &self.requirement)
-    }
-
-    /// The 402's context as signed (see [`Self::requirement_signed`]).
-    ///
-    /// # Errors
-    /// A stored copy that is not JSON.
-    pub fn context_signed(&self) -> serde_json::Result<Value> {
-        exact_or(self.context_json.as_deref(), &self.context)
-    }
-}
-
-fn exact_or(exact: Option<&[u8]>, fallback: &Value) -> serde_json::Result<Value> {
-    exact.map_or_else(|| Ok(fallback.clone()), serde_json::from_slice)
+    /// The exact parts ([`super::sealed::Exact`]), sealed; NULL once dropped.
+    pub sealed: Option<Vec<u8>>,
+    /// The id of the key that sealed them.
+    pub sealed_key_id: Option<String>,
 }
 
 /// A new intent (status `signed`).
@@ -104,26 +82,11 @@ pub struct NewPayment<'a> {
     pub nonce: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
-    pub requirement: &'a Value,
-    pub context: &'a Value,
     pub authorization: &'a Value,
     pub header_name: &'a str,
-    pub header_value: &'a str,
-    /// The request as it will be sent (see [`SentRequest`]).
-    pub request: &'a SentRequest,
-    /// The 402's `extensions`, exactly as advertised (None: none).
-    pub advertised_extensions: Option<&'a [u8]>,
-}
-
-/// A paid request as sent, in storable form: everything needed to send it again
-/// byte for byte (with the stored payment header), without the agent's `/route` body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SentRequest {
-    pub method: String,
-    pub url: String,
-    /// JSON array of `[name, value]` pairs, in the order sent.
-    pub headers: Vec<u8>,
-    pub body: Option<Vec<u8>>,
+    /// The request as it will be sent, the terms, the context and the payment header:
+    /// sealed, and shown redacted ([`super::sealed`]).
+    pub kept: &'a Kept,
 }
 
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key (its row locked
@@ -131,25 +94,23 @@ pub struct SentRequest {
 /// exists for it yet. `false`: fenced or already present.
 ///
 /// The requirement and the context come from the upstream's 402 and may hold NUL, which
-/// JSONB refuses: they are stored exactly as bytes, beside a NUL-free JSONB copy for queries.
+/// JSONB refuses: their exact bytes are sealed, their shown JSONB copies made NUL-free.
 ///
 /// # Errors
 /// Database errors.
 pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<bool> {
-    let exact = |v: &Value| serde_json::to_vec(v).map_err(|e| diesel::result::Error::SerializationError(e.into()));
-    let (requirement_json, context_json) = (exact(p.requirement)?, exact(p.context)?);
+    let shown = &p.kept.shown;
     let n = diesel::sql_query(
         "WITH owner AS ( \
               SELECT 1 FROM idempotency_keys \
-               WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' AND request_hash = $21 \
+               WHERE agent_id = $2 AND key = $3 AND lease = $4 AND status = 'in_flight' AND request_hash = $20 \
                  FOR NO KEY UPDATE) \
          INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
-                               signed_authorization, header_name, header_value, status, request_hash, \
-                               requirement_json, context_json, request_method, request_url, request_headers, \
-                               request_body, advertised_extensions, charge_proven) \
-         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-                $21, $22, $23, $24, $25, $26, $27, $28, $6 <> 'upto' \
+                               signed_authorization, header_name, status, request_hash, request_method, \
+                               request_url, advertised_extensions, sealed, sealed_key_id, charge_proven) \
+         SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+                $20, $21, $22, $23, $24, $25, $6 <> 'upto' \
           WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
@@ -167,20 +128,17 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Text, _>(p.nonce)
     .bind::<BigInt, _>(p.valid_after)
     .bind::<BigInt, _>(p.valid_before)
-    .bind::<Jsonb, _>(storable::json(p.requirement).as_ref())
-    .bind::<Jsonb, _>(storable::json(p.context).as_ref())
+    .bind::<Jsonb, _>(storable::json(&shown.requirement).as_ref())
+    .bind::<Jsonb, _>(storable::json(&shown.context).as_ref())
     .bind::<Jsonb, _>(p.authorization)
     .bind::<Text, _>(p.header_name)
-    .bind::<Text, _>(p.header_value)
     .bind::<Text, _>(PaymentStatus::Signed)
     .bind::<Text, _>(p.request_hash)
-    .bind::<Bytea, _>(&requirement_json)
-    .bind::<Bytea, _>(&context_json)
-    .bind::<Text, _>(&p.request.method)
-    .bind::<Text, _>(&p.request.url)
-    .bind::<Bytea, _>(&p.request.headers)
-    .bind::<Nullable<Bytea>, _>(p.request.body.as_deref())
-    .bind::<Nullable<Bytea>, _>(p.advertised_extensions)
+    .bind::<Nullable<Text>, _>(shown.request_method.as_deref())
+    .bind::<Nullable<Text>, _>(shown.request_url.as_deref())
+    .bind::<Nullable<Bytea>, _>(shown.advertised_extensions.as_deref())
+    .bind::<Bytea, _>(&p.kept.sealed.bytes)
+    .bind::<Text, _>(&p.kept.sealed.key_id)
     .prepared()
     .execute(conn)
     .await?;
@@ -224,7 +182,8 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
                    WHERE q.agent_id = $7 AND q.id = $1 AND k.agent_id = $7 AND k.key = q.idempotency_key \
                      AND k.request_hash = q.request_hash AND k.lease = $2 AND k.status = 'in_flight' \
                      FOR NO KEY UPDATE OF k) \
-             UPDATE payments p SET valid_after = $3, valid_before = GREATEST(p.valid_before, $4), signed_authorization = $5, header_value = $6, \
+             UPDATE payments p SET valid_after = $3, valid_before = GREATEST(p.valid_before, $4), signed_authorization = $5, \
+                                   sealed = $6, sealed_key_id = $11, header_value = NULL, \
                                    status = $8, attempts = attempts + 1, updated_at = now(), \
                                    signed_at = now() \
               WHERE p.agent_id = $7 AND p.id = $1 AND p.status NOT IN ($9, $10) AND EXISTS (SELECT 1 FROM owner)",
@@ -234,11 +193,12 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         .bind::<BigInt, _>(r.valid_after)
         .bind::<BigInt, _>(r.valid_before)
         .bind::<Jsonb, _>(r.authorization)
-        .bind::<Text, _>(r.header_value)
+        .bind::<Bytea, _>(&r.sealed.bytes)
         .bind::<SqlUuid, _>(r.agent_id)
         .bind::<Text, _>(PaymentStatus::Signed)
         .bind::<Text, _>(PaymentStatus::Settled)
         .bind::<Text, _>(PaymentStatus::SettledResponseLost)
+        .bind::<Text, _>(&r.sealed.key_id)
         .prepared()
         .execute(c)
         .await?;
@@ -259,7 +219,8 @@ pub struct Resign<'a> {
     pub valid_after: i64,
     pub valid_before: i64,
     pub authorization: &'a Value,
-    pub header_value: &'a str,
+    /// The intent's exact parts with the new payment header, sealed.
+    pub sealed: &'a Sealed,
 }
 
 /// The intent of this request under (agent, key), if one was signed. Intents of other
@@ -285,21 +246,26 @@ pub async fn find(
 }
 
 /// Records the final state (inside the recording transaction). `error` may quote an
-/// upstream's reason: NUL characters in it are replaced (TEXT cannot hold them).
+/// upstream's reason: NUL characters in it are replaced (TEXT cannot hold them). A payment
+/// `settled` (its answer served) will never be re-sent or re-signed: its sealed parts are
+/// dropped in the same statement.
 ///
 /// # Errors
 /// Database errors.
 pub async fn finalize(conn: &mut AsyncPgConnection, agent_id: Uuid, fin: &super::Final) -> QueryResult<()> {
-    diesel::update(payments::table.find((agent_id, fin.id)))
-        .set((
-            payments::status.eq(fin.status),
-            payments::tx_hash.eq(fin.tx_hash.as_deref()),
-            payments::error.eq(fin.error.as_deref().map(storable::text)),
-            payments::updated_at.eq(diesel::dsl::now),
-        ))
-        .prepared()
-        .execute(conn)
-        .await?;
+    let row = payments::table.find((agent_id, fin.id));
+    let state = (
+        payments::status.eq(fin.status),
+        payments::tx_hash.eq(fin.tx_hash.as_deref()),
+        payments::error.eq(fin.error.as_deref().map(storable::text)),
+        payments::updated_at.eq(diesel::dsl::now),
+    );
+    if fin.status == PaymentStatus::Settled {
+        let dropped = (payments::sealed.eq(None::<Vec<u8>>), payments::sealed_key_id.eq(None::<String>));
+        diesel::update(row).set((state, dropped)).prepared().execute(conn).await?;
+    } else {
+        diesel::update(row).set(state).prepared().execute(conn).await?;
+    }
     if let Some(r) = &fin.recovery {
         diesel::update(payments::table.find((agent_id, fin.id)))
             .set(payments::recovery.eq(storable::json(&r.to_json()).as_ref()))
@@ -405,6 +371,8 @@ pub async fn reconcile_fate(
               SELECT status, created_at FROM idempotency_keys \
                WHERE agent_id = $2 AND key = $3 FOR SHARE) \
          UPDATE payments p SET status = $5, updated_at = now(), \
+                sealed = CASE WHEN $5 = 'settled' THEN NULL ELSE p.sealed END, \
+                sealed_key_id = CASE WHEN $5 = 'settled' THEN NULL ELSE p.sealed_key_id END, \
                 amount = CASE WHEN $9::numeric IS NULL THEN p.amount ELSE LEAST(p.amount, $9::numeric) END, \
                 charge_proven = p.charge_proven OR $9::numeric IS NOT NULL \
           WHERE p.agent_id = $2 AND p.id = $1 AND p.status = $4 AND p.valid_before = $7 AND p.attempts = $8 \
@@ -480,7 +448,9 @@ pub async fn record_recovery(
         "WITH owner AS ( \
               SELECT status FROM idempotency_keys WHERE agent_id = $1 AND key = $3 FOR SHARE) \
          UPDATE payments p SET status = $4, tx_hash = COALESCE($5, p.tx_hash), recovery = $6, \
-                updated_at = now() \
+                updated_at = now(), \
+                sealed = CASE WHEN $4 = 'settled' THEN NULL ELSE p.sealed END, \
+                sealed_key_id = CASE WHEN $4 = 'settled' THEN NULL ELSE p.sealed_key_id END \
           WHERE p.agent_id = $1 AND p.id = $2 AND p.status = 'settled_response_lost' \
             AND p.updated_at = $7 \
             AND NOT EXISTS (SELECT 1 FROM owner o WHERE o.status = 'in_flight')",

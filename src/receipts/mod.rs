@@ -139,6 +139,19 @@ impl Receipt {
         serde_jcs::to_vec(&v).unwrap_or_default()
     }
 
+    /// Signs the receipt again, with `signer`, as it now reads: `secrets::sweep` redacts the
+    /// URL of receipts written before URLs were redacted, and a receipt shows only what its
+    /// signature covers. Every other field, `created_at` too, is kept.
+    ///
+    /// # Errors
+    /// Signing failure (practically impossible with a local key).
+    pub fn sign_again(&mut self, signer: &PrivateKeySigner) -> Result<(), alloy::signers::Error> {
+        self.signer = signer.address().to_checksum(None);
+        let sig = signer.sign_message_sync(&self.signed_bytes())?;
+        self.signature = format!("0x{}", alloy::hex::encode(sig.as_bytes()));
+        Ok(())
+    }
+
     /// Verifies the signature against the stated signer.
     ///
     /// # Errors
@@ -221,5 +234,11 @@ mod tests {
         assert!(Receipt::verify_json(&text).is_ok());
         let tampered = text.replace("\"upstream_status\":200", "\"upstream_status\":201");
         assert!(Receipt::verify_json(&tampered).is_err());
+        let mut redacted = r.clone();
+        redacted.url = "https://api.example.com/?key=REDACTED".into();
+        assert!(redacted.verify().is_err(), "the URL is signed");
+        redacted.sign_again(&signer).unwrap();
+        assert_eq!(redacted.verify().unwrap(), signer.address());
+        assert_eq!((redacted.created_at, redacted.id), (r.created_at, r.id));
     }
 }

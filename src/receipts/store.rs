@@ -128,3 +128,43 @@ pub async fn latest_for_request(
         .await
         .optional()
 }
+
+/// One batch of receipts whose URL has a query or a fragment (where a secret parameter may
+/// be), created within `within` (`None`: any time), after `after` in `(created_at, id)` order.
+///
+/// # Errors
+/// Database errors.
+pub async fn with_url_parameters(
+    conn: &mut AsyncPgConnection,
+    within: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
+    after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+    limit: i64,
+) -> QueryResult<Vec<Receipt>> {
+    let mut q = receipts::table
+        .filter(receipts::url.like("%?%").or(receipts::url.like("%#%")))
+        .select(ReceiptRow::as_select())
+        .order((receipts::created_at, receipts::id))
+        .limit(limit)
+        .into_boxed();
+    if let Some((from, to)) = within {
+        q = q.filter(receipts::created_at.ge(from)).filter(receipts::created_at.lt(to));
+    }
+    if let Some((at, id)) = after {
+        q = q.filter(receipts::created_at.gt(at).or(receipts::created_at.eq(at).and(receipts::id.gt(id))));
+    }
+    Ok(q.load::<ReceiptRow>(conn).await?.into_iter().map(Receipt::from).collect())
+}
+
+/// Replaces a receipt's URL and signature by `r`'s (signed again with its URL redacted), if
+/// its URL is still `old_url`. `false`: it changed meanwhile.
+///
+/// # Errors
+/// Database errors.
+pub async fn replace_signed_url(conn: &mut AsyncPgConnection, r: &Receipt, old_url: &str) -> QueryResult<bool> {
+    let n = diesel::update(receipts::table.find((r.agent_id, r.id)))
+        .filter(receipts::url.eq(old_url))
+        .set((receipts::url.eq(&r.url), receipts::signer.eq(&r.signer), receipts::signature.eq(&r.signature)))
+        .execute(conn)
+        .await?;
+    Ok(n == 1)
+}

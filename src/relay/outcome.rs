@@ -14,6 +14,7 @@ use crate::codes::Code;
 use crate::idempotency::{Ownership, Status, Stored, canonical};
 use crate::payments::Final;
 use crate::receipts;
+use crate::secrets::Redaction;
 use crate::upstream::UpstreamResponse;
 
 /// The payment part of an outcome: what the envelope shows, and what the ledger records.
@@ -133,8 +134,30 @@ pub fn answered(resp: &UpstreamResponse, payment: Option<&PaymentView>, receipt_
 }
 
 impl Outcome {
-    /// Renders the answer, the receipt draft and the payment's final state.
-    pub fn render(self, own: &Ownership, call: &RouteCall) -> Rendered {
+    /// Renders the answer, the receipt draft and the payment's final state. The receipt
+    /// shows (and signs) the URL with its secret query parameters redacted, and so does any
+    /// error the ledger keeps (`redaction`).
+    pub fn render(self, own: &Ownership, call: &RouteCall, redaction: &Redaction) -> Rendered {
+        // The router's own messages may quote an upstream's words (a 402 it could not read).
+        let redacted = |m: String| redaction.text(&m).into_owned();
+        let this = match self {
+            Self::Failed(mut f) => {
+                f.message = redacted(f.message);
+                Self::Failed(f)
+            }
+            Self::Declined { code, upstream, reason, accepts } => {
+                Self::Declined { code, upstream, reason: redacted(reason), accepts }
+            }
+            other => other,
+        };
+        let mut rendered = this.render_as_is(own, call, redaction);
+        if let Some(fin) = rendered.payment.as_mut() {
+            fin.error = fin.error.as_deref().map(|e| redaction.text(e).into_owned());
+        }
+        rendered
+    }
+
+    fn render_as_is(self, own: &Ownership, call: &RouteCall, redaction: &Redaction) -> Rendered {
         let receipt_id = Uuid::new_v4();
         let draft =
             |status: Status, upstream: Option<&UpstreamResponse>, payment: Option<&PaymentView>| receipts::Draft {
@@ -143,7 +166,7 @@ impl Outcome {
                 idempotency_key: own.key.as_str().to_owned(),
                 request_hash: call.request_hash.clone(),
                 method: call.upstream.method.to_string(),
-                url: call.upstream.url.to_string(),
+                url: redaction.url(&call.upstream.url),
                 upstream_status: upstream.map(|r| i32::from(r.status)),
                 upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),
                 payment: payment.map(PaymentView::to_value),

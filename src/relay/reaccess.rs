@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::remaining;
 use crate::idempotency::Ownership;
+use crate::payments::sealed::Opened;
 use crate::payments::store::PaymentRow;
 use crate::payments::{Exchange, RecoveryStep};
 use crate::state::AppState;
@@ -43,10 +44,11 @@ fn advertised(row: &PaymentRow) -> bool {
         .is_some_and(|e| siwx::advertised(&e))
 }
 
-/// Tries to re-access the resource of `row` by signing in as its payer. Sends nothing unless
-/// the stored request is a GET or HEAD and its 402 advertised sign-in-with-x, and signs
-/// nothing unless [`super::may_leave`] allows it (the owner's lease, no pause, the agent
-/// enabled).
+/// Tries to re-access the resource of `row` (its sealed parts `opened`) by signing in as its
+/// payer. Sends nothing unless the stored request is a GET or HEAD and its 402 advertised
+/// sign-in-with-x, and signs nothing unless [`super::may_leave`] allows it (the owner's
+/// lease, no pause, the agent enabled). What the upstream says in refusing is logged with its
+/// URLs redacted (a challenge quoting the resource URL echoes the agent's query).
 ///
 /// # Errors
 /// [`super::Error::Superseded`] or [`super::Error::Refused`] from that check (nothing signed
@@ -54,13 +56,30 @@ fn advertised(row: &PaymentRow) -> bool {
 pub async fn reaccess(
     state: &AppState,
     own: &Ownership,
-    row: &PaymentRow,
+    (row, opened): (&PaymentRow, &Opened),
+    deadline: Instant,
+) -> Result<Reaccess, super::Error> {
+    let mut tried = reaccess_unredacted(state, own, (row, opened), deadline).await?;
+    let redaction = &state.config.secrets.redaction;
+    for step in &mut tried.log {
+        if let RecoveryStep::Challenge(e) | RecoveryStep::SignIn(e) = step {
+            e.result = e.result.as_deref().map(|r| redaction.text(r).into_owned());
+            e.error = e.error.as_deref().map(|r| redaction.text(r).into_owned());
+        }
+    }
+    Ok(tried)
+}
+
+async fn reaccess_unredacted(
+    state: &AppState,
+    own: &Ownership,
+    (row, opened): (&PaymentRow, &Opened),
     deadline: Instant,
 ) -> Result<Reaccess, super::Error> {
     if !advertised(row) {
         return Ok(Reaccess { answer: None, log: Vec::new() });
     }
-    let (request, network, payer) = match eligible(state, row) {
+    let (request, network, payer) = match eligible(state, row, opened) {
         Ok(r) => r,
         Err(why) => {
             let log = vec![RecoveryStep::SignIn(Exchange::result(format!("not tried: {why}")))];
@@ -120,14 +139,16 @@ struct NotTried(String);
 
 /// The stored request, the payment's network and payer, when a sign-in may be tried: a
 /// GET or HEAD, recorded as sent, paid by this router's wallet.
-fn eligible(state: &AppState, row: &PaymentRow) -> Result<(UpstreamRequest, Network, Address), NotTried> {
+fn eligible(
+    state: &AppState,
+    row: &PaymentRow,
+    opened: &Opened,
+) -> Result<(UpstreamRequest, Network, Address), NotTried> {
     let method = row.request_method.as_deref().unwrap_or_default();
     if method != "GET" && method != "HEAD" {
         return Err(NotTried(format!("sign-in-with-x is advertised, but {method} may not be run again")));
     }
-    let request = crate::recovery::stored_request(row)
-        .and_then(|r| r.ok_or_else(|| crate::recovery::NotResendable::from("the request as sent was not recorded")))
-        .map_err(|why| NotTried(why.to_string()))?;
+    let request = crate::recovery::stored_request(opened).map_err(|why| NotTried(why.to_string()))?;
     let network = Network::parse(&row.network).map_err(|e| NotTried(e.to_string()))?;
     let payer = Address::from_str(&row.payer).map_err(|e| NotTried(e.to_string()))?;
     if payer != state.config.signer.address() {

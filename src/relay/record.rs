@@ -41,7 +41,7 @@ pub async fn record(
     outcome: Outcome,
 ) -> Result<RouteResponse, Error> {
     faults::at(state.faults.as_ref(), Point::BeforeRecord).await;
-    let rendered = outcome.render(own, call);
+    let rendered = outcome.render(own, call, &state.config.secrets.redaction);
     match write(state, own, &rendered).await? {
         Written::Done => Ok(answer(state, own, rendered.stored).await),
         Written::DataError(e) => {

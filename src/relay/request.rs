@@ -127,12 +127,18 @@ impl RouteCall {
 
 /// A `/route` body as received: a strict JSON object and its fingerprint, not yet checked as
 /// a call. A replay needs no more: its fingerprint is that of a request which was validated
-/// (and executed) before, and validation depends on nothing but the request.
-#[derive(Debug)]
+/// (and executed) before, and validation depends on nothing but the request. Its `Debug`
+/// shows the fingerprint only (the body carries the agent's headers).
 pub struct Received {
     value: Value,
     /// The request fingerprint (idempotency and receipts).
     pub request_hash: String,
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received").field("request_hash", &self.request_hash).finish_non_exhaustive()
+    }
 }
 
 impl Received {

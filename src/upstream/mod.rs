@@ -60,8 +60,9 @@ pub fn is_kept_response_header(name: &str) -> bool {
     !DROPPED_RESPONSE_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
-/// A validated upstream request.
-#[derive(Debug, Clone)]
+/// A validated upstream request. Its `Debug` shows the method and host only: the URL's
+/// query, the headers and the body may carry the agent's secrets.
+#[derive(Clone)]
 pub struct UpstreamRequest {
     pub method: Method,
     pub url: Url,
@@ -69,6 +70,15 @@ pub struct UpstreamRequest {
     /// JSON body bytes (sent as `application/json`), if any: the RFC 8785 canonical form of
     /// the agent's `body`, so that the request hash covers exactly these bytes.
     pub body: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for UpstreamRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamRequest")
+            .field("method", &self.method)
+            .field("host", &self.url.host_str())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the upstream answered (body fully read, within the cap).
@@ -201,7 +211,11 @@ impl UpstreamClient {
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| {
-                    if e.is_timeout() { UpstreamError::Timeout } else { UpstreamError::Broken(e.to_string()) }
+                    if e.is_timeout() {
+                        UpstreamError::Timeout
+                    } else {
+                        UpstreamError::Broken(e.without_url().to_string())
+                    }
                 })?;
                 if body.len() + chunk.len() > self.max_response_bytes {
                     return Err(UpstreamError::TooLarge(self.max_response_bytes));
@@ -224,6 +238,8 @@ impl UpstreamClient {
 }
 
 fn classify(e: reqwest::Error) -> UpstreamError {
+    // reqwest's message ends with the request's URL, query and all: never kept or shown.
+    let e = e.without_url();
     if e.is_timeout() {
         return UpstreamError::Timeout;
     }

@@ -427,8 +427,10 @@ async fn a_settlement_whose_answer_was_lost_is_paid_not_served() {
     assert_eq!(p["idempotency_status"], "errored");
     assert!(p.get("header_value").is_none() && p.get("signed_authorization").is_none());
 
-    // No bearer instrument in any payment view.
-    let header = text_of(&app.db, "header_value").await;
+    // No bearer instrument in any payment view. The payment header is kept only sealed, and
+    // only while the payment may still need it (the lost one; the served one's is dropped).
+    let header = [opened_intent(&app.db, &lost).await.exact().unwrap().header_value.clone()];
+    assert!(payment_row(&app.db, &served).await.sealed.is_none(), "dropped once settled and served");
     let signatures = text_of(&app.db, "signed_authorization->>'signature'").await;
     for path in [
         "/audit/payments".to_owned(),
@@ -489,8 +491,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
     // router never heard back.
     let header_name =
         text(&app.db, &format!("SELECT header_name AS t FROM payments WHERE idempotency_key = '{used}'")).await;
-    let header_value =
-        text(&app.db, &format!("SELECT header_value AS t FROM payments WHERE idempotency_key = '{used}'")).await;
+    let header_value = opened_intent(&app.db, &used).await.exact().unwrap().header_value.clone();
     let paid =
         reqwest::Client::new().get(chain.url("/v2/weather")).header(header_name, header_value).send().await.unwrap();
     assert_eq!(paid.status(), 200);

@@ -83,7 +83,7 @@ async fn gc_command_prints_the_count_and_fails_loudly_without_a_database() {
     .await;
     let out = router_command().args(["gc", "--database-url", &db.url, "--gc-batch-size", "10"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"deleted":1}"#);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"deleted":1,"secrets_dropped":0}"#);
 
     let out = router_command()
         .args(["gc", "--database-url", &format!("postgres://postgres@127.0.0.1:{}/none", free_port())])

@@ -31,6 +31,7 @@ mod permit2;
 mod properties;
 mod recovery;
 mod rpc;
+mod secrets;
 mod solana;
 mod stalls;
 mod stops;

@@ -13,7 +13,6 @@ use alloy::providers::{Provider, ProviderBuilder};
 use alloy::rpc::types::TransactionRequest;
 use alloy::sol;
 use alloy::sol_types::SolCall;
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::helpers::tls_services::wait_until;
@@ -255,11 +254,11 @@ async fn a_replayed_permit2_payload_is_refused_by_the_chain() {
     assert_eq!(env["payment"]["status"], "settled", "{env}");
     let after_first = balances(&chain).await;
 
-    // A third party submits the very payload the router sent, straight to the proxy.
-    let header = text_of(&app, "SELECT header_value AS t FROM payments").await;
+    // A third party submits the very authorization the router sent (the payload's
+    // `permit2Authorization` and `signature`, as the ledger keeps them), straight to the proxy.
     let sent: Value =
-        serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap();
-    let a = &sent["payload"]["permit2Authorization"];
+        serde_json::from_str(&text_of(&app, "SELECT signed_authorization::text AS t FROM payments").await).unwrap();
+    let a = &sent["permit2Authorization"];
     let addr = |v: &Value| Address::from_str(v.as_str().unwrap()).unwrap();
     let uint = |v: &Value| U256::from_str_radix(v.as_str().unwrap(), 10).unwrap();
     let call = IExactProxy::settleCall {
@@ -273,7 +272,7 @@ async fn a_replayed_permit2_payload_is_refused_by_the_chain() {
         },
         owner: addr(&a["from"]),
         witness: ExactWitness { to: addr(&a["witness"]["to"]), validAfter: uint(&a["witness"]["validAfter"]) },
-        signature: Bytes::from_str(sent["payload"]["signature"].as_str().unwrap()).unwrap(),
+        signature: Bytes::from_str(sent["signature"].as_str().unwrap()).unwrap(),
     };
     let provider = ProviderBuilder::new().connect_http(chain.rpc_url.parse().unwrap());
     let tx = TransactionRequest::default()

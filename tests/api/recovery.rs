@@ -279,10 +279,16 @@ async fn the_request_as_sent_and_the_advertised_extensions_are_committed_with_th
     let db = &crashed.db;
     let sql = format!(
         "SELECT count(*) AS n FROM payments WHERE request_method = 'GET' AND request_url = '{url}' \
-           AND request_body IS NULL AND convert_from(advertised_extensions, 'UTF8')::jsonb ? 'payment-identifier' \
+           AND sealed IS NOT NULL AND request_headers IS NULL AND request_body IS NULL AND header_value IS NULL \
+           AND convert_from(advertised_extensions, 'UTF8')::jsonb ? 'payment-identifier' \
            AND context->'extensions'->'payment-identifier'->'info'->>'id' LIKE 'pay_%'"
     );
     assert_eq!(count(db, &sql).await, 1);
+    // The request as sent is sealed (docs/DESIGN.md §10): it opens to what was sent.
+    let opened = opened_intent(db, &crashed.key).await;
+    let sent = opened.request().unwrap();
+    assert_eq!((sent.method.as_str(), sent.url.as_str(), sent.body.as_deref()), ("GET", url.as_str(), None));
+    assert!(opened.exact().unwrap().advertised_extensions.is_some());
 }
 
 // ---- Recovery in `x402-router reconcile` -------------------------------------------------

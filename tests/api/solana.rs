@@ -516,14 +516,26 @@ async fn an_answer_the_chain_cannot_be_read_to_check_is_retried_not_refused() {
     use x402_router::recovery::{self, Ending, Proof};
     use x402_router::x402::svm::{SvmNetwork, SvmRpc};
     let rig = SolanaRig::start(&[]).await;
-    let app = solana_app(&rig).await;
-    let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/pid")).await;
-    assert_eq!(status, 200, "{env}");
+    // Held before recording: the request as sent and the payment header are opened from the
+    // ledger while the call may still need them (they are dropped once it is settled).
+    let (hook, held, armed) = hold_at(x402_router::faults::Point::BeforeRecord);
+    let hooks = x402_router::startup::Hooks { at: Some(hook), ..Default::default() };
+    let app = spawn_app_with(AppOptions { extra: rig.router_extra(), hooks, ..Default::default() }).await;
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let key = new_key();
+    let paid = spawn_route(&app.client, &app.address, &app.agent, &key, &call(&rig, "/svm/v2/pid"));
+    held.reached.notified().await;
+    let opened = opened_intent(&app.db, &key).await;
+    assert!(opened.exact().is_ok(), "{opened:?}");
+    held.thaw.send(true).unwrap();
+    let resp = paid.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let row: PaymentRow = x402_router::db::schema::payments::table
         .select(PaymentRow::as_select())
         .first(&mut app.db.conn().await)
         .await
         .unwrap();
+    assert!(row.sealed.is_none(), "dropped once settled");
     let transfer = x402_router::relay::view::decode_svm_transfer(
         &row.signed_authorization,
         (&row.network, &row.asset, &row.payer),
@@ -541,13 +553,13 @@ async fn an_answer_the_chain_cannot_be_read_to_check_is_retried_not_refused() {
     let nobody = format!("http://127.0.0.1:{}", free_port()).parse().unwrap();
     let unreadable = SvmRpc::new(network.clone(), nobody, Duration::from_millis(500)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
-    let tried = recovery::recover(&upstream, Proof::Svm(&unreadable, &transfer), &row, deadline).await;
+    let tried = recovery::recover(&upstream, Proof::Svm(&unreadable, &transfer), (&row, &opened), deadline).await;
     assert!(matches!(tried.ending, Ending::Lost), "{:?}", tried.log);
     assert!(tried.sends >= 2, "asked again: {:?}", tried.log);
     assert!(recovery::worth_retrying(&tried.log), "left for reconcile: {:?}", tried.log);
     let readable = SvmRpc::new(network, rig.chain.field("rpc_url").parse().unwrap(), Duration::from_secs(5)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    match recovery::recover(&upstream, Proof::Svm(&readable, &transfer), &row, deadline).await.ending {
+    match recovery::recover(&upstream, Proof::Svm(&readable, &transfer), (&row, &opened), deadline).await.ending {
         Ending::Recovered { resp, tx_hash } => {
             assert_eq!(resp.status, 200);
             assert_eq!(Some(tx_hash), row.tx_hash);

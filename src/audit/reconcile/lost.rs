@@ -98,11 +98,12 @@ pub(super) async fn recover_lost(
                 continue;
             };
             let deadline = run_deadline.min(Instant::now() + PER_PAYMENT);
+            let opened = crate::secrets::intent::open(r.keyring, &row);
             let attempt = match solana_proof(solana, &row) {
                 Ok(Some((rpc, transfer))) => {
-                    recovery::recover(r.upstream, Proof::Svm(rpc, &transfer), &row, deadline).await
+                    recovery::recover(r.upstream, Proof::Svm(rpc, &transfer), (&row, &opened), deadline).await
                 }
-                Ok(None) => recovery::recover(r.upstream, Proof::Evm(chain), &row, deadline).await,
+                Ok(None) => recovery::recover(r.upstream, Proof::Evm(chain), (&row, &opened), deadline).await,
                 Err(why) => recovery::Recovery::skipped(why),
             };
             report.resends += u64::from(attempt.sends);

@@ -132,6 +132,8 @@ pub struct Recovering<'a> {
     pub upstream: &'a UpstreamClient,
     /// Signs the receipt of a recovered answer (the router's receipt key; never a payment).
     pub receipt_signer: &'a PrivateKeySigner,
+    /// Opens the request as sent, sealed in the ledger (`SECRETS_KEY_FILE`, the routers' keys).
+    pub keyring: &'a crate::secrets::Keyring,
     /// Most payments one run re-sends (payments with nothing to re-send are only recorded).
     pub max_payments: u64,
     /// How long one run may spend recovering, all payments together.

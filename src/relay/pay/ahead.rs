@@ -135,11 +135,16 @@ async fn repriced(
     };
     let second = Attempt { id: first.id, ..second };
     let authorization = serde_json::to_value(&second.signed).map_err(|e| Error::Internal(e.into()))?;
-    let header_value = second.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
     let advertised = match asked.extensions.as_ref() {
         Some(e) => Some(serde_json::to_vec(e).map_err(|e| Error::Internal(e.into()))?),
         None => None,
     };
+    // The same request as sent, with the new terms, context and payment header.
+    let resigned =
+        Signing { attempt: second, nonce: paid.signing.nonce, context, sent: paid.signing.sent.clone(), advertised };
+    let kept =
+        super::reserve::keep(state, own.agent_id, first.id, &super::reserve::exact_of(&resigned, &chosen.raw_json())?)?;
+    let second = resigned.attempt;
     let row = Repriced {
         id: first.id,
         agent_id: own.agent_id,
@@ -150,11 +155,8 @@ async fn repriced(
         pay_to: &chosen.pay_to().to_checksum(None),
         valid_after: to_i64(second.signed.valid_after()),
         valid_before: to_i64(second.signed.valid_before()),
-        requirement: &chosen.raw_json(),
-        context: &context,
         authorization: &authorization,
-        header_value,
-        advertised_extensions: advertised.as_deref(),
+        kept: &kept,
     };
     let mut conn = crate::relay::error::conn(&state.pool).await?;
     match reprice(&mut conn, &row).await? {

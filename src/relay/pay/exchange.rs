@@ -197,9 +197,9 @@ async fn lost_answer(
             Err(_) => None,
         };
         if let Some(intent) = intent.filter(crate::recovery::can_resend) {
-            let recovery =
-                crate::recovery::recover(&state.upstream, crate::recovery::Proof::Evm(&state.chain), &intent, deadline)
-                    .await;
+            let opened = crate::secrets::intent::open(&state.config.secrets.keyring, &intent);
+            let proof = crate::recovery::Proof::Evm(&state.chain);
+            let recovery = crate::recovery::recover(&state.upstream, proof, (&intent, &opened), deadline).await;
             let kind = recovery.kind();
             state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
             let recorded = crate::payments::RecoveryNote { kind, log: recovery.log };

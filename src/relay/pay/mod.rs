@@ -175,6 +175,17 @@ async fn earlier_intent(state: &AppState, own: &Ownership) -> Result<Option<stor
     Ok(store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?)
 }
 
+/// An unused earlier payment of this request that can no longer be sent or signed again: the
+/// terms it was signed for were dropped (past `SECRETS_RETENTION_HOURS`) or cannot be opened.
+/// Nothing is signed or paid; the call ends (a new key buys afresh).
+fn not_resumable(why: &crate::payments::sealed::NotKept) -> Outcome {
+    let msg = format!(
+        "an earlier, unused payment of this request under this Idempotency-Key cannot be resumed: {why}; nothing \
+         was signed or paid; use a new Idempotency-Key"
+    );
+    Outcome::Failed(Failure::new(Code::PaymentNotMade, msg))
+}
+
 /// Why a call stopped after the upstream's 402 without paying in this attempt.
 struct Stop {
     /// The `payments` metric's label.

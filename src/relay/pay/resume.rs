@@ -11,6 +11,7 @@ use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::faults::{self, Point};
 use crate::idempotency::Ownership;
+use crate::payments::sealed::Opened;
 use crate::payments::store::PaymentRow;
 use crate::payments::{Final, PaymentStatus};
 use crate::relay::request::RouteCall;
@@ -52,10 +53,12 @@ pub async fn resume(
             ));
         }
     };
+    // The request as sent and the exact terms, opened once (sealed in the ledger).
+    let opened = crate::secrets::intent::open(&state.config.secrets.keyring, &intent);
     if used {
-        return paid_before(state, own, &intent, decoded, deadline, mode).await;
+        return paid_before(state, own, (&intent, &opened), decoded, deadline, mode).await;
     }
-    send_again(state, own, call, &intent, decoded, deadline).await
+    send_again(state, own, call, (&intent, &opened), decoded, deadline).await
 }
 
 /// The recorded intent is used on-chain: never pay again. A reused key points at the earlier
@@ -64,7 +67,7 @@ pub async fn resume(
 async fn paid_before(
     state: &AppState,
     own: &Ownership,
-    intent: &PaymentRow,
+    (intent, opened): (&PaymentRow, &Opened),
     decoded: StoredIntent,
     deadline: Instant,
     mode: Resume,
@@ -74,12 +77,13 @@ async fn paid_before(
     let charged = proven.charged;
     let tx_hash = proven.tx_hash.map(|h| h.to_string()).or(intent.tx_hash.clone());
     if mode == Resume::KeyReused {
-        return key_reused(state, own, intent, (version, &signed), tx_hash, charged, deadline).await;
+        return key_reused(state, own, (intent, opened), (version, &signed), tx_hash, charged, deadline).await;
     }
     // Paid, and the answer was lost: try to get it back without paying again
     // (crate::recovery cannot sign; it re-sends the stored bytes or nothing).
     let recovery = if state.config.recover_lost_answers {
-        crate::recovery::recover(&state.upstream, crate::recovery::Proof::Evm(&state.chain), intent, deadline).await
+        let proof = crate::recovery::Proof::Evm(&state.chain);
+        crate::recovery::recover(&state.upstream, proof, (intent, opened), deadline).await
     } else {
         crate::recovery::Recovery::skipped("recovery is disabled (RECOVER_LOST_ANSWERS=false)")
     };
@@ -100,7 +104,7 @@ async fn paid_before(
     // Nothing came back: for a GET/HEAD whose 402 advertised sign-in-with-x, sign in as
     // the payer and run the request again (a new execution, never a payment).
     let mut log = note.log;
-    let again = crate::relay::reaccess::reaccess(state, own, intent, deadline).await?;
+    let again = crate::relay::reaccess::reaccess(state, own, (intent, opened), deadline).await?;
     log.extend(again.log);
     if let Some(resp) = again.answer {
         return Ok(reaccessed(state, own, version, &signed, intent.id, tx_hash, resp, log));
@@ -124,7 +128,7 @@ async fn paid_before(
 async fn key_reused(
     state: &AppState,
     own: &Ownership,
-    intent: &PaymentRow,
+    (intent, opened): (&PaymentRow, &Opened),
     (version, signed): (X402Version, &SignedPayment),
     tx_hash: Option<String>,
     charged: Option<alloy::primitives::U256>,
@@ -138,7 +142,7 @@ async fn key_reused(
     );
     if unserved {
         let mut log = crate::payments::RecoveryStep::stored(intent.recovery.as_ref());
-        let again = crate::relay::reaccess::reaccess(state, own, intent, deadline).await?;
+        let again = crate::relay::reaccess::reaccess(state, own, (intent, opened), deadline).await?;
         log.extend(again.log);
         if let Some(resp) = again.answer {
             return Ok(reaccessed(state, own, version, signed, intent.id, tx_hash, resp, log));
@@ -159,13 +163,17 @@ async fn send_again(
     state: &AppState,
     own: &Ownership,
     call: &RouteCall,
-    intent: &PaymentRow,
+    (intent, opened): (&PaymentRow, &Opened),
     decoded: StoredIntent,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
     let StoredIntent { version, signed } = decoded;
-    // The exact copies that were signed (the JSONB columns are sanitized for queries).
-    let stored = intent.requirement_signed().and_then(|r| Ok((r, intent.context_signed()?)));
+    // The exact copies that were signed (sealed; the JSONB columns are redacted copies).
+    let exact = match opened.exact() {
+        Ok(exact) => exact,
+        Err(why) => return Ok(super::not_resumable(&why)),
+    };
+    let stored = exact.requirement().and_then(|r| Ok((r, exact.context()?)));
     let (raw_requirement, context) =
         stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
     let requirement = Requirement::from_json(version, 0, &raw_requirement)
@@ -187,13 +195,13 @@ async fn send_again(
     }
     let attempt = if signed.is_valid_at(now, MIN_VALIDITY_SECS) {
         let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
-        let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
+        let value = HeaderValue::from_str(&exact.header_value).map_err(|e| Error::Internal(e.into()))?;
         tracing::info!(agent_id = %own.agent_id, "resending the unused, still valid payment of an abandoned attempt");
         Attempt { id: intent.id, version, signed, header: (name, value) }
     } else {
         let attempt =
             super::sign::sign(state, version, &requirement, &context, signed.nonce()).map_err(Error::invariant)?;
-        if let Some(refusal) = super::reserve::resign(state, own, intent, &requirement, &attempt).await? {
+        if let Some(refusal) = super::reserve::resign(state, own, (intent, exact), &requirement, &attempt).await? {
             // The expired intent released its budget and a limit refuses a new one now
             // (or payments are paused). Nothing was sent in this attempt.
             return refused(state, refusal, None, Value::Array(vec![raw_requirement]));

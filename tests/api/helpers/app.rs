@@ -402,3 +402,30 @@ pub fn spawn_route(
         client.post(format!("{address}/route")).bearer_auth(&agent.key).header("Idempotency-Key", key).json(body);
     tokio::spawn(request.send())
 }
+
+/// The keys that seal what the test routers keep: none is configured (no `SECRETS_KEY_FILE`),
+/// so the one derived from [`ROUTER_KEY`].
+pub fn test_keyring() -> x402_router::secrets::Keyring {
+    let signer: alloy::signers::local::PrivateKeySigner = ROUTER_KEY.parse().unwrap();
+    x402_router::secrets::Keyring::derived(&signer.credential().to_bytes()).unwrap()
+}
+
+/// The ledger row of the intent of `key` (any agent).
+pub async fn payment_row(db: &TestDb, key: &str) -> x402_router::payments::store::PaymentRow {
+    use diesel::prelude::*;
+    use diesel_async::RunQueryDsl;
+    use x402_router::db::schema::payments;
+    use x402_router::payments::store::PaymentRow;
+    let mut conn = db.conn().await;
+    payments::table
+        .filter(payments::idempotency_key.eq(key))
+        .select(PaymentRow::as_select())
+        .first(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The sealed parts of the intent of `key`, opened as the routers open them.
+pub async fn opened_intent(db: &TestDb, key: &str) -> x402_router::payments::sealed::Opened {
+    x402_router::secrets::intent::open(&test_keyring(), &payment_row(db, key).await)
+}

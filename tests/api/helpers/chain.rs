@@ -293,12 +293,29 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
     .unwrap();
     let (name, value) = wire::encode_payment_header(X402Version::V2, &payload).unwrap();
     let auth = signed.authorization();
+    // Written as the router writes an intent: the request as sent, the payment header and the
+    // exact terms sealed (src/secrets/), redacted copies beside them.
+    let id = uuid::Uuid::new_v4();
+    let context = json!({"version": 2, "resource": required.resource, "extensions": null});
+    let call = x402_router::relay::request::RouteCall::parse(body.to_string().as_bytes(), "/route", "").unwrap();
+    let exact = x402_router::payments::sealed::Exact {
+        request: Some(x402_router::recovery::as_sent(&call.upstream).unwrap()),
+        header_value: value.to_str().unwrap().to_owned(),
+        requirement_json: serde_json::to_vec(&req.raw_json()).unwrap(),
+        context_json: serde_json::to_vec(&context).unwrap(),
+        advertised_extensions: None,
+    };
+    let redaction = x402_router::secrets::Redaction::default();
+    let kept = x402_router::secrets::intent::keep((&super::app::test_keyring(), &redaction), app.agent.id, id, &exact)
+        .unwrap();
     exec(
         &app.db,
         &format!(
             "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, pay_to, payer, nonce, \
-             valid_after, valid_before, requirement, context, signed_authorization, header_name, header_value, status, request_hash) VALUES \
-             (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', '{}', 'signed', '{}')",
+             valid_after, valid_before, requirement, context, signed_authorization, header_name, status, request_hash, \
+             request_method, request_url, sealed, sealed_key_id) VALUES \
+             ('{id}', '{}', '{key}', 2, 'exact', 'eip155:84532', '{}', {PRICE}, '{}', '{}', '{}', {}, {}, '{}', '{}', '{}', '{}', 'signed', '{}', \
+              '{}', '{}', '\\x{}', '{}')",
             app.agent.id,
             chain.token,
             PAY_TO,
@@ -306,12 +323,15 @@ pub async fn crash_after_signing(app: &TestApp, chain: &Devnet, key: &str, body:
             auth.nonce,
             auth.valid_after,
             auth.valid_before,
-            req.raw_json(),
-            json!({"version": 2, "resource": required.resource, "extensions": null}),
+            kept.shown.requirement,
+            kept.shown.context,
             serde_json::to_value(&signed).unwrap(),
             name,
-            value.to_str().unwrap(),
             super::app::request_hash(body),
+            kept.shown.request_method.unwrap(),
+            kept.shown.request_url.unwrap(),
+            alloy::hex::encode(&kept.sealed.bytes),
+            kept.sealed.key_id,
         ),
     )
     .await;

@@ -196,7 +196,7 @@ fn cached_answer(
     always_conflict: bool,
 ) -> Option<actix_web::HttpResponse> {
     let header = req.headers().get(wire::PAYMENT_SIGNATURE).map(|h| h.as_bytes()).unwrap_or_default();
-    let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), body, header);
+    let bound = pid_cache::binding(req.method().as_str(), &req.uri().to_string(), &credentials(req), body, header);
     let pid_cache::Lookup::Answer(answer, hit) = state.pid_cache.lookup(id, bound, always_conflict) else {
         return None;
     };
@@ -206,6 +206,22 @@ fn cached_answer(
         pid_cache::Hit::Conflict => s.pid_conflicts += 1,
     });
     Some(answer)
+}
+
+/// The credentials a request carries (`Authorization`, `Cookie`, `X-Api-Key`, each value in
+/// order): a cached answer goes back only to the same credentials, as an API's cache keyed per
+/// caller would.
+fn credentials(req: &actix_web::HttpRequest) -> Vec<u8> {
+    let mut out = Vec::new();
+    for name in ["authorization", "cookie", "x-api-key"] {
+        for value in req.headers().get_all(name) {
+            out.extend_from_slice(name.as_bytes());
+            out.push(b':');
+            out.extend_from_slice(value.as_bytes());
+            out.push(b'\n');
+        }
+    }
+    out
 }
 
 /// The routes of every worker: the free and bookkeeping ones, Permit2's, and [`ROUTES`].

@@ -2,8 +2,9 @@
 //! Lost Response"), in process memory: this is a fixture.
 //!
 //! - The id is looked up *before* the payment is verified (a re-send fails verification once
-//!   its payment settled), so the entry is bound to the exact request: method, URL, body and
-//!   the payment header's bytes. Anything else with that id is 409.
+//!   its payment settled), so the entry is bound to the exact request: method, URL, the
+//!   caller's credentials (`Authorization`, `Cookie`, `X-Api-Key`), body and the payment
+//!   header's bytes. Anything else with that id is 409.
 //! - While the original is being handled: 503 with `Retry-After: 1`; the re-send is not
 //!   processed.
 //! - Once handled: the stored answer, as sent, including `PAYMENT-RESPONSE`.
@@ -67,9 +68,10 @@ pub(super) struct PidCache {
 }
 
 /// The exact request an id is bound to.
-pub(super) fn binding(method: &str, uri: &str, body: &[u8], payment_header: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(method.len() + uri.len() + body.len() + payment_header.len() + 3);
-    for part in [method.as_bytes(), uri.as_bytes(), body, payment_header] {
+pub(super) fn binding(method: &str, uri: &str, credentials: &[u8], body: &[u8], payment_header: &[u8]) -> Vec<u8> {
+    let mut b =
+        Vec::with_capacity(method.len() + uri.len() + credentials.len() + body.len() + payment_header.len() + 40);
+    for part in [method.as_bytes(), uri.as_bytes(), credentials, body, payment_header] {
         b.extend_from_slice(&(part.len() as u64).to_be_bytes());
         b.extend_from_slice(part);
     }

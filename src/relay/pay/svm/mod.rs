@@ -90,7 +90,9 @@ async fn recover_answer(
     if !state.config.recover_lost_answers || !crate::recovery::can_resend(intent) {
         return Err(None);
     }
-    let recovery = crate::recovery::recover(&state.upstream, Proof::Svm(rpc, signed), intent, deadline).await;
+    let opened = crate::secrets::intent::open(&state.config.secrets.keyring, intent);
+    let recovery =
+        crate::recovery::recover(&state.upstream, Proof::Svm(rpc, signed), (intent, &opened), deadline).await;
     let kind = recovery.kind();
     state.metrics.recoveries.with_label_values(&[kind.as_str()]).inc();
     let note = RecoveryNote { kind, log: recovery.log };
@@ -310,7 +312,15 @@ async fn reserve(
     let signed = &attempt.signed;
     let authorization = serde_json::to_value(signed).map_err(|e| Error::Internal(e.into()))?;
     let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
-    let sent = crate::recovery::as_sent(&call.upstream).map_err(Error::invariant)?;
+    let json = |v: &Value| serde_json::to_vec(v).map_err(|e| Error::Internal(e.into()));
+    let exact = crate::payments::sealed::Exact {
+        request: Some(crate::recovery::as_sent(&call.upstream).map_err(Error::invariant)?),
+        header_value: header_value.to_owned(),
+        requirement_json: json(raw)?,
+        context_json: json(context)?,
+        advertised_extensions: advertised.map(<[u8]>::to_vec),
+    };
+    let kept = super::reserve::keep(state, own.agent_id, attempt.id, &exact)?;
     let now = now_unix();
     let row = store::NewPayment {
         id: attempt.id,
@@ -329,13 +339,9 @@ async fn reserve(
         nonce: &attempt.nonce,
         valid_after: to_i64(now),
         valid_before: to_i64(now.saturating_add(WINDOW_BOUND_SECS)),
-        requirement: raw,
-        context,
         authorization: &authorization,
         header_name: attempt.header.0.as_str(),
-        header_value,
-        request: &sent,
-        advertised_extensions: advertised,
+        kept: &kept,
     };
     faults::at(state.faults.as_ref(), Point::BeforeIntent).await;
     let mut conn = crate::relay::error::conn(&state.pool).await?;

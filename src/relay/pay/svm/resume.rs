@@ -85,8 +85,13 @@ pub(crate) async fn resume(
             if let Some((code, why)) = still_allowed(state, solana, own.agent_id, &signed).await? {
                 return Ok(declined(state, code, None, &why, Value::Array(vec![intent.requirement.clone()])));
             }
+            let opened = crate::secrets::intent::open(&state.config.secrets.keyring, &intent);
+            let exact = match opened.exact() {
+                Ok(exact) => exact,
+                Err(why) => return Ok(super::super::not_resumable(&why)),
+            };
             let name = HeaderName::from_bytes(intent.header_name.as_bytes()).map_err(|e| Error::Internal(e.into()))?;
-            let value = HeaderValue::from_str(&intent.header_value).map_err(|e| Error::Internal(e.into()))?;
+            let value = HeaderValue::from_str(&exact.header_value).map_err(|e| Error::Internal(e.into()))?;
             tracing::info!(agent_id = %own.agent_id, "resending the Solana transaction of an abandoned attempt (it lands at most once)");
             exchange(state, own, call, rpc, &attempt(signed, (name, value)), deadline).await
         }
@@ -146,7 +151,12 @@ async fn sign_again(
     version: X402Version,
     deadline: Instant,
 ) -> Result<Outcome, Error> {
-    let stored = intent.requirement_signed().and_then(|r| Ok((r, intent.context_signed()?)));
+    let opened = crate::secrets::intent::open(&state.config.secrets.keyring, intent);
+    let exact = match opened.exact() {
+        Ok(exact) => exact,
+        Err(why) => return Ok(super::super::not_resumable(&why)),
+    };
+    let stored = exact.requirement().and_then(|r| Ok((r, exact.context()?)));
     let (raw, context) = stored.map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
     let terms = SvmTerms::from_json(version, &raw)
         .map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
@@ -159,6 +169,8 @@ async fn sign_again(
     }
     let authorization = serde_json::to_value(&attempt.signed).map_err(|e| Error::Internal(e.into()))?;
     let header_value = attempt.header.1.to_str().map_err(|e| Error::Internal(e.into()))?;
+    let exact = crate::payments::sealed::Exact { header_value: header_value.to_owned(), ..exact.clone() };
+    let sealed = crate::relay::pay::reserve::seal(state, own.agent_id, intent.id, &exact)?;
     let now = now_unix();
     let resign = store::Resign {
         id: intent.id,
@@ -170,7 +182,7 @@ async fn sign_again(
         valid_after: to_i64(now),
         valid_before: to_i64(now.saturating_add(WINDOW_BOUND_SECS)),
         authorization: &authorization,
-        header_value,
+        sealed: &sealed,
     };
     faults::at(state.faults.as_ref(), Point::BeforeResign).await;
     let refusal = {
