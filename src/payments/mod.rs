@@ -8,8 +8,8 @@
 pub mod kept;
 pub mod limits;
 pub mod reprice;
-pub mod spend;
 pub mod sealed;
+pub mod spend;
 pub mod store;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};
