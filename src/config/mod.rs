@@ -343,19 +343,7 @@ impl Config {
         let operator_token = operator_token(args.operator_token.as_deref())?;
         let metrics_addr = metrics_addr(args.metrics_addr.as_deref(), bind)?;
         let upstream = UpstreamConfig::from_args(&args.upstream)?;
-        let idempotency = IdempotencyTiming {
-            abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
-            heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
-            deadline: parse_ms("ROUTE_DEADLINE_MS", &args.route_deadline_ms)?,
-        };
-        // The heartbeat must beat well inside the abandonment window, or a live owner
-        // could be taken over between two beats.
-        if idempotency.heartbeat * 2 > idempotency.abandon_after {
-            return Err(ConfigError::new(
-                "IDEMPOTENCY_HEARTBEAT_MS",
-                "must be at most half of IDEMPOTENCY_ABANDON_AFTER_MS",
-            ));
-        }
+        let idempotency = idempotency_timing(args)?;
         let json_logs = match args.log_format.trim() {
             "text" => false,
             "json" => true,
@@ -408,6 +396,23 @@ impl Config {
             secrets,
         })
     }
+}
+
+/// The idempotency timings. The heartbeat must beat well inside the abandonment window, or a
+/// live owner could be taken over between two beats.
+fn idempotency_timing(args: &ServeArgs) -> Result<IdempotencyTiming, ConfigError> {
+    let idempotency = IdempotencyTiming {
+        abandon_after: parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.idempotency_abandon_after_ms)?,
+        heartbeat: parse_ms("IDEMPOTENCY_HEARTBEAT_MS", &args.idempotency_heartbeat_ms)?,
+        deadline: parse_ms("ROUTE_DEADLINE_MS", &args.route_deadline_ms)?,
+    };
+    if idempotency.heartbeat * 2 > idempotency.abandon_after {
+        return Err(ConfigError::new(
+            "IDEMPOTENCY_HEARTBEAT_MS",
+            "must be at most half of IDEMPOTENCY_ABANDON_AFTER_MS",
+        ));
+    }
+    Ok(idempotency)
 }
 
 /// `OPERATOR_TOKEN`: unset, or at least 16 characters.

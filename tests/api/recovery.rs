@@ -741,6 +741,31 @@ async fn a_siwx_answer_lost_by_a_killed_router_is_re_accessed_by_signing_in_and_
     assert_eq!(crashed.stats().await["siwx_sign_ins"], 1);
 }
 
+/// A pause means no signature leaves (issue 38, item 3): a takeover that would re-access a
+/// lost answer by signing in signs nothing while paused and stays retryable; resumed, it
+/// re-accesses once.
+#[actix_web::test]
+async fn a_pause_stops_the_sign_in_of_a_takeover_and_resuming_re_accesses_once() {
+    let crashed = kill_router_while_the_upstream_handles("/v2/siwx", "?seconds=2").await;
+    wait_until("the upstream to finish the paid handler", Duration::from_secs(20), async || {
+        crashed.stats().await["siwx_handled"] == 1
+    })
+    .await;
+    let admin = |method: reqwest::Method| {
+        crashed.client.request(method, format!("{}/admin/pause", crashed.retrier.address)).bearer_auth(OPERATOR)
+    };
+    assert_eq!(admin(reqwest::Method::POST).json(&json!({})).send().await.unwrap().status(), 200);
+    let (status, env) = crashed.retry_until_final().await;
+    assert_eq!((status, &env["code"]), (503, &json!("payments_paused")), "{env}");
+    assert_eq!(crashed.stats().await["siwx_sign_ins"], 0, "no sign-in while paused");
+    assert_eq!(admin(reqwest::Method::DELETE).send().await.unwrap().status(), 200);
+    let (status, env) = crashed.retry_until_final().await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(env["payment"]["recovery"], "reaccessed");
+    assert_eq!(crashed.stats().await["siwx_sign_ins"], 1);
+    crashed.assert_paid_once().await;
+}
+
 #[actix_web::test]
 async fn a_payment_identifier_recovery_comes_before_any_sign_in() {
     // Both extensions: the original answer is recovered; nobody signs in.
