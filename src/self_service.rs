@@ -166,18 +166,14 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
     else {
         return Ok(None);
     };
-    use crate::payments::{PaymentStatus, sql_list};
-    let spent = sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    let released = sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    use crate::payments::usage::{in_day, reserved, spent_in_day, sum_where};
     let assets: Vec<AssetSpend> = diesel::sql_query(format!(
-        "SELECT network, asset, \
-                COALESCE(sum(amount) FILTER (WHERE status IN {spent}), 0)::text AS spent, \
-                COALESCE(sum(amount) FILTER (WHERE status NOT IN {spent}), 0)::text AS reserved \
-           FROM payments p \
-          WHERE agent_id = $1 AND status NOT IN {released} \
-            AND (status NOT IN {spent} OR {window}) \
+        "SELECT network, asset, {spent}::text AS spent, {reserved}::text AS reserved \
+           FROM payments p WHERE agent_id = $1 AND {in_day} \
           GROUP BY network, asset ORDER BY network, asset",
-        window = crate::payments::IN_WINDOW_24H
+        spent = sum_where(&spent_in_day()),
+        reserved = sum_where(&reserved()),
+        in_day = in_day(),
     ))
     .bind::<SqlUuid, _>(agent_id)
     .load(conn)

@@ -95,28 +95,22 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
 
 /// Each agent's budgets and the wallet-wide cap, as the share used.
 async fn budget_uses(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec<BudgetUse>> {
-    // The same arithmetic as the budget the router enforces (`payments::store::agent_spend`):
-    // spent in the window plus every reservation that may still move money.
-    let spent = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    let released = payments::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
+    // The same arithmetic as the budget the router enforces (`payments::usage`): spent in the
+    // window plus every reservation that may still move money.
+    use payments::usage::{in_day, in_month, sum_where};
     diesel::sql_query(format!(
         "SELECT a.id::text AS agent_id, b.budget, b.ratio \
            FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {window}), 0) AS day, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent} OR {month}), 0) AS month \
-                  FROM payments p \
-                 WHERE p.agent_id = a.id AND p.status NOT IN {released}) u, \
+                SELECT {day} AS day, {month} AS month FROM payments p WHERE p.agent_id = a.id) u, \
                 LATERAL (VALUES ('24h', (u.day / NULLIF(a.daily_budget, 0))::float8), \
                                 ('month', (u.month / NULLIF(a.month_budget, 0))::float8)) b(budget, ratio) \
           WHERE NOT a.disabled AND b.ratio IS NOT NULL \
          UNION ALL \
          SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
-           FROM router_settings s, LATERAL ( \
-                SELECT COALESCE(sum(p.amount), 0) AS used FROM payments p \
-                 WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})) w \
+           FROM router_settings s, LATERAL (SELECT {day} AS used FROM payments p) w \
           WHERE s.wallet_daily_cap > 0",
-        window = payments::IN_WINDOW_24H,
-        month = payments::IN_MONTH,
+        day = sum_where(&in_day()),
+        month = sum_where(&in_month()),
     ))
     .load(conn)
     .await

@@ -17,7 +17,6 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::PaymentStatus;
 use super::Spend;
 use crate::db::PrepareExt;
 use crate::money::Amount;
@@ -122,14 +121,10 @@ struct Used {
 /// # Errors
 /// Database errors.
 pub async fn wallet_used_24h(conn: &mut AsyncPgConnection) -> QueryResult<String> {
-    let released = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
-    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    let sql = format!(
-        "SELECT COALESCE(sum(p.amount), 0)::text AS used FROM payments p \
-          WHERE p.status NOT IN {released} AND (p.status NOT IN {spent} OR {window})",
-        window = super::IN_WINDOW_24H
-    );
-    let row: Used = diesel::sql_query(sql).prepared().get_result(conn).await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {}::text AS used FROM payments p", super::usage::sum_where(&super::usage::in_day()))
+    });
+    let row: Used = diesel::sql_query(SQL.as_str()).prepared().get_result(conn).await?;
     Ok(row.used)
 }
 
@@ -213,24 +208,11 @@ pub async fn delete_old_rate_events(conn: &mut AsyncPgConnection) -> QueryResult
 /// Why a payment of `amount` to `pay_to` may not be reserved for `spend` (the agent's limits
 /// and usage, read under its lock), if it may not. Unreadable limits refuse.
 pub fn agent_refusal(spend: &Spend, amount: Amount, pay_to: &str) -> Option<Refusal> {
-    let over = |s: String| Some(Refusal::OverBudget(s));
-    let (Ok(cap), Ok(remaining), Ok(month)) = (spend.cap(), spend.remaining(), spend.remaining_this_month()) else {
-        return over("the agent's limits cannot be read; refusing to pay".into());
+    let Ok(limits) = spend.limits() else {
+        return Some(Refusal::OverBudget("the agent's limits cannot be read; refusing to pay".into()));
     };
-    if let Some(cap) = cap
-        && amount > cap
-    {
-        return over(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
-    }
-    if let Some(remaining) = remaining
-        && amount > remaining
-    {
-        return over(format!("the price {amount} exceeds what remains of the agent's daily budget ({remaining})"));
-    }
-    if let Some(month) = month
-        && amount > month
-    {
-        return over(format!("the price {amount} exceeds what remains of the agent's month budget ({month})"));
+    if let Some(why) = limits.exceeded_by(amount) {
+        return Some(Refusal::OverBudget(why));
     }
     if let Some(allowed) = &spend.allowed_pay_to
         && !allowed.iter().any(|a| pay_to_matches(a, pay_to))

@@ -11,6 +11,7 @@ pub mod reprice;
 pub mod sealed;
 pub mod spend;
 pub mod store;
+pub mod usage;
 
 use diesel::deserialize::{self, FromSql, FromSqlRow};
 use diesel::expression::AsExpression;
@@ -212,28 +213,55 @@ mod doc {
 }
 
 impl Spend {
-    /// The per-call cap, if any.
+    /// The agent's spending limits, parsed once from the stored amounts.
     ///
     /// # Errors
-    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
-    pub fn cap(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
-        self.max_per_call.as_deref().map(crate::money::Amount::parse).transpose()
+    /// [`BadAmount`](crate::money::BadAmount) when a stored value is unreadable: callers fail closed.
+    pub fn limits(&self) -> Result<Limits, crate::money::BadAmount> {
+        let parse = |v: &Option<String>| v.as_deref().map(crate::money::Amount::parse).transpose();
+        Ok(Limits {
+            per_call: parse(&self.max_per_call)?,
+            day_left: parse(&self.remaining_24h)?,
+            month_left: parse(&self.remaining_month)?,
+        })
+    }
+}
+
+/// What one payment of an agent may be now: its per-call cap and what its budgets have left
+/// (each `None`: no such limit), in atomic units of the router's one unit. Built by
+/// [`Spend::limits`], the one parser of the stored amounts; [`Limits::headroom`] is the one
+/// place that takes the smallest of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub per_call: Option<crate::money::Amount>,
+    pub day_left: Option<crate::money::Amount>,
+    pub month_left: Option<crate::money::Amount>,
+}
+
+impl Limits {
+    /// The most one payment may be now: the smallest of the per-call cap and what the day and
+    /// month budgets have left (`None`: no limit).
+    pub fn headroom(&self) -> Option<crate::money::Amount> {
+        [self.per_call, self.budget_left()].into_iter().flatten().min()
     }
 
-    /// What the rolling budget still allows, if there is a budget.
-    ///
-    /// # Errors
-    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
-    pub fn remaining(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
-        self.remaining_24h.as_deref().map(crate::money::Amount::parse).transpose()
+    /// What the budgets (day and month) have left together (`None`: no budget).
+    pub fn budget_left(&self) -> Option<crate::money::Amount> {
+        [self.day_left, self.month_left].into_iter().flatten().min()
     }
 
-    /// What the month budget still allows, if there is one.
-    ///
-    /// # Errors
-    /// [`BadAmount`](crate::money::BadAmount) when the stored value is unreadable: callers fail closed.
-    pub fn remaining_this_month(&self) -> Result<Option<crate::money::Amount>, crate::money::BadAmount> {
-        self.remaining_month.as_deref().map(crate::money::Amount::parse).transpose()
+    /// Why `amount` may not be paid under these limits (the first one it exceeds), if any.
+    pub fn exceeded_by(&self, amount: crate::money::Amount) -> Option<String> {
+        if let Some(cap) = self.per_call.filter(|c| amount > *c) {
+            return Some(format!("the price {amount} exceeds the agent's per-call cap {cap}"));
+        }
+        if let Some(left) = self.day_left.filter(|l| amount > *l) {
+            return Some(format!("the price {amount} exceeds what remains of the agent's daily budget ({left})"));
+        }
+        if let Some(left) = self.month_left.filter(|l| amount > *l) {
+            return Some(format!("the price {amount} exceeds what remains of the agent's month budget ({left})"));
+        }
+        None
     }
 }
 
@@ -394,5 +422,20 @@ mod tests {
         }
         assert_eq!(PaymentStatus::parse("paid"), None);
         assert_eq!(sql_list([PaymentStatus::Signed, PaymentStatus::Expired]), "('signed', 'expired')");
+    }
+
+    #[test]
+    fn headroom_is_the_smallest_limit_and_each_limit_is_named_when_exceeded() {
+        use crate::money::Amount;
+        let a = |n: u64| Some(Amount::from(n));
+        let limits = Limits { per_call: a(50), day_left: a(30), month_left: a(40) };
+        assert_eq!((limits.headroom(), limits.budget_left()), (a(30), a(30)));
+        assert_eq!(Limits { per_call: None, day_left: None, month_left: None }.headroom(), None);
+        assert_eq!(Limits { per_call: a(5), day_left: None, month_left: a(9) }.headroom(), a(5));
+        assert_eq!(limits.exceeded_by(Amount::from(30)), None);
+        assert!(limits.exceeded_by(Amount::from(31)).unwrap().contains("daily budget"));
+        assert!(limits.exceeded_by(Amount::from(51)).unwrap().contains("per-call cap"));
+        let month = Limits { per_call: None, day_left: a(100), month_left: a(40) };
+        assert!(month.exceeded_by(Amount::from(41)).unwrap().contains("month budget"));
     }
 }

@@ -1,14 +1,39 @@
 //! An agent's spend read from the ledger: its limits and what it spent and reserved, plain or
 //! under the agent's row lock for a reservation ([`lock_for_reservation`]).
 
+use std::sync::LazyLock;
+
 use diesel::prelude::*;
 use diesel::sql_types::{Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
+use super::Spend;
 use super::limits::Refusal;
-use super::{PaymentStatus, Spend};
 use crate::db::PrepareExt;
+
+/// An agent's limits and usage (the budget arithmetic of [`super::usage`]).
+static SPEND_SQL: LazyLock<String> = LazyLock::new(|| {
+    use super::usage::{counted, reserved, spent_in_day, spent_in_month, sum_where};
+    format!(
+        "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
+                u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
+                CASE WHEN a.daily_budget IS NULL THEN NULL \
+                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h, \
+                a.month_budget::text AS month_budget, u.settled_month::text AS settled_month, \
+                CASE WHEN a.month_budget IS NULL THEN NULL \
+                     ELSE GREATEST(a.month_budget - u.settled_month - u.reserved, 0)::text END AS remaining_month, \
+                a.allowed_hosts, a.allowed_pay_to, a.calls_per_minute, a.payments_per_minute \
+           FROM agents a, LATERAL ( \
+                SELECT {settled} AS settled, {settled_month} AS settled_month, {reserved} AS reserved \
+                  FROM payments p WHERE p.agent_id = a.id AND {counted}) u \
+          WHERE a.id = $1",
+        settled = sum_where(&spent_in_day()),
+        settled_month = sum_where(&spent_in_month()),
+        reserved = sum_where(&reserved()),
+        counted = counted(),
+    )
+});
 
 /// The spend of `agent_id`. With `lock`, first locks the agent row in a statement of its
 /// own, so that (under READ COMMITTED) the sums are read from a snapshot taken after every
@@ -33,31 +58,7 @@ pub async fn agent_spend(conn: &mut AsyncPgConnection, agent_id: Uuid, lock: boo
             return Ok(None);
         }
     }
-    use PaymentStatus::{Settled, SettledResponseLost};
-    let released = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation()));
-    let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
-    debug_assert_eq!(spent, super::sql_list([Settled, SettledResponseLost]));
-    let sql = format!(
-        "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
-                u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
-                CASE WHEN a.daily_budget IS NULL THEN NULL \
-                     ELSE GREATEST(a.daily_budget - u.settled - u.reserved, 0)::text END AS remaining_24h, \
-                a.month_budget::text AS month_budget, u.settled_month::text AS settled_month, \
-                CASE WHEN a.month_budget IS NULL THEN NULL \
-                     ELSE GREATEST(a.month_budget - u.settled_month - u.reserved, 0)::text END AS remaining_month, \
-                a.allowed_hosts, a.allowed_pay_to, a.calls_per_minute, a.payments_per_minute \
-           FROM agents a, LATERAL ( \
-                SELECT COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {window}), 0) AS settled, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status IN {spent} AND {month}), 0) AS settled_month, \
-                       COALESCE(sum(p.amount) FILTER (WHERE p.status NOT IN {spent}), 0) AS reserved \
-                  FROM payments p \
-                 WHERE p.agent_id = a.id AND p.status NOT IN {released} \
-                   AND (p.status NOT IN {spent} OR {window} OR {month})) u \
-          WHERE a.id = $1",
-        window = super::IN_WINDOW_24H,
-        month = super::IN_MONTH,
-    );
-    diesel::sql_query(sql).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
+    diesel::sql_query(SPEND_SQL.as_str()).bind::<SqlUuid, _>(agent_id).prepared().get_result(conn).await.optional()
 }
 
 /// The spend of `agent_id` read under its row lock (see [`agent_spend`]), for a call that

@@ -28,12 +28,13 @@ pub(super) async fn choose(
         store::agent_spend(&mut conn, agent_id, false).await?
     };
     refuse_disabled(spend.as_ref())?;
-    let (cap, left) = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
-        None => (None, None),
-        Some((Ok(cap), Ok(day), Ok(month))) => (cap, min_limit(day, month)),
-        Some(_) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+    let limits = match spend.as_ref().map(store::Spend::limits) {
+        None => None,
+        Some(Ok(limits)) => Some(limits),
+        Some(Err(_)) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
     };
-    let limit = min_limit(cap, left);
+    let (cap, left) = (limits.and_then(|l| l.per_call), limits.and_then(|l| l.budget_left()));
+    let limit = limits.and_then(|l| l.headroom());
     // Only options whose payTo the agent may pay (all, without an allowlist).
     let allowed_pay_to = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
     let payable: Vec<Requirement> = required
@@ -69,14 +70,6 @@ pub(super) fn refuse_disabled(spend: Option<&store::Spend>) -> Result<(), Error>
     match spend {
         Some(s) if s.disabled => Err(Error::Refused(limits::Refusal::Disabled)),
         _ => Ok(()),
-    }
-}
-
-/// The lower of two optional limits (None: no limit).
-fn min_limit(a: Option<crate::money::Amount>, b: Option<crate::money::Amount>) -> Option<crate::money::Amount> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 
@@ -127,11 +120,13 @@ pub(super) async fn live_agent(
 /// Why `amount` may not be paid under the agent's current per-call cap, if it may not (an
 /// unreadable cap refuses).
 pub(super) fn over_cap(spend: &store::Spend, amount: crate::money::Amount) -> Option<(Code, String)> {
-    match spend.cap() {
+    match spend.limits() {
         Err(_) => Some((Code::PaymentOverBudget, "the agent's limits cannot be read".into())),
-        Ok(Some(cap)) if amount > cap => {
-            Some((Code::PaymentOverBudget, format!("the price {amount} exceeds the agent's per-call cap {cap}")))
-        }
-        Ok(_) => None,
+        Ok(limits) => match limits.per_call {
+            Some(cap) if amount > cap => {
+                Some((Code::PaymentOverBudget, format!("the price {amount} exceeds the agent's per-call cap {cap}")))
+            }
+            _ => None,
+        },
     }
 }

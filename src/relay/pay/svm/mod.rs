@@ -177,10 +177,10 @@ async fn choose<'a>(
         store::agent_spend(&mut conn, agent_id, false).await?
     };
     crate::relay::pay::select::refuse_disabled(spend.as_ref())?;
-    let limit = match spend.as_ref().map(|s| (s.cap(), s.remaining(), s.remaining_this_month())) {
+    let limit = match spend.as_ref().map(store::Spend::limits) {
         None => None,
-        Some((Ok(cap), Ok(day), Ok(month))) => [cap, day, month].into_iter().flatten().min(),
-        Some(_) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
+        Some(Ok(limits)) => limits.headroom(),
+        Some(Err(_)) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
     };
     let allowlist = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
     let payer = solana.config.signer.address();

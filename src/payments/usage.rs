@@ -1,0 +1,66 @@
+//! The budget arithmetic in SQL, written once (docs/DESIGN.md §6, "Operators' limits"): what a
+//! payment counts against an agent's (or the wallet's) budgets, as aggregate expressions over a
+//! `payments p` row set. The reservation's checks (`spend`, `limits`), the budget gauges, the
+//! agent's own view and the admin API all build their queries from these, so a budget can
+//! never be shown one way and enforced another.
+//!
+//! The rule: a payment counts from the moment its current authorization was signed while it
+//! may still move money (every status but the releasing ones); once spent (settled) only within
+//! the window ([`IN_WINDOW_24H`](super::IN_WINDOW_24H), [`IN_MONTH`](super::IN_MONTH)).
+
+use std::sync::LazyLock;
+
+use super::{IN_MONTH, IN_WINDOW_24H, PaymentStatus, sql_list};
+
+/// `(…)` of the statuses whose money moved.
+static SPENT: LazyLock<String> = LazyLock::new(|| sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent())));
+/// `(…)` of the statuses that release their reservation.
+static RELEASED: LazyLock<String> =
+    LazyLock::new(|| sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.releases_reservation())));
+
+/// Condition: `p` counts against some budget at all (not released; spent ones only in a window).
+pub fn counted() -> String {
+    format!(
+        "p.status NOT IN {released} AND (p.status NOT IN {spent} OR {IN_WINDOW_24H} OR {IN_MONTH})",
+        released = *RELEASED,
+        spent = *SPENT
+    )
+}
+
+/// Condition: `p` counts against the rolling 24 h budget (spent in the window, or reserved).
+pub fn in_day() -> String {
+    format!(
+        "p.status NOT IN {released} AND (p.status NOT IN {spent} OR {IN_WINDOW_24H})",
+        released = *RELEASED,
+        spent = *SPENT
+    )
+}
+
+/// Condition: `p` is spent (settled) in the rolling 24 h window.
+pub fn spent_in_day() -> String {
+    format!("p.status IN {spent} AND {IN_WINDOW_24H}", spent = *SPENT)
+}
+
+/// Condition: `p` is spent (settled) in the calendar month.
+pub fn spent_in_month() -> String {
+    format!("p.status IN {spent} AND {IN_MONTH}", spent = *SPENT)
+}
+
+/// Condition: `p` is reserved (signed, not known to be spent, not released).
+pub fn reserved() -> String {
+    format!("p.status NOT IN {released} AND p.status NOT IN {spent}", released = *RELEASED, spent = *SPENT)
+}
+
+/// Condition: `p` counts against the calendar-month budget (spent this month, or reserved).
+pub fn in_month() -> String {
+    format!(
+        "p.status NOT IN {released} AND (p.status NOT IN {spent} OR {IN_MONTH})",
+        released = *RELEASED,
+        spent = *SPENT
+    )
+}
+
+/// `COALESCE(sum(p.amount) FILTER (WHERE cond), 0)`.
+pub fn sum_where(cond: &str) -> String {
+    format!("COALESCE(sum(p.amount) FILTER (WHERE {cond}), 0)")
+}
