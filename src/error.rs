@@ -128,6 +128,20 @@ pub struct ErrorBody {
     pub code: Code,
 }
 
+/// A pooled Postgres connection for the HTTP entry points, an empty or broken pool mapped to
+/// 503 here, once. Taken where a handler needs it, after its input is read and checked: an
+/// eager extractor would hold a connection while a slow client still sends its body.
+pub trait PoolConn {
+    /// A connection, or [`ApiError::Unavailable`].
+    fn conn(&self) -> impl std::future::Future<Output = Result<crate::db::PgConn<'_>, ApiError>>;
+}
+
+impl PoolConn for crate::state::AppState {
+    async fn conn(&self) -> Result<crate::db::PgConn<'_>, ApiError> {
+        self.pool.get().await.map_err(ApiError::pool)
+    }
+}
+
 impl From<relay::Error> for ApiError {
     fn from(e: relay::Error) -> Self {
         match e {

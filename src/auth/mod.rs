@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 pub use cache::AgentCache;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::state::AppState;
 
 pub use crate::keys::{KEY_PREFIX, generate_api_key, hash_api_key};
@@ -56,10 +56,10 @@ impl FromRequest for AuthenticatedAgent {
                 // Postgres stays the judge of availability: the cache answers only while the
                 // pool can hand out a live connection (no query; 503 without Postgres, as
                 // without the cache).
-                drop(state.pool.get().await.map_err(ApiError::pool)?);
+                drop(state.conn().await?);
                 return Ok(AuthenticatedAgent { id, key_hash });
             }
-            let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+            let mut conn = state.conn().await?;
             let found = agents::find_by_key_hash(&mut conn, &key_hash).await.map_err(ApiError::database)?;
             match found {
                 None => Err(ApiError::Unauthorized),

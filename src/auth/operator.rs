@@ -18,7 +18,7 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
 use subtle::ConstantTimeEq;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::operators::{Actor, BOOTSTRAP_NAME, Role, TOKEN_PREFIX, hash_token, store};
 use crate::state::AppState;
 
@@ -85,7 +85,7 @@ async fn check(state: &AppState, token: Option<String>, remote_addr: Option<Stri
     if !token.starts_with(TOKEN_PREFIX) || token.len() > MAX_TOKEN_LEN {
         return Err(ApiError::Unauthorized);
     }
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let found = store::find_by_hash(&mut conn, &hash_token(&token)).await.map_err(ApiError::database)?;
     let op = found.ok_or(ApiError::Unauthorized)?;
     let role = Role::parse(&op.role)

@@ -8,7 +8,7 @@ use actix_web::ResponseError;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::idempotency::IdempotencyKey;
 use crate::relay::{self, request::Received};
 use crate::state::AppState;
@@ -169,7 +169,7 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
         }
         Call::Me => {
             let result = async {
-                let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+                let mut conn = state.conn().await?;
                 crate::self_service::me(&mut conn, agent).await.map_err(ApiError::database)?.ok_or(ApiError::NotFound)
             }
             .await;
@@ -181,7 +181,7 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
         Call::Receipt(id) => {
             let result = async {
                 let id = Uuid::parse_str(id).map_err(|_| ApiError::NotFound)?;
-                let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+                let mut conn = state.conn().await?;
                 let receipt = crate::receipts::store::find_for_agent(&mut conn, agent, id)
                     .await
                     .map_err(ApiError::database)?
@@ -200,7 +200,7 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
         }
         Call::Payment(key) => {
             let result = async {
-                let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+                let mut conn = state.conn().await?;
                 let p = crate::self_service::payment_for_key(&mut conn, agent, key)
                     .await
                     .map_err(ApiError::database)?

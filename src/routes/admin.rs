@@ -13,7 +13,7 @@ use crate::admin::AgentView as AdminAgent;
 use crate::admin::{self, AgentChange, Invalid};
 use crate::audit::reconcile::Report as ReconcileReport;
 use crate::auth::{Admin, Viewer};
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::routes::responses::{AdminOnly, BadInput, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 
@@ -71,7 +71,7 @@ pub async fn create_agent(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let change = AgentChange::parse(&json_body(payload).await?)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let (agent, key) = admin::create_agent(&mut conn, &op.actor, &change).await?;
     Ok(HttpResponse::Created().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
@@ -88,7 +88,7 @@ pub async fn create_agent(
         (status = 503, response = Unavailable),
     ))]
 pub async fn list_agents(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let agents = admin::agents(&mut conn).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(super::in_name_order(&AgentList { agents })))
 }
@@ -112,7 +112,7 @@ pub async fn show_agent(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let agent = admin::agent(&mut conn, id).await.map_err(ApiError::database)?.ok_or(ApiError::NotFound)?;
     Ok(HttpResponse::Ok().json(agent))
 }
@@ -140,7 +140,7 @@ pub async fn update_agent(
 ) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
     let change = AgentChange::parse(&json_body(payload).await?)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(admin::update_agent(&mut conn, &op.actor, id, &change).await?))
 }
 
@@ -187,7 +187,7 @@ pub async fn enable_agent(
 
 async fn set_disabled(state: &AppState, op: &Admin, id: &str, disabled: bool) -> Result<HttpResponse, ApiError> {
     let id = agent_id(id)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(admin::set_disabled(&mut conn, &op.actor, id, disabled).await?))
 }
 
@@ -211,7 +211,7 @@ pub async fn rotate_key(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = agent_id(&id)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let (agent, key) = admin::rotate_key(&mut conn, &op.actor, id).await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
@@ -227,7 +227,7 @@ pub async fn rotate_key(
         (status = 503, response = Unavailable),
     ))]
 pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(&admin::settings(&mut conn).await.map_err(ApiError::database)?)))
 }
 
@@ -250,7 +250,7 @@ pub async fn update_settings(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let cap = admin::parse_settings(&json_body(payload).await?)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(
         &admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?,
     )))
@@ -281,7 +281,7 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(Invalid("unpaid must be true or false".into()).into()),
     };
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(
         &admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?,
     )))
@@ -298,7 +298,7 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
         (status = 503, response = Unavailable),
     ))]
 pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(
         &admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?,
     )))
@@ -334,7 +334,7 @@ pub async fn reconcile(state: web::Data<AppState>, op: Admin, payload: web::Payl
                 .ok_or_else(|| Invalid("payment_id must be a payment's uuid".into()))?,
         ),
     };
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let solana = state.solana.as_ref().map(|s| std::sync::Arc::clone(&s.rpcs));
     let report =
         admin::reconcile(&mut conn, (&state.chain, solana), state.idempotency.timing.abandon_after, &op.actor, only)

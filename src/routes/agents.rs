@@ -3,7 +3,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::auth::AuthenticatedAgent;
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::self_service::{self, ReceiptPage};
 use crate::state::AppState;
 
@@ -19,7 +19,7 @@ use crate::state::AppState;
         (status = 503, response = crate::routes::responses::Unavailable),
     ))]
 pub async fn me(state: web::Data<AppState>, agent: AuthenticatedAgent) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let me = self_service::me(&mut conn, agent.id).await.map_err(ApiError::database)?;
     me.map(|m| HttpResponse::Ok().json(m)).ok_or(ApiError::NotFound)
 }
@@ -47,7 +47,7 @@ pub async fn receipts(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let page = ReceiptPage::parse(req.query_string()).map_err(|e| ApiError::BadRequest(e.0))?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let (rows, next) = self_service::receipts(&mut conn, agent.id, page).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok()
         .json(crate::routes::pages::ReceiptPage { next_cursor: next.map(|c| c.encode()), receipts: rows }))
@@ -87,7 +87,7 @@ pub async fn payment(
         }
     }
     let key = key.ok_or_else(|| ApiError::BadRequest("`idempotency_key` is required".into()))?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let found = self_service::payment_for_key(&mut conn, agent.id, &key).await.map_err(ApiError::database)?;
     let p = found.ok_or(ApiError::NotFound)?;
     let safe = crate::mcp::policy::RELEASED_PAYMENT_STATES.contains(&p.status.as_str());

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::audit::store::KeyReport as IdempotencyReport;
 use crate::audit::{KeyQuery, Page, PaymentQuery, ReceiptQuery, store};
 use crate::auth::Viewer;
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::operators::Role;
 use crate::payments::Spend;
 use crate::receipts::Receipt;
@@ -44,7 +44,7 @@ use crate::state::AppState;
     ))]
 pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = ReceiptQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let page = store::receipts(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(ReceiptPage { next_cursor: page.next.map(|c| c.encode()), receipts: page.rows }))
 }
@@ -63,7 +63,7 @@ pub async fn receipts(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
     ))]
 pub async fn receipt(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     store::receipt(&mut conn, id)
         .await
         .map_err(ApiError::database)?
@@ -90,7 +90,7 @@ pub async fn receipt(state: web::Data<AppState>, _: Viewer, id: web::Path<String
     ))]
 pub async fn idempotency(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = KeyQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     store::idempotency(&mut conn, &q)
         .await
         .map_err(ApiError::database)?
@@ -123,7 +123,7 @@ pub async fn idempotency(state: web::Data<AppState>, _: Viewer, req: HttpRequest
     ))]
 pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let q = PaymentQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let page = store::payments(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(PaymentPage { next_cursor: page.next.map(|c| c.encode()), payments: page.rows }))
 }
@@ -142,7 +142,7 @@ pub async fn payments(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -
     ))]
 pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     crate::payments::store::agent_spend(&mut conn, id, false)
         .await
         .map_err(ApiError::database)?
@@ -164,7 +164,7 @@ pub async fn spend(state: web::Data<AppState>, _: Viewer, id: web::Path<String>)
         (status = 503, response = Unavailable),
     ))]
 pub async fn upto(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let upstreams = crate::audit::upto::upto_upstreams(&mut conn).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(super::in_name_order(&UptoReport { upstreams })))
 }
@@ -205,7 +205,7 @@ pub async fn payments_csv(state: web::Data<AppState>, _: Viewer, req: HttpReques
     let q = PaymentQuery::parse(req.query_string())?;
     // The first page before answering, so that an error before any row is a proper status.
     let first = {
-        let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+        let mut conn = state.conn().await?;
         store::payments(&mut conn, &q).await.map_err(ApiError::database)?
     };
     let mut body = csv::header();
@@ -265,7 +265,7 @@ pub async fn operator_events(
 ) -> Result<HttpResponse, ApiError> {
     use crate::operators::events;
     let q = events::EventQuery::parse(req.query_string())?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let (rows, next) = events::list(&mut conn, &q).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(OperatorEventPage { events: rows, next_cursor: next }))
 }

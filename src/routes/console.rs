@@ -6,7 +6,7 @@ use actix_web::{HttpResponse, HttpResponseBuilder, web};
 
 use crate::auth::Viewer;
 use crate::console::{Asset, INDEX, SECURITY_HEADERS, asset};
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::state::AppState;
 
 /// GET /audit/overview — calls, paid calls, payments and settled payments per hour (24 h)
@@ -24,7 +24,7 @@ use crate::state::AppState;
         (status = 503, response = crate::routes::responses::Unavailable),
     ))]
 pub async fn overview(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let o = crate::audit::overview::overview(&mut conn).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(o))
 }

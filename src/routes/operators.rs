@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::auth::Admin;
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::operators::manage::{self, Bootstrap, NewOperator};
 use crate::operators::store::OperatorInfo;
 use crate::routes::responses::{AdminOnly, BadInput, BodyTooLarge, LastAdmin, NotFound, Unauthorized, Unavailable};
@@ -51,7 +51,7 @@ pub struct OperatorList {
     ))]
 pub async fn create(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let new = NewOperator::from_json(&super::read_limited(payload, MAX_BODY).await?)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let (operator, token) = manage::create(&mut conn, &op.actor, &new).await?;
     Ok(HttpResponse::Created().json(super::in_name_order(&OperatorWithToken { operator, token })))
 }
@@ -68,7 +68,7 @@ pub async fn create(state: web::Data<AppState>, op: Admin, payload: web::Payload
         (status = 503, response = Unavailable),
     ))]
 pub async fn list(state: web::Data<AppState>, _: Admin) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let operators = manage::list(&mut conn).await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(&OperatorList { operators })))
 }
@@ -91,6 +91,6 @@ pub async fn list(state: web::Data<AppState>, _: Admin) -> Result<HttpResponse, 
 pub async fn revoke(state: web::Data<AppState>, op: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let bootstrap = if state.config.operator_token.is_some() { Bootstrap::Configured } else { Bootstrap::Absent };
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(manage::revoke(&mut conn, &op.actor, id, bootstrap).await?))
 }

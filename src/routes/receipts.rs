@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use uuid::Uuid;
 
 use crate::auth::AuthenticatedAgent;
-use crate::error::ApiError;
+use crate::error::{ApiError, PoolConn};
 use crate::receipts::store;
 use crate::state::AppState;
 
@@ -30,7 +30,7 @@ pub async fn get_own(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
-    let mut conn = state.pool.get().await.map_err(ApiError::pool)?;
+    let mut conn = state.conn().await?;
     let receipt = store::find_for_agent(&mut conn, agent.id, id).await.map_err(ApiError::database)?;
     let receipt = receipt.ok_or(ApiError::NotFound)?;
     let status = crate::self_service::payment_status(&mut conn, agent.id, &receipt.idempotency_key)
