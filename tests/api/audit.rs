@@ -76,22 +76,9 @@ async fn insert_receipt(db: &TestDb, agent: Uuid, created_at: &str, network: Opt
 
 /// A payment intent row whose header and signature are recognisable fakes ("SECRET…").
 async fn insert_payment(db: &TestDb, agent: Uuid, status: &str, created_at: &str) -> Uuid {
-    let id = Uuid::new_v4();
-    exec(
-        db,
-        &format!(
-            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
-             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
-             header_name, header_value, status, created_at, updated_at, request_hash) VALUES \
-             ('{id}', '{agent}', 'key-{s}', 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', \
-             10000, '{PAY_TO}', '{ROUTER_ADDRESS}', '0x{s}{s}', 0, 1, '{{}}', '{{}}', \
-             '{{\"signature\": \"0xSECRETSIGNATURE\"}}', 'PAYMENT-SIGNATURE', 'SECRETHEADER{s}', '{status}', \
-             {created_at}, {created_at}, '')",
-            s = id.simple()
-        ),
-    )
-    .await;
-    id
+    let seed = Seed::new(agent, status).written_at(created_at);
+    let header = format!("SECRETHEADER{}", seed.id.simple());
+    seed.signed(r#"{"signature": "0xSECRETSIGNATURE"}"#, &header).insert(db).await
 }
 
 #[derive(diesel::QueryableByName)]

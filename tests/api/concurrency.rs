@@ -240,12 +240,16 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
     let mut blocker = db.conn().await;
     blocker
         .batch_execute(&format!(
-            "BEGIN; INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
-             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, header_name, \
-             header_value, status, request_hash) VALUES (gen_random_uuid(), '{}', '{key}', 2, 'exact', 'eip155:84532', \
-             '0xblock', 1, '0xblock', '0xblock', '0xblock', 0, 0, '{{}}', '{{}}', '{{}}', 'x', 'x', 'signed', '{}')",
-            agent.id,
-            request_hash(&body),
+            "BEGIN; {}",
+            Seed::new(agent.id, "signed")
+                .key(&key)
+                .asset("0xblock")
+                .pay_to("0xblock")
+                .nonce("0xblock")
+                .amount(1)
+                .signed("{}", "x")
+                .request_hash(&request_hash(&body))
+                .sql()
         ))
         .await
         .unwrap();

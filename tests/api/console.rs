@@ -24,20 +24,7 @@ async fn get(app: &TestApp, path: &str, token: Option<&str>) -> reqwest::Respons
 
 /// A payment intent `ago` (an SQL interval) old, for `network`/`asset`.
 async fn payment(db: &TestDb, agent: Uuid, status: &str, ago: &str, asset: &str) {
-    let id = Uuid::new_v4();
-    exec(
-        db,
-        &format!(
-            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
-             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
-             header_name, header_value, status, created_at, updated_at, request_hash) VALUES \
-             ('{id}', '{agent}', 'key-{s}', 2, 'exact', 'eip155:84532', '{asset}', 10000, '{PAY_TO}', \
-             '{ROUTER_ADDRESS}', '0x{s}{s}', 0, 1, '{{}}', '{{}}', '{{}}', 'PAYMENT-SIGNATURE', 'h', '{status}', \
-             now() - interval '{ago}', now() - interval '{ago}', '')",
-            s = id.simple()
-        ),
-    )
-    .await;
+    Seed::new(agent, status).asset(asset).ago(ago).insert(db).await;
 }
 
 /// A receipt `ago` old, with or without a payment.

@@ -350,20 +350,7 @@ async fn metrics_expose_request_durations_process_metrics_and_the_wallet_balance
 
 /// A payment intent row of `agent` with `status`, last written `age` ago.
 async fn insert_payment(db: &TestDb, agent: uuid::Uuid, status: &str, age: &str) {
-    let id = uuid::Uuid::new_v4();
-    exec(
-        db,
-        &format!(
-            "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
-             pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
-             header_name, header_value, status, created_at, updated_at, request_hash) VALUES \
-             ('{id}', '{agent}', 'key-{s}', 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', \
-             10000, '{PAY_TO}', '{ROUTER_ADDRESS}', '0x{s}{s}', 0, 1, '{{}}', '{{}}', '{{}}', \
-             'PAYMENT-SIGNATURE', 'x', '{status}', now() - interval '{age}', now() - interval '{age}', '')",
-            s = id.simple()
-        ),
-    )
-    .await;
+    Seed::new(agent, status).signed("{}", "x").ago(age).insert(db).await;
 }
 
 #[actix_web::test]

@@ -221,28 +221,21 @@ async fn operator_events_filter_and_paginate() {
 
 /// A payment row with chosen text in the cells a spreadsheet might evaluate.
 async fn insert_payment(db: &TestDb, agent: Uuid, key: &str, status: &str, error: Option<&str>, age_secs: i64) -> Uuid {
-    use diesel::sql_types::{BigInt, Nullable, Text, Uuid as SqlUuid};
-    let id = Uuid::new_v4();
-    let mut conn = db.conn().await;
-    diesel::sql_query(
-        "INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
-         pay_to, payer, nonce, valid_after, valid_before, requirement, context, signed_authorization, \
-         header_name, header_value, status, error, created_at, updated_at, request_hash) VALUES \
-         ($1, $2, $3, 2, 'exact', 'eip155:84532', '0x036CbD53842c5426634e7929541eC2318f3dCF7e', 10000, \
-          '0x209693Bc6afc0C5328bA36FaF03C514EF312287C', '0x70997970C51812dc3A010C7d01b50e0d17dc79C8', \
-          '0x' || md5($3), 0, 1, '{}', '{}', '{\"signature\": \"0xSECRETSIGNATURE\"}', 'PAYMENT-SIGNATURE', \
-          'SECRETHEADER', $4, $5, now() - make_interval(secs => $6), now() - make_interval(secs => $6), '')",
-    )
-    .bind::<SqlUuid, _>(id)
-    .bind::<SqlUuid, _>(agent)
-    .bind::<Text, _>(key)
-    .bind::<Text, _>(status)
-    .bind::<Nullable<Text>, _>(error)
-    .bind::<BigInt, _>(age_secs)
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    id
+    let nonce = format!("0x{:x}", md5_like(key));
+    Seed::new(agent, status)
+        .key(key)
+        .nonce(&nonce)
+        .pay_to("0x209693Bc6afc0C5328bA36FaF03C514EF312287C")
+        .signed(r#"{"signature": "0xSECRETSIGNATURE"}"#, "SECRETHEADER")
+        .error(error)
+        .ago(&format!("{age_secs} seconds"))
+        .insert(db)
+        .await
+}
+
+/// A stable 128-bit value of `key` (the seeded rows' nonces only need to be distinct).
+fn md5_like(key: &str) -> u128 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325_u128, |h, b| (h ^ u128::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Parses RFC 4180 CSV (quoted cells, doubled quotes, CRLF rows).

@@ -8,6 +8,7 @@ pub mod app;
 pub mod chain;
 pub mod db;
 pub mod freeze;
+pub mod ledger;
 pub mod pg_replication;
 pub mod services;
 pub mod solana;
@@ -21,6 +22,7 @@ pub use chain::{
 };
 pub use db::TestDb;
 pub use freeze::{freeze_at, hold_at};
+pub use ledger::Seed;
 pub use services::PrivateRedis;
 pub use solana::{SVM_PRICE, SolanaRig};
 pub use upstream::TestUpstream;
