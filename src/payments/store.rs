@@ -474,6 +474,18 @@ pub struct Unproven {
     pub id: Uuid,
     #[diesel(sql_type = SqlUuid)]
     pub agent_id: Uuid,
+    #[diesel(sql_type = Text)]
+    pub network: String,
+    #[diesel(sql_type = Text)]
+    pub asset: String,
+    #[diesel(sql_type = Text)]
+    pub pay_to: String,
+    #[diesel(sql_type = Text)]
+    pub payer: String,
+    #[diesel(sql_type = Text)]
+    pub nonce: String,
+    #[diesel(sql_type = SmallInt)]
+    pub x402_version: i16,
     /// The stored signed record (Permit2).
     #[diesel(sql_type = Jsonb)]
     pub signed_authorization: Value,
@@ -493,7 +505,8 @@ pub async fn unproven_charges(
 ) -> QueryResult<Vec<Unproven>> {
     let spent = super::sql_list(PaymentStatus::ALL.into_iter().filter(|s| s.is_spent()));
     diesel::sql_query(format!(
-        "SELECT id, agent_id, signed_authorization, created_at FROM payments \
+        "SELECT id, agent_id, network, asset, pay_to, payer, nonce, x402_version, signed_authorization, created_at \
+           FROM payments \
           WHERE NOT charge_proven AND status IN {spent} \
             AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2::uuid)) \
           ORDER BY created_at, id LIMIT $3"

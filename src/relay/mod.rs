@@ -12,17 +12,14 @@
 //! half-way (between a payment and its record). Every way a call can end is an
 //! [`Outcome`]; errors of the router itself are [`Error`].
 
-mod allowance;
 pub mod envelope;
 pub mod envelope_doc;
 pub mod error;
 pub mod outcome;
 pub mod pay;
-mod pending;
 pub mod reaccess;
 pub mod record;
 pub mod request;
-mod settled;
 pub mod view;
 
 use std::time::{Duration, Instant};
@@ -180,7 +177,7 @@ async fn run_owned(
             // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
             // the key stays in flight and a later retry takes it over and decides.
             Ok(Err(e)) => return Err(e),
-            Err(_) => pay::past_deadline(&state, &own).await?,
+            Err(_) => pay::PaidCall { state: &state, own: &own, call: &call, terms: &terms, deadline }.past_deadline().await?,
         },
     };
     record::record(&state, &own, &call, outcome).await
@@ -197,17 +194,15 @@ async fn execute(
     (call, terms): (&RouteCall, &TermsKey),
     deadline: Instant,
 ) -> Result<Outcome, Error> {
-    if own.took_over {
-        let mut conn = error::conn(&state.pool).await?;
-        let signed = crate::payments::store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
-        drop(conn);
-        if let Some(intent) = signed {
-            return pay::resume(state, own, call, intent, deadline, pay::Resume::Takeover).await;
-        }
+    let pc = pay::PaidCall { state, own, call, terms, deadline };
+    if own.took_over
+        && let Some(intent) = pc.earlier_intent().await?
+    {
+        return pc.resume(intent, pay::Resume::Takeover).await;
     }
     // Known terms: pay with the first request instead of probing unpaid (src/terms.rs).
     if let Some(required) = state.terms.get(terms)
-        && let Some(outcome) = pay::pay_ahead(state, own, call, terms, &required, deadline).await?
+        && let Some(outcome) = pc.pay_ahead(&required).await?
     {
         return Ok(outcome);
     }
@@ -221,7 +216,7 @@ async fn execute(
         Err(e) => return Ok(upstream_failure(&e)),
     };
     if resp.status == 402 {
-        return pay::pay(state, own, (call, terms), resp, deadline).await;
+        return pc.pay(resp).await;
     }
     Ok(Outcome::Answered { resp, payment: None })
 }
@@ -285,19 +280,4 @@ fn upstream_failure(e: &UpstreamError) -> Outcome {
     let failure = Failure::new(code, e.to_string()).timeout(timeout);
     let reached = !matches!(e, UpstreamError::Blocked(_) | UpstreamError::Unreachable(_));
     Outcome::Failed(if reached { failure } else { failure.without_receipt() })
-}
-
-/// Adds a payment that just became spent (`settled`, `settled_response_lost`) to
-/// `x402_router_paid_amount_total{network, asset}`: what the chain shows was charged (upto),
-/// else the signed amount. Other statuses add nothing.
-pub(crate) fn count_paid(
-    state: &crate::state::AppState,
-    signed: &crate::x402::SignedPayment,
-    status: crate::payments::PaymentStatus,
-    charged: Option<alloy::primitives::U256>,
-) {
-    if status.is_spent() {
-        let amount = charged.filter(|_| signed.is_upto()).unwrap_or_else(|| signed.amount());
-        state.metrics.count_paid(&signed.network().caip2(), &signed.asset().to_checksum(None), amount);
-    }
 }

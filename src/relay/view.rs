@@ -1,16 +1,15 @@
 //! What a payment looks like to its readers: the `payment` object of the `/route` envelope,
 //! of a receipt, of an answer `reconcile` recovered and of the MCP `fetch` result.
 //!
-//! [`PaymentView`] is built from the decoded intent ([`StoredIntent`], or the signed payment
-//! of this attempt) and is the only place that decides its fields; nothing patches the JSON
-//! afterwards. A stored intent is decoded here once, where it is read from the ledger
-//! ([`StoredIntent::decode`]): nothing downstream re-parses the authorization or re-derives
-//! the x402 version from its number.
+//! [`PaymentView`] is built from a payment's scheme (`relay::pay::scheme::Scheme::view`) and
+//! is the only place that decides its fields; nothing patches the JSON afterwards. A stored
+//! record is decoded here, once, where a scheme reads it from the ledger
+//! ([`decode_authorization`], [`decode_svm_transfer`], [`stored_version`]): nothing downstream
+//! re-parses the authorization or re-derives the x402 version from its number.
 
 use alloy::primitives::{Address, B256, U256};
 use serde::Serialize;
 
-use crate::payments::store::PaymentRow;
 use crate::payments::{PaymentStatus, RecoveryKind};
 use crate::x402::{Network, SignedPayment, X402Version};
 
@@ -49,74 +48,12 @@ pub fn decode_svm_transfer(
     Ok(signed)
 }
 
-/// A ledger row's Solana payment, decoded once: its x402 version, the request's nonce and the
-/// signed transfer.
-#[derive(Debug, Clone)]
-pub struct StoredSvmIntent {
-    pub version: X402Version,
-    pub nonce: String,
-    pub signed: crate::x402::svm::SignedSvmTransfer,
-}
-
-impl StoredSvmIntent {
-    /// Decodes the row's stored transfer (checked against the row) and version.
-    ///
-    /// # Errors
-    /// [`DecodeError`] when either cannot be read.
-    pub fn decode(row: &PaymentRow) -> Result<Self, DecodeError> {
-        let signed = decode_svm_transfer(&row.signed_authorization, (&row.network, &row.asset, &row.payer))?;
-        if signed.pay_to != row.pay_to {
-            return Err(DecodeError::Authorization("the stored Solana transfer disagrees with its row".into()));
-        }
-        let version = stored_version(row.x402_version)?;
-        Ok(Self { version, nonce: row.nonce.clone(), signed })
-    }
-
-    /// The view of this payment in `status`.
-    pub fn view(&self, status: PaymentStatus, tx_hash: Option<&str>) -> PaymentView {
-        PaymentView::svm(self.version, &self.signed, &self.nonce, status, tx_hash)
-    }
-}
-
-fn stored_version(number: i16) -> Result<X402Version, DecodeError> {
-    u64::try_from(number).ok().and_then(X402Version::from_number).ok_or(DecodeError::Version(number))
-}
-
-/// The view of any stored intent, EVM or Solana (by its network), in `status`.
+/// The x402 version a ledger row's payment was made for (its stored number).
 ///
 /// # Errors
-/// [`DecodeError`] when the row cannot be read.
-pub fn stored_view(row: &PaymentRow, status: PaymentStatus, tx_hash: Option<&str>) -> Result<PaymentView, DecodeError> {
-    if crate::solana::is_solana_network(&row.network) {
-        Ok(StoredSvmIntent::decode(row)?.view(status, tx_hash))
-    } else {
-        Ok(StoredIntent::decode(row)?.view(status, tx_hash))
-    }
-}
-
-/// A ledger row's payment, decoded once: the x402 version it was made for and the signed
-/// payment (scheme, network, asset, amounts, payer, EIP-3009 authorization or Permit2 witness).
-#[derive(Debug, Clone)]
-pub struct StoredIntent {
-    pub version: X402Version,
-    pub signed: SignedPayment,
-}
-
-impl StoredIntent {
-    /// Decodes the row's stored authorization and version.
-    ///
-    /// # Errors
-    /// [`DecodeError`] when either cannot be read.
-    pub fn decode(row: &PaymentRow) -> Result<Self, DecodeError> {
-        let signed = decode_authorization(&row.signed_authorization)?;
-        let version = stored_version(row.x402_version)?;
-        Ok(Self { version, signed })
-    }
-
-    /// The view of this payment in `status`.
-    pub fn view(&self, status: PaymentStatus, tx_hash: Option<&str>) -> PaymentView {
-        PaymentView::of(self.version, &self.signed, status, tx_hash)
-    }
+/// [`DecodeError::Version`] for a number no version has.
+pub(crate) fn stored_version(number: i16) -> Result<X402Version, DecodeError> {
+    u64::try_from(number).ok().and_then(X402Version::from_number).ok_or(DecodeError::Version(number))
 }
 
 /// The `payment` object shown for a call. Members are declared in name order: the

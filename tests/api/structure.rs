@@ -257,6 +257,40 @@ fn the_layers_depend_only_downwards() {
     }
 }
 
+/// A payment scheme is a folder behind `relay::pay::scheme::Scheme` (issue 39): the walk and
+/// everything outside `relay::pay` name no scheme folder, only the registry does, and the
+/// scheme folders name nothing of each other. Nor does anything but the registry ask which
+/// scheme a network belongs to.
+#[test]
+fn a_scheme_is_a_folder_only_the_registry_names() {
+    let graph = module_graph();
+    let pay: Module = vec!["relay".into(), "pay".into()];
+    let folder = |m: &Module| -> Option<String> {
+        (m.len() > 2 && m[..2] == pay[..] && ["evm", "svm"].contains(&m[2].as_str())).then(|| m[2].clone())
+    };
+    let registry: Module = vec!["relay".into(), "pay".into(), "registry".into()];
+    let mut found = Vec::new();
+    for (from, targets) in &graph {
+        for target in targets {
+            let Some(scheme) = folder(target) else { continue };
+            match folder(from) {
+                Some(own) if own == scheme => {}
+                Some(own) => found.push(format!("the scheme folder `{own}` names `{}`", target.join("::"))),
+                None if *from == registry => {}
+                None => found.push(format!("`{}` names the scheme folder `{}`", from.join("::"), target.join("::"))),
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+    for (file, module, _) in library_files() {
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        if code.contains("is_solana_network(") && module != registry && module != ["solana".to_owned()] {
+            found.push(display_path(&file));
+        }
+    }
+    assert!(found.is_empty(), "which scheme a network belongs to is asked outside the registry: {found:?}");
+}
+
 /// Recovery of a lost answer (issue 16) re-sends what the ledger holds and can never make a
 /// new payment: neither it nor anything it reaches (transitively) names the signing code,
 /// the application state or the configuration (the holders of the wallet key), and its own

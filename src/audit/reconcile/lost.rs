@@ -2,9 +2,7 @@
 //! (see the parent module's rules), each recorded in one transaction with its receipt.
 
 use super::*;
-use crate::recovery::Proof;
-use crate::solana::SolanaRpcs;
-use crate::x402::svm::{SignedSvmTransfer, SvmRpc};
+use crate::relay::pay::scheme::Chains;
 
 #[derive(Debug, QueryableByName)]
 struct LostRow {
@@ -59,7 +57,7 @@ fn eligible(row: &PaymentRow) -> Option<Vec<RecoveryStep>> {
 /// The second pass: tries to get back the lost answers it may, within the run's bounds.
 pub(super) async fn recover_lost(
     conn: &mut AsyncPgConnection,
-    (chain, solana): (&Chain, Option<&SolanaRpcs>),
+    chains: &Chains<'_>,
     r: &Recovering<'_>,
     report: &mut Report,
 ) -> QueryResult<()> {
@@ -99,13 +97,9 @@ pub(super) async fn recover_lost(
             };
             let deadline = run_deadline.min(Instant::now() + PER_PAYMENT);
             let opened = crate::secrets::intent::open(r.keyring, &row);
-            let attempt = match solana_proof(solana, &row) {
-                Ok(Some((rpc, transfer))) => {
-                    recovery::recover(r.upstream, Proof::Svm(rpc, &transfer), (&row, &opened), deadline).await
-                }
-                Ok(None) => recovery::recover(r.upstream, Proof::Evm(chain), (&row, &opened), deadline).await,
-                Err(why) => recovery::Recovery::skipped(why),
-            };
+            let attempt = crate::relay::pay::registry::recover(chains, r.upstream, (&row, &opened), deadline)
+                .await
+                .unwrap_or_else(recovery::Recovery::skipped);
             report.resends += u64::from(attempt.sends);
             let kind = attempt.kind();
             let mut log = earlier;
@@ -133,25 +127,6 @@ pub(super) async fn recover_lost(
             return Ok(());
         }
     }
-}
-
-/// The Solana endpoint and stored transfer that prove a re-sent answer of a Solana `row`
-/// (`Ok(None)`: an EVM row, proven by the EVM chain).
-fn solana_proof<'a>(
-    solana: Option<&'a SolanaRpcs>,
-    row: &PaymentRow,
-) -> Result<Option<(&'a SvmRpc, SignedSvmTransfer)>, &'static str> {
-    if !crate::solana::is_solana_network(&row.network) {
-        return Ok(None);
-    }
-    let rpc = solana
-        .and_then(|s| s.of(&row.network))
-        .map(crate::x402::svm::SvmEndpoints::primary)
-        .ok_or("no RPC URL for the payment's Solana network")?;
-    let transfer =
-        crate::relay::view::decode_svm_transfer(&row.signed_authorization, (&row.network, &row.asset, &row.payer))
-            .map_err(|_| "the stored Solana transfer is unreadable")?;
-    Ok(Some((rpc, transfer)))
 }
 
 /// Why a recovery could not be recorded.
@@ -230,7 +205,7 @@ fn render(
     tx_hash: Option<&str>,
 ) -> Result<(crate::receipts::Receipt, u16, Vec<u8>), Unreadable> {
     use crate::idempotency::canonical;
-    let shown = crate::relay::view::stored_view(row, Settled, tx_hash)
+    let shown = crate::relay::pay::registry::view_of_row(row, Settled, tx_hash)
         .map_err(|e| Unreadable(e.to_string()))?
         .recovery(Some(kind));
     let receipt_id = Uuid::new_v4();

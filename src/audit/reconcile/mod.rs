@@ -60,10 +60,8 @@
 //!   with nothing to re-send is only recorded, once); each payment's re-sends are bounded by
 //!   [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use alloy::primitives::{Address, B256};
 use alloy::signers::local::PrivateKeySigner;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
@@ -77,13 +75,13 @@ use uuid::Uuid;
 use super::Cursor;
 use crate::db::schema::payments as payments_table;
 use crate::faults::{self, Point};
-use crate::money::Amount;
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
-use crate::relay::view::decode_authorization;
+use crate::relay::pay::registry;
+use crate::relay::pay::scheme::{Chains, RowRef, Verdict};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
-use crate::x402::{Chain, Network, SignedPayment};
+use crate::x402::Chain;
 
 /// A stored intent whose fields cannot be read back (left as it was, counted as an error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -205,8 +203,14 @@ struct Candidate {
     #[diesel(sql_type = Text)]
     payer: String,
     #[diesel(sql_type = Text)]
+    pay_to: String,
+    #[diesel(sql_type = Text)]
+    scheme: String,
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    x402_version: i16,
+    #[diesel(sql_type = Text)]
     nonce: String,
-    /// The stored signed record (EIP-3009 or Permit2).
+    /// The stored signed record (its scheme's).
     #[diesel(sql_type = diesel::sql_types::Jsonb)]
     signed_authorization: serde_json::Value,
     #[diesel(sql_type = BigInt)]
@@ -237,7 +241,8 @@ async fn candidates(
     after: Option<Cursor>,
 ) -> QueryResult<Vec<Candidate>> {
     diesel::sql_query(format!(
-        "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.nonce, p.signed_authorization, \
+        "SELECT p.id, p.agent_id, p.idempotency_key, p.network, p.asset, p.payer, p.pay_to, p.scheme, p.x402_version, p.nonce, \
+                p.signed_authorization, \
                 p.valid_before, p.attempts, p.status, p.created_at, \
                 EXISTS (SELECT 1 FROM receipts r WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
                            AND r.request_hash = p.request_hash AND r.outcome = 'completed') AS served \
@@ -262,95 +267,12 @@ async fn candidates(
     .await
 }
 
-/// What the settling transaction of a used authorization whose charge is unproven moved, if it can be found.
-async fn proven_charge(chain: &Chain, signed: &SignedPayment, id: Uuid) -> Option<Amount> {
-    match signed.settlement_on(chain, None).await {
-        Ok(Some(p)) => match p.transferred {
-            Some(moved) => Some(Amount::from_u256(moved)),
-            // EIP-3009 signed again for changed terms (relay/pay/ahead.rs): what the settling
-            // transaction moved out of the wallet.
-            None => match chain.transferred_from(signed.network(), signed.asset(), signed.payer(), p.tx_hash).await {
-                Ok(moved) => moved.map(Amount::from_u256),
-                Err(e) => {
-                    tracing::warn!(payment.id = %id, error = %e, "settling transaction unreadable: the maximum stays charged");
-                    None
-                }
-            },
-        },
-        Ok(None) => {
-            tracing::warn!(payment.id = %id,
-                "upto authorization used on-chain, its transaction not found: the maximum stays charged");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(payment.id = %id, error = %e,
-                "upto authorization used on-chain, its transaction unreadable: the maximum stays charged");
-            None
-        }
-    }
-}
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn now_unix() -> i64 {
     i64::try_from(crate::clock::now_unix()).unwrap_or(i64::MAX)
-}
-
-/// The intent's signed record, checked against its columns (a record that disagrees with
-/// the row it is stored in is not trusted).
-fn signed_record(c: &Candidate) -> Result<SignedPayment, Unreadable> {
-    let signed = decode_authorization(&c.signed_authorization).map_err(|e| Unreadable(e.to_string()))?;
-    let (network, asset, payer, nonce) = coordinates(c)?;
-    if (signed.network(), signed.asset(), signed.payer(), signed.nonce()) != (network, asset, payer, nonce) {
-        return Err("stored authorization disagrees with its row".into());
-    }
-    Ok(signed)
-}
-
-/// The on-chain coordinates of an intent, parsed from its stored text.
-fn coordinates(c: &Candidate) -> Result<(Network, Address, Address, B256), Unreadable> {
-    let network = Network::parse(&c.network).map_err(|e| format!("network: {e}"))?;
-    let asset = Address::from_str(&c.asset).map_err(|e| format!("asset: {e}"))?;
-    let payer = Address::from_str(&c.payer).map_err(|e| format!("payer: {e}"))?;
-    let nonce = B256::from_str(&c.nonce).map_err(|e| format!("nonce: {e}"))?;
-    Ok((network, asset, payer, nonce))
-}
-
-/// What the chain says of an intent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// The payment moved money.
-    Used,
-    /// EVM: the authorization is unused (expired once its `validBefore` is past).
-    Unused,
-    /// Solana: the transaction can still land (its blockhash has not expired, or it failed and
-    /// that is not final yet).
-    MayLand,
-    /// Solana: the transaction can never land (expired, or failed and finalized).
-    NeverLands,
-}
-
-impl From<bool> for Verdict {
-    fn from(used: bool) -> Self {
-        if used { Self::Used } else { Self::Unused }
-    }
-}
-
-/// What the Solana chain says of a Solana intent, whose stored transfer must agree with its row.
-async fn svm_verdict(rpcs: Option<&crate::solana::SolanaRpcs>, c: &Candidate) -> Result<Verdict, Unreadable> {
-    use crate::x402::svm::TransferState;
-    let signed = crate::relay::view::decode_svm_transfer(&c.signed_authorization, (&c.network, &c.asset, &c.payer))
-        .map_err(|e| Unreadable(e.to_string()))?;
-    let endpoints = rpcs.and_then(|r| r.of(&c.network)).ok_or_else(|| format!("no RPC URL for {}", c.network))?;
-    // Every endpoint of the network, at least two, must say it can never land (one lagging,
-    // pruned or lying index is not believed): else an error, and the intent is left as it is.
-    Ok(match endpoints.fate(&signed).await.map_err(|e| Unreadable(e.to_string()))? {
-        TransferState::Settled { .. } => Verdict::Used,
-        TransferState::Expired { .. } | TransferState::Failed { finalized: true, .. } => Verdict::NeverLands,
-        TransferState::Pending { .. } | TransferState::Failed { finalized: false, .. } => Verdict::MayLand,
-    })
 }
 
 /// The status the chain's answer moves an intent to; `None`: leave it.
@@ -376,10 +298,11 @@ pub async fn run(
     recovering: Option<&Recovering<'_>>,
 ) -> QueryResult<Report> {
     let mut report = Report::default();
-    decide_all(conn, chain, settings, &mut report).await?;
-    prove_charges(conn, chain, &mut report).await?;
+    let chains = Chains { evm: chain, solana: settings.solana.as_deref() };
+    decide_all(conn, &chains, settings, &mut report).await?;
+    prove_charges(conn, &chains, &mut report).await?;
     if let Some(r) = recovering {
-        lost::recover_lost(conn, (chain, settings.solana.as_deref()), r, &mut report).await?;
+        lost::recover_lost(conn, &chains, r, &mut report).await?;
     }
     Ok(report)
 }
@@ -387,7 +310,7 @@ pub async fn run(
 /// The first pass: every eligible intent's status, from the chain.
 async fn decide_all(
     conn: &mut AsyncPgConnection,
-    chain: &Chain,
+    chains: &Chains<'_>,
     settings: &Settings,
     report: &mut Report,
 ) -> QueryResult<()> {
@@ -400,62 +323,7 @@ async fn decide_all(
         after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
             report.checked += 1;
-            let solana = crate::solana::is_solana_network(&c.network);
-            let signed = if solana { Err(Unreadable("a Solana intent".into())) } else { signed_record(c) };
-            let verdict = if solana {
-                svm_verdict(settings.solana.as_deref(), c).await
-            } else {
-                match &signed {
-                    Err(e) => Err(e.clone()),
-                    Ok(signed) => signed.used_on(chain).await.map(Verdict::from).map_err(|e| Unreadable(e.to_string())),
-                }
-            };
-            let verdict = match verdict {
-                Ok(v) => v,
-                Err(e) => {
-                    report.errors += 1;
-                    tracing::warn!(payment.id = %c.id, agent_id = %c.agent_id, payment.network = %c.network, error = %e,
-                        "cannot check a payment intent on-chain; left as it was");
-                    continue;
-                }
-            };
-            let used = verdict == Verdict::Used;
-            let new = match verdict {
-                Verdict::Used | Verdict::Unused => decide(c.status, used, c.served, c.valid_before, now_unix()),
-                Verdict::NeverLands => Some(Expired),
-                Verdict::MayLand => None,
-            };
-            let Some(new) = new else {
-                report.pending += 1;
-                continue;
-            };
-            // An `upto` authorization used on-chain: what its settling transaction moved is
-            // charged (unknown ⇒ the maximum stays charged until a later run finds it).
-            let charged = match (&signed, used) {
-                (Ok(signed), true) if signed.is_upto() => proven_charge(chain, signed, c.id).await,
-                _ => None,
-            };
-            faults::at(settings.faults.as_ref(), Point::ReconcileDecided).await;
-            let seen = payments::store::Seen {
-                agent_id: c.agent_id,
-                id: c.id,
-                idempotency_key: &c.idempotency_key,
-                status: c.status,
-                valid_before: c.valid_before,
-                attempts: c.attempts,
-            };
-            if !payments::store::reconcile_fate(conn, &seen, new, charged, millis(settings.abandon_after)).await? {
-                report.pending += 1;
-                tracing::info!(payment.id = %c.id, "payment intent changed meanwhile (re-signed, or taken by an owner); left as it is");
-                continue;
-            }
-            tracing::info!(payment.id = %c.id, agent_id = %c.agent_id, payment.status.old = %c.status,
-                payment.status.new = %new, "payment intent reconciled");
-            match new {
-                Settled => report.settled += 1,
-                SettledResponseLost => report.settled_response_lost += 1,
-                _ => report.expired += 1,
-            }
+            decide_one(conn, chains, settings, c, report).await?;
         }
         if (batch.len() as i64) < BATCH {
             return Ok(());
@@ -463,11 +331,66 @@ async fn decide_all(
     }
 }
 
+/// Reads the chain's verdict on one intent and writes the status it moves to, if any.
+async fn decide_one(
+    conn: &mut AsyncPgConnection,
+    chains: &Chains<'_>,
+    settings: &Settings,
+    c: &Candidate,
+    report: &mut Report,
+) -> QueryResult<()> {
+    let verdict = match registry::verdict(chains, c.row()).await {
+        Ok(v) => v,
+        Err(e) => {
+            report.errors += 1;
+            tracing::warn!(payment.id = %c.id, agent_id = %c.agent_id, payment.network = %c.network, error = %e,
+                "cannot check a payment intent on-chain; left as it was");
+            return Ok(());
+        }
+    };
+    let used = verdict == Verdict::Used;
+    let new = match verdict {
+        Verdict::Used | Verdict::Unused => decide(c.status, used, c.served, c.valid_before, now_unix()),
+        Verdict::NeverLands => Some(Expired),
+        Verdict::MayLand => None,
+    };
+    let Some(new) = new else {
+        report.pending += 1;
+        return Ok(());
+    };
+    // An `upto` authorization used on-chain: what its settling transaction moved is charged
+    // (unknown ⇒ the maximum stays charged until a later run finds it).
+    let charged =
+        if used && c.scheme == "upto" { registry::proven_charge(chains, c.row()).await.ok().flatten() } else { None };
+    faults::at(settings.faults.as_ref(), Point::ReconcileDecided).await;
+    let seen = payments::store::Seen {
+        agent_id: c.agent_id,
+        id: c.id,
+        idempotency_key: &c.idempotency_key,
+        status: c.status,
+        valid_before: c.valid_before,
+        attempts: c.attempts,
+    };
+    if !payments::store::reconcile_fate(conn, &seen, new, charged, millis(settings.abandon_after)).await? {
+        report.pending += 1;
+        tracing::info!(payment.id = %c.id, "payment intent changed meanwhile (re-signed, or taken by an owner); left as it is");
+        return Ok(());
+    }
+    tracing::info!(payment.id = %c.id, agent_id = %c.agent_id, payment.status.old = %c.status,
+        payment.status.new = %new, "payment intent reconciled");
+    match new {
+        Settled => report.settled += 1,
+        SettledResponseLost => report.settled_response_lost += 1,
+        _ => report.expired += 1,
+    }
+    Ok(())
+}
+
 /// A pass over spent payments whose charge is unproven (`upto`, and intents signed again for
-/// changed terms): the settling transaction is
-/// looked up again and the amount lowered to what it moved. Not found (yet): left for the next
-/// run, the maximum charged meanwhile (never less).
-async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut Report) -> QueryResult<()> {
+/// changed terms): the settling transaction is looked up again and the amount lowered to what
+/// it moved. Not found (yet): left for the next run, the maximum charged meanwhile (never
+/// less).
+async fn prove_charges(conn: &mut AsyncPgConnection, chains: &Chains<'_>, report: &mut Report) -> QueryResult<()> {
     let mut after = None;
     loop {
         let batch = payments::store::unproven_charges(conn, after, BATCH).await?;
@@ -476,22 +399,47 @@ async fn prove_charges(conn: &mut AsyncPgConnection, chain: &Chain, report: &mut
         };
         after = Some((last.created_at, last.id));
         for p in &batch {
-            let signed = match decode_authorization(&p.signed_authorization) {
-                Ok(s) => s,
+            let row = RowRef {
+                id: p.id,
+                network: &p.network,
+                asset: &p.asset,
+                pay_to: &p.pay_to,
+                payer: &p.payer,
+                nonce: &p.nonce,
+                x402_version: p.x402_version,
+                authorization: &p.signed_authorization,
+            };
+            match registry::proven_charge(chains, row).await {
                 Err(e) => {
                     report.errors += 1;
                     tracing::warn!(payment.id = %p.id, error = %e, "stored authorization unreadable; charge left unproven");
-                    continue;
                 }
-            };
-            if let Some(charged) = proven_charge(chain, &signed, p.id).await {
-                payments::store::record_charged(conn, p.agent_id, p.id, charged).await?;
-                report.charges_proven += 1;
-                tracing::info!(payment.id = %p.id, payment.amount = %charged, "upto charge proven from the chain");
+                Ok(Some(charged)) => {
+                    payments::store::record_charged(conn, p.agent_id, p.id, charged).await?;
+                    report.charges_proven += 1;
+                    tracing::info!(payment.id = %p.id, payment.amount = %charged, "upto charge proven from the chain");
+                }
+                Ok(None) => {}
             }
         }
         if (batch.len() as i64) < BATCH {
             return Ok(());
+        }
+    }
+}
+
+impl Candidate {
+    /// The columns a scheme decodes its record from.
+    fn row(&self) -> RowRef<'_> {
+        RowRef {
+            id: self.id,
+            network: &self.network,
+            asset: &self.asset,
+            pay_to: &self.pay_to,
+            payer: &self.payer,
+            nonce: &self.nonce,
+            x402_version: self.x402_version,
+            authorization: &self.signed_authorization,
         }
     }
 }

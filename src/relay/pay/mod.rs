@@ -1,58 +1,58 @@
-//! The x402 payment flow of a routed call (docs/DESIGN.md §6): select, sign, commit the intent,
-//! send, confirm on-chain; and, on a takeover, resume what a previous owner signed.
+//! The x402 payment walk of a routed call (docs/DESIGN.md §6), written once over the payment
+//! schemes ([`scheme::Scheme`]; `evm/`, `svm/`, registered in [`registry`]): choose → sign →
+//! reserve → send → confirm → record, and, on a takeover or a reused key, resume what a
+//! previous attempt signed.
 //!
-//! At most one payment per (agent, Idempotency-Key, asset), guaranteed in layers:
+//! At most one payment per (agent, Idempotency-Key, request), guaranteed in layers:
 //! 1. the idempotency ledger lets one owner at a time run a key;
-//! 2. the EIP-3009 nonce is derived from (agent, key, request hash)
-//!    ([`x402::deterministic_nonce`]), so every signature ever made for a request under a key
-//!    carries the same nonce and the token contract itself accepts at most one of them, even
-//!    if Postgres and Redis lost all state; before signing, every configured token is asked;
+//! 2. every scheme signs with the request's deterministic nonce (agent, key, request hash), so
+//!    the chain itself accepts at most one payment of a request (EVM: the token's or Permit2's
+//!    nonce, asked unused on every configured token first; Solana: one transaction, which lands
+//!    at most once, signed again only when every endpoint says it never can);
 //! 3. the signed intent is committed to `payments` *before* the paid request leaves, so a
 //!    takeover knows exactly what was signed and asks the chain before doing anything:
-//!    used → never pay again ("settled, response lost"); unused and valid → resend the
-//!    same signed payload; unused and expired → re-sign with the same nonce.
+//!    landed → never pay again ("settled, response lost"); still valid → resend the same
+//!    signed payload; can never land → sign again with the same nonce.
 //!
-//! After a paid answer the chain is asked whether the authorization was consumed before
-//! the receipt says `settled`; an upstream's unconfirmed claim is recorded as such.
+//! After a paid answer the chain is asked what moved before the receipt says `settled`; an
+//! upstream's unconfirmed claim is recorded as such.
 //!
-//! The walk, top-down: [`pay`] reads the 402 → [`select`] chooses within the agent's limits →
-//! [`sign`] signs (nonces checked unused first) → [`reserve`] commits the intent → [`exchange`]
-//! sends and [`confirm`]s on-chain. [`resume`] picks up a recorded intent (takeover).
-//! [`pay_ahead`] pays known terms with the first request (no unpaid probe), and pays once
-//! more, with the same nonce, terms that changed. [`svm`] is the same walk on Solana, taken
-//! when no EVM option may be paid and the 402 offers a Solana one.
+//! The walk, top-down, as [`PaidCall`]'s methods: [`PaidCall::pay`] reads the 402 →
+//! [`registry`] picks the scheme and its choice → [`PaidCall::pay_with`] signs and commits the
+//! intent (`reserve.rs`) → `exchange.rs` sends (after the operator's stop is checked) and
+//! finishes on the chain's word. `resume.rs` picks up a recorded intent; `ahead.rs` pays known
+//! terms with the first request.
 
+mod agent;
 mod ahead;
-mod confirm;
+pub(crate) mod call;
+mod evm;
 mod exchange;
+pub(crate) mod registry;
 mod reserve;
 mod resume;
-mod select;
-mod sign;
+pub(crate) mod scheme;
 mod svm;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use alloy::primitives::B256;
 use reqwest::StatusCode;
-use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
-use uuid::Uuid;
 
-pub use self::ahead::pay_ahead;
-pub use self::resume::resume;
-use super::request::RouteCall;
-use super::view::{PaymentView, StoredIntent};
+pub(crate) use self::call::PaidCall;
+use self::scheme::{Scheme, Signing};
+use super::view::PaymentView;
 use super::{Error, Failure, Outcome, PaymentNote};
 use crate::codes::Code;
-use crate::faults::{self, Point};
-use crate::idempotency::Ownership;
+use crate::faults::Point;
 use crate::payments::limits;
-use crate::payments::store;
 use crate::payments::{Final, PaymentStatus};
 use crate::state::AppState;
 use crate::upstream::UpstreamResponse;
-use crate::x402::{self, SignedPayment, X402Version};
+use crate::x402::{self, PaymentRequired};
+
+/// Why no option may be paid: the 402's code and reason.
+pub(crate) type Declined = (Code, String);
 
 /// Why a payment could not be signed or described (nothing was signed or sent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,9 +70,7 @@ impl From<&str> for PayError {
         Self(s.to_owned())
     }
 }
-/// A stored authorization with less validity left than this is re-signed, not resent
-/// (the official facilitator wants `validBefore ≥ now + 6 s`).
-const MIN_VALIDITY_SECS: u64 = 30;
+
 /// Least time before the route deadline for recovering, within the call, an answer lost in
 /// transit.
 const MIN_RECOVERY_TIME: Duration = Duration::from_secs(1);
@@ -89,90 +87,76 @@ pub enum Resume {
     KeyReused,
 }
 
-/// An authorization ready to send: the ledger row id, the signed message and its header.
-struct Attempt {
-    id: Uuid,
-    version: X402Version,
-    signed: SignedPayment,
-    header: (HeaderName, HeaderValue),
-}
-impl Attempt {
-    /// The envelope's `payment` object (upto: `amount` is what the chain shows moved, when known).
-    fn view(
+impl PaidCall<'_> {
+    /// Handles an upstream's 402 to a fresh (unpaid) request: choose, sign, commit the intent,
+    /// pay, confirm.
+    ///
+    /// # Errors
+    /// [`Error`] when nothing may be recorded (database gone, lease lost).
+    pub async fn pay(&self, first: UpstreamResponse) -> Result<Outcome, Error> {
+        self.fault(Point::PaymentRequired).await;
+        let required =
+            match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
+                Ok(r) => r,
+                Err(e) => {
+                    let msg = format!("invalid 402 from upstream: {e}");
+                    return Ok(Stop::new("invalid_402", Code::UpstreamInvalid402, msg).outcome(self.state, first));
+                }
+            };
+        self.state.terms.put(self.terms.clone(), &required, &first.headers);
+        registry::pay(self, &required, first).await
+    }
+
+    /// Pays `choice` of `required` with scheme `s`: signs it, commits the intent (the agent's
+    /// limits and the operator's stops checked under the agent's lock), then sends it and
+    /// finishes on the chain's word.
+    ///
+    /// # Errors
+    /// [`Error`] when nothing may be recorded (database gone, lease lost).
+    async fn pay_with<S: Scheme>(
         &self,
-        status: PaymentStatus,
-        tx_hash: Option<&str>,
-        charged: Option<alloy::primitives::U256>,
-    ) -> PaymentView {
-        PaymentView::of(self.version, &self.signed, status, tx_hash).charged(charged)
+        s: &S,
+        (required, choice, prepared): (&PaymentRequired, &S::Choice, S::Prepared),
+        first: UpstreamResponse,
+    ) -> Result<Outcome, Error> {
+        let signing = match s.sign(self, required, choice, prepared).await? {
+            Ok(signing) => signing,
+            Err(stop) => return Ok(stop.outcome(self.state, first)),
+        };
+        if let Some(refusal) = self.reserve(&signing).await? {
+            // An operator's limit refuses it (a concurrent payment may have taken the budget
+            // first). This signature is dropped here: it was never stored nor sent.
+            return refused(self.state, refusal, Some(first), Value::Array(required.raw_accepts.clone()));
+        }
+        log_signed(self, &signing, "payment signed and recorded; sending the paid request");
+        self.exchange(s, &signing.attempt).await
+    }
+
+    /// The outcome of a call cut off by the route deadline. If a payment was signed for the
+    /// key, it may have left: its state becomes `unknown` (shown in the answer and to
+    /// operators; `x402-router reconcile` settles the question from the chain later).
+    ///
+    /// # Errors
+    /// [`Error`] when the ledger cannot be read.
+    pub async fn past_deadline(&self) -> Result<Outcome, Error> {
+        let payment = self.earlier_intent().await?.and_then(|row| {
+            let shown = registry::view_of_row(&row, PaymentStatus::Unknown, None).ok()?;
+            let error = Some("route deadline exceeded".into());
+            let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error, recovery: None };
+            Some(PaymentNote { shown, ledger: Some(ledger) })
+        });
+        let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
+        Ok(Outcome::Failed(Failure::new(code, "route deadline exceeded").timeout(true).payment(payment)))
     }
 }
 
-/// Handles an upstream's 402 to a fresh (unpaid) request: select, sign, commit the
-/// intent, pay, verify.
-///
-/// # Errors
-/// [`Error`] when nothing may be recorded (database gone, lease lost).
-pub async fn pay(
-    state: &AppState,
-    own: &Ownership,
-    (call, terms): (&RouteCall, &crate::terms::TermsKey),
-    first: UpstreamResponse,
-    deadline: Instant,
-) -> Result<Outcome, Error> {
-    faults::at(state.faults.as_ref(), Point::PaymentRequired).await;
-    let required = match x402::wire::parse_payment_required(StatusCode::PAYMENT_REQUIRED, &first.headers, &first.body) {
-        Ok(r) => r,
-        Err(e) => {
-            let msg = format!("invalid 402 from upstream: {e}");
-            return Ok(Stop::new("invalid_402", Code::UpstreamInvalid402, msg).outcome(state, first));
-        }
-    };
-    state.terms.put(terms.clone(), &required, &first.headers);
-    let accepts = || Value::Array(required.raw_accepts.clone());
-    // The agent's limits, an intent of an earlier attempt and the chain's nonces: read at once.
-    let (chosen, existing, nonces) = tokio::join!(
-        select::choose(state, own.agent_id, call, &required),
-        earlier_intent(state, own),
-        sign::check_nonces(state, own)
-    );
-    let chosen = match chosen? {
-        Ok(chosen) => chosen,
-        // No EVM option may be paid: a Solana one, when the router pays there (the intent of an
-        // earlier attempt first, as below).
-        Err(_) if svm::offers(state, &required) => {
-            if let Some(intent) = existing? {
-                return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
-            }
-            return svm::pay(state, own, call, &required, first, deadline).await;
-        }
-        Err((code, why)) => return Ok(declined(state, code, Some(first), &why, accepts())),
-    };
-    // This very request was paid for under this key before (the key expired and was reused
-    // for the same request): never a second payment; resume the recorded intent instead.
-    if let Some(intent) = existing? {
-        return resume(state, own, call, intent, deadline, Resume::KeyReused).await;
-    }
-    let signing = match sign::sign_new(state, own, call, (&required, &chosen), nonces)? {
-        Ok(signing) => signing,
-        Err(stop) => return Ok(stop.outcome(state, first)),
-    };
-    if let Some(refusal) = reserve::reserve(state, own, &required, &chosen, &signing).await? {
-        // An operator's limit refuses it (a concurrent payment may have taken the budget
-        // first). This signature is dropped here: it was never stored nor sent.
-        return refused(state, refusal, Some(first), accepts());
-    }
+/// Logs a signed and recorded payment (never its signature or header).
+fn log_signed<S>(pc: &PaidCall<'_>, signing: &Signing<S>, what: &str) {
+    let c = &signing.columns;
     tracing::info!(
-        agent_id = %own.agent_id, payment.network = %chosen.network(), payment.amount = %chosen.amount(),
-        payment.nonce = %short(&signing.nonce), "payment signed and recorded; sending the paid request"
+        agent_id = %pc.own.agent_id, payment.network = %c.network, payment.amount = %c.amount,
+        payment.nonce = %signing.attempt.nonce.chars().take(10).collect::<String>(), "{what}"
     );
-    exchange::exchange(state, own, call, &signing.attempt, deadline).await
-}
-
-/// The intent recorded for this very request under this key by an earlier attempt, if any.
-async fn earlier_intent(state: &AppState, own: &Ownership) -> Result<Option<store::PaymentRow>, Error> {
-    let mut conn = super::error::conn(&state.pool).await?;
-    Ok(store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?)
 }
 
 /// An unused earlier payment of this request that can no longer be sent or signed again: the
@@ -187,7 +171,7 @@ fn not_resumable(why: &crate::payments::sealed::NotKept) -> Outcome {
 }
 
 /// Why a call stopped after the upstream's 402 without paying in this attempt.
-struct Stop {
+pub(crate) struct Stop {
     /// The `payments` metric's label.
     metric: &'static str,
     code: Code,
@@ -207,36 +191,18 @@ impl Stop {
         Outcome::Failed(Failure::new(self.code, self.msg).upstream(first).payment(payment))
     }
 }
-/// The outcome of a call cut off by the route deadline. If a payment was signed for the
-/// key, it may have left: its state becomes `unknown` (shown in the answer and to
-/// operators; `x402-router reconcile` settles the question from the chain later).
-///
-/// # Errors
-/// [`Error`] when the ledger cannot be read.
-pub async fn past_deadline(state: &AppState, own: &Ownership) -> Result<Outcome, Error> {
-    let mut conn = super::error::conn(&state.pool).await?;
-    let intent = store::find(&mut conn, own.agent_id, own.key.as_str(), &own.request_hash).await?;
-    let payment = intent.and_then(|row| {
-        let shown = match StoredIntent::decode(&row) {
-            Ok(intent) => intent.view(PaymentStatus::Unknown, None),
-            Err(_) => svm::stored_view(&row, PaymentStatus::Unknown)?,
-        };
-        let error = Some("route deadline exceeded".into());
-        let ledger = Final { id: row.id, status: PaymentStatus::Unknown, tx_hash: None, error, recovery: None };
-        Some(PaymentNote { shown, ledger: Some(ledger) })
-    });
-    let code = if payment.is_some() { Code::PaymentUnknown } else { Code::UpstreamTimeout };
-    Ok(Outcome::Failed(Failure::new(code, "route deadline exceeded").timeout(true).payment(payment)))
-}
+
 /// The 402 answer when the upstream asks for a payment the router will not make.
 fn declined(state: &AppState, code: Code, upstream: Option<UpstreamResponse>, why: &str, accepts: Value) -> Outcome {
     state.metrics.payments.with_label_values(&["declined"]).inc();
     let reason = format!("upstream requires a payment the router will not make: {why}");
     Outcome::Declined { code, upstream, reason, accepts }
 }
+
 /// The outcome of a reservation an operator's limit refused: over a budget or off the `payTo`
-/// allowlist is the call's recorded answer (402); a pause or a rate limit is an error of the
-/// router (503, 429) that records nothing, so the same key can be retried.
+/// allowlist is the call's recorded answer (402); a pause, a rate limit, a disabled agent or a
+/// rotated key is an error of the router (503, 429, 403, 401) that records nothing, so the same
+/// key can be retried.
 fn refused(
     state: &AppState,
     refusal: limits::Refusal,
@@ -249,6 +215,7 @@ fn refused(
         other => Err(Error::Refused(other)),
     }
 }
+
 /// The RPC endpoint serves another chain: no payment, 503 (the key stays in flight).
 fn wrong_chain() -> Error {
     tracing::error!("an RPC endpoint serves another chain than its network; no payment is made");
@@ -256,11 +223,7 @@ fn wrong_chain() -> Error {
         "the payment network's RPC endpoint serves another chain; nothing was signed or paid",
     )
 }
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// First bytes of a nonce for logs.
-fn short(nonce: &B256) -> String {
-    nonce.to_string().chars().take(10).collect()
 }

@@ -9,13 +9,12 @@ use alloy::primitives::{B256, U256};
 use uuid::Uuid;
 
 use crate::money::Amount;
-use crate::payments::store;
 use crate::state::AppState;
 use crate::x402::SignedPayment;
 
 /// The proof, as far as the chain gave it.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Proven {
+pub(crate) struct Proven {
     /// The transaction that used the authorization (None: not found, or unreadable).
     pub tx_hash: Option<B256>,
     /// `upto`: what it moved to the payee (None: unknown, or not `upto`).
@@ -65,21 +64,34 @@ pub(super) async fn prove_claimed(
 /// Lowers an `upto` intent's amount to what its settling transaction moved.
 async fn lower_upto(state: &AppState, agent_id: Uuid, id: Uuid, signed: &SignedPayment, proven: &Proven) {
     if let Some(charged) = proven.charged.filter(|_| signed.is_upto()) {
-        record_charge(state, agent_id, id, charged).await;
+        crate::relay::pay::reserve::record_charge(state, agent_id, id, charged).await;
     }
 }
 
-/// Lowers an intent's reserved amount to `charged`, what the chain shows moved, and marks its
-/// charge proven. A failure leaves the larger amount charged (never less) until `reconcile`
-/// proves it.
-pub(super) async fn record_charge(state: &AppState, agent_id: Uuid, id: Uuid, charged: U256) {
-    let written = match super::error::conn(&state.pool).await {
-        Ok(mut conn) => {
-            store::record_charged(&mut conn, agent_id, id, Amount::from_u256(charged)).await.map_err(|e| e.to_string())
+/// What the settling transaction of a used authorization whose charge is unproven moved, if it
+/// can be found (`reconcile`): Permit2 from the transaction's logs; EIP-3009 signed again for
+/// changed terms, what it moved out of the wallet. Unknown: the maximum stays charged.
+pub(super) async fn proven_charge(chain: &crate::x402::Chain, signed: &SignedPayment, id: Uuid) -> Option<Amount> {
+    match signed.settlement_on(chain, None).await {
+        Ok(Some(p)) => match p.transferred {
+            Some(moved) => Some(Amount::from_u256(moved)),
+            None => match chain.transferred_from(signed.network(), signed.asset(), signed.payer(), p.tx_hash).await {
+                Ok(moved) => moved.map(Amount::from_u256),
+                Err(e) => {
+                    tracing::warn!(payment.id = %id, error = %e, "settling transaction unreadable: the maximum stays charged");
+                    None
+                }
+            },
+        },
+        Ok(None) => {
+            tracing::warn!(payment.id = %id,
+                "upto authorization used on-chain, its transaction not found: the maximum stays charged");
+            None
         }
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = written {
-        tracing::warn!(agent_id = %agent_id, error = %e, "could not lower a reservation to what moved");
+        Err(e) => {
+            tracing::warn!(payment.id = %id, error = %e,
+                "upto authorization used on-chain, its transaction unreadable: the maximum stays charged");
+            None
+        }
     }
 }

@@ -7,8 +7,8 @@ use std::time::Instant;
 use alloy::primitives::{Address, B256};
 use uuid::Uuid;
 
-use super::{SETTLEMENT_POLL_INTERVAL, SETTLEMENT_POLLS};
 use crate::payments::PaymentStatus;
+use crate::relay::pay::{SETTLEMENT_POLL_INTERVAL, SETTLEMENT_POLLS};
 use crate::relay::remaining;
 use crate::state::AppState;
 use crate::x402::{self, Network, SignedPayment};
@@ -52,7 +52,7 @@ pub(super) async fn confirm(
     if claimed
         && !pending
         && let Some(hash) = claim.and_then(|c| c.tx_hash)
-        && let Some(proven) = crate::relay::settled::prove_claimed(state, agent_id, id, s, hash).await
+        && let Some(proven) = super::settled::prove_claimed(state, agent_id, id, s, hash).await
     {
         return settled_as(claim, proven);
     }
@@ -100,12 +100,12 @@ async fn settled(
     claim: Option<&x402::SettlementResponse>,
 ) -> Confirmed {
     let claimed_hash = claim.and_then(|c| c.tx_hash);
-    let proven = crate::relay::settled::prove(state, agent_id, id, s, claimed_hash).await;
+    let proven = super::settled::prove(state, agent_id, id, s, claimed_hash).await;
     settled_as(claim, proven)
 }
 
 /// `Settled`, with the transaction the chain shows and a note where the claim disagrees.
-fn settled_as(claim: Option<&x402::SettlementResponse>, proven: crate::relay::settled::Proven) -> Confirmed {
+fn settled_as(claim: Option<&x402::SettlementResponse>, proven: super::settled::Proven) -> Confirmed {
     let claimed_hash = claim.and_then(|c| c.tx_hash);
     let charged = proven.charged;
     let claimed_amount = claim.and_then(|c| c.amount);

@@ -23,13 +23,13 @@
 use std::time::{Duration, Instant};
 
 use alloy::primitives::B256;
-use uuid::Uuid;
 
-use super::view::PaymentView;
-use super::{Failure, Outcome, PaymentNote, remaining};
+use super::Evm;
 use crate::codes::Code;
-use crate::idempotency::Ownership;
 use crate::payments::{Final, PaymentStatus};
+use crate::relay::pay::call::PaidCall;
+use crate::relay::pay::scheme::{Attempt, Scheme};
+use crate::relay::{Failure, Outcome, PaymentNote, remaining};
 use crate::state::AppState;
 use crate::upstream::UpstreamResponse;
 use crate::x402::{self, SignedPayment};
@@ -44,19 +44,6 @@ pub(super) fn claims_settlement(resp: &UpstreamResponse) -> bool {
     [x402::wire::PAYMENT_RESPONSE_HEADER, x402::wire::X_PAYMENT_RESPONSE_HEADER]
         .iter()
         .any(|h| resp.headers.contains_key(*h))
-}
-
-/// The payment that was sent, as the paid flow knows it (`relay::pay` passes its own chain
-/// read and envelope description in, so this module depends on nothing above it).
-pub(super) struct Paid<'a, U, D> {
-    /// The ledger row.
-    pub id: Uuid,
-    pub signed: &'a SignedPayment,
-    /// Whether the chain shows the authorization used.
-    pub used: U,
-    /// The envelope's `payment` object for a status, a proven transaction and (upto) the
-    /// amount the chain shows moved.
-    pub describe: D,
 }
 
 /// What the chain said while it was watched.
@@ -105,31 +92,22 @@ where
 }
 
 /// The outcome of a 402 that carries a settlement claim.
-pub(super) async fn unanswered<U, F, D>(
-    state: &AppState,
-    own: &Ownership,
-    paid: Paid<'_, U, D>,
-    resp: UpstreamResponse,
-    deadline: Instant,
-) -> Outcome
-where
-    U: Fn() -> F,
-    F: Future<Output = Result<bool, x402::ChainError>>,
-    D: Fn(PaymentStatus, Option<&str>, Option<alloy::primitives::U256>) -> PaymentView,
-{
+pub(super) async fn unanswered(pc: &PaidCall<'_>, attempt: &Attempt<SignedPayment>, resp: UpstreamResponse) -> Outcome {
+    let (state, own, deadline) = (pc.state, pc.own, pc.deadline);
     let claim = x402::wire::parse_settlement(&resp.headers).ok().flatten();
     let hint = claim.as_ref().and_then(|c| c.tx_hash);
     let reason = claim.as_ref().and_then(|c| c.error_reason.clone());
     let said = reason.as_deref().unwrap_or("no errorReason");
-    let s = paid.signed;
+    let s = &attempt.signed;
     tracing::warn!(agent_id = %own.agent_id, upstream.status = resp.status, payment.claimed_tx = ?hint,
         "the upstream answered the paid request with a settlement claim and no answer; watching the chain");
-    let watched = watch(state, s, &paid.used, hint, deadline).await;
+    let used = || super::confirm::chain_used(state, s);
+    let watched = watch(state, s, &used, hint, deadline).await;
     let mut charged = None;
     let (status, code, tx_hash, msg, error) = match watched {
         Watched::Used => {
             // What the chain proves moved (upto: charged that, never the upstream's word).
-            let proven = super::settled::prove(state, own.agent_id, paid.id, s, hint).await;
+            let proven = super::settled::prove(state, own.agent_id, attempt.id, s, hint).await;
             charged = proven.charged;
             let tx = proven.tx_hash.map(|h| h.to_string());
             let named = tx.as_deref().unwrap_or("not found in the recent logs");
@@ -166,11 +144,12 @@ where
             (PaymentStatus::Unknown, Code::PaymentUnknown, None, msg, error)
         }
     };
-    state.metrics.payments.with_label_values(&[status.as_str()]).inc();
-    super::count_paid(state, paid.signed, status, charged);
+    pc.count(status.as_str());
+    pc.count_paid(&Evm, s, status, charged);
     tracing::info!(agent_id = %own.agent_id, payment.status = status.as_str(), "settlement claim decided");
-    let shown = (paid.describe)(status, tx_hash.as_deref(), charged).claimed_tx_hash(hint);
-    let ledger = Final { id: paid.id, status, tx_hash, error: Some(error), recovery: None };
+    let shown =
+        Evm.view(attempt.version, &attempt.nonce, s, (status, tx_hash.as_deref(), charged)).claimed_tx_hash(hint);
+    let ledger = Final { id: attempt.id, status, tx_hash, error: Some(error), recovery: None };
     Outcome::Failed(
         Failure::new(code, msg)
             .upstream(resp)
