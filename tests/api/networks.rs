@@ -186,16 +186,15 @@ async fn an_asset_without_a_readable_symbol_is_listed_without_one_and_the_unit_h
     let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
     let known: Value =
         reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
-    let symbols: Vec<(String, Value)> = known["networks"][0]["assets"]
+    let mut got: Vec<(String, Value)> = known["networks"][0]["assets"]
         .as_array()
         .unwrap()
         .iter()
         .map(|a| (a["asset"].as_str().unwrap().to_owned(), a["symbol"].clone()))
         .collect();
     let mut want = vec![(chain.token.to_checksum(None), json!("USDC")), (codeless.to_checksum(None), Value::Null)];
-    want.sort_by(|a, b| a.0.to_lowercase().cmp(&b.0.to_lowercase()));
-    let mut got = symbols.clone();
-    got.sort_by(|a, b| a.0.to_lowercase().cmp(&b.0.to_lowercase()));
+    want.sort_by_key(|a| a.0.to_lowercase());
+    got.sort_by_key(|a| a.0.to_lowercase());
     assert_eq!(got, want, "{known}");
     assert_eq!(known["unit"], json!({"decimals": 6, "symbol": null}));
 }
