@@ -139,17 +139,21 @@ impl Application {
 /// is logged and checked on first use (no request goes through it until it passes), so one
 /// dead URL among several does not stop the router. The decimals of assets not given in
 /// `X402_ASSETS` are read from the tokens; an asset whose decimals cannot be read is never
-/// paid; assets of different decimals refuse to start (one budget cannot span them).
+/// paid; assets of different decimals refuse to start (one budget cannot span them). The
+/// symbols amounts are shown in are read last ([`read_symbols`]; never a reason to stop).
 ///
 /// # Errors
 /// A chain id mismatch, or assets of different units.
 pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
     let payments = &mut config.payments;
     let chain = Chain::new(payments.rpc_urls.clone(), payments.rpc_timeout);
+    let mut answering = std::collections::BTreeSet::new();
     for network in chain.networks() {
         for checked in chain.verify_chain_ids(network).await? {
             match checked {
-                Ok(()) => {}
+                Ok(()) => {
+                    answering.insert(network);
+                }
                 Err(crate::x402::ChainError::ChainIdMismatch { network, endpoint, actual }) => anyhow::bail!(
                     "X402_RPC_URLS: URL {endpoint} of {network} serves chain id {actual}, not {}; refusing to start",
                     network.chain_id()
@@ -179,7 +183,41 @@ pub async fn preflight(config: &mut Config) -> anyhow::Result<()> {
         }
     }
     payments.check_one_unit()?;
+    read_symbols(&chain, payments, &answering).await;
     Ok(())
+}
+
+/// Reads the `symbol()` of each asset that has none yet (not the built-in USDC), on the
+/// networks whose RPC answered. Only ever shown (`config::symbols`): one that cannot be read,
+/// or is not a short plain word, leaves the asset shown by its address.
+async fn read_symbols(
+    chain: &Chain,
+    payments: &mut crate::config::PaymentConfig,
+    answering: &std::collections::BTreeSet<crate::x402::Network>,
+) {
+    use crate::config::symbols::shown_symbol;
+    let unknown: Vec<_> = payments
+        .assets
+        .iter()
+        .filter(|(n, _)| answering.contains(*n))
+        .flat_map(|(n, list)| list.iter().map(|a| (*n, *a)))
+        .filter(|key| !payments.symbols.contains_key(key))
+        .collect();
+    for (network, asset) in unknown {
+        match chain.symbol(network, asset).await.map(|s| shown_symbol(&s)) {
+            Ok(Some(symbol)) => {
+                payments.symbols.insert((network, asset), symbol);
+            }
+            Ok(None) => tracing::warn!(
+                payment.network = %network, payment.asset = %asset,
+                "the asset's symbol is not a short plain word; amounts are shown without it"
+            ),
+            Err(e) => tracing::warn!(
+                payment.network = %network, payment.asset = %asset, error = %e,
+                "cannot read the asset's symbol; amounts are shown without it"
+            ),
+        }
+    }
 }
 
 /// Connections of the heartbeat pool: one beat is one short UPDATE per running request and

@@ -2,8 +2,9 @@
 // this tab's sessionStorage only and travels as a bearer header (never in a URL).
 import uPlot from 'uplot';
 import { verifyReceipt } from './verify.js';
-import { $, ApiError, Unauthorized, act, api, change, el, fetchText, isAdmin, saveBlob, state as session, upstreamOf as hostOf } from './util.js';
-import { clearKey, initAgents, renderAgents } from './agents.js';
+import { $, ApiError, Unauthorized, act, amountEl, amountText, api, assetUnit, symbolEl, change, el, fetchText, isAdmin, learnUnits, networkName, readAmount, saveBlob, state as session, upstreamOf as hostOf, watchAmount } from './util.js';
+import { shortAddress } from './amount.js';
+import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
 import { renderEvents } from './events.js';
 
@@ -40,6 +41,8 @@ async function signIn(token) {
   $('readonly').hidden = isAdmin();
   const wk = await api('/.well-known/x402-router');
   session.signer = wk.receipt_signer;
+  learnUnits(wk);
+  updateCapHint();
   $('signer').textContent = `signer ${wk.receipt_signer}`;
   $('signin').hidden = true;
   $('nav').hidden = false;
@@ -54,6 +57,7 @@ function signOut(message = '') {
   session.token = null;
   session.role = null;
   clearKey();
+  resetAgents();
   state.payments.clear();
   state.seen.clear();
   state.tailCursor = null;
@@ -111,6 +115,7 @@ function schedule() {
 }
 
 const upstreamOf = (p) => hostOf(p.resource);
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 function filters() {
   const f = Object.fromEntries(new FormData($('filters')).entries());
@@ -120,8 +125,9 @@ function filters() {
 
 function filtered() {
   const f = filters();
+  const agent = f.agent.toLowerCase();
   return [...state.payments.values()]
-    .filter((p) => !f.agent || p.agent_id === f.agent)
+    .filter((p) => !agent || p.agent_id === agent || (p.agent_name ?? '').toLowerCase().includes(agent))
     .filter((p) => !f.status || p.status === f.status)
     .filter((p) => !f.host || upstreamOf(p).toLowerCase().includes(f.host))
     .filter((p) => f.from === null || Date.parse(p.created_at) >= f.from)
@@ -141,9 +147,9 @@ function renderPayments() {
       : document.createTextNode('none');
     tr.append(
       el('td', { text: new Date(p.created_at).toLocaleString() }),
-      el('td', { class: 'mono', text: p.agent_id.slice(0, 8), title: p.agent_id }),
+      el('td', { text: p.agent_name ?? p.agent_id, title: p.agent_id, class: 'agent-name' }),
       el('td', { text: upstreamOf(p) || '?' }),
-      el('td', { class: 'num', text: p.amount }),
+      amountEl(p.amount, assetUnit(p.network, p.asset), 'td', { class: 'num amount' }),
       el('td', {}, el('span', { class: `st st-${p.status}`, text: p.status })),
       el('td', {}, receipt),
     );
@@ -179,7 +185,9 @@ function csvRecords(text) {
 async function exportCsv() {
   const f = filters();
   const q = new URLSearchParams({ limit: '500' });
-  if (f.agent) q.set('agent_id', f.agent);
+  // An agent id is the API's filter; a name (or part of one) is applied to the rows here.
+  const byId = UUID.test(f.agent);
+  if (byId) q.set('agent_id', f.agent.toLowerCase());
   if (f.status) q.set('status', f.status);
   q.set('from', new Date(f.from ?? Date.parse(state.since)).toISOString());
   if (f.to !== null) q.set('to', new Date(f.to).toISOString());
@@ -192,16 +200,20 @@ async function exportCsv() {
     $('csv-error').textContent = `Export failed: ${e.message}`;
     return;
   }
-  if (f.host) {
+  const name = byId ? '' : f.agent.toLowerCase();
+  if (f.host || name) {
     const records = csvRecords(text);
     const col = records[0].indexOf('resource');
+    const nameCol = records[0].indexOf('agent_name');
     // Keep the header and each record whose resource's host matches; records are re-joined
     // from the original text to keep the router's quoting.
     const keep = [records[0]];
     for (const r of records.slice(1)) {
       let resource = r[col];
       try { resource = JSON.parse(resource); } catch { /* a plain URL */ }
-      if (hostOf(resource).toLowerCase().includes(f.host)) keep.push(r);
+      if (!hostOf(resource).toLowerCase().includes(f.host)) continue;
+      if (name && !(r[nameCol] ?? '').toLowerCase().includes(name)) continue;
+      keep.push(r);
     }
     const quote = (c) => (/[",\r\n]/.test(c) ? `"${c.replaceAll('"', '""')}"` : c);
     text = keep.map((r) => r.map(quote).join(',')).join('\r\n') + '\r\n';
@@ -234,18 +246,23 @@ function columns(buckets) {
 
 const ASSET_COLORS = ['#14642e', '#1f4e79', '#8a4b00', '#6b2d8f', '#a11818', '#005f66'];
 
-// The amount settled per (network, asset) and bucket: one series per asset (atomic units).
+// The amount settled per (network, asset) and bucket: one series per asset, in tokens (the
+// chart's scale only: a float is fine to draw, never to save).
 function movedColumns(buckets) {
   const assets = [...new Set(buckets.flatMap((b) => b.moved.map((m) => `${m.network} ${m.asset}`)))].sort();
-  const series = assets.map((a, i) => ({ label: `${a.split(' ')[1].slice(0, 10)}… (${a.split(' ')[0]})`, stroke: ASSET_COLORS[i % ASSET_COLORS.length], width: 2, points: { show: true } }));
+  const label = (network, asset) => `${assetUnit(network, asset)?.symbol || shortAddress(asset)} on ${networkName(network)}`;
+  const series = assets.map((a, i) => ({ label: label(...a.split(' ')), stroke: ASSET_COLORS[i % ASSET_COLORS.length], width: 2, points: { show: true } }));
   const data = [buckets.map((b) => Date.parse(b.start) / 1000)];
   for (const a of assets) {
+    const [network, asset] = a.split(' ');
+    const decimals = assetUnit(network, asset)?.decimals ?? 0;
     data.push(buckets.map((b) => {
       const m = b.moved.find((x) => `${x.network} ${x.asset}` === a);
-      return m ? Number(m.amount) : 0;
+      return m ? Number(m.amount) / 10 ** decimals : 0;
     }));
   }
-  return { series, data, key: assets.join('|') };
+  const symbols = new Set(assets.map((a) => assetUnit(...a.split(' '))?.symbol || 'atomic units'));
+  return { series, data, key: assets.join('|'), yLabel: symbols.size === 1 ? [...symbols][0] : 'amount' };
 }
 
 function chart(id, data, step, series = COUNT_SERIES, yLabel = 'count', key = '') {
@@ -264,7 +281,8 @@ function chart(id, data, step, series = COUNT_SERIES, yLabel = 'count', key = ''
     axes: [{}, { label: yLabel, size: 70, ...(yLabel === 'count' ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] } : {}) }],
     scales: {
       x: { time: true, range: (_, min, max) => [min - step / 2, max + step / 2] },
-      y: { range: (_, min, max) => [0, Math.max(1, max)] },
+      // Counts: at least 0 to 1; amounts (tokens): up to a little over the largest.
+      y: { range: (_, min, max) => [0, yLabel === 'count' ? Math.max(1, max) : max > 0 ? max * 1.1 : 1] },
     },
   }, data, box);
   u.key = key;
@@ -272,7 +290,7 @@ function chart(id, data, step, series = COUNT_SERIES, yLabel = 'count', key = ''
 }
 
 function movedChart(id, buckets, step) {
-  const { series, data, key } = movedColumns(buckets);
+  const { series, data, key, yLabel } = movedColumns(buckets);
   if (series.length === 0) {
     state.charts[id]?.destroy();
     delete state.charts[id];
@@ -280,7 +298,7 @@ function movedChart(id, buckets, step) {
     return;
   }
   if (!state.charts[id]) $(id).replaceChildren();
-  chart(id, data, step, series, 'atomic units', key);
+  chart(id, data, step, series, yLabel, key);
 }
 
 async function renderOverview() {
@@ -294,13 +312,17 @@ async function renderOverview() {
     tile('stuck', o.stuck, true),
     tile('settlement pending', o.settlement_pending, true),
   );
-  $('moved').replaceChildren(...o.moved.map((m) => el('tr', {},
-    el('td', { text: m.network }), el('td', { class: 'mono', text: m.asset }),
-    el('td', { class: 'num', text: m.settled_24h }), el('td', { class: 'num', text: m.settled_30d }))));
+  $('moved').replaceChildren(...o.moved.map((m) => {
+    const unit = assetUnit(m.network, m.asset);
+    return el('tr', {},
+      el('td', { text: networkName(m.network), title: m.network }), symbolEl(m.network, m.asset, 'td'),
+      amountEl(m.settled_24h, unit, 'td', { class: 'num' }), amountEl(m.settled_30d, unit, 'td', { class: 'num' }));
+  }));
   if (o.moved.length === 0) $('moved').append(el('tr', {}, el('td', { colspan: '4', text: 'nothing settled in 30 days' })));
   const wallet = await walletBalances();
   $('wallet').replaceChildren(...(wallet.length
-    ? wallet.map((w) => el('tr', {}, el('td', { text: w.network }), el('td', { class: 'mono', text: w.asset }), el('td', { class: 'num', text: w.balance })))
+    ? wallet.map((w) => el('tr', {}, el('td', { text: networkName(w.network), title: w.network }), symbolEl(w.network, w.asset, 'td'),
+      amountEl(w.balance, assetUnit(w.network, w.asset), 'td', { class: 'num' })))
     : [el('tr', {}, el('td', { colspan: '3', text: 'not read yet' }))]));
   await refreshSettings();
   chart('chart-hour', columns(o.hourly), 3600);
@@ -308,6 +330,8 @@ async function renderOverview() {
   movedChart('moved-hour', o.hourly, 3600);
   movedChart('moved-day', o.daily, 86400);
 }
+
+let updateCapHint = () => {}; // the cap field's conversion, shown again when it is set
 
 // The global pause switch and the wallet-wide cap (GET /admin/settings; changes need an
 // admin token). Updated in place on every poll so that a half-typed cap is not lost.
@@ -324,8 +348,11 @@ function renderSettings(st) {
   change($('cap-save'));
   $('pause').disabled = $('pause').disabled || paused;
   $('resume').disabled = $('resume').disabled || !paused;
-  $('cap-used').textContent = `used in 24 h: ${st.wallet_used_24h}; cap: ${st.wallet_daily_cap ?? 'none'}`;
-  if (!$('cap').dataset.touched) $('cap').value = st.wallet_daily_cap ?? '';
+  $('cap-used').replaceChildren('used in 24 h: ', amountEl(st.wallet_used_24h), '; cap: ', amountEl(st.wallet_daily_cap));
+  if (!$('cap').dataset.touched && $('cap').value !== amountText(st.wallet_daily_cap)) {
+    $('cap').value = amountText(st.wallet_daily_cap);
+    updateCapHint();
+  }
 }
 
 async function refreshSettings() {
@@ -341,11 +368,18 @@ function initSettings() {
     await api('/admin/pause', { method: 'DELETE' });
   }).then(refreshSettings).catch(showError));
   $('cap').addEventListener('input', () => { $('cap').dataset.touched = '1'; });
+  updateCapHint = watchAmount($('cap'), $('cap-hint'));
   $('cap-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
-    const v = $('cap').value.trim();
+    let cap;
+    try {
+      cap = readAmount($('cap').value);
+    } catch (e) {
+      $('cap-error').textContent = `Wallet daily cap: ${e.message}`;
+      return;
+    }
     act($('cap-save'), $('cap-error'), async () => {
-      await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: v === '' ? null : v } });
+      await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } });
       delete $('cap').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });

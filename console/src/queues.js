@@ -1,6 +1,6 @@
 // Queues to act on: paid-not-served, stuck, settlement pending; each row reconciles on demand
 // (POST /admin/reconcile {payment_id}) and shows the report.
-import { $, api, act, change, el, upstreamOf } from './util.js';
+import { $, amountEl, api, act, assetUnit, change, el, upstreamOf } from './util.js';
 
 function report(r) {
   return Object.entries(r).filter(([, v]) => v !== 0).map(([k, v]) => `${k} ${typeof v === 'object' ? JSON.stringify(v) : v}`).join(', ') || 'nothing to do';
@@ -20,7 +20,8 @@ function queueItem(p) {
   const out = el('span', { class: 'report', role: 'status' });
   const err = el('span', { class: 'error', role: 'alert' });
   const li = el('li', { 'data-id': p.id },
-    `${new Date(p.created_at).toLocaleString()} · agent ${p.agent_id.slice(0, 8)} · ${upstreamOf(p.resource) || '?'} · ${p.amount} · ${p.status} `);
+    `${new Date(p.created_at).toLocaleString()} · agent `, el('span', { text: p.agent_name ?? p.agent_id, title: p.agent_id }),
+    ` · ${upstreamOf(p.resource) || '?'} · `, amountEl(p.amount, assetUnit(p.network, p.asset)), ` · ${p.status} `);
   if (p.tx_hash) li.append(el('span', { class: 'mono', text: p.tx_hash }), ' ');
   li.append(reconcileButton('Reconcile', { payment_id: p.id }, out, err), ' ', out, err);
   li.querySelector('button').setAttribute('aria-label', `Reconcile payment ${p.id}`);

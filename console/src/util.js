@@ -1,6 +1,8 @@
 // What every view shares: the page state, the API client and a DOM helper. The operator token
 // lives in this tab's sessionStorage only and travels as a bearer header (never in a URL).
 
+import { AmountError, atomicTitle, formatAmount, formatUnits, parseAmount, shortAddress } from './amount.js';
+
 export const $ = (id) => document.getElementById(id);
 
 export const state = {
@@ -8,7 +10,40 @@ export const state = {
   role: null, // 'viewer' | 'admin', from GET /audit/whoami
   operator: null,
   signer: null,
+  unit: null, // the router's unit { decimals, symbol }: budgets, caps (/.well-known/x402-router)
+  assets: new Map(), // `network asset` (asset lowercase) -> { decimals, symbol }
+  networks: new Map(), // CAIP-2 -> display name (the x402 v1 name, when it has one)
 };
+
+/** Learns the router's unit, assets and network names from /.well-known/x402-router. */
+export function learnUnits(wk) {
+  state.unit = wk.unit ?? null;
+  state.assets.clear();
+  state.networks.clear();
+  for (const n of wk.networks ?? []) {
+    state.networks.set(n.network, n.v1_name || n.network);
+    for (const a of n.assets) state.assets.set(`${n.network} ${a.asset.toLowerCase()}`, { decimals: a.decimals, symbol: a.symbol ?? null });
+  }
+}
+
+/** The unit of `asset` on `network` ({ decimals, symbol }), or null when the router does not
+ *  pay with it (then its amounts are shown in atomic units). */
+export const assetUnit = (network, asset) => state.assets.get(`${network} ${String(asset).toLowerCase()}`) ?? null;
+
+/** A network by name: `base-sepolia` for `eip155:84532`; its CAIP-2 id when it has no name. */
+export const networkName = (network) => state.networks.get(network) ?? network;
+
+/** An amount of atomic units shown in `unit` (`0.01 USDC`); the tooltip holds the atomic units.
+ *  `unit` defaults to the router's unit (budgets, caps). */
+export function amountEl(atomic, unit = state.unit, tag = 'span', attrs = {}) {
+  if (atomic === null || atomic === undefined) return el(tag, { ...attrs, text: 'none' });
+  return el(tag, { ...attrs, text: formatAmount(atomic, unit), title: atomicTitle(atomic), 'data-atomic': String(atomic) });
+}
+
+/** An asset by symbol (a short address when it has none); its address in the tooltip. */
+export function symbolEl(network, asset, tag = 'span', attrs = {}) {
+  return el(tag, { ...attrs, text: assetUnit(network, asset)?.symbol || shortAddress(asset), title: `${asset} on ${network}` });
+}
 
 /** The token was refused (401, or 403 on a read: not an operator token). */
 export class Unauthorized extends Error {}
@@ -121,3 +156,38 @@ export function saveBlob(text, name, type) {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(a.href), 1000);
 }
+
+/** A typed amount in the router's unit as atomic units (a decimal string); null for empty
+ *  (no limit). Without a known unit, the input is taken as atomic units. Throws AmountError. */
+export function readAmount(raw) {
+  const s = String(raw ?? '').trim();
+  if (s === '') return null;
+  if (!state.unit) {
+    if (!/^(0|[1-9][0-9]*)$/.test(s)) throw new AmountError('the router has no payable asset: type atomic units');
+    return s;
+  }
+  return parseAmount(s, state.unit);
+}
+
+/** Shows, under an amount field, what it will save: `= 5000000 atomic units (5.00 USDC)`,
+ *  `no limit`, or why the text is not an amount. Updated as the operator types. */
+export function watchAmount(input, out) {
+  const update = () => {
+    try {
+      const atomic = readAmount(input.value);
+      out.classList.remove('error');
+      out.textContent = atomic === null ? 'empty: no limit' : `= ${atomic} atomic units (${formatAmount(atomic, state.unit)})`;
+      input.removeAttribute('aria-invalid');
+    } catch (e) {
+      out.classList.add('error');
+      out.textContent = e.message;
+      input.setAttribute('aria-invalid', 'true');
+    }
+  };
+  input.addEventListener('input', update);
+  update();
+  return update;
+}
+
+/** The text an amount field starts with: the amount in the router's unit, no symbol. */
+export const amountText = (atomic) => (atomic === null || atomic === undefined ? '' : state.unit ? formatUnits(atomic, state.unit.decimals).replaceAll(',', '') : String(atomic));

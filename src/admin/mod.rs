@@ -177,24 +177,30 @@ pub async fn agent(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option
     Ok(spend.map(|spend| AgentView { name: row.name, created_at: row.created_at, spend }))
 }
 
-/// Every agent with its spend, oldest first.
+/// Every agent with its spend, oldest first, in one statement (500 agents are one query,
+/// not a thousand).
 ///
 /// # Errors
 /// Database errors.
 pub async fn agents(conn: &mut AsyncPgConnection) -> QueryResult<Vec<AgentView>> {
     #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = SqlUuid)]
-        id: Uuid,
+    struct Row {
+        #[diesel(embed)]
+        named: NameRow,
+        #[diesel(embed)]
+        spend: Spend,
     }
-    let ids: Vec<Id> = diesel::sql_query("SELECT id FROM agents ORDER BY created_at, id").load(conn).await?;
-    let mut out = Vec::with_capacity(ids.len());
-    for Id { id } in ids {
-        if let Some(a) = agent(conn, id).await? {
-            out.push(a);
-        }
-    }
-    Ok(out)
+    let rows: Vec<Row> = diesel::sql_query(format!(
+        "SELECT s.*, ag.name, ag.created_at FROM ({}) s JOIN agents ag ON ag.id = s.agent_id \
+          ORDER BY ag.created_at, ag.id",
+        *crate::payments::spend::SPEND_OF_EVERY_AGENT
+    ))
+    .load(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| AgentView { name: r.named.name, created_at: r.named.created_at, spend: r.spend })
+        .collect())
 }
 
 fn view_json(v: &AgentView) -> Value {

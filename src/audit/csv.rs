@@ -5,12 +5,12 @@
 //! Cells are quoted when they hold a comma, a quote or a line break (quotes doubled), and a
 //! cell starting with `=`, `+`, `-`, `@`, a tab or a carriage return is prefixed with `'`, so
 //! that a spreadsheet opening the file never evaluates a formula an upstream or an agent
-//! planted (an error text, an idempotency key, a resource description).
+//! planted (an error text, an idempotency key, a resource description, an agent's name).
 
 use super::store::PaymentView;
 
 /// The header row's column names, in order.
-pub const COLUMNS: [&str; 25] = [
+pub const COLUMNS: [&str; 26] = [
     "id",
     "agent_id",
     "idempotency_key",
@@ -36,6 +36,7 @@ pub const COLUMNS: [&str; 25] = [
     "receipt_outcome",
     "idempotency_status",
     "recovery",
+    "agent_name",
 ];
 
 /// One CSV cell: neutralized against formula injection, then quoted if needed.
@@ -87,6 +88,7 @@ pub fn row(p: &PaymentView) -> String {
         opt(&p.receipt_outcome),
         opt(&p.idempotency_status),
         json(&p.recovery),
+        p.agent_name.clone(),
     ])
 }
 
@@ -106,6 +108,6 @@ mod tests {
         assert_eq!(cell("@SUM(A1)"), "'@SUM(A1)");
         assert_eq!(cell("=HYPERLINK(\"x\",\"y\")"), "\"'=HYPERLINK(\"\"x\"\",\"\"y\"\")\"");
         assert_eq!(cell(""), "");
-        assert!(header().starts_with("id,agent_id,") && header().ends_with("recovery\r\n"));
+        assert!(header().starts_with("id,agent_id,") && header().ends_with("recovery,agent_name\r\n"));
     }
 }

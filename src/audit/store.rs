@@ -94,6 +94,9 @@ pub struct PaymentView {
     pub id: Uuid,
     #[diesel(sql_type = SqlUuid)]
     pub agent_id: Uuid,
+    /// The agent's name (its current name: a renamed agent's payments show the new one).
+    #[diesel(sql_type = Text)]
+    pub agent_name: String,
     #[diesel(sql_type = Text)]
     pub idempotency_key: String,
     #[diesel(sql_type = Int2)]
@@ -232,12 +235,13 @@ mod doc {
 
 /// The column list of [`PaymentView`]: the only way payments leave the database through
 /// the audit API. `header_value` and `signed_authorization` are deliberately absent.
-pub(crate) const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, p.idempotency_key, p.x402_version, p.scheme, p.network, \
-            p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
+pub(crate) const PAYMENT_FROM: &str = "SELECT p.id, p.agent_id, ag.name AS agent_name, p.idempotency_key, \
+            p.x402_version, p.scheme, p.network, p.asset, p.amount::text AS amount, p.pay_to, p.payer, p.nonce, p.valid_after, \
             p.valid_before, p.context->'resource' AS resource, p.status, p.tx_hash, p.error, \
             p.attempts, p.created_at, p.updated_at, p.signed_at, \
             r.id AS receipt_id, r.outcome AS receipt_outcome, k.status AS idempotency_status, p.recovery \
        FROM payments p \
+       JOIN agents ag ON ag.id = p.agent_id \
        LEFT JOIN LATERAL ( \
             SELECT r.id, r.outcome FROM receipts r \
              WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \

@@ -21,6 +21,7 @@ use crate::x402::Network;
 mod parse;
 pub mod secrets;
 pub mod solana;
+pub mod symbols;
 
 pub use self::parse::{
     Assets, OperatorAuthLimits, parse_mcp_wait, parse_ms, parse_num, parse_operator_auth, parse_requirements_cache,
@@ -194,6 +195,9 @@ pub struct PaymentConfig {
     /// Assets configured `+permit2` (no EIP-3009): paid only via Permit2, and their
     /// `authorizationState` is never asked.
     pub permit2_only: BTreeSet<(Network, Address)>,
+    /// Symbols of the assets, only ever shown: `USDC` for the built-in USDC, the others read
+    /// from the token before serving (`startup::preflight`; none when unreadable).
+    pub symbols: BTreeMap<(Network, Address), String>,
     pub rpc_timeout: Duration,
     /// Longest lifetime of a signed authorization, whatever an upstream asks
     /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
@@ -349,6 +353,7 @@ impl Config {
             "json" => true,
             _ => return Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
         };
+        let symbols = symbols::built_in_symbols(&assets);
         let payments = PaymentConfig {
             rpc_urls,
             assets,
@@ -356,6 +361,7 @@ impl Config {
             max_auth_secs: parse_max_auth(&args.x402_max_auth_seconds)?,
             decimals,
             permit2_only,
+            symbols,
         };
         payments.check_one_unit()?;
         let unit = payments.decimals.values().next().copied();

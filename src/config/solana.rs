@@ -107,6 +107,12 @@ pub fn assets(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>>, 
     Ok(out)
 }
 
+/// The symbol shown for `mint` on `network`: `USDC` for the built-in USDC mint, else none
+/// (shown by its address).
+pub fn symbol(network: &SvmNetwork, mint: &SvmAddress) -> Option<&'static str> {
+    (built_in_usdc(network).as_ref() == Some(mint)).then_some(super::symbols::USDC)
+}
+
 fn built_in_usdc(network: &SvmNetwork) -> Option<SvmAddress> {
     let caip2 = network.caip2();
     BUILT_IN_USDC.iter().find(|(n, _)| *n == caip2).and_then(|(_, m)| SvmAddress::from_str(m).ok())

@@ -12,8 +12,12 @@ use super::Spend;
 use super::limits::Refusal;
 use crate::db::PrepareExt;
 
-/// An agent's limits and usage (the budget arithmetic of [`super::usage`]).
-static SPEND_SQL: LazyLock<String> = LazyLock::new(|| {
+/// An agent's limits and usage: [`SPEND_OF_EVERY_AGENT`] for one agent (`$1`).
+static SPEND_SQL: LazyLock<String> = LazyLock::new(|| format!("{} WHERE a.id = $1", *SPEND_OF_EVERY_AGENT));
+
+/// Every agent's limits and usage (the budget arithmetic of [`super::usage`]), one row per
+/// agent: the operators' list of agents reads them all in one statement.
+pub static SPEND_OF_EVERY_AGENT: LazyLock<String> = LazyLock::new(|| {
     use super::usage::{counted, reserved, spent_in_day, spent_in_month, sum_where};
     format!(
         "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
@@ -26,8 +30,7 @@ static SPEND_SQL: LazyLock<String> = LazyLock::new(|| {
                 a.allowed_hosts, a.allowed_pay_to, a.calls_per_minute, a.payments_per_minute \
            FROM agents a, LATERAL ( \
                 SELECT {settled} AS settled, {settled_month} AS settled_month, {reserved} AS reserved \
-                  FROM payments p WHERE p.agent_id = a.id AND {counted}) u \
-          WHERE a.id = $1",
+                  FROM payments p WHERE p.agent_id = a.id AND {counted}) u",
         settled = sum_where(&spent_in_day()),
         settled_month = sum_where(&spent_in_month()),
         reserved = sum_where(&reserved()),

@@ -182,6 +182,21 @@ pub struct RouterDescription {
     pub asset_transfer_methods: Vec<TransferMethod>,
     /// Every network with a payable asset.
     pub networks: Vec<NetworkDescription>,
+    /// The unit of every amount the router keeps (prices, caps, budgets): the decimals that
+    /// every payable asset shares, and their symbol when they all have the same one. `null`
+    /// when the router pays with nothing.
+    #[schema(required = true)]
+    pub unit: Option<UnitDescription>,
+}
+
+/// The router's unit: what its atomic amounts (caps, budgets, payments) count.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnitDescription {
+    /// An amount of `10^decimals` atomic units is one token.
+    pub decimals: u8,
+    /// The symbol of every payable asset, when they share one (e.g. `USDC`); else `null`.
+    #[schema(required = true)]
+    pub symbol: Option<String>,
 }
 
 /// A network the router pays on.
@@ -203,6 +218,10 @@ pub struct AssetDescription {
     pub asset: String,
     /// Its decimals (the router's unit).
     pub decimals: u8,
+    /// Its symbol, only ever shown (`USDC` for Circle's USDC, else the token's own
+    /// `symbol()` read at start-up when it is a short plain word); `null` when unknown.
+    #[schema(required = true)]
+    pub symbol: Option<String>,
     /// How the router transfers it (`eip3009` unless the asset is Permit2-only).
     pub asset_transfer_methods: Vec<TransferMethod>,
     /// The schemes it is paid with.
@@ -231,6 +250,7 @@ fn describe(state: &AppState) -> RouterDescription {
         networks.entry(network).or_default().push(AssetDescription {
             asset: asset.to_checksum(None),
             decimals,
+            symbol: state.config.payments.symbols.get(&(network, asset)).cloned(),
             asset_transfer_methods: methods,
             schemes: vec![Scheme::Exact, Scheme::Upto],
             x402_versions: versions,
@@ -250,6 +270,7 @@ fn describe(state: &AppState) -> RouterDescription {
                 .map(|(mint, decimals)| AssetDescription {
                     asset: mint.to_string(),
                     decimals: *decimals,
+                    symbol: crate::config::solana::symbol(network, mint).map(str::to_owned),
                     asset_transfer_methods: vec![TransferMethod::Spl],
                     schemes: vec![Scheme::Exact],
                     x402_versions: versions.clone(),
@@ -267,6 +288,7 @@ fn describe(state: &AppState) -> RouterDescription {
         .into_iter()
         .filter(|m| assets().any(|a| a.asset_transfer_methods.contains(m)))
         .collect();
+    let unit = unit_of(assets());
     RouterDescription {
         name: "x402-router",
         version: env!("CARGO_PKG_VERSION"),
@@ -277,5 +299,19 @@ fn describe(state: &AppState) -> RouterDescription {
         schemes,
         asset_transfer_methods: methods,
         networks,
+        unit,
     }
+}
+
+/// The unit of `assets` (all of the router's unit): their decimals, and their symbol when
+/// every one has the same.
+fn unit_of<'a>(mut assets: impl Iterator<Item = &'a AssetDescription>) -> Option<UnitDescription> {
+    let first = assets.next()?;
+    let mut symbol = first.symbol.clone();
+    for a in assets {
+        if a.symbol != symbol {
+            symbol = None;
+        }
+    }
+    Some(UnitDescription { decimals: first.decimals, symbol })
 }

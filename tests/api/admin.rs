@@ -327,3 +327,49 @@ async fn the_cli_takes_the_same_path_as_the_api() {
     assert_eq!(actions, ["agent.create", "agent.update", "agent.rotate_key", "agent.disable"]);
     assert!(trail.iter().all(|e| e["operator_name"] == "cli" && e["operator_id"].is_null()));
 }
+
+/// `GET /admin/agents` reads every agent's limits and spend in one statement (issue 42: the
+/// console's table of 500 agents; one query per agent took about half a second): with 500
+/// agents, budgets of every kind and payments that count and that do not, each listed agent
+/// is exactly the agent shown alone (the per-agent read that the budget checks use), and the
+/// list is oldest first.
+#[actix_web::test]
+async fn the_agent_list_of_500_agents_agrees_with_each_agent_shown_alone() {
+    let app = spawn_app().await;
+    exec(
+        &app.db,
+        "INSERT INTO agents (id, name, api_key_hash, disabled, max_per_call, daily_budget, month_budget, \
+                             allowed_hosts, calls_per_minute, created_at) \
+         SELECT gen_random_uuid(), 'bulk-' || lpad(i::text, 3, '0'), md5(i::text), i % 7 = 0, \
+                CASE WHEN i % 5 = 0 THEN i * 10 END, CASE WHEN i % 2 = 0 THEN i * 1000 END, \
+                CASE WHEN i % 3 = 0 THEN i * 5000 END, CASE WHEN i % 11 = 0 THEN ARRAY['api.example.com'] END, \
+                CASE WHEN i % 13 = 0 THEN 60 END, now() + make_interval(secs => i) \
+           FROM generate_series(1, 499) i",
+    )
+    .await;
+    let (status, list) = call(&app, "GET", "/admin/agents", &app.viewer_token, None).await;
+    assert_eq!(status, 200);
+    let agents = list["agents"].as_array().unwrap();
+    assert_eq!(agents.len(), 500);
+    let spender = |i: usize| agents[i]["agent_id"].as_str().unwrap().parse::<uuid::Uuid>().unwrap();
+    // Spent, reserved, released, old and this month's payments for a few agents.
+    for (i, status, ago) in
+        [(1, "settled", "1 minute"), (1, "signed", "1 minute"), (2, "rejected", "1 minute"), (2, "settled", "30 hours")]
+    {
+        Seed::new(spender(i), status).ago(ago).amount(1000 * i as u64).insert(&app.db).await;
+    }
+    Seed::new(spender(300), "settled_response_lost").insert(&app.db).await;
+    let (_, list) = call(&app, "GET", "/admin/agents", &app.viewer_token, None).await;
+    let agents = list["agents"].as_array().unwrap();
+    assert_eq!(agents[0]["name"], "test-agent", "oldest first");
+    let names: Vec<&str> = agents[1..].iter().map(|a| a["name"].as_str().unwrap()).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted, "in creation order");
+    assert_ne!(agents[1]["settled_24h"], "0", "a payment counted: {}", agents[1]);
+    for listed in agents {
+        let id = listed["agent_id"].as_str().unwrap();
+        let (status, alone) = call(&app, "GET", &format!("/admin/agents/{id}"), &app.viewer_token, None).await;
+        assert_eq!((status, &alone), (200, listed));
+    }
+}

@@ -338,6 +338,8 @@ async fn payment_pages_cover_the_ledger_once_and_filter_by_status_and_agent() {
     let (_, mine) = audit(&app, &format!("/audit/payments?status=signed&agent_id={}", other.id)).await;
     assert_eq!(mine["payments"].as_array().unwrap().len(), 1);
     assert_eq!(mine["payments"][0]["agent_id"], other.id.to_string());
+    // Each payment names its agent (the console shows agents by name).
+    assert_eq!(mine["payments"][0]["agent_name"], "other");
     // The signed rows are 100 minutes old: stuck by default, not when 2 hours are allowed.
     let (_, stuck) = audit(&app, "/audit/payments?status=stuck").await;
     assert_eq!(stuck["payments"].as_array().unwrap().len(), 2);

@@ -118,9 +118,10 @@ async fn a_network_without_a_configured_token_pays_only_its_built_in_usdc() {
     assert_eq!(
         known["networks"],
         json!([{"network": "eip155:10", "v1_name": null, "assets": [{
-            "asset": "0x0b2C639c533813f4Aa9D7837CAf62653d097Ff85", "decimals": 6,
+            "asset": "0x0b2C639c533813f4Aa9D7837CAf62653d097Ff85", "decimals": 6, "symbol": "USDC",
             "asset_transfer_methods": ["eip3009", "permit2"], "schemes": ["exact", "upto"], "x402_versions": [2]}]}])
     );
+    assert_eq!(known["unit"], json!({"decimals": 6, "symbol": "USDC"}), "the built-in USDC is USDC without asking");
     let resp = app.route(&new_key(), &json!({"url": chain.url("/v2/weather"), "max_amount": "50000"})).await;
     assert_eq!(resp.status(), 402);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_unsupported");
@@ -143,9 +144,10 @@ async fn discovery_lists_what_the_configuration_pays_with() {
     assert_eq!(
         known["networks"],
         json!([{"network": "eip155:84532", "v1_name": "base-sepolia", "assets": [{
-            "asset": chain.token.to_checksum(None), "decimals": 6,
+            "asset": chain.token.to_checksum(None), "decimals": 6, "symbol": "USDC",
             "asset_transfer_methods": ["eip3009", "permit2"], "schemes": ["exact", "upto"], "x402_versions": [1, 2]}]}])
     );
+    assert_eq!(known["unit"], json!({"decimals": 6, "symbol": "USDC"}), "the token's own symbol()");
 
     // Only a token without EIP-3009, on a chain with no v1 name.
     let other = Devnet::start_on(4242).await;
@@ -161,7 +163,38 @@ async fn discovery_lists_what_the_configuration_pays_with() {
     assert_eq!(
         known["networks"],
         json!([{"network": "eip155:4242", "v1_name": null, "assets": [{
-            "asset": other.plain_token.to_checksum(None), "decimals": 6,
+            "asset": other.plain_token.to_checksum(None), "decimals": 6, "symbol": "PLAIN",
             "asset_transfer_methods": ["permit2"], "schemes": ["exact", "upto"], "x402_versions": [2]}]}])
     );
+    assert_eq!(known["unit"], json!({"decimals": 6, "symbol": "PLAIN"}));
+}
+
+/// The symbol amounts are shown in is only ever shown, and a token's `symbol()` is hostile
+/// input: an asset whose symbol cannot be read (here an address without code) is listed
+/// without one and the router starts all the same; two assets of one unit with different
+/// symbols (or one without) leave the unit without a symbol, so no amount is shown in a
+/// symbol it is not. (What a readable but hostile symbol gives is
+/// `config::symbols::tests::a_symbol_is_shown_only_when_it_is_a_short_plain_word`.)
+#[actix_web::test]
+async fn an_asset_without_a_readable_symbol_is_listed_without_one_and_the_unit_has_none() {
+    let chain = Devnet::start().await;
+    let codeless = Address::repeat_byte(0x42);
+    let extra = vec![
+        ("x402-rpc-urls".to_owned(), format!("eip155:84532={}", chain.rpc_url)),
+        ("x402-assets".to_owned(), format!("eip155:84532={}@6,eip155:84532={codeless}@6", chain.token)),
+    ];
+    let app = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", app.address)).await.unwrap().json().await.unwrap();
+    let mut got: Vec<(String, Value)> = known["networks"][0]["assets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["asset"].as_str().unwrap().to_owned(), a["symbol"].clone()))
+        .collect();
+    let mut want = vec![(chain.token.to_checksum(None), json!("USDC")), (codeless.to_checksum(None), Value::Null)];
+    want.sort_by_key(|a| a.0.to_lowercase());
+    got.sort_by_key(|a| a.0.to_lowercase());
+    assert_eq!(got, want, "{known}");
+    assert_eq!(known["unit"], json!({"decimals": 6, "symbol": null}));
 }

@@ -728,7 +728,7 @@ async fn solana_answers_fit_the_document() {
     assert_eq!(network["v1_name"], "solana-devnet");
     assert_eq!(
         network["assets"],
-        json!([{"asset": rig.chain.field("mint"), "decimals": 6, "asset_transfer_methods": ["spl"],
+        json!([{"asset": rig.chain.field("mint"), "decimals": 6, "symbol": null, "asset_transfer_methods": ["spl"],
                 "schemes": ["exact"], "x402_versions": [1, 2]}])
     );
 }

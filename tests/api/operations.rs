@@ -73,4 +73,5 @@ async fn health_and_well_known_describe_the_router() {
     assert_eq!(wk["receipt_signer"], ROUTER_ADDRESS.to_checksum(None));
     // This router has no payment network: it says it pays with nothing.
     assert_eq!((&wk["x402_versions"], &wk["schemes"], &wk["networks"]), (&json!([]), &json!([]), &json!([])), "{wk}");
+    assert_eq!(wk["unit"], serde_json::Value::Null, "no unit to show amounts in");
 }

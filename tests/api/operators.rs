@@ -303,6 +303,13 @@ async fn the_payments_csv_is_quoted_neutralized_filtered_and_streams_every_page(
     assert_eq!(m[col("idempotency_key")], "'-2+3-key-0123456789");
     assert_eq!(m[col("error")], "'@SUM(A1)");
     assert_eq!(m[col("amount")], "10000");
+    assert_eq!(
+        (t[col("agent_name")].as_str(), row_of(minus)[col("agent_name")].as_str()),
+        ("test-agent", "test-agent")
+    );
+    let others: Vec<&Vec<String>> = rows[1..].iter().filter(|r| r[col("agent_id")] == other.id.to_string()).collect();
+    assert_eq!(others.len(), 1);
+    assert_eq!(others[0][col("agent_name")], "other", "each row names its own agent");
 
     // Filters as /audit/payments; pages of 2 walked to the end (9 rows: 5 pages).
     let text = get(&app, &format!("/audit/payments.csv?status=settled&agent_id={}&limit=2", app.agent.id), &viewer)

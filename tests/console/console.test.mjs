@@ -8,6 +8,8 @@
 import { mkdirSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 import { verifyReceipt } from '../../console/src/verify.js';
+import { AmountError, formatAmount, formatUnits, parseAmount } from '../../console/src/amount.js';
+import { diff } from '../../console/src/events.js';
 
 const env = (name) => {
   const v = process.env[name];
@@ -142,6 +144,48 @@ async function scenario(name, fn) {
 }
 
 // ------------------------------------------------------------------ scenarios
+await scenario('amounts: typed amounts convert to atomic units exactly (BigInt, never a float), bad ones are refused', async () => {
+  const usdc = { decimals: 6, symbol: 'USDC' };
+  const good = [
+    ['5', '5000000'], ['5.00', '5000000'], ['5.00 USDC', '5000000'], ['5 usdc', '5000000'], ['5USDC', '5000000'],
+    ['0.000001', '1'], ['0.1', '100000'], ['.5', '500000'], ['1,000.25', '1000250000'], ['0', '0'], [' 7.5 ', '7500000'],
+    // Past what a float holds exactly (2^53 and 0.1 + 0.2 style errors).
+    ['9007199254740993.000001', '9007199254740993000001'], ['0.3', '300000'], ['1.005', '1005000'],
+    ['123456789012345678901234567890.123456', '123456789012345678901234567890123456'],
+  ];
+  for (const [typed, atomic] of good) {
+    const got = parseAmount(typed, usdc);
+    assert(got === atomic, `${typed}: ${got}, not ${atomic}`);
+  }
+  const bad = ['', ' ', '-5', '+5', '5e3', '1E-6', '1e6 USDC', '0.0000001', 'abc', '5 EURC', '5,00', '1,0000', '.', '0x10', 'NaN',
+    'Infinity', '5 . 0', '5..0', '5 USDC USDC', '١٢', '5\u00a0000', '1/2', '$5'];
+  for (const typed of bad) {
+    let refused = null;
+    try {
+      parseAmount(typed, usdc);
+    } catch (e) {
+      refused = e;
+    }
+    assert(refused instanceof AmountError, `${JSON.stringify(typed)} was accepted`);
+  }
+  assert(parseAmount('12', { decimals: 0, symbol: null }) === '12', 'a unit of no decimals');
+  let noSymbol = null;
+  try { parseAmount('5 USDC', { decimals: 6, symbol: null }); } catch (e) { noSymbol = e; }
+  assert(noSymbol instanceof AmountError, 'a symbol accepted for a unit without one');
+  // Shown back: trailing zeros dropped but two kept, thousands grouped, exact.
+  const shown = [['10000', '0.01'], ['5000000', '5.00'], ['1', '0.000001'], ['0', '0.00'], ['200000', '0.20'],
+    ['1234567890000', '1,234,567.89'], ['9007199254740993000001', '9,007,199,254,740,993.000001']];
+  for (const [atomic, text] of shown) assert(formatUnits(atomic, 6) === text, `${atomic}: ${formatUnits(atomic, 6)}`);
+  assert(formatAmount('10000', usdc) === '0.01 USDC' && formatAmount(null, usdc) === 'none', 'formatAmount');
+  for (const [typed] of good) assert(parseAmount(`${formatUnits(parseAmount(typed, usdc), 6)} USDC`, usdc) === parseAmount(typed, usdc), `round trip of ${typed}`);
+  // Operator events as field-by-field changes, amounts humanized.
+  const d = diff({ name: 'a', daily_budget: null, allowed_hosts: ['x.com'], disabled: false },
+    { name: 'a', daily_budget: '200000', allowed_hosts: null, disabled: true }, usdc);
+  assert(JSON.stringify(d.map((c) => c.text)) === JSON.stringify(['allowed_hosts: x.com → none', 'daily_budget: none → 0.20 USDC', 'disabled: false → true']),
+    JSON.stringify(d));
+  assert(d[1].title === 'atomic units: none → 200000', d[1].title);
+});
+
 await scenario('the console is served with a strict CSP and no-store', async () => {
   for (const path of ['/console', '/console/app.js', '/console/app.css']) {
     const resp = await fetch(`${ROUTER}${path}`);
@@ -236,6 +280,20 @@ await scenario('a paid call through the demo upstream appears live, and filters 
   const payment = (await operator('/audit/payments?limit=500')).payments.find((p) => p.id === id);
   assert(payment && payment.receipt_id, 'the newest row is the paid call with a receipt');
   paidReceiptId = payment.receipt_id;
+  // The agent by name (its id in the tooltip), the amount in USDC (atomic units in the tooltip).
+  const agentCell = row.locator('td.agent-name');
+  assert(await agentCell.textContent() === 'console-test', `agent cell: ${await agentCell.textContent()}`);
+  assert(await agentCell.getAttribute('title') === payment.agent_id, 'the agent id is in the tooltip');
+  const amountCell = row.locator('td.amount');
+  const amountText = await amountCell.textContent();
+  assert(amountText === `${formatUnits(payment.amount, 6)} USDC`, `amount cell: ${amountText} for ${payment.amount}`);
+  assert(await amountCell.getAttribute('title') === `${payment.amount} atomic units`, 'the atomic units are in the tooltip');
+  assert(!(await page.locator('#payments').textContent()).includes(payment.agent_id.slice(0, 8)), 'an id prefix is shown');
+  // The agent filter takes a name (or part of one) as well as an id.
+  await page.getByLabel('Agent', { exact: true }).fill('CONSOLE-TE');
+  await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ timeout: WAIT });
+  await page.getByLabel('Agent', { exact: true }).fill('no-such-agent');
+  await page.locator(`#payments tbody tr[data-id="${id}"]`).waitFor({ state: 'detached', timeout: WAIT });
   const host = new URL(UPSTREAM).host;
   await page.getByLabel('Status').selectOption('settled');
   await page.getByLabel('Agent', { exact: true }).fill(payment.agent_id);
@@ -316,11 +374,21 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
     await nav(page, 'Queues').click();
     await page.getByRole('heading', { name: 'Paid, not served' }).waitFor({ timeout: WAIT });
     await page.locator('#q-pending li').first().waitFor({ timeout: WAIT });
+    // Amounts in USDC with the atomic units in the tooltip; assets by symbol and network name.
+    const moved = page.locator('#moved tr').first();
+    assert(await moved.locator('td').first().textContent() === 'base-sepolia', `moved network: ${await moved.textContent()}`);
+    assert(await moved.locator('td').nth(1).textContent() === 'USDC', `moved asset: ${await moved.textContent()}`);
+    assert(/^0x[0-9a-fA-F]{40} on eip155:84532$/.test(await moved.locator('td').nth(1).getAttribute('title')), 'the asset address in the tooltip');
+    assert(/^\d[\d,]*\.\d+ USDC$/.test(await moved.locator('td.num').first().textContent()), `moved: ${await moved.textContent()}`);
+    assert(/^\d+ atomic units$/.test(await moved.locator('td.num').first().getAttribute('title')), 'moved tooltip');
+    assert(/ USDC$/.test(await page.locator('#wallet td.num').first().textContent()), 'wallet balance in USDC');
     await nav(page, 'Agents').click();
-    await page.locator('#agents meter').first().waitFor({ timeout: WAIT });
-    // Oldest first: the first card is the agent that paid above.
+    // Oldest first: the first row is the agent that paid above; its name opens its panel.
+    await page.locator('#agents tr[data-agent] button.link').first().click();
+    await page.locator('#agents [data-panel] meter').first().waitFor({ timeout: WAIT });
     const burn = await page.locator('#agents .burn').first().textContent();
-    assert(/^burn rate: [1-9]\d*\.\d per hour \(24 h spend \/ 24\)/.test(burn), `burn rate: ${burn}`);
+    assert(/^burn rate: \d[\d,]*\.\d+ USDC per hour \(24 h spend \/ 24\)/.test(burn), `burn rate: ${burn}`);
+    assert(await page.locator('#agents .burn [data-atomic]').first().getAttribute('data-atomic') !== '0', 'no burn rate');
     await page.screenshot({ path: `${SHOTS}/agents-${name}.png`, fullPage: true });
     await noSidewaysScroll(page, `${name} agents`);
     await nav(page, 'Payments').click();
@@ -330,7 +398,18 @@ await scenario('overview, queues and agents render at laptop and phone widths', 
   }
 });
 
-await scenario('agents: create, a bad limit shows the API error, a month budget refuses the next paid call, disable refuses calls', async (open) => {
+// The agent's panel: opened by its name in the agents table (found by searching for it).
+async function openAgent(page, name, id) {
+  await page.getByLabel('Search agents').fill(name);
+  const row = page.locator(`#agents tr[data-agent="${id}"]`);
+  await row.waitFor({ timeout: WAIT });
+  if (!(await page.locator(`[data-panel="${id}"]`).count())) await row.getByRole('button', { name, exact: true }).click();
+  const panel = page.locator(`[data-panel="${id}"]`);
+  await panel.waitFor({ timeout: WAIT });
+  return panel;
+}
+
+await scenario('agents: amounts typed in USDC are converted exactly and confirmed before saving; a month budget refuses the next paid call; disable refuses calls', async (open) => {
   const opened = await open();
   const { page } = opened;
   await signIn(page);
@@ -339,6 +418,15 @@ await scenario('agents: create, a bad limit shows the API error, a month budget 
   const name = `console-budget-${process.pid}`;
   await page.getByText('Create an agent').click();
   await page.getByLabel('Name', { exact: true }).fill(name);
+  // Typed in USDC: the atomic amount it will save is shown as it is typed.
+  await page.getByLabel('Daily budget', { exact: true }).fill('5.00 USDC');
+  await page.locator('#new-daily-hint').getByText('= 5000000 atomic units (5.00 USDC)').waitFor({ timeout: WAIT });
+  await page.getByLabel('Max per call', { exact: true }).fill('0.0000001');
+  await page.locator('#new-max-hint').getByText('at most 6 digits after the point').waitFor({ timeout: WAIT });
+  await page.getByRole('button', { name: 'Create agent' }).click();
+  await page.locator('#create-error').getByText(/^Max per call|at most 6 digits/).waitFor({ timeout: WAIT });
+  assert(!(await operator('/admin/agents')).agents.some((a) => a.name === name), 'an agent was created from a bad amount');
+  await page.getByLabel('Max per call', { exact: true }).fill('0.05');
   await page.getByRole('button', { name: 'Create agent' }).click();
   const keyBox = page.getByLabel('New API key', { exact: true });
   await keyBox.waitFor({ timeout: WAIT });
@@ -346,39 +434,60 @@ await scenario('agents: create, a bad limit shows the API error, a month budget 
   assert(key.startsWith('x4r_'), `new key: ${key}`);
   const agent = (await operator('/admin/agents')).agents.find((a) => a.name === name);
   assert(agent, 'the agent was created');
-  const card = page.locator(`[data-agent="${agent.agent_id}"]`);
+  assert(agent.daily_budget === '5000000' && agent.max_per_call === '50000', `saved: ${agent.daily_budget} ${agent.max_per_call}`);
+  // The new agent's panel is open, its limits in USDC.
+  const card = page.locator(`[data-panel="${agent.agent_id}"]`);
   await card.waitFor({ timeout: WAIT });
+  assert(await card.getByLabel(/^Daily budget/).inputValue() === '5.00', 'the daily budget field shows 5.00');
   assert((await paidCall(key)).status === 200, 'the new agent pays');
 
-  // Bad input: the API's 400 text is shown, nothing changes.
+  // A bad amount is refused in the page: nothing is sent.
   await card.getByLabel(/^Month budget/).fill('12abc');
-  await card.getByRole('button', { name: 'Save limits' }).click();
-  const alert = card.getByRole('alert');
-  // The same request straight to the API (refused, so it changes nothing): its error text.
+  await card.getByRole('button', { name: 'Review changes' }).click();
+  await card.getByRole('alert').getByText(/^Month budget.*"12abc" is not an amount/).waitFor({ timeout: WAIT });
+  assert(!(await card.locator('.review').isVisible()), 'a bad amount was offered for saving');
+  assert((await operator(`/admin/agents/${agent.agent_id}`)).month_budget === null, 'a bad month budget changed the agent');
+
+  // What the page cannot judge, the API refuses: its 400 text is shown, nothing changes.
+  await card.getByLabel(/^Month budget/).fill('');
+  await card.getByLabel('Calls per minute').fill('0');
+  await card.getByRole('button', { name: 'Review changes' }).click();
+  await card.getByRole('button', { name: 'Confirm and save' }).click();
   const direct = await fetch(`${ROUTER}/admin/agents/${agent.agent_id}`, {
     method: 'PATCH',
     headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
-    body: JSON.stringify({ month_budget: '12abc' }),
+    body: JSON.stringify({ calls_per_minute: 0 }),
   });
   assert(direct.status === 400, `direct bad PATCH: HTTP ${direct.status}`);
   const apiError = (await direct.json()).error;
-  assert(apiError.includes('month_budget'), `the API's error does not name the field: ${apiError}`);
-  await until(`the API's error text "${apiError}"`, async () => (await alert.textContent()).includes(apiError));
+  assert(apiError.includes('calls_per_minute'), `the API's error does not name the field: ${apiError}`);
+  await until(`the API's error text "${apiError}"`, async () => (await card.getByRole('alert').textContent()).includes(apiError));
   expectRefused(opened, 400);
-  assert((await operator(`/admin/agents/${agent.agent_id}`)).month_budget === null, 'a bad month budget changed the agent');
+  assert((await operator(`/admin/agents/${agent.agent_id}`)).calls_per_minute === null, 'a bad rate changed the agent');
+  await card.getByLabel('Calls per minute').fill('');
 
-  // A month budget below what it has spent: the next paid call is refused.
-  await card.getByLabel(/^Month budget/).fill('1');
-  await card.getByRole('button', { name: 'Save limits' }).click();
+  // A month budget below what it has spent, typed in USDC: the change is shown with its atomic
+  // units, saved only when confirmed, and the next paid call is refused.
+  await card.getByLabel(/^Month budget/).fill('0.000001 USDC');
+  await card.locator('output').getByText('= 1 atomic units (0.000001 USDC)').waitFor({ timeout: WAIT });
+  await card.getByRole('button', { name: 'Review changes' }).click();
+  const review = card.locator('.review');
+  await review.getByText('month_budget: none → 0.000001 USDC (1 atomic units)').waitFor({ timeout: WAIT });
+  assert((await review.locator('li').count()) === 1, `the review lists more than the change: ${await review.textContent()}`);
+  await page.screenshot({ path: `${SHOTS}/agent-review-before-save.png`, fullPage: true });
+  assert((await operator(`/admin/agents/${agent.agent_id}`)).month_budget === null, 'saved before it was confirmed');
+  await review.getByRole('button', { name: 'Confirm and save' }).click();
   await until('the saved budget', async () => (await operator(`/admin/agents/${agent.agent_id}`)).month_budget === '1');
-  await page.locator(`[data-agent="${agent.agent_id}"]`).getByText(/^Month: \d+ of 1 /).waitFor({ timeout: WAIT });
+  await page.locator(`[data-panel="${agent.agent_id}"]`).getByText(/^Month: \d[\d,]*\.\d+ USDC of 0\.000001 USDC /).waitFor({ timeout: WAIT });
+  await page.locator(`[data-panel="${agent.agent_id}"]`).getByText('Saved: month_budget.').waitFor({ timeout: WAIT });
   const over = await paidCall(key);
   assert(code(over) === 'payment_over_budget', `over budget: HTTP ${over.status} ${over.body}`);
   await page.screenshot({ path: `${SHOTS}/agents-budget.png`, fullPage: true });
 
   // Disable: its next call is refused (403); enable again.
-  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Disable' }).click();
-  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Enable' }).waitFor({ timeout: WAIT });
+  const panel = () => page.locator(`[data-panel="${agent.agent_id}"]`);
+  await panel().getByRole('button', { name: 'Disable' }).click();
+  await panel().getByRole('button', { name: 'Enable' }).waitFor({ timeout: WAIT });
   // Routers trust an enabled key for up to 1 s (the agent cache): refused within that.
   const t0 = Date.now();
   let refused;
@@ -389,8 +498,8 @@ await scenario('agents: create, a bad limit shows the API error, a month budget 
   assert(refused.status === 403 && code(refused) === 'agent_disabled', `disabled: HTTP ${refused.status} ${refused.body}`);
   assert(Date.now() - t0 < 2000, 'the disabled agent was served for more than 2 s');
   assert(!refused.body.includes('receipt_id'), 'a refused call left a receipt');
-  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Enable' }).click();
-  await page.locator(`[data-agent="${agent.agent_id}"]`).getByRole('button', { name: 'Disable' }).waitFor({ timeout: WAIT });
+  await panel().getByRole('button', { name: 'Enable' }).click();
+  await panel().getByRole('button', { name: 'Disable' }).waitFor({ timeout: WAIT });
   const again = await paidCall(key);
   assert(code(again) === 'payment_over_budget', `enabled again: HTTP ${again.status} ${again.body}`);
 });
@@ -407,7 +516,7 @@ await scenario('rotate key: the new key is shown once, the old one is refused at
   const me = (k) => fetch(`${ROUTER}/agents/me`, { headers: { Authorization: `Bearer ${k}` } }).then((r) => r.status);
   assert((await me(oldKey)) === 200, 'the old key works before');
   await nav(page, 'Agents').click();
-  const card = page.locator(`[data-agent="${created.agent.agent_id}"]`);
+  const card = await openAgent(page, created.agent.name, created.agent.agent_id);
   page.once('dialog', (d) => d.accept());
   await card.getByRole('button', { name: 'Rotate key' }).click();
   const keyBox = page.getByLabel('New API key', { exact: true });
@@ -498,19 +607,31 @@ await scenario('the wallet daily cap set in the console refuses the next paid ca
     await signIn(page);
     await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
     const before = await operator('/admin/settings');
-    // A cap of what was already used: nothing more fits.
-    await page.getByLabel(/Wallet daily cap/).fill(before.wallet_used_24h);
+    // A cap of what was already used, typed in USDC: nothing more fits.
+    const used = before.wallet_used_24h;
+    await page.getByLabel(/Wallet daily cap/).fill(`${formatUnits(used, 6).replaceAll(',', '')} USDC`);
+    await page.locator('#cap-hint').getByText(`= ${used} atomic units (${formatAmount(used, { decimals: 6, symbol: 'USDC' })})`).waitFor({ timeout: WAIT });
     await page.getByRole('button', { name: 'Save cap' }).click();
-    await until('the cap saved', async () => (await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h);
-    await page.getByText(`cap: ${before.wallet_used_24h}`).waitFor({ timeout: WAIT });
+    await until('the cap saved', async () => (await operator('/admin/settings')).wallet_daily_cap === used);
+    await page.locator(`#cap-used [data-atomic="${used}"][title="${used} atomic units"]`).nth(1).waitFor({ timeout: WAIT });
+    assert((await page.locator('#cap-used').textContent()).endsWith(`cap: ${formatUnits(used, 6)} USDC`), await page.locator('#cap-used').textContent());
     const refused = await paidCall();
     assert(refused.status === 402 && code(refused) === 'payment_over_budget' && refused.body.includes('wallet'),
       `over the wallet cap: HTTP ${refused.status} ${refused.body}`);
     await page.getByLabel(/Wallet daily cap/).fill('abc');
     await page.getByRole('button', { name: 'Save cap' }).click();
-    await page.getByText(/wallet_daily_cap must be a decimal string/).waitFor({ timeout: WAIT });
-    expectRefused(opened, 400);
-    assert((await operator('/admin/settings')).wallet_daily_cap === before.wallet_used_24h, 'a bad cap changed the setting');
+    await page.locator('#cap-error').getByText(/^Wallet daily cap: "abc" is not an amount/).waitFor({ timeout: WAIT });
+    await page.getByLabel(/Wallet daily cap/).fill('-1');
+    await page.getByRole('button', { name: 'Save cap' }).click();
+    await page.locator('#cap-error').getByText('Wallet daily cap: an amount has no sign').waitFor({ timeout: WAIT });
+    assert((await operator('/admin/settings')).wallet_daily_cap === used, 'a bad cap changed the setting');
+    // The API refuses what it is sent in anything but atomic units, whatever a page does.
+    const direct = await fetch(`${ROUTER}/admin/settings`, {
+      method: 'PATCH',
+      headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+      body: '{"wallet_daily_cap": "0.01"}',
+    });
+    assert(direct.status === 400, `a cap in USDC sent to the API: HTTP ${direct.status}`);
     await page.getByLabel(/Wallet daily cap/).fill('');
     await page.getByRole('button', { name: 'Save cap' }).click();
     await until('the cap cleared', async () => (await operator('/admin/settings')).wallet_daily_cap === null);
@@ -540,7 +661,11 @@ await scenario('a viewer sees everything, every change control is disabled, and 
   assert((await enabledChanges()).length === 0, `enabled on the overview: ${await enabledChanges()}`);
   await nav(page, 'Agents').click();
   await page.locator('#agents [data-agent]').first().waitFor({ timeout: WAIT });
+  // Sorting, searching and opening an agent are not changes: a viewer can.
+  await page.locator('#agents [data-agent] button.link').first().click();
+  await page.locator('#agents [data-panel]').first().waitFor({ timeout: WAIT });
   assert(await page.locator('#agents .change').count() > 5, 'the agents have no change controls to check');
+  assert(await page.getByLabel('Search agents').isEnabled(), 'a viewer cannot search');
   assert((await enabledChanges()).length === 0, `enabled on agents: ${await enabledChanges()}`);
   await page.screenshot({ path: `${SHOTS}/viewer-agents.png`, fullPage: true });
   await nav(page, 'Queues').click();
@@ -572,9 +697,16 @@ await scenario('the operator events page lists the changes made, with before and
   for (const action of ['agent.create', 'agent.update', 'agent.disable', 'agent.enable', 'agent.rotate_key', 'payments.pause', 'payments.resume']) {
     await page.locator(`#events tbody tr[data-action="${action}"]`).first().waitFor({ timeout: WAIT });
   }
-  const update = page.locator('#events tbody tr[data-action="agent.update"]').first();
-  await update.getByText('month_budget: null → "1"').waitFor({ timeout: WAIT });
+  // Field by field, amounts in USDC (the atomic units in the tooltip), the agent by name.
+  const update = page.locator('#events tbody tr[data-action="agent.update"]').filter({ hasText: 'month_budget' }).first();
+  const line = update.locator('.change-line[data-field="month_budget"]');
+  await line.getByText('month_budget: none → 0.000001 USDC').waitFor({ timeout: WAIT });
+  assert(await line.getAttribute('title') === 'atomic units: none → 1', `tooltip: ${await line.getAttribute('title')}`);
   assert((await update.textContent()).includes('bootstrap'), 'the operator is not named');
+  assert((await update.textContent()).includes(`console-budget-${process.pid}`), 'the agent is not named');
+  assert(!(await page.locator('#events .diff').allTextContents()).some((t) => t.includes('{"') || t.includes('"1"')), 'a JSON dump is shown');
+  const created = page.locator('#events tbody tr[data-action="agent.create"]').filter({ hasText: `console-budget-${process.pid}` }).first();
+  await created.locator('.change-line[data-field="daily_budget"]').getByText('daily_budget: 5.00 USDC').waitFor({ timeout: WAIT });
   await page.locator('#events tbody tr[data-action="payments.pause"]').first().getByText('paused: false → true').waitFor({ timeout: WAIT });
   await page.screenshot({ path: `${SHOTS}/operator-events-phone.png`, fullPage: true });
   await noSidewaysScroll(page, 'phone operator events');
@@ -610,6 +742,63 @@ await scenario('keyboard only: sign in and reach every section', async (open) =>
   const unlabeled = await page.evaluate(() => [...document.querySelectorAll('input, select')]
     .filter((e) => !e.labels || e.labels.length === 0).map((e) => e.id));
   assert(unlabeled.length === 0, `unlabeled controls: ${unlabeled}`);
+});
+
+await scenario('agents table: 500 agents are paged, searched and sorted by name and by budget', async (open) => {
+  // 500 more agents through the API (budgets of 0.001 to 0.500 USDC by number).
+  const names = Array.from({ length: 500 }, (_, i) => `fleet-${String(i + 1).padStart(3, '0')}`);
+  for (let i = 0; i < names.length; i += 25) {
+    await Promise.all(names.slice(i, i + 25).map((name, j) => fetch(`${ROUTER}/admin/agents`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name, daily_budget: String((i + j + 1) * 1000) }),
+    }).then((r) => assert(r.status === 201, `create ${name}: HTTP ${r.status}`))));
+  }
+  const total = (await operator('/admin/agents')).agents.length;
+  assert(total >= 501, `${total} agents`);
+  const { page } = await open();
+  await signIn(page);
+  await page.getByRole('heading', { name: 'Overview' }).waitFor({ timeout: WAIT });
+  const t0 = Date.now();
+  await nav(page, 'Agents').click();
+  await page.locator('#agents-count').getByText(`${total} agents`, { exact: true }).waitFor({ timeout: WAIT });
+  const shownIn = Date.now() - t0;
+  assert(shownIn < 5000, `the table of ${total} agents took ${shownIn} ms`);
+  const rows = page.locator('#agents tr[data-agent]');
+  assert(await rows.count() === 50, `a page shows ${await rows.count()} rows`);
+  await page.locator('#agents-page').getByText(`1–50 of ${total}`).waitFor({ timeout: WAIT });
+  await page.getByRole('button', { name: 'Next' }).click();
+  await page.locator('#agents-page').getByText(`51–100 of ${total}`).waitFor({ timeout: WAIT });
+  // Search by name (any case), then sort the matches.
+  const t1 = Date.now();
+  await page.getByLabel('Search agents').fill('FLEET-');
+  await page.locator('#agents-count').getByText(`500 of ${total} agents match`).waitFor({ timeout: WAIT });
+  assert(Date.now() - t1 < 2000, `searching took ${Date.now() - t1} ms`);
+  const firstName = async () => rows.first().locator('button.link').textContent();
+  const budget = page.locator('#agents-head').getByRole('button', { name: 'Daily budget' });
+  await budget.click(); // amounts: largest first
+  await until('the largest budget first', async () => (await firstName()) === 'fleet-500');
+  assert(await page.locator('#agents-head th[aria-sort="descending"]').textContent() === 'Daily budget', 'aria-sort');
+  const cell = rows.first().locator('td.num').nth(2);
+  assert(await cell.textContent() === '0.50 USDC' && await cell.locator('span').getAttribute('title') === '500000 atomic units', `budget cell: ${await cell.textContent()}`);
+  await budget.click();
+  await until('the smallest budget first', async () => (await firstName()) === 'fleet-001');
+  assert(await rows.first().locator('td.num').nth(2).textContent() === '0.001 USDC', 'the smallest budget');
+  await page.locator('#agents-head').getByRole('button', { name: 'Name' }).click();
+  await until('names a to z', async () => (await firstName()) === 'fleet-001');
+  await page.locator('#agents-head').getByRole('button', { name: 'Name' }).click();
+  await until('names z to a', async () => (await firstName()) === 'fleet-500');
+  await page.getByLabel('Search agents').fill('fleet-42');
+  await page.locator('#agents-count').getByText(`10 of ${total} agents match`).waitFor({ timeout: WAIT });
+  await page.getByLabel('Search agents').fill('no such agent');
+  await page.getByText('No agent matches.').waitFor({ timeout: WAIT });
+  // By id too.
+  const one = (await operator('/admin/agents')).agents.find((a) => a.name === 'fleet-123');
+  await page.getByLabel('Search agents').fill(one.agent_id);
+  await page.locator('#agents-count').getByText(`1 of ${total} agents match`).waitFor({ timeout: WAIT });
+  await page.getByLabel('Search agents').fill('fleet-');
+  await page.screenshot({ path: `${SHOTS}/agents-table-500.png`, fullPage: true });
+  await noSidewaysScroll(page, 'agents table');
 });
 
 await browser.close();

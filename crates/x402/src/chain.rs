@@ -1,7 +1,7 @@
 //! On-chain checks through the configured JSON-RPC endpoints (one or more per network,
 //! `X402_RPC_URLS`; see [`super::rpc`] for the fallback and retry between them): whether an
 //! EIP-3009 authorization has been used, which transaction used it, whether a transaction
-//! succeeded, a token's decimals.
+//! succeeded, a token's decimals and symbol.
 //!
 //! Invariants:
 //! - Chain identity: each URL answers nothing until its own `eth_chainId` equals its network's
@@ -41,6 +41,7 @@ sol! {
     interface IEIP3009 {
         function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
         function decimals() external view returns (uint8);
+        function symbol() external view returns (string);
         function balanceOf(address owner) external view returns (uint256);
         event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
     }
@@ -208,6 +209,22 @@ impl Chain {
         let call = token.decimals();
         match self.bounded(endpoint, network, call.call()).await? {
             Ok(d) => Ok(d),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The token's `symbol()`, as the contract returns it (unchecked: the caller decides what
+    /// it shows).
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`].
+    pub async fn symbol(&self, network: Network, asset: Address) -> Result<String, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let token = IEIP3009::new(asset, &endpoint.provider);
+        let call = token.symbol();
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(s) => Ok(s),
             Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
             Err(e) => Err(endpoint.rpc_error(network, &e)),
         }
