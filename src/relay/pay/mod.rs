@@ -129,6 +129,7 @@ pub async fn pay(
         }
     };
     state.terms.put(terms.clone(), &required, &first.headers);
+    state.discovery.saw(&call.upstream.url, &required);
     let accepts = || Value::Array(required.raw_accepts.clone());
     // The agent's limits, an intent of an earlier attempt and the chain's nonces: read at once.
     let (chosen, existing, nonces) = tokio::join!(
