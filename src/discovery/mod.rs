@@ -27,7 +27,7 @@ use url::Url;
 
 pub use self::judge::{Judge, OptionView};
 pub use self::parse::{Kind, Resource};
-pub use self::query::DiscoveryQuery;
+pub use self::query::{BadQuery, DiscoveryQuery};
 pub use self::refresh::{refresh_all, spawn_refresh};
 use crate::config::DiscoveryConfig;
 use crate::x402::{Network, PaymentRequired};

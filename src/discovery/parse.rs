@@ -102,7 +102,11 @@ pub fn catalogue_page(body: &[u8]) -> Result<(Vec<Resource>, usize), PageError> 
 fn catalogue_item(item: &Value) -> Option<Resource> {
     let obj = item.as_object()?;
     let url = resource_url(obj.get("resource")?.as_str()?)?;
-    let version = X402Version::from_number(obj.get("x402Version")?.as_u64()?)?;
+    let version = match obj.get("x402Version")?.as_u64()? {
+        1 => X402Version::V1,
+        2 => X402Version::V2,
+        _ => return None,
+    };
     let bazaar = obj.get("extensions").and_then(|e| e.get("bazaar"));
     let kind = match obj.get("type").and_then(Value::as_str) {
         Some("http") => Kind::Http,

@@ -4,8 +4,9 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+use std::collections::HashMap;
+
 use super::parse::Kind;
-use crate::audit::{BadQuery, Params};
 use crate::money::Amount;
 
 /// Resources per page when `limit` is absent.
@@ -14,6 +15,33 @@ pub const DEFAULT_LIMIT: usize = 20;
 pub const MAX_LIMIT: usize = 100;
 /// Longest `q`, in characters.
 const MAX_Q_CHARS: usize = 200;
+
+/// A malformed discovery query; the message names the parameter and why (a 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadQuery(pub String);
+
+/// The parameters of a query string, each given at most once and all of them `allowed`.
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn parse(query: &str, allowed: &[&str]) -> Result<Self, BadQuery> {
+        let mut map = HashMap::new();
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            if !allowed.contains(&name.as_ref()) {
+                return Err(BadQuery(format!("unknown query parameter `{name}` (allowed: {})", allowed.join(", "))));
+            }
+            if map.insert(name.to_string(), value.into_owned()).is_some() {
+                return Err(BadQuery(format!("`{name}` is given more than once")));
+            }
+        }
+        Ok(Self(map))
+    }
+
+    fn take(&mut self, name: &str) -> Option<String> {
+        self.0.remove(name)
+    }
+}
 
 /// What an agent asks discovery for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -164,7 +164,8 @@ fn discover_tool() -> Tool {
 }
 
 /// The query string of `discover`'s arguments, or why they are invalid.
-fn discover_query(args: &Map<String, Value>) -> Result<String, String> {
+fn discover_query(args: &Map<String, Value>) -> Result<String, McpError> {
+    let invalid = |why: String| McpError::invalid_params(why, None);
     let mut query = url::form_urlencoded::Serializer::new(String::new());
     for (name, value) in args {
         let text = match (name.as_str(), value) {
@@ -172,9 +173,9 @@ fn discover_query(args: &Map<String, Value>) -> Result<String, String> {
             ("payable", Value::Bool(b)) => b.to_string(),
             ("limit", Value::Number(n)) if n.is_u64() => n.to_string(),
             ("q" | "max_price" | "network" | "type" | "cursor" | "payable" | "limit", _) => {
-                return Err(format!("discover: `{name}` has the wrong type"));
+                return Err(invalid(format!("discover: `{name}` has the wrong type")));
             }
-            _ => return Err(format!("discover: unknown argument `{name}`")),
+            _ => return Err(invalid(format!("discover: unknown argument `{name}`"))),
         };
         query.append_pair(name, &text);
     }
@@ -448,7 +449,7 @@ impl ServerHandler for RouterTools {
             }
             "get_budget" => self.simple(Call::Me, &context).await,
             "discover" => {
-                let query = discover_query(&args).map_err(|e| McpError::invalid_params(e, None))?;
+                let query = discover_query(&args)?;
                 self.simple(Call::Discover(query), &context).await
             }
             other => {

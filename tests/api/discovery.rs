@@ -102,6 +102,7 @@ async fn serve(req: HttpRequest, data: web::Data<(Arc<AtomicUsize>, Option<Strin
     if name == "endless" {
         // An endless body, a few bytes at a time: only a timeout ends it.
         let chunks = futures_util::stream::unfold((), |()| async {
+            // lets time pass: this catalogue trickles its body out forever.
             actix_rt::time::sleep(Duration::from_millis(50)).await;
             Some((Ok::<_, Infallible>(web::Bytes::from_static(b"{\"items\": [          ")), ()))
         });
