@@ -12,7 +12,13 @@
 //   node interop/facilitator.mjs --rpc-url http://127.0.0.1:8545 [--port 0]
 //   (or INTEROP_RPC_URL / INTEROP_FACILITATOR_PORT; port 0 = any free port)
 //
-// HTTP: GET /supported, POST /verify, POST /settle, GET /healthz, and one test hook:
+// With the official Bazaar extension registered (@x402/extensions/bazaar: BAZAAR advertised in
+// /supported, extractDiscoveryInfo on every verified payment), it keeps an in-memory catalogue
+// of the resources whose payments echoed a `bazaar` declaration, as the official example
+// facilitator does, and serves it at GET /discovery/resources (filters type, payTo, scheme,
+// network, extensions; paging limit, offset; {x402Version, items, pagination}).
+//
+// HTTP: GET /supported, POST /verify, POST /settle, GET /discovery/resources, GET /healthz, and one test hook:
 //   POST /_pending {"count": N}: the next N waits for a settlement's receipt fail as viem's
 //   waitForTransactionReceipt does when it times out (WaitForTransactionReceiptTimeoutError),
 //   after the transaction was broadcast (anvil mines it at once). The official schemes then
@@ -33,6 +39,7 @@ import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { ExactEvmSchemeV1 } from "@x402/evm/exact/v1/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
+import { BAZAAR, extractDiscoveryInfo } from "@x402/extensions/bazaar";
 
 // anvil's well-known dev account #0 (public test key): submits the settlements and pays gas.
 const GAS_PAYER_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
@@ -99,12 +106,56 @@ const facilitator = new x402Facilitator()
 facilitator.register(NETWORK_V2, new UptoEvmScheme(signer));
 facilitator.register(NETWORK_V2, new BatchSettlementEvmScheme(signer, privateKeyToAccount(RECEIVER_AUTHORIZER_KEY)));
 
+// The Bazaar catalogue: resource key (URL, method or tool) -> the official DiscoveryResource shape.
+const catalogue = new Map();
+facilitator.registerExtension(BAZAAR).onAfterVerify(async ({ paymentPayload, requirements }) => {
+  let found = null;
+  try {
+    found = extractDiscoveryInfo(paymentPayload, requirements, true);
+  } catch (err) {
+    emit({ op: "catalogue", error: err instanceof Error ? err.message : String(err) });
+  }
+  if (!found) return;
+  const key = `${found.resourceUrl} ${found.method ?? found.toolName ?? ""}`;
+  catalogue.set(key, {
+    resource: found.resourceUrl,
+    type: found.discoveryInfo.input.type,
+    x402Version: found.x402Version,
+    accepts: [requirements],
+    lastUpdated: new Date().toISOString(),
+    description: found.description,
+    mimeType: found.mimeType,
+    serviceName: found.serviceName,
+    tags: found.tags,
+    extensions: found.extensions,
+  });
+  emit({ op: "catalogued", resource: found.resourceUrl, method: found.method ?? null, tool: found.toolName ?? null });
+});
+
 const app = express();
 app.disable("x-powered-by");
 app.use(express.json({ limit: "256kb" }));
 
 app.get("/healthz", (_req, res) => res.json({ ok: true }));
 app.get("/supported", (_req, res) => res.json(facilitator.getSupported()));
+app.get("/discovery/resources", (req, res) => {
+  const q = (name) => (typeof req.query[name] === "string" ? req.query[name] : undefined);
+  const limit = Math.max(1, Math.min(Number.parseInt(q("limit") ?? "100", 10) || 100, 1000));
+  const offset = Math.max(0, Number.parseInt(q("offset") ?? "0", 10) || 0);
+  const items = [...catalogue.values()].filter(
+    (r) =>
+      (!q("type") || r.type === q("type")) &&
+      (!q("extensions") || Object.hasOwn(r.extensions ?? {}, q("extensions"))) &&
+      r.accepts.some(
+        (a) =>
+          (!q("payTo") || a.payTo?.toLowerCase() === q("payTo").toLowerCase()) &&
+          (!q("scheme") || a.scheme === q("scheme")) &&
+          (!q("network") || a.network === q("network")),
+      ),
+  );
+  emit({ op: "discovery_resources", query: req.query, total: items.length });
+  res.json({ x402Version: 2, items: items.slice(offset, offset + limit), pagination: { limit, offset, total: items.length } });
+});
 
 // verify and settle take the same body: {x402Version, paymentPayload, paymentRequirements}.
 function exchange(op) {

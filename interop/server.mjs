@@ -13,6 +13,10 @@
 // /_batch/claim-settle has the server's official channel manager claim the vouchers it holds and
 // settle them to BATCH_PAY_TO through the facilitator (answers {claims, settle}); GET
 // /_batch/channels lists the server's channel records. A client refunds itself through the route.
+// Bazaar (@x402/extensions/bazaar 2.27.0, declareDiscoveryExtension): GET /v2/weather, POST
+// /v2/echo and GET /v2/forecast?city=… declare their input and output schemas in the 402's
+// `extensions.bazaar` (the express middleware registers the official server extension, which
+// adds the method); a payer that echoes them gets them catalogued by the facilitator.
 // GET /v2/siwx is also protected by the official sign-in-with-x extension (@x402/extensions
 // 2.27.0: declareSIWxExtension + createSIWxResourceServerExtension, in-memory storage): a payer
 // whose payment settled may re-access it by sending SIGN-IN-WITH-X instead of paying. Its
@@ -39,6 +43,7 @@ import { ExactEvmScheme } from "@x402/evm/exact/server";
 import { UptoEvmScheme } from "@x402/evm/upto/server";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/server";
 import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
+import { declareDiscoveryExtension } from "@x402/extensions/bazaar";
 import {
   InMemorySIWxStorage,
   createSIWxResourceServerExtension,
@@ -74,10 +79,35 @@ if (!Number.isInteger(port) || port < 0 || port > 65535) fail(`bad port ${opts.p
 // EIP-712 domain name/version of the token (the wallet signs against them).
 const domain = { name: opts["token-name"], version: opts["token-version"] };
 
+// What the Bazaar-declaring routes take and give (examples and JSON schemas).
+const forecast = (x402Version) => ({ x402Version, city: "Interop", sky: "clear", temperature_c: 19 });
+const BAZAAR = {
+  "/v2/weather": declareDiscoveryExtension({
+    input: { city: "Interop" },
+    inputSchema: { properties: { city: { type: "string", description: "City name" } } },
+    output: { example: forecast(2), schema: { properties: { sky: { type: "string" }, temperature_c: { type: "number" } } } },
+  }),
+  "/v2/echo": declareDiscoveryExtension({
+    bodyType: "json",
+    input: { hello: "interop" },
+    inputSchema: { properties: { hello: { type: "string" } } },
+    output: { example: { x402Version: 2, echo: { hello: "interop" } } },
+  }),
+  "/v2/forecast": declareDiscoveryExtension({
+    input: { city: "Paris", days: "3" },
+    inputSchema: { properties: { city: { type: "string" }, days: { type: "string", pattern: "^[1-7]$" } }, required: ["city"] },
+    output: { example: { city: "Paris", days: [{ sky: "clear", temperature_c: 21 }] } },
+  }),
+};
+
 // The paid routes, in one table: the driver reads prices from the ready line.
 const ROUTES = [
   { method: "GET", path: "/v2/weather", x402_version: 2, amount: "10000", description: "Weather report (x402 v2)" },
   { method: "POST", path: "/v2/echo", x402_version: 2, amount: "20000", description: "Echoes the JSON body (x402 v2)" },
+  {
+    method: "GET", path: "/v2/forecast", x402_version: 2, amount: "15000",
+    description: "Multi-day forecast for a city (x402 v2, declared for Bazaar discovery)",
+  },
   { method: "GET", path: "/v1/weather", x402_version: 1, amount: "10000", description: "Weather report (x402 v1)" },
   {
     method: "GET", path: "/v2/permit2", x402_version: 2, amount: "10000", scheme: "exact", transfer: "permit2",
@@ -125,6 +155,7 @@ for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
     ...(r.siwx
       ? { extensions: declareSIWxExtension({ statement: "Sign in to re-access what you paid for", expirationSeconds: 300 }) }
       : {}),
+    ...(BAZAAR[r.path] ? { extensions: BAZAAR[r.path], serviceName: "Interop Weather", tags: ["weather", "interop"] } : {}),
   };
 }
 // Counters of the sign-in-with-x route and extension, for GET /_stats.
@@ -279,8 +310,11 @@ app.get("/_batch/channels", async (_req, res) => res.json(await batchScheme.getS
 app.use(v1PaymentMiddleware(PAY_TO, v1Routes, { url: facilitatorUrl }));
 app.use(paymentMiddlewareFromHTTPServer(v2Http));
 
-const forecast = (x402Version) => ({ x402Version, city: "Interop", sky: "clear", temperature_c: 19 });
 app.get("/v2/weather", (_req, res) => res.json(forecast(2)));
+app.get("/v2/forecast", (req, res) => {
+  const city = typeof req.query.city === "string" ? req.query.city.slice(0, 64) : "Interop";
+  res.json({ x402Version: 2, city, days: [{ sky: "clear", temperature_c: 21 }] });
+});
 app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
 app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
 app.get("/v2/permit2", (_req, res) => res.json({ ...forecast(2), via: "permit2" }));

@@ -187,6 +187,8 @@ pub struct ServeArgs {
     /// Most payment requirements remembered at once (the oldest is dropped first), 1–1000000.
     #[arg(long, env = "REQUIREMENTS_CACHE_ENTRIES", default_value = "4096")]
     pub requirements_cache_entries: String,
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
     /// Do not run pending migrations at start.
     #[arg(long, env = "NO_MIGRATE", default_value = "false")]
     pub no_migrate: String,
@@ -356,6 +358,30 @@ pub struct SolanaArgs {
     /// by the upstream's fee payer; at most 5000000). Never taken from an upstream.
     #[arg(long, env = "SOLANA_COMPUTE_UNIT_PRICE", default_value = "1")]
     pub solana_compute_unit_price: String,
+}
+
+/// What agents can discover (`GET /discovery`, MCP `discover`): facilitators' catalogues and
+/// the Bazaar metadata of the 402s the router saw, kept in memory, bounded.
+#[derive(Debug, Args, Clone)]
+pub struct DiscoveryArgs {
+    /// Base URLs of facilitators whose Bazaar catalogue (`GET <url>/discovery/resources`) the
+    /// router reads, comma-separated (at most 16). Fetched like any upstream (SSRF guard,
+    /// timeouts, size limits). Empty: only what the router's own 402s show.
+    #[arg(long, env = "X402_DISCOVERY_URLS", default_value = "")]
+    pub x402_discovery_urls: String,
+    /// How often each catalogue is read again, in seconds (10–86400).
+    #[arg(long, env = "X402_DISCOVERY_REFRESH_SECONDS", default_value = "300")]
+    pub x402_discovery_refresh_seconds: String,
+    /// An entry not read again (catalogue) or seen again (402) within this many seconds is
+    /// dropped (at least the refresh interval, at most 7 days).
+    #[arg(long, env = "X402_DISCOVERY_MAX_AGE_SECONDS", default_value = "3600")]
+    pub x402_discovery_max_age_seconds: String,
+    /// Most entries kept in all (the oldest dropped first), 1–100000.
+    #[arg(long, env = "X402_DISCOVERY_MAX_ENTRIES", default_value = "2000")]
+    pub x402_discovery_max_entries: String,
+    /// Most bytes the kept entries may take in all (the oldest dropped first), 64 KiB–256 MiB.
+    #[arg(long, env = "X402_DISCOVERY_MAX_BYTES", default_value = "8388608")]
+    pub x402_discovery_max_bytes: String,
 }
 
 /// How upstreams are reached (the SSRF policy and limits).

@@ -15,7 +15,8 @@
 //! * `secrets/`      what agents forward: sealed at rest, dropped when no longer needed, URLs redacted.
 //! * `auth/`         agent API keys, the operator token, the `agents` table.
 //! * `auth_throttle` failed operator authentications per client address (429 past a limit).
-//! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget, stdio and `/mcp`.
+//! * `mcp/`          the MCP server (rmcp): tools fetch/get_receipt/get_budget/discover, stdio and `/mcp`.
+//! * `discovery/`    what agents can buy: facilitators' Bazaar catalogues and the 402s seen, bounded, judged per agent.
 //! * `self_service`  what an agent reads about itself: limits, spend, its receipts.
 //! * `audit/`        operator queries (receipts, idempotency, payments, spend) and `reconcile`.
 //! * `db/`           pool, schema, embedded migrations (under an advisory lock), TLS (`db/tls.rs`).
@@ -40,6 +41,7 @@ pub mod commands;
 pub mod config;
 pub mod console;
 pub mod db;
+pub mod discovery;
 pub mod error;
 pub mod faults;
 pub mod gc;

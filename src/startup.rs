@@ -48,6 +48,7 @@ impl Application {
         state.idempotency.cache.connect_in_background();
         crate::wallet::spawn_balance_refresh(&state);
         crate::audit::gauges::spawn_refresh(&state);
+        crate::discovery::spawn_refresh(&state.discovery, &state.upstream);
         let workers = if state.config.workers == 0 {
             std::thread::available_parallelism().map_or(2, |n| n.get())
         } else {
@@ -258,8 +259,10 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         None => None,
     };
     let operator_auth = Arc::new(crate::auth_throttle::AuthThrottle::new(config.operator_auth));
+    let discovery = Arc::new(crate::discovery::Discovery::new(config.discovery.clone()));
     Ok(AppState {
         operator_auth,
+        discovery,
         solana,
         terms,
         config: Arc::new(config),

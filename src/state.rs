@@ -35,6 +35,8 @@ pub struct AppState {
     pub terms: Arc<crate::terms::Terms>,
     /// Paying on Solana networks (`None`: none configured).
     pub solana: Option<Arc<crate::solana::Solana>>,
+    /// What agents can discover: facilitators' catalogues and the 402s seen (`discovery`).
+    pub discovery: Arc<crate::discovery::Discovery>,
     /// Failed operator authentications per client address (`auth_throttle`), per process.
     pub operator_auth: Arc<crate::auth_throttle::AuthThrottle>,
     /// Test-only fault points (`None` in production).

@@ -18,11 +18,13 @@ use crate::cli::{DatabaseArgs, KeyArgs, ServeArgs, UpstreamArgs};
 pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
+pub mod discovery;
 mod parse;
 pub mod secrets;
 pub mod solana;
 pub mod symbols;
 
+pub use self::discovery::DiscoveryConfig;
 pub use self::parse::{
     Assets, OperatorAuthLimits, parse_mcp_wait, parse_ms, parse_num, parse_operator_auth, parse_requirements_cache,
     parse_rpc_urls,
@@ -269,6 +271,8 @@ pub struct Config {
     pub solana: Option<solana::SolanaConfig>,
     /// Sealing, redacting and keeping what agents forward (`crate::secrets`).
     pub secrets: SecretsConfig,
+    /// What agents can discover (`X402_DISCOVERY_*`, `crate::discovery`).
+    pub discovery: DiscoveryConfig,
 }
 
 /// The bounds of the known payment terms (`REQUIREMENTS_CACHE_SECONDS`,
@@ -400,6 +404,7 @@ impl Config {
             )?,
             solana,
             secrets,
+            discovery: DiscoveryConfig::from_args(&args.discovery)?,
         })
     }
 }

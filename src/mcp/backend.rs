@@ -41,6 +41,8 @@ pub enum Call {
     Receipt(String),
     /// `GET /payments?idempotency_key=`.
     Payment(String),
+    /// `GET /discovery?<query>` (the query string, already encoded).
+    Discover(String),
 }
 
 /// An HTTP-shaped answer.
@@ -127,6 +129,11 @@ async fn remote(client: &reqwest::Client, base: &url::Url, key: &str, call: &Cal
             url.query_pairs_mut().append_pair("idempotency_key", idem);
             client.get(url)
         }
+        Call::Discover(query) => {
+            let mut url = join("discovery")?;
+            url.set_query((!query.is_empty()).then_some(query.as_str()));
+            client.get(url)
+        }
     };
     let resp = req.bearer_auth(key).send().await.map_err(|e| format!("router unreachable: {e}"))?;
     let status = resp.status().as_u16();
@@ -198,6 +205,7 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
                 Err(e) => Reply::error(&e),
             }
         }
+        Call::Discover(query) => discover(state, agent, query).await,
         Call::Payment(key) => {
             let result = async {
                 let mut conn = state.conn().await?;
@@ -216,5 +224,23 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
                 Err(e) => Reply::error(&e),
             }
         }
+    }
+}
+
+/// `GET /discovery` in this process.
+async fn discover(state: &AppState, agent: Uuid, query: &str) -> Reply {
+    let result = async {
+        let query = crate::discovery::DiscoveryQuery::parse(query).map_err(|e| ApiError::BadRequest(e.0))?;
+        let mut conn = state.conn().await?;
+        let paid_with = (&state.supported, state.solana.as_deref());
+        let page = crate::discovery::find_for(&mut conn, &state.discovery, paid_with, agent, &query)
+            .await
+            .map_err(ApiError::database)?;
+        serde_json::to_value(page).map_err(|e| ApiError::Internal(e.into()))
+    }
+    .await;
+    match result {
+        Ok(body) => Reply::json(200, body),
+        Err(e) => Reply::error(&e),
     }
 }

@@ -1,4 +1,5 @@
-//! The MCP server (official Rust SDK, `rmcp`): tools `fetch`, `get_receipt`, `get_budget`.
+//! The MCP server (official Rust SDK, `rmcp`): tools `fetch`, `get_receipt`, `get_budget`,
+//! `discover`.
 //!
 //! Two transports share one [`RouterTools`] handler:
 //! * `x402-router mcp` over stdio, a thin HTTP client of a running router
@@ -63,7 +64,7 @@ pub struct McpAgent {
     pub credential: String,
 }
 
-/// The MCP server handler: three tools over a [`Backend`].
+/// The MCP server handler: four tools over a [`Backend`].
 #[derive(Clone)]
 pub struct RouterTools {
     backend: Backend,
@@ -114,6 +115,17 @@ Your spending limits and rolling 24 h spend, as decimal strings of atomic token 
 (signed payments not yet known settled or released), remaining (null without a budget), and \
 the same per asset. Check it before a fetch whose price may not fit.";
 
+const DISCOVER_DESCRIPTION: &str = "\
+Find paid APIs you can buy through the router: resources listed by the facilitators' catalogues \
+the router reads and declared by the 402s it has seen. Each result has its url, method (or MCP \
+tool_name), description, input (how to call it: query parameters, body) and output (an example \
+answer) as advertised, and accepts: its price options (amount in atomic units, network, asset), \
+each with payable (whether YOU may pay it now: your allowlists, per-call cap, budget, and what \
+the router pays with) and, when not, code and why_not. Prices are only advertised: to buy, call \
+fetch with the url (and method/body as input describes) and max_amount at least the price; the \
+router pays what the API's live 402 asks, never more than max_amount. Filters: q (words), \
+max_price, network, type (http, mcp), payable; limit and cursor (next_cursor) to page.";
+
 const INSTRUCTIONS: &str = "\
 Use fetch to call paid HTTP APIs; the router pays in USDC at most once per idempotency key. \
 max_amount is a hard price cap in atomic units (USDC: 1000000 = 1 USDC); leave it out to pay \
@@ -127,7 +139,50 @@ fn schema(value: Value) -> Arc<Map<String, Value>> {
     }
 }
 
-/// The three tools, as listed to clients.
+/// The `discover` tool.
+fn discover_tool() -> Tool {
+    Tool::new(
+        "discover",
+        DISCOVER_DESCRIPTION,
+        schema(json!({
+            "type": "object",
+            "properties": {
+                "q": {"type": "string", "maxLength": 200, "description": "Words that must each appear (e.g. \"weather forecast\")."},
+                "max_price": {"type": "string", "pattern": "^(0|[1-9][0-9]{0,77})$",
+                              "description": "Only APIs with an option at most this price, in atomic units (USDC: 1000000 = 1 USDC)."},
+                "network": {"type": "string", "description": "Only APIs payable on this network, e.g. eip155:8453."},
+                "type": {"type": "string", "enum": ["http", "mcp"]},
+                "payable": {"type": "boolean", "description": "true: only what you may pay now."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                "cursor": {"type": "string", "description": "next_cursor of the previous result, for the next page."}
+            },
+            "additionalProperties": false
+        })),
+    )
+    .with_title("Discover paid APIs")
+    .with_annotations(ToolAnnotations::new().read_only(true).open_world(false))
+}
+
+/// The query string of `discover`'s arguments, or why they are invalid.
+fn discover_query(args: &Map<String, Value>) -> Result<String, McpError> {
+    let invalid = |why: String| McpError::invalid_params(why, None);
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in args {
+        let text = match (name.as_str(), value) {
+            ("q" | "max_price" | "network" | "type" | "cursor", Value::String(s)) => s.clone(),
+            ("payable", Value::Bool(b)) => b.to_string(),
+            ("limit", Value::Number(n)) if n.is_u64() => n.to_string(),
+            ("q" | "max_price" | "network" | "type" | "cursor" | "payable" | "limit", _) => {
+                return Err(invalid(format!("discover: `{name}` has the wrong type")));
+            }
+            _ => return Err(invalid(format!("discover: unknown argument `{name}`"))),
+        };
+        query.append_pair(name, &text);
+    }
+    Ok(query.finish())
+}
+
+/// The four tools, as listed to clients.
 pub fn tools() -> Vec<Tool> {
     let fetch = Tool::new(
         "fetch",
@@ -173,7 +228,7 @@ pub fn tools() -> Vec<Tool> {
     )
     .with_title("Get spending limits and budget")
     .with_annotations(ToolAnnotations::new().read_only(true).open_world(false));
-    vec![fetch, receipt, budget]
+    vec![fetch, receipt, budget, discover_tool()]
 }
 
 impl RouterTools {
@@ -393,6 +448,10 @@ impl ServerHandler for RouterTools {
                 self.simple(call, &context).await
             }
             "get_budget" => self.simple(Call::Me, &context).await,
+            "discover" => {
+                let query = discover_query(&args)?;
+                self.simple(Call::Discover(query), &context).await
+            }
             other => {
                 return Err(McpError::invalid_params(Cow::Owned(format!("unknown tool {other:?}")), None));
             }
@@ -435,6 +494,19 @@ mod tests {
         let d = fetch.description.unwrap();
         assert!(d.contains("max_amount is the most this one call may pay"));
         assert!(d.contains("Never make up a new idempotency_key to retry"));
+    }
+
+    #[test]
+    fn discover_arguments_become_a_query_and_strangers_are_refused() {
+        let args: Map<String, Value> =
+            serde_json::from_value(json!({"q": "weather & co", "max_price": "5", "payable": true, "limit": 3}))
+                .unwrap();
+        let q = discover_query(&args).unwrap();
+        let parsed = crate::discovery::DiscoveryQuery::parse(&q).unwrap();
+        assert_eq!((parsed.words.len(), parsed.payable, parsed.limit), (3, Some(true), 3));
+        for bad in [json!({"qq": "x"}), json!({"limit": "3"}), json!({"payable": "yes"})] {
+            assert!(discover_query(bad.as_object().unwrap()).is_err(), "{bad}");
+        }
     }
 
     #[test]

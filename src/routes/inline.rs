@@ -23,6 +23,20 @@ impl<const DEFAULT: u16> PartialSchema for Limit<DEFAULT> {
     }
 }
 
+/// `limit` of `GET /discovery`: resources per page, 1–100, default 20.
+pub struct DiscoveryLimit;
+
+impl PartialSchema for DiscoveryLimit {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .maximum(Some(100))
+            .default(Some(20.into()))
+            .into()
+    }
+}
+
 /// `older_than_secs` of `status=stuck`: at least 0, default 120.
 pub struct OlderThanSecs;
 

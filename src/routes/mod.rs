@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod audit;
 mod console;
+mod discovery;
 mod health;
 mod inline;
 pub mod openapi;
@@ -37,6 +38,7 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/receipts", |r| r.to(agents::receipts)),
     (Method::GET, "/agents/me", |r| r.to(agents::me)),
     (Method::GET, "/payments", |r| r.to(agents::payment)),
+    (Method::GET, "/discovery", |r| r.to(discovery::discover)),
     // MCP over streamable HTTP (Authorization: Bearer x4r_…).
     (Method::POST, "/mcp", |r| r.to(crate::mcp::http::mcp)),
     (Method::GET, "/mcp", |r| r.to(crate::mcp::http::mcp)),

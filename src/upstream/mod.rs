@@ -189,6 +189,30 @@ impl UpstreamClient {
         extra: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<UpstreamResponse, UpstreamError> {
+        self.exchange(req, extra, timeout, self.max_response_bytes).await
+    }
+
+    /// Sends `req` as [`Self::send`] does, reading at most `cap` response bytes (never more than
+    /// the configured cap): for what the router fetches for itself, e.g. a discovery catalogue.
+    ///
+    /// # Errors
+    /// [`UpstreamError`].
+    pub async fn send_capped(
+        &self,
+        req: &UpstreamRequest,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        self.exchange(req, &[], timeout, cap.min(self.max_response_bytes)).await
+    }
+
+    async fn exchange(
+        &self,
+        req: &UpstreamRequest,
+        extra: &[(HeaderName, HeaderValue)],
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<UpstreamResponse, UpstreamError> {
         self.guard.check_url(&req.url).map_err(UpstreamError::Blocked)?;
         let mut builder =
             self.client.request(req.method.clone(), req.url.clone()).headers(req.headers.clone()).timeout(timeout);
@@ -203,9 +227,9 @@ impl UpstreamClient {
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
             if let Some(len) = resp.content_length()
-                && len > self.max_response_bytes as u64
+                && len > cap as u64
             {
-                return Err(UpstreamError::TooLarge(self.max_response_bytes));
+                return Err(UpstreamError::TooLarge(cap));
             }
             let mut body = Vec::new();
             let mut stream = resp.bytes_stream();
@@ -217,8 +241,8 @@ impl UpstreamClient {
                         UpstreamError::Broken(e.without_url().to_string())
                     }
                 })?;
-                if body.len() + chunk.len() > self.max_response_bytes {
-                    return Err(UpstreamError::TooLarge(self.max_response_bytes));
+                if body.len() + chunk.len() > cap {
+                    return Err(UpstreamError::TooLarge(cap));
                 }
                 body.extend_from_slice(&chunk);
             }

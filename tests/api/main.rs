@@ -13,6 +13,7 @@ mod cli;
 mod concurrency;
 mod console;
 mod deployment;
+mod discovery;
 mod failover;
 mod fault_points;
 mod faults;

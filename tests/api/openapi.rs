@@ -205,7 +205,7 @@ fn request(app: &TestApp, m: &str, template: &str, token: Option<&str>, id: Uuid
 
 /// Whether `template` is an agent endpoint (agent key), else an operator one.
 fn agent_side(template: &str) -> bool {
-    ["/route", "/receipts", "/agents/me", "/payments", "/mcp"]
+    ["/route", "/receipts", "/agents/me", "/payments", "/mcp", "/discovery"]
         .iter()
         .any(|p| template == *p || template.starts_with(&format!("{p}/")))
 }
@@ -288,6 +288,14 @@ async fn every_endpoint_answers_as_the_document_says() {
     );
     assert_eq!(c.call("GET", "/payments", "/payments", Some(&key), None).await.0, 400);
     assert_eq!(c.call("GET", "/payments", &payment, None, None).await.0, 401);
+    // Discovery: a 402 that declares bazaar, seen, then listed with its schema and judged options.
+    let probe = json!({"url": chain.url("/v2/weather?bazaar=1"), "max_amount": "1"});
+    assert_eq!(c.route(&agent, &new_key(), &probe).await.0, 402);
+    let (status, page) =
+        c.call("GET", "/discovery", "/discovery?q=weather&max_price=50000&limit=5", Some(&key), None).await;
+    assert_eq!((status, page["resources"].as_array().map(Vec::len)), (200, Some(1)), "{page}");
+    assert_eq!(c.call("GET", "/discovery", "/discovery?limit=0", Some(&key), None).await.0, 400);
+    assert_eq!(c.call("GET", "/discovery", "/discovery", None, None).await.0, 401);
 
     // MCP.
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

@@ -44,12 +44,33 @@ async function httpClient() {
 
 async function checkTools(client) {
   const { tools } = await client.listTools();
-  assert.deepEqual(tools.map((t) => t.name).sort(), ["fetch", "get_budget", "get_receipt"]);
+  assert.deepEqual(tools.map((t) => t.name).sort(), ["discover", "fetch", "get_budget", "get_receipt"]);
+  const discoverTool = tools.find((t) => t.name === "discover");
+  assert.match(discoverTool.description, /Prices are only advertised/);
+  assert.equal(discoverTool.inputSchema.additionalProperties, false);
   const fetchTool = tools.find((t) => t.name === "fetch");
   assert.match(fetchTool.description, /max_amount is the most this one call may pay/);
   assert.match(fetchTool.description, /Never make up a new idempotency_key to retry/);
   assert.deepEqual(fetchTool.inputSchema.required, ["url"]);
   assert.equal(fetchTool.inputSchema.properties.max_amount.type, "string");
+}
+
+/** A 402 that declares bazaar, seen through `fetch`, is found by `discover` with its schema. */
+async function checkDiscover(client) {
+  const probe = await client.callTool({ name: "fetch", arguments: { url: `${UPSTREAM}/v2/weather?bazaar=1&city=mcp` } });
+  assert.equal(probe.structuredContent.code, "payment_over_max_amount");
+  const r = await client.callTool({ name: "discover", arguments: { q: "weather", max_price: "50000", payable: true } });
+  assert.equal(r.isError, false, JSON.stringify(r));
+  const found = r.structuredContent.resources.find((x) => x.url === `${UPSTREAM}/v2/weather` && x.source === "seen");
+  assert.ok(found, JSON.stringify(r.structuredContent));
+  assert.equal(found.method, "GET");
+  assert.equal(found.input.queryParams.city, "Paris");
+  assert.equal(found.accepts[0].amount, "10000");
+  assert.equal(found.accepts[0].payable, true);
+  const bad = await client.callTool({ name: "discover", arguments: { max_price: "1.5" } });
+  assert.equal(bad.isError, true);
+  assert.equal(bad.structuredContent.http_status, 400);
+  await assert.rejects(client.callTool({ name: "discover", arguments: { nope: 1 } }));
 }
 
 async function checkPaidFetch(client, path) {
@@ -148,10 +169,19 @@ describe("x402-router mcp (stdio)", () => {
     }
   });
 
-  test("lists three tools whose descriptions explain the price cap and keys", async () => {
+  test("lists four tools whose descriptions explain the price cap and keys", async () => {
     const client = await stdioClient();
     try {
       await checkTools(client);
+    } finally {
+      await client.close();
+    }
+  });
+
+  test("discover finds a paid API from a 402 the router saw, with its schema and price", async () => {
+    const client = await stdioClient();
+    try {
+      await checkDiscover(client);
     } finally {
       await client.close();
     }
@@ -203,11 +233,12 @@ describe("/mcp (streamable HTTP)", () => {
     }
   });
 
-  test("lists the tools, pays once, reads receipt and budget", async () => {
+  test("lists the tools, pays once, reads receipt and budget, discovers", async () => {
     const { client } = await httpClient();
     try {
       await checkTools(client);
       await checkPaidFetch(client, "/v2/weather");
+      await checkDiscover(client);
     } finally {
       await client.close();
     }

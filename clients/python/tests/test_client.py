@@ -171,3 +171,36 @@ def test_the_retry_table() -> None:
     assert classify(502, {"code": "upstream_failed", "payment": {"status": "expired"}}) == "new_key_safe"
     assert classify(502, {"code": "settled_response_lost", "payment": {"status": "settled_response_lost"}}) == "do_not_rekey"
     assert classify(504, {"code": "payment_unknown", "payment": {"status": "unknown"}}) == "do_not_rekey"
+
+
+def test_discover_finds_a_seen_402_with_its_schema_and_what_this_agent_may_pay() -> None:
+    with Router(ROUTER, KEY) as router:
+        with pytest.raises(RouterError) as declined:
+            router.fetch(f"{UPSTREAM}/v2/echo?bazaar=1", method="POST", json={"hello": "py"})
+        assert declined.value.code == "payment_over_max_amount"
+        page = router.discover("echo", max_price=1_000_000, type="http")
+        found = [r for r in page["resources"] if r["url"] == f"{UPSTREAM}/v2/echo" and r["source"] == "seen"]
+        assert len(found) == 1, page
+        echo = found[0]
+        assert echo["method"] == "POST" and echo["input"]["bodyType"] == "json"
+        assert echo["accepts"][0]["payable"] is True, echo
+        assert router.discover("echo", max_price=1)["resources"] == []
+        with pytest.raises(RouterError) as bad:
+            router.discover(limit=1000)
+        assert bad.value.status == 400
+
+
+def test_async_discover_pages_with_the_cursor() -> None:
+    async def main() -> None:
+        async with AsyncRouter(ROUTER, KEY) as router:
+            with pytest.raises(RouterError):
+                await router.fetch(f"{UPSTREAM}/v2/weather?bazaar=1&city=py")
+            with pytest.raises(RouterError):
+                await router.fetch(f"{UPSTREAM}/v2/echo?bazaar=1", method="POST", json={"hello": "py"})
+            first = await router.discover(limit=1)
+            assert len(first["resources"]) == 1 and first["next_cursor"], first
+            second = await router.discover(limit=1, cursor=first["next_cursor"])
+            assert second["resources"] and second["resources"][0]["url"] != first["resources"][0]["url"], second
+
+    asyncio.run(main())
+

@@ -134,6 +134,58 @@ export interface Budget {
   assets: { network: string; asset: string; spent: string; reserved: string }[];
 }
 
+/** One advertised price option of a discovered resource, judged for this agent. */
+export interface DiscoveredOption {
+  scheme: string | null;
+  network: string | null;
+  asset: string | null;
+  /** Atomic units, decimal string; informational: `fetch` pays what the live 402 asks. */
+  amount: string;
+  pay_to: string | null;
+  max_timeout_seconds: number | null;
+  asset_transfer_method: string | null;
+  /** Whether this agent may pay it now; else `code` and `why_not` say why. */
+  payable: boolean;
+  code: string | null;
+  why_not: string | null;
+}
+
+/** A discovered paid resource (`GET /discovery`). */
+export interface DiscoveredResource {
+  url: string;
+  type: "http" | "mcp";
+  method: string | null;
+  tool_name: string | null;
+  description: string | null;
+  mime_type: string | null;
+  service_name: string | null;
+  tags: string[];
+  x402_version: number;
+  accepts: DiscoveredOption[];
+  payable: boolean;
+  /** How to call it (bazaar `info.input`), its output and JSON Schema: data as advertised. */
+  input: Record<string, unknown> | null;
+  output: Record<string, unknown> | null;
+  schema: Record<string, unknown> | null;
+  source: "facilitator" | "seen";
+  facilitator: string | null;
+  updated_at: string;
+}
+
+/** Filters of {@link Router.discover}. */
+export interface DiscoverQuery {
+  /** Words that must each appear (URL, description, service name, tags, tool name, method). */
+  q?: string;
+  /** Only resources with an option at most this price (atomic units). */
+  maxPrice?: string | number | bigint;
+  network?: string;
+  type?: "http" | "mcp";
+  /** `true`: only what this agent may pay now. */
+  payable?: boolean;
+  limit?: number;
+  cursor?: string;
+}
+
 /** Payment states that can no longer move money. */
 export const RELEASED_PAYMENT_STATES: readonly string[] = ["expired"];
 
@@ -317,6 +369,26 @@ export class Router {
   async getBudget(): Promise<Budget> {
     const { body } = await this.send("agents/me", { method: "GET" });
     return body as Budget;
+  }
+
+  /**
+   * What this agent can buy: discovered paid resources (facilitators' catalogues, 402s the router
+   * saw) with their price options, each judged for this agent, and their input/output schemas.
+   * Prices are informational: buy with {@link Router.fetch} and a `maxAmount`.
+   */
+  async discover(query: DiscoverQuery = {}): Promise<{ resources: DiscoveredResource[]; nextCursor: string | null }> {
+    const q = new URLSearchParams();
+    if (query.q !== undefined) q.set("q", query.q);
+    if (query.maxPrice !== undefined) q.set("max_price", String(query.maxPrice));
+    if (query.network !== undefined) q.set("network", query.network);
+    if (query.type !== undefined) q.set("type", query.type);
+    if (query.payable !== undefined) q.set("payable", String(query.payable));
+    if (query.limit !== undefined) q.set("limit", String(query.limit));
+    if (query.cursor !== undefined) q.set("cursor", query.cursor);
+    const qs = q.toString();
+    const { body } = await this.send(`discovery${qs ? `?${qs}` : ""}`, { method: "GET" });
+    const b = body as { resources: DiscoveredResource[]; next_cursor: string | null };
+    return { resources: b.resources, nextCursor: b.next_cursor };
   }
 
   /** Sends one request, retrying the same request (and key) while the answer says so. */

@@ -155,3 +155,27 @@ describe("routerFetch against a real router", () => {
     assert.equal(classify(504, { code: "payment_unknown", payment: { status: "unknown" } }), "do_not_rekey");
   });
 });
+
+describe("discover against a real router", () => {
+  const router = new Router({ baseUrl: ROUTER, agentKey: KEY });
+
+  test("a 402 that declares bazaar is discovered with its schema, price and what this agent may pay", async () => {
+    const url = `${UPSTREAM}/v2/weather?bazaar=1&city=ts-client`;
+    await assert.rejects(router.fetch(url), (e) => e instanceof RouterError && e.code === "payment_over_max_amount");
+    const { resources, nextCursor } = await router.discover({ q: "weather", maxPrice: "1000000" });
+    const found = resources.find((r) => r.url === `${UPSTREAM}/v2/weather` && r.source === "seen");
+    assert.ok(found, JSON.stringify(resources));
+    assert.equal(nextCursor, null);
+    assert.equal(found.method, "GET");
+    assert.equal(found.input.queryParams.city, "Paris");
+    assert.ok(found.schema);
+    const option = found.accepts[0];
+    assert.match(option.amount, /^[1-9][0-9]*$/);
+    assert.equal(option.payable, true, JSON.stringify(option));
+    assert.equal(option.code, null);
+    const unpayable = await router.discover({ q: "weather", payable: false });
+    assert.ok(!unpayable.resources.some((r) => r.url === found.url && r.source === "seen"));
+    assert.equal((await router.discover({ q: "weather", maxPrice: "1" })).resources.length, 0);
+    await assert.rejects(router.discover({ q: "x".repeat(300) }), (e) => e instanceof RouterError && e.status === 400);
+  });
+});

@@ -79,7 +79,10 @@ impl PaidCall<'_> {
                 Err(e) => return Err(Error::invariant(format!("cannot echo payment-identifier: {e}"))),
             }
         } else {
-            None
+            // A declared `bazaar` is echoed, as the x402 spec asks of payers, so that the
+            // facilitator catalogues the resource (docs/DESIGN.md §11); other declarations need
+            // no echo.
+            required.extensions.as_ref().and_then(|e| e.get("bazaar")).map(|b| json!({ "bazaar": b }))
         };
         if required.requires_payment_identifier()
             && extensions.as_ref().and_then(|e| e.pointer("/payment-identifier/info/id")).is_none()

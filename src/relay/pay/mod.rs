@@ -104,6 +104,7 @@ impl PaidCall<'_> {
                 }
             };
         self.state.terms.put(self.terms.clone(), &required, &first.headers);
+        self.state.discovery.saw(&self.call.upstream.url, &required);
         registry::pay(self, &required, first).await
     }
 

@@ -71,6 +71,7 @@ use crate::mcp::policy::{Next, classify};
         super::audit::spend,
         super::audit::upto,
         super::agents::payment,
+        super::discovery::discover,
         super::audit::receipts,
         super::audit::idempotency,
         super::audit::payments,

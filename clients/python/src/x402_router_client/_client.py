@@ -61,6 +61,18 @@ class _Base:
         return error_for(resp, body, next_, key or "", failure), None
 
 
+def discover_params(
+    q: str | None, max_price: str | int | None, network: str | None, type_: str | None,
+    payable: bool | None, limit: int | None, cursor: str | None,
+) -> dict[str, str]:
+    """The query of ``GET /discovery`` (only the filters given)."""
+    raw = {"q": q, "max_price": max_price, "network": network, "type": type_, "limit": limit, "cursor": cursor}
+    params = {k: str(v) for k, v in raw.items() if v is not None}
+    if payable is not None:
+        params["payable"] = "true" if payable else "false"
+    return params
+
+
 class Router(_Base):
     """A synchronous client of one router, as one agent."""
 
@@ -122,6 +134,27 @@ class Router(_Base):
     def get_budget(self) -> dict[str, Any]:
         """The agent's limits and rolling 24 h spend (decimal strings of atomic units)."""
         _, body = self._send("GET", "agents/me", None, None)
+        return body
+
+    def discover(
+        self,
+        q: str | None = None,
+        *,
+        max_price: str | int | None = None,
+        network: str | None = None,
+        type: str | None = None,  # noqa: A002 (the API's name)
+        payable: bool | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """What this agent can buy: ``{"resources": [...], "next_cursor": ..., "sources": [...]}``.
+
+        Each resource (facilitators' catalogues, 402s the router saw) carries its price options,
+        each judged for this agent (``payable``, else ``code`` and ``why_not``), and its input and
+        output schemas as advertised. Prices are informational: buy with ``fetch(..., max_amount=)``.
+        """
+        params = discover_params(q, max_price, network, type, payable, limit, cursor)
+        _, body = self._send("GET", "discovery", None, None, params)
         return body
 
     def _send(self, method, path, key, json_body, params=None):
@@ -194,6 +227,22 @@ class AsyncRouter(_Base):
 
     async def get_budget(self) -> dict[str, Any]:
         _, body = await self._send("GET", "agents/me", None, None)
+        return body
+
+    async def discover(
+        self,
+        q: str | None = None,
+        *,
+        max_price: str | int | None = None,
+        network: str | None = None,
+        type: str | None = None,  # noqa: A002 (the API's name)
+        payable: bool | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """See ``Router.discover``."""
+        params = discover_params(q, max_price, network, type, payable, limit, cursor)
+        _, body = await self._send("GET", "discovery", None, None, params)
         return body
 
     async def _send(self, method, path, key, json_body, params=None):

@@ -201,6 +201,9 @@ fn extensions_of(spec: &RouteSpec, state: &AppState, scheme: &str, host: &str, q
             ext.extend(decl);
         }
     }
+    if url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "bazaar" && v == "1") {
+        ext.insert("bazaar".into(), super::respond::bazaar_declaration(spec));
+    }
     (!ext.is_empty()).then_some(Value::Object(ext))
 }
 

@@ -230,3 +230,36 @@ impl MessageBody for AbortBody {
         ))))
     }
 }
+
+/// `?bazaar=1`: the route declares itself for discovery (the x402 `bazaar` extension: how to
+/// call it and what it answers, with the JSON Schema of both), as the official servers do.
+pub(super) fn bazaar_declaration(spec: &RouteSpec) -> Value {
+    let (method, input, input_schema) = match spec.method {
+        Method::Get => (
+            "GET",
+            json!({"type": "http", "method": "GET", "queryParams": {"city": "Paris"}}),
+            json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        ),
+        Method::Post => (
+            "POST",
+            json!({"type": "http", "method": "POST", "bodyType": "json", "body": {"hello": "world"}}),
+            json!({"type": "object"}),
+        ),
+    };
+    json!({
+        "info": {"input": input, "output": {"type": "json", "example": weather(spec)}},
+        "schema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "input": {"type": "object", "properties": {
+                    "type": {"type": "string", "const": "http"},
+                    "method": {"type": "string", "enum": [method]},
+                    "queryParams": input_schema
+                }, "required": ["type", "method"]},
+                "output": {"type": "object", "properties": {"type": {"type": "string"}, "example": {"type": "object"}}}
+            },
+            "required": ["input"]
+        }
+    })
+}
