@@ -112,6 +112,15 @@ pub struct ServeArgs {
     /// `solana:<genesis hash prefix>=http://…` (one URL each).
     #[arg(long, env = "X402_RPC_URLS", default_value = "")]
     pub x402_rpc_urls: String,
+    /// WebSocket JSON-RPC URLs of EVM networks for the chain index (`eip155:84532=wss://…,…`;
+    /// one per network, which must also have an RPC URL): the paid path then reads nothing
+    /// from the chain in the common case (docs/DESIGN.md §6). Empty: no index.
+    #[arg(long, env = "X402_WS_URLS", default_value = "")]
+    pub x402_ws_urls: String,
+    /// How many blocks back the chain index reads at start-up (what it knows of payments older
+    /// than that comes from the chain itself).
+    #[arg(long, env = "X402_INDEX_LOOKBACK_BLOCKS", default_value = "100000")]
+    pub x402_index_lookback_blocks: String,
     /// Token contracts the router pays with, per network: `eip155:84532=0x…[@decimals][+permit2],…`
     /// (decimals read from the token when not given; `+permit2`: no EIP-3009, paid only via
     /// Permit2). Empty: USDC on Base and Base Sepolia. Solana: `solana:<ref>=<mint>@<decimals>`

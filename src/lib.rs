@@ -23,6 +23,7 @@
 //! * `gc`            deletion of expired idempotency rows (and, by the command, of old sealed requests).
 //! * `faults`        deterministic fault points for tests (no hook in production).
 //! * `wallet`        the paying wallet's balance gauge.
+//! * `chain_index`   per EVM network, the live index of the wallet's payments (`X402_WS_URLS`): the paid path's chain reads.
 //! * `solana`        the Solana wallet, networks and RPC endpoints (the walk is `relay/pay/svm/`).
 //! * `approve`       `wallet approve-permit2`: the one transaction the router's wallet sends itself.
 //! * `problem`       RFC 9457 problem+json error bodies, by content negotiation.
@@ -34,6 +35,7 @@ pub mod approve;
 pub mod audit;
 pub mod auth;
 pub mod auth_throttle;
+pub mod chain_index;
 pub mod cli;
 pub mod clock;
 pub mod codes;

@@ -59,6 +59,11 @@ pub struct Metrics {
     pub operator_auth_throttled: IntCounter,
     /// `x402_router_build_info{version}` = 1.
     pub build_info: IntGaugeVec,
+    /// `x402_router_chain_index_live{network}`: 1 while the chain index answers.
+    pub chain_index_live: IntGaugeVec,
+    /// `x402_router_chain_index_answers_total{answer}`: what the chain index said instead of
+    /// an RPC read (`used`, `unused`, `proof`), or that it could not (`unknown`, `no_proof`).
+    pub chain_index_answers: IntCounterVec,
 }
 
 impl Metrics {
@@ -96,6 +101,8 @@ impl Metrics {
             operator_auth_failures: r.counters("x402_router_operator_auth_failures_total", "Operator authentications refused, by reason (missing, unknown, agent_key)", &["reason"])?,
             operator_auth_throttled: r.add(IntCounter::new("x402_router_operator_auth_throttled_total", "Operator requests refused (429) because their client address failed to authenticate too often")?)?,
             build_info,
+            chain_index_live: r.int_gauges("x402_router_chain_index_live", "1 while the chain index of the network answers (subscribed, caught up, not lagging)", &["network"])?,
+            chain_index_answers: r.counters("x402_router_chain_index_answers_total", "Answers of the chain index instead of an RPC read (used, unused, proof) or not (unknown, no_proof)", &["answer"])?,
             registry: r.0,
         };
         // Shown at 0 before the first failure (an alert on the rate needs the series).

@@ -44,7 +44,8 @@ impl Application {
         let listener = TcpListener::bind(config.bind)?;
         let port = listener.local_addr()?.port();
         let metrics_listener = config.metrics_addr.map(TcpListener::bind).transpose()?;
-        let state = build_state(config, hooks)?;
+        let mut state = build_state(config, hooks)?;
+        state.indexes = Arc::new(crate::chain_index::Indexes::spawn(&state));
         state.idempotency.cache.connect_in_background();
         crate::wallet::spawn_balance_refresh(&state);
         crate::audit::gauges::spawn_refresh(&state);
@@ -275,6 +276,7 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         chain,
         supported,
         nonce_secret,
+        indexes: Arc::default(),
         faults: hooks.at,
     })
 }

@@ -39,6 +39,8 @@ pub struct AppState {
     pub discovery: Arc<crate::discovery::Discovery>,
     /// Failed operator authentications per client address (`auth_throttle`), per process.
     pub operator_auth: Arc<crate::auth_throttle::AuthThrottle>,
+    /// The chain index of each network with a WebSocket URL (`chain_index`).
+    pub indexes: Arc<crate::chain_index::Indexes>,
     /// Test-only fault points (`None` in production).
     pub faults: Option<crate::faults::Hook>,
 }

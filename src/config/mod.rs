@@ -201,6 +201,10 @@ pub struct PaymentConfig {
     /// from the token before serving (`startup::preflight`; none when unreadable).
     pub symbols: BTreeMap<(Network, Address), String>,
     pub rpc_timeout: Duration,
+    /// Network → its WebSocket URL for the chain index (`X402_WS_URLS`; none: no index).
+    pub ws_urls: BTreeMap<Network, Url>,
+    /// How many blocks back the chain index reads at start-up.
+    pub index_lookback_blocks: u64,
     /// Longest lifetime of a signed authorization, whatever an upstream asks
     /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
     pub max_auth_secs: u64,
@@ -358,7 +362,10 @@ impl Config {
             _ => return Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
         };
         let symbols = symbols::built_in_symbols(&assets);
+        let ws_urls = parse::parse_ws_urls(&args.x402_ws_urls, &rpc_urls)?;
         let payments = PaymentConfig {
+            ws_urls,
+            index_lookback_blocks: parse_num("X402_INDEX_LOOKBACK_BLOCKS", &args.x402_index_lookback_blocks)?,
             rpc_urls,
             assets,
             rpc_timeout: parse_ms("X402_RPC_TIMEOUT_MS", &args.x402_rpc_timeout_ms)?,

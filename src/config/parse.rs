@@ -166,6 +166,26 @@ pub fn parse_rpc_urls(raw: &str) -> Result<BTreeMap<Network, Vec<Url>>, ConfigEr
     Ok(out)
 }
 
+/// `X402_WS_URLS`: `network=ws(s)://…,…`, one per EVM network, each a network of
+/// `X402_RPC_URLS` (the index catches up over HTTP).
+pub fn parse_ws_urls(raw: &str, rpc: &BTreeMap<Network, Vec<Url>>) -> Result<BTreeMap<Network, Url>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for item in split_list(raw).filter(|item| !is_solana_entry(item)) {
+        let (network, url) = split_pair("X402_WS_URLS", item)?;
+        let parsed = Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "ws" | "wss"))
+            .ok_or_else(|| ConfigError::new("X402_WS_URLS", format!("the URL of {network} is not a ws(s) URL")))?;
+        if !rpc.contains_key(&network) {
+            return Err(ConfigError::new("X402_WS_URLS", format!("{network} has no URL in X402_RPC_URLS")));
+        }
+        if out.insert(network, parsed).is_some() {
+            return Err(ConfigError::new("X402_WS_URLS", format!("{network} is listed twice")));
+        }
+    }
+    Ok(out)
+}
+
 /// Assets per network, the decimals known of them, and those paid only via Permit2.
 pub type Assets = (BTreeMap<Network, Vec<Address>>, BTreeMap<(Network, Address), u8>, BTreeSet<(Network, Address)>);
 

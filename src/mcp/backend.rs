@@ -74,7 +74,7 @@ pub enum Backend {
     /// A router reached over HTTP with one agent's key.
     Remote { client: reqwest::Client, base: url::Url, agent_key: String },
     /// This process; the agent comes from the authenticated `/mcp` request.
-    Local(AppState),
+    Local(Box<AppState>),
 }
 
 /// Longest wait for one HTTP answer: the router's own route deadline is 50 s by default.

@@ -36,7 +36,7 @@ pub struct McpEndpoint {
 impl McpEndpoint {
     /// Tools backed by this process's state.
     pub fn new(state: AppState) -> Self {
-        let tools = RouterTools::new(Backend::Local(state.clone()), state.config.mcp_fetch_wait);
+        let tools = RouterTools::new(Backend::Local(Box::new(state.clone())), state.config.mcp_fetch_wait);
         let config = StreamableHttpServerConfig::default().disable_allowed_hosts().with_json_response(true);
         let service =
             StreamableHttpService::new(move || Ok(tools.clone()), Arc::new(LocalSessionManager::default()), config);

@@ -9,6 +9,7 @@ mod agents;
 mod audit;
 mod auth;
 mod batch_settlement;
+mod chain_index;
 mod cli;
 mod concurrency;
 mod console;

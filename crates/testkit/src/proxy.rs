@@ -13,6 +13,8 @@ struct Ctl {
     /// Bumped to drop every connection open at that moment.
     generation: u64,
     stalled: bool,
+    /// New connections are closed at once (the target "refuses"), until lifted.
+    refusing: bool,
 }
 
 pub struct Proxy {
@@ -29,6 +31,10 @@ impl Proxy {
         let (ctl, watcher) = watch::channel(Ctl::default());
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
+                if watcher.borrow().refusing {
+                    drop(inbound);
+                    continue;
+                }
                 let (target, ctl) = (target.clone(), watcher.clone());
                 tokio::spawn(async move {
                     let generation = ctl.borrow().generation;
@@ -68,6 +74,12 @@ impl Proxy {
 
     pub fn clear(&self) {
         self.ctl.send_modify(|c| c.stalled = false);
+    }
+
+    /// While `refusing`, every new connection is closed at once (open ones are not touched:
+    /// [`Self::drop_all`] resets them); lifted, connections are forwarded again.
+    pub fn refuse(&self, refusing: bool) {
+        self.ctl.send_modify(|c| c.refusing = refusing);
     }
 }
 

@@ -33,7 +33,8 @@ use super::rpc::{EndpointMetrics, UrlTransport};
 
 mod permit2;
 mod transfers;
-pub use permit2::{PERMIT2, Permit2Settlement, Permit2Terms, nonce_position};
+pub mod watch;
+pub use permit2::{PERMIT2, Permit2Settlement, Permit2Terms, nonce_position, settled_permit2_nonce};
 
 sol! {
     /// The EIP-3009 view used to learn whether a nonce has been consumed.
@@ -349,6 +350,46 @@ impl Chain {
             out.push(checked);
         }
         Ok(out)
+    }
+
+    /// The network's latest block number.
+    ///
+    /// # Errors
+    /// As [`Self::transaction_status`].
+    pub async fn block_number(&self, network: Network) -> Result<u64, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        self.bounded(endpoint, network, endpoint.provider.get_block_number())
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))
+    }
+
+    /// The logs `filter` matches (a bounded block range: callers page it).
+    ///
+    /// # Errors
+    /// As [`Self::transaction_status`].
+    pub async fn logs(&self, network: Network, filter: &Filter) -> Result<Vec<alloy::rpc::types::Log>, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        self.bounded(endpoint, network, endpoint.provider.get_logs(filter))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))
+    }
+
+    /// The recipient and calldata of transaction `hash` (`None`: unknown to the node).
+    ///
+    /// # Errors
+    /// As [`Self::transaction_status`].
+    pub async fn transaction_call(
+        &self,
+        network: Network,
+        hash: B256,
+    ) -> Result<Option<(Option<Address>, alloy::primitives::Bytes)>, ChainError> {
+        use alloy::rpc::types::TransactionTrait;
+        let endpoint = self.endpoint(network)?;
+        let tx = self
+            .bounded(endpoint, network, endpoint.provider.get_transaction_by_hash(hash))
+            .await?
+            .map_err(|e| endpoint.rpc_error(network, &e))?;
+        Ok(tx.map(|tx| (tx.to(), tx.input().clone())))
     }
 
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {

@@ -223,6 +223,15 @@ impl Chain {
     }
 }
 
+/// The Permit2 nonce an x402 proxy's `settle` calldata `input` spends for `owner`, if it is one
+/// (exact or upto): what a successful transaction of it used (Permit2 reverts on a used nonce).
+pub fn settled_permit2_nonce(input: &[u8], owner: Address) -> Option<U256> {
+    if let Ok(c) = IExactProxySettle::settleCall::abi_decode(input) {
+        return (c.owner == owner).then_some(c.permit.nonce);
+    }
+    IUptoProxySettle::settleCall::abi_decode(input).ok().filter(|c| c.owner == owner).map(|c| c.permit.nonce)
+}
+
 /// True when `input` is the proxy's `settle` of exactly these terms (owner, token, nonce,
 /// recipient; for upto also the facilitator).
 fn settles(t: &Permit2Terms, input: &[u8]) -> bool {

@@ -48,6 +48,15 @@ pub(super) async fn confirm(
             None,
         )
     };
+    // The chain index saw the settlement: proven without a read (a claimed hash that is not
+    // the transaction that used the nonce is noted, never recorded).
+    if claimed
+        && !pending
+        && let Some(used) = super::index::settlement(state, s, remaining(deadline)).await
+    {
+        let proven = super::settled::Proven { tx_hash: Some(used.tx), charged: None, missing: None };
+        return settled_as(claim, proven);
+    }
     // A claimed transaction whose receipt shows this payment settled proves it in one read.
     if claimed
         && !pending
@@ -136,15 +145,32 @@ pub(super) async fn used_anywhere(
     eip3009_nonce: B256,
     permit2_nonce: alloy::primitives::U256,
 ) -> Result<Option<(Network, Address)>, x402::ChainError> {
-    // Every question at once (independent reads); the answers are taken in configuration
-    // order, EIP-3009 tokens first, as a sequential walk would.
+    use x402::chain::watch::Seen;
+    // The chain index answers first; only what it cannot say is read, every question at once
+    // (independent reads); the answers are taken in configuration order, EIP-3009 tokens
+    // first, as a sequential walk would.
     let tokens: Vec<(Network, Address)> =
         state.supported.payable_assets().filter(|(n, a)| !state.supported.is_permit2_only(*n, *a)).collect();
     let mut networks: Vec<Network> = state.supported.payable_assets().map(|(n, _)| n).collect();
     networks.dedup();
+    let indexed_tokens: Vec<Seen> =
+        tokens.iter().map(|(n, a)| super::index::eip3009(state, *n, *a, eip3009_nonce)).collect();
+    let indexed_permit2: Vec<Seen> = networks.iter().map(|n| super::index::permit2(state, *n, permit2_nonce)).collect();
     let (token_answers, permit2_answers) = futures_util::future::join(
-        futures_util::future::join_all(tokens.iter().map(|(n, a)| eip3009_used(state, *n, *a, payer, eip3009_nonce))),
-        futures_util::future::join_all(networks.iter().map(|n| permit2_used(state, *n, payer, permit2_nonce))),
+        futures_util::future::join_all(tokens.iter().zip(&indexed_tokens).map(|((n, a), seen)| async move {
+            match seen {
+                Seen::Used(_) => Ok(true),
+                Seen::Unused => Ok(false),
+                Seen::Unknown => eip3009_used(state, *n, *a, payer, eip3009_nonce).await,
+            }
+        })),
+        futures_util::future::join_all(networks.iter().zip(&indexed_permit2).map(|(n, seen)| async move {
+            match seen {
+                Seen::Used(_) => Ok(true),
+                Seen::Unused => Ok(false),
+                Seen::Unknown => permit2_used(state, *n, payer, permit2_nonce).await,
+            }
+        })),
     )
     .await;
     for (found, answer) in tokens.iter().zip(token_answers) {

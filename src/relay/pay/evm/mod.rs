@@ -13,6 +13,7 @@
 
 mod allowance;
 mod confirm;
+mod index;
 mod pending;
 mod reprice;
 mod select;
@@ -129,6 +130,9 @@ impl Scheme for Evm {
     }
 
     async fn landed(&self, pc: &PaidCall<'_>, attempt: &Attempt<SignedPayment>) -> Result<Option<Landed>, Unread> {
+        if let Some(landed) = indexed(pc, attempt.id, &attempt.signed).await {
+            return Ok(Some(landed));
+        }
         match confirm::chain_used(pc.state, &attempt.signed).await {
             Ok(true) => Ok(Some(prove(pc, attempt.id, &attempt.signed).await)),
             Ok(false) => Ok(None),
@@ -137,6 +141,9 @@ impl Scheme for Evm {
     }
 
     async fn fate(&self, pc: &PaidCall<'_>, recorded: &Recorded<SignedPayment>) -> Result<Fate, Error> {
+        if let Some(landed) = indexed(pc, recorded.id, &recorded.signed).await {
+            return Ok(Fate::Landed(landed));
+        }
         let used = match confirm::chain_used(pc.state, &recorded.signed).await {
             Ok(used) => used,
             Err(x402::ChainError::ChainIdMismatch { .. }) => return Err(wrong_chain()),
@@ -246,6 +253,19 @@ impl Scheme for Evm {
     fn paid(&self, signed: &SignedPayment, charged: Option<U256>) -> (String, String, U256) {
         let amount = charged.filter(|_| signed.is_upto()).unwrap_or_else(|| signed.amount());
         (signed.network().caip2(), signed.asset().to_checksum(None), amount)
+    }
+}
+
+/// A recorded payment the chain index has seen used, with its transaction (an `upto` charge is
+/// still proven from the chain, which lowers the reservation). `None`: read the chain — also
+/// when the index says "unused": a payment that was recorded has left, or was about to, and its
+/// log may be on its way to the index; a takeover is rare, one read is cheap beside a wrong
+/// answer (docs/DESIGN.md §6, "What the chain proves, and when").
+async fn indexed(pc: &PaidCall<'_>, id: uuid::Uuid, signed: &SignedPayment) -> Option<Landed> {
+    match index::of(pc.state, signed) {
+        x402::chain::watch::Seen::Unknown | x402::chain::watch::Seen::Unused => None,
+        x402::chain::watch::Seen::Used(_) if signed.is_upto() => Some(prove(pc, id, signed).await),
+        x402::chain::watch::Seen::Used(used) => Some(Landed { tx: Some(used.tx.to_string()), charged: None }),
     }
 }
 

@@ -32,7 +32,10 @@ pub(super) async fn prove(
     signed: &SignedPayment,
     claimed: Option<B256>,
 ) -> Proven {
-    let proven = match signed.settlement_on(&state.chain, claimed).await {
+    let started = std::time::Instant::now();
+    let found = signed.settlement_on(&state.chain, claimed).await;
+    state.metrics.rpc_seconds.with_label_values(&["settlement"]).observe(started.elapsed().as_secs_f64());
+    let proven = match found {
         Ok(Some(p)) => Proven { tx_hash: Some(p.tx_hash), charged: p.transferred, missing: None },
         Ok(None) => Proven {
             missing: Some("the transaction that used the authorization was not found".into()),
@@ -55,7 +58,10 @@ pub(super) async fn prove_claimed(
     signed: &SignedPayment,
     claimed: B256,
 ) -> Option<Proven> {
-    let found = signed.settled_by(&state.chain, claimed).await.ok().flatten()?;
+    let started = std::time::Instant::now();
+    let found = signed.settled_by(&state.chain, claimed).await;
+    state.metrics.rpc_seconds.with_label_values(&["settlement"]).observe(started.elapsed().as_secs_f64());
+    let found = found.ok().flatten()?;
     let proven = Proven { tx_hash: Some(found.tx_hash), charged: found.transferred, missing: None };
     lower_upto(state, agent_id, id, signed, &proven).await;
     Some(proven)
