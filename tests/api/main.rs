@@ -9,6 +9,7 @@ mod agents;
 mod audit;
 mod auth;
 mod batch_settlement;
+mod caps;
 mod cli;
 mod concurrency;
 mod console;
