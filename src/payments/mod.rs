@@ -177,7 +177,7 @@ pub struct Spend {
     pub payments_per_minute: Option<i32>,
     /// The rolling 7-day budget, if any.
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    #[schema(schema_with = doc::week_budget, required = false)]
+    #[schema(schema_with = doc::week_budget, required = true)]
     pub week_budget: Option<String>,
     /// Spent in the rolling 7 days (the 24 h window's rule over seven days).
     #[diesel(sql_type = Text)]
@@ -186,27 +186,27 @@ pub struct Spend {
     /// What the week budget still allows: the budget less the week's spend and every
     /// reservation (None: no week budget).
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    #[schema(schema_with = doc::remaining_7d, required = false)]
+    #[schema(schema_with = doc::remaining_7d, required = true)]
     pub remaining_7d: Option<String>,
     /// The lifetime budget, if any.
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    #[schema(schema_with = doc::lifetime_budget, required = false)]
+    #[schema(schema_with = doc::lifetime_budget, required = true)]
     pub lifetime_budget: Option<String>,
     /// Spent ever (None without a lifetime budget: not summed).
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    #[schema(schema_with = doc::settled_lifetime, required = false)]
+    #[schema(schema_with = doc::settled_lifetime, required = true)]
     pub settled_lifetime: Option<String>,
     /// What the lifetime budget still allows, reservations included (None without one).
     #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    #[schema(schema_with = doc::remaining_lifetime, required = false)]
+    #[schema(schema_with = doc::remaining_lifetime, required = true)]
     pub remaining_lifetime: Option<String>,
     /// Rolling 24 h budgets per upstream host pattern, `{"pattern": "amount"}` (None: none).
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
-    #[schema(schema_with = doc::host_budgets, required = false)]
+    #[schema(schema_with = doc::host_budgets, required = true)]
     pub host_budgets: Option<serde_json::Value>,
     /// `payTo` addresses this agent may never pay (None: none).
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
-    #[schema(schema_with = doc::blocked_pay_to, required = false)]
+    #[schema(schema_with = doc::blocked_pay_to, required = true)]
     pub blocked_pay_to: Option<Vec<String>>,
     /// With host budgets: what each upstream host counts in the rolling 24 h (spent and
     /// reserved), `{"host[:port]": "amount"}`, `""` for intents of unknown host. Shown per
