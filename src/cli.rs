@@ -22,7 +22,7 @@ pub enum Command {
     /// Delete expired idempotency rows in bounded batches; prints how many were removed.
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
-    Agents(AgentsArgs),
+    Agents(Box<AgentsArgs>),
     /// Manage operator tokens (the callers of /audit/*, the exports and /metrics).
     Operators(OperatorsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);

@@ -27,6 +27,28 @@ fn spend_sql(host: &str) -> String {
     use super::usage::{
         counted, in_day, in_week, reserved, spent_ever, spent_in_day, spent_in_month, spent_in_week, sum_where,
     };
+    // The week, lifetime and host budgets (issue 42), beside the others.
+    let more = format!(
+        "a.week_budget::text AS week_budget, u.settled_week::text AS settled_7d, \
+         CASE WHEN a.week_budget IS NULL THEN NULL \
+              ELSE GREATEST(a.week_budget - u.settled_week - u.reserved, 0)::text END AS remaining_7d, \
+         a.lifetime_budget::text AS lifetime_budget, \
+         CASE WHEN a.lifetime_budget IS NULL THEN NULL ELSE l.settled::text END AS settled_lifetime, \
+         CASE WHEN a.lifetime_budget IS NULL THEN NULL \
+              ELSE GREATEST(a.lifetime_budget - l.settled - u.reserved, 0)::text END AS remaining_lifetime, \
+         a.host_budgets, h.used AS host_used_24h, {host} AS upstream_host, a.blocked_pay_to, \
+         (SELECT s.blocked_pay_to FROM router_settings s WHERE s.id) AS wallet_blocked_pay_to"
+    );
+    let more_from = format!(
+        "LATERAL (SELECT COALESCE(sum(p.amount), 0) AS settled FROM payments p \
+                   WHERE a.lifetime_budget IS NOT NULL AND p.agent_id = a.id AND {spent_ever}) l, \
+         LATERAL (SELECT jsonb_object_agg(g.host, g.used::text) AS used \
+                    FROM (SELECT COALESCE(p.upstream_host, '') AS host, sum(p.amount) AS used FROM payments p \
+                           WHERE a.host_budgets IS NOT NULL AND p.agent_id = a.id AND {in_day} \
+                           GROUP BY 1) g) h",
+        spent_ever = spent_ever(),
+        in_day = in_day(),
+    );
     format!(
         "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \
                 u.settled::text AS settled_24h, u.reserved::text AS reserved_24h, \
@@ -46,27 +68,6 @@ fn spend_sql(host: &str) -> String {
         settled_week = sum_where(&spent_in_week()),
         counted = counted(),
         in_week = in_week(),
-        more = format!(
-            "a.week_budget::text AS week_budget, u.settled_week::text AS settled_7d, \
-             CASE WHEN a.week_budget IS NULL THEN NULL \
-                  ELSE GREATEST(a.week_budget - u.settled_week - u.reserved, 0)::text END AS remaining_7d, \
-             a.lifetime_budget::text AS lifetime_budget, \
-             CASE WHEN a.lifetime_budget IS NULL THEN NULL ELSE l.settled::text END AS settled_lifetime, \
-             CASE WHEN a.lifetime_budget IS NULL THEN NULL \
-                  ELSE GREATEST(a.lifetime_budget - l.settled - u.reserved, 0)::text END AS remaining_lifetime, \
-             a.host_budgets, h.used AS host_used_24h, {host} AS upstream_host, a.blocked_pay_to, \
-             (SELECT s.blocked_pay_to FROM router_settings s WHERE s.id) AS wallet_blocked_pay_to"
-        ),
-        more_from = format!(
-            "LATERAL (SELECT COALESCE(sum(p.amount), 0) AS settled FROM payments p \
-                       WHERE a.lifetime_budget IS NOT NULL AND p.agent_id = a.id AND {spent_ever}) l, \
-             LATERAL (SELECT jsonb_object_agg(g.host, g.used::text) AS used \
-                        FROM (SELECT COALESCE(p.upstream_host, '') AS host, sum(p.amount) AS used FROM payments p \
-                               WHERE a.host_budgets IS NOT NULL AND p.agent_id = a.id AND {in_day} \
-                               GROUP BY 1) g) h",
-            spent_ever = spent_ever(),
-            in_day = in_day(),
-        ),
     )
 }
 
