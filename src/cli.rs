@@ -22,7 +22,7 @@ pub enum Command {
     /// Delete expired idempotency rows in bounded batches; prints how many were removed.
     Gc(GcArgs),
     /// Manage agents (the callers of POST /route).
-    Agents(AgentsArgs),
+    Agents(Box<AgentsArgs>),
     /// Manage operator tokens (the callers of /audit/*, the exports and /metrics).
     Operators(OperatorsArgs),
     /// Re-check stale payment intents against the chain (safe to run from cron, idempotent);
@@ -292,6 +292,19 @@ pub struct AgentLimitArgs {
     /// Payments per minute, or `none`.
     #[arg(long)]
     pub payments_per_minute: Option<String>,
+    /// Most the agent may pay in any rolling 7 days, in atomic units, or `none`.
+    #[arg(long)]
+    pub week_budget: Option<String>,
+    /// Most the agent may ever pay, in atomic units, or `none`.
+    #[arg(long)]
+    pub lifetime_budget: Option<String>,
+    /// Rolling 24 h budgets per upstream host, comma-separated `pattern=amount`
+    /// (`api.example.com=50000,*.example.org=1000`), or `none`.
+    #[arg(long)]
+    pub host_budgets: Option<String>,
+    /// `payTo` addresses the agent may never pay, comma-separated, or `none`.
+    #[arg(long)]
+    pub blocked_pay_to: Option<String>,
 }
 
 #[derive(Debug, Args)]

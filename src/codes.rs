@@ -61,9 +61,9 @@ pub enum Code {
     // Outcomes of the routed call (recorded: a retry with the same key replays them).
     /// 402: the price is above the call's `max_amount` (or no `max_amount` was given).
     PaymentOverMaxAmount,
-    /// 402: the price is above the agent's per-call cap or what remains of its daily budget.
+    /// 402: the price is above the agent's per-call cap or what remains of one of its budgets.
     PaymentOverBudget,
-    /// 402: no offered option pays a `payTo` on the agent's allowlist.
+    /// 402: no offered option pays a `payTo` the agent may pay (allowlist, block lists).
     PaymentNotAllowed,
     /// 402: no offered option has a scheme, network or asset the router pays with.
     PaymentUnsupported,
@@ -261,10 +261,10 @@ impl Code {
                 "The price is above the call's `max_amount` (or no `max_amount` was given). Nothing was signed. The key is completed."
             }
             Self::PaymentOverBudget => {
-                "The price is above the agent's per-call cap, what remains of its daily or month budget (`GET /agents/me`), or of the wallet-wide daily cap. Nothing was signed."
+                "The price is above the agent's per-call cap, what remains of its daily, month, week, lifetime or upstream host budget (`GET /agents/me`), or of the wallet-wide daily cap. Nothing was signed."
             }
             Self::PaymentNotAllowed => {
-                "No offered option pays a `payTo` address on the agent's allowlist (set by an operator). Nothing was signed."
+                "No offered option pays a `payTo` address the agent may pay: off its allowlist, or on its or the wallet-wide block list (set by an operator). Nothing was signed."
             }
             Self::PaymentUnsupported => {
                 "No offered option has a scheme, network or asset the router pays with. Nothing was signed."

@@ -167,8 +167,20 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
     if let Some(n) = name {
         body.insert("name".into(), Value::String(n.to_owned()));
     }
+    // `pattern=amount,…`; an entry without `=` is passed as is, which the shared validation refuses.
+    let budgets = |v: &str| {
+        if none(v) {
+            return Value::Null;
+        }
+        let entries = v.split(',').filter(|s| !s.trim().is_empty());
+        let pairs =
+            entries.map(|e| e.split_once('=').map(|(h, a)| (h.trim().to_owned(), Value::String(a.trim().to_owned()))));
+        pairs
+            .collect::<Option<serde_json::Map<String, Value>>>()
+            .map_or_else(|| Value::String(v.to_owned()), Value::Object)
+    };
     type ToJson<'a> = &'a dyn Fn(&str) -> Value;
-    let fields: [(&str, &Option<String>, ToJson); 7] = [
+    let fields: [(&str, &Option<String>, ToJson); 11] = [
         ("max_per_call", &l.max_per_call, &amount),
         ("daily_budget", &l.daily_budget, &amount),
         ("month_budget", &l.month_budget, &amount),
@@ -176,6 +188,10 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
         ("allowed_pay_to", &l.allowed_pay_to, &list),
         ("calls_per_minute", &l.calls_per_minute, &rate),
         ("payments_per_minute", &l.payments_per_minute, &rate),
+        ("week_budget", &l.week_budget, &amount),
+        ("lifetime_budget", &l.lifetime_budget, &amount),
+        ("host_budgets", &l.host_budgets, &budgets),
+        ("blocked_pay_to", &l.blocked_pay_to, &list),
     ];
     for (field, value, to_json) in fields {
         if let Some(v) = value {

@@ -85,7 +85,7 @@ impl Metrics {
             rpc_errors: r.counters("x402_router_rpc_errors_total", "Chain RPC reads that failed or timed out", &["method"])?,
             paid_not_served: r.add(Gauge::new("x402_router_payments_paid_not_served", "Payments settled in the last 24 h whose call was not served (see /audit/payments?status=paid_not_served)")?)?,
             stuck_intents: r.add(Gauge::new("x402_router_payments_stuck", "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update")?)?,
-            budget_used: r.add(GaugeVec::new(Opts::new("x402_router_agent_budget_used_ratio", "Share of a budget spent or reserved: budget=24h or month per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)"), &["agent_id", "budget"])?)?,
+            budget_used: r.add(GaugeVec::new(Opts::new("x402_router_agent_budget_used_ratio", "Share of a budget spent or reserved: budget=24h, month, 7d or lifetime per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)"), &["agent_id", "budget"])?)?,
             cache_rejected: r.add(IntCounter::new("x402_router_cache_entries_rejected_total", "Redis idempotency entries ignored because their MAC did not verify (forged, corrupt, of another key)")?)?,
             idempotency: r.counters("x402_router_idempotency_outcomes_total", "Idempotency decisions by outcome", &["outcome"])?,
             payments: r.counters("x402_router_payments_total", "Payments by outcome", &["outcome"])?,

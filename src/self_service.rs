@@ -92,6 +92,29 @@ pub struct Me {
     /// Payments per minute (`null`: no limit); over it, 429 `rate_limited`.
     #[schema(required = true)]
     pub payments_per_minute: Option<i32>,
+    /// The rolling 7-day budget (atomic units), `null`: none.
+    #[schema(required = true)]
+    pub week_budget: Option<String>,
+    /// Settled (or settled with the answer lost) in the last 7 days.
+    pub spent_7d: String,
+    /// What the week budget still allows (reservations included); `null` without one.
+    #[schema(required = true)]
+    pub remaining_7d: Option<String>,
+    /// The lifetime budget (atomic units), `null`: none.
+    #[schema(required = true)]
+    pub lifetime_budget: Option<String>,
+    /// Settled ever; `null` without a lifetime budget (not summed).
+    #[schema(required = true)]
+    pub spent_lifetime: Option<String>,
+    /// What the lifetime budget still allows (reservations included); `null` without one.
+    #[schema(required = true)]
+    pub remaining_lifetime: Option<String>,
+    /// Rolling 24 h budgets per upstream host pattern, with what each counts and has left
+    /// (over one: 402 `payment_over_budget`).
+    pub host_budgets: Vec<crate::payments::hosts::HostBudgetUse>,
+    /// `payTo` addresses this agent may never pay (`null`: none); 402 `payment_not_allowed`.
+    #[schema(required = true)]
+    pub blocked_pay_to: Option<Vec<String>>,
     /// The same sums per (network, asset).
     #[schema(inline)]
     pub assets: Vec<AssetSpend>,
@@ -178,6 +201,7 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
     .bind::<SqlUuid, _>(agent_id)
     .load(conn)
     .await?;
+    let host_budgets = spend.host_budget_uses().unwrap_or_default();
     Ok(Some(Me {
         agent_id,
         name: agent.name,
@@ -195,6 +219,14 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
         allowed_pay_to: spend.allowed_pay_to,
         calls_per_minute: spend.calls_per_minute,
         payments_per_minute: spend.payments_per_minute,
+        host_budgets,
+        week_budget: spend.week_budget,
+        spent_7d: spend.settled_7d,
+        remaining_7d: spend.remaining_7d,
+        lifetime_budget: spend.lifetime_budget,
+        spent_lifetime: spend.settled_lifetime,
+        remaining_lifetime: spend.remaining_lifetime,
+        blocked_pay_to: spend.blocked_pay_to,
         assets,
     }))
 }

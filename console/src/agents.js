@@ -1,5 +1,6 @@
 // Agents: a sortable, searchable, paged table (500 agents draw 50 rows at a time), and per
-// agent a panel with its spend against each budget, burn rate, limits and allowlists (a form
+// agent a panel with its spend against each budget (24 h, month, 7 days, lifetime, each host
+// budget), burn rate, limits, allowlists and the payTo block list (a form
 // that PATCHes /admin/agents/{id} after showing the change, amounts in atomic units),
 // disable / enable / rotate key. Creating an agent. Amounts are typed and shown in the
 // router's unit (`5`, `5.00 USDC`; converted exactly, see amount.js). A new API key is shown
@@ -7,16 +8,54 @@
 import { $, act, amountEl, amountText, api, change, el, readAmount, state as session, watchAmount } from './util.js';
 import { formatAmount } from './amount.js';
 
-// [field, label, kind]: kind `amount` (typed in the router's unit), `int`, or `list`.
+// [field, label, kind]: kind `amount` (typed in the router's unit), `int`, `list`, or `hosts`
+// (`host=amount, …`, each amount typed in the router's unit).
 const LIMITS = [
   ['max_per_call', 'Max per call', 'amount'],
   ['daily_budget', 'Daily budget (rolling 24 h)', 'amount'],
   ['month_budget', 'Month budget (calendar month, UTC)', 'amount'],
+  ['week_budget', 'Week budget (rolling 7 days)', 'amount'],
+  ['lifetime_budget', 'Lifetime budget', 'amount'],
   ['calls_per_minute', 'Calls per minute', 'int'],
   ['payments_per_minute', 'Payments per minute', 'int'],
   ['allowed_hosts', 'Allowed upstream hosts (comma or space separated)', 'list'],
+  ['host_budgets', 'Host budgets, rolling 24 h (host=amount, comma separated)', 'hosts'],
   ['allowed_pay_to', 'Allowed payTo addresses (comma or space separated)', 'list'],
+  ['blocked_pay_to', 'Blocked payTo addresses (comma or space separated)', 'list'],
 ];
+
+const kindOf = (field) => LIMITS.find(([n]) => n === field)?.[2];
+
+// A host budget map with its hosts in order (the API's JSON object may list them in any order).
+const sortedHosts = (m) => (m ? Object.fromEntries(Object.entries(m).sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0))) : null);
+
+/** The text of a host budget map: `api.example.com=0.05, *.example.org=0.001` (amounts in
+ *  the router's unit, no symbol; with `atomic`, in atomic units). */
+export function hostsText(m, atomic = false) {
+  return Object.entries(sortedHosts(m) ?? {}).map(([h, v]) => `${h}=${atomic ? v : amountText(v)}`).join(', ');
+}
+
+/** The host budget map typed as `host=amount, …` (amounts in the router's unit), null for
+ *  empty (no budgets). Throws naming the entry it cannot read. */
+export function readHosts(raw) {
+  const entries = String(raw ?? '').split(/[,\n]/).map((e) => e.trim()).filter(Boolean);
+  if (entries.length === 0) return null;
+  const out = {};
+  for (const entry of entries) {
+    const at = entry.indexOf('=');
+    if (at <= 0) throw new Error(`"${entry}" is not host=amount`);
+    const host = entry.slice(0, at).trim();
+    let v;
+    try {
+      v = readAmount(entry.slice(at + 1));
+    } catch (e) {
+      throw new Error(`${host}: ${e.message}`);
+    }
+    if (v === null) throw new Error(`${host}: no amount`);
+    out[host] = v;
+  }
+  return sortedHosts(out);
+}
 
 // The table's columns: [key, header, kind]; kind `amount` sorts as BigInt (none last).
 const COLUMNS = [
@@ -61,10 +100,32 @@ export function burnRate(settled24h) {
   return (BigInt(settled24h) / 24n).toString();
 }
 
+/** Shows, under a host budgets field, what it will save (each host's atomic units and the
+ *  amount in the router's unit), or why the text cannot be read. Updated as it is typed. */
+function watchHosts(input, out) {
+  const update = () => {
+    try {
+      const m = readHosts(input.value);
+      out.classList.remove('error');
+      out.textContent = m === null
+        ? 'empty: no host budgets'
+        : `= ${Object.entries(m).map(([h, v]) => `${h}: ${v} atomic units (${formatAmount(v, session.unit)})`).join('; ')}`;
+      input.removeAttribute('aria-invalid');
+    } catch (e) {
+      out.classList.add('error');
+      out.textContent = e.message;
+      input.setAttribute('aria-invalid', 'true');
+    }
+  };
+  input.addEventListener('input', update);
+  update();
+}
+
 /** How a value of an agent reads: amounts in the router's unit, the rest as typed. */
 export function readable(field, v) {
   if (v === null || v === undefined) return 'none';
-  if (LIMITS.some(([n, , k]) => n === field && k === 'amount')) return formatAmount(v, session.unit);
+  if (kindOf(field) === 'amount') return formatAmount(v, session.unit);
+  if (kindOf(field) === 'hosts') return Object.entries(sortedHosts(v)).map(([h, a]) => `${h}: ${formatAmount(a, session.unit)}`).join(', ');
   return shown(v);
 }
 
@@ -114,14 +175,15 @@ function patchOf(form, a) {
   for (const [name, label, kind] of LIMITS) {
     const raw = String(data.get(name) ?? '');
     let v;
-    if (kind === 'amount') {
+    if (kind === 'amount' || kind === 'hosts') {
       try {
-        v = readAmount(raw);
+        v = kind === 'amount' ? readAmount(raw) : readHosts(raw);
       } catch (e) {
         throw new Error(`${label}: ${e.message}`);
       }
     } else v = valueOf(kind, raw);
-    if (JSON.stringify(v) !== JSON.stringify(a[name] ?? null)) patch[name] = v;
+    const was = kind === 'hosts' ? sortedHosts(a[name]) : a[name] ?? null;
+    if (JSON.stringify(v) !== JSON.stringify(was)) patch[name] = v;
   }
   return patch;
 }
@@ -129,8 +191,8 @@ function patchOf(form, a) {
 // What a patch changes, one line per field: `daily_budget: none → 0.20 USDC (200000 atomic units)`.
 function reviewLines(patch, a) {
   return Object.entries(patch).map(([k, v]) => {
-    const isAmount = LIMITS.some(([n, , kind]) => n === k && kind === 'amount');
-    const atomic = isAmount && v !== null ? ` (${v} atomic units)` : '';
+    const kind = kindOf(k);
+    const atomic = v === null ? '' : kind === 'amount' ? ` (${v} atomic units)` : kind === 'hosts' ? ` (atomic units: ${hostsText(v, true)})` : '';
     return el('li', { class: 'mono', text: `${k}: ${readable(k, a[k])} → ${readable(k, v)}${atomic}` });
   });
 }
@@ -139,14 +201,15 @@ function limitsForm(a, err, status) {
   const id = a.agent_id;
   const fields = LIMITS.map(([name, label, kind]) => {
     const fid = `${name}-${id}`;
-    const value = kind === 'amount' ? amountText(a[name]) : shown(a[name]);
+    const value = kind === 'amount' ? amountText(a[name]) : kind === 'hosts' ? hostsText(a[name]) : shown(a[name]);
     const input = change(el('input', { id: fid, name, value, spellcheck: 'false', autocomplete: 'off', inputmode: kind === 'int' ? 'numeric' : kind === 'amount' ? 'decimal' : undefined }));
     const box = el('div', {}, el('label', { for: fid, text: kind === 'amount' ? `${label}${session.unit?.symbol ? `, ${session.unit.symbol}` : ''}` : label }), input);
-    if (kind === 'amount') {
+    if (kind === 'amount' || kind === 'hosts') {
       const out = el('output', { class: 'hint', for: fid, id: `${fid}-hint` });
       input.setAttribute('aria-describedby', out.id);
       box.append(out);
-      watchAmount(input, out);
+      if (kind === 'amount') watchAmount(input, out);
+      else watchHosts(input, out);
     }
     return box;
   });
@@ -216,6 +279,9 @@ function panel(a) {
     el('div', { class: 'mono muted', text: `id ${id}` }),
     bar('24 h', a.settled_24h, a.daily_budget),
     bar('Month', a.settled_month, a.month_budget),
+    bar('7 days', a.settled_7d, a.week_budget),
+    ...(a.lifetime_budget === null ? [] : [bar('Lifetime', a.settled_lifetime, a.lifetime_budget)]),
+    ...(a.host_budget_use ?? []).map((h) => bar(`Host ${h.host}, 24 h, reserved included`, h.used_24h, h.budget)),
     el('div', { class: 'muted' }, 'reserved (in flight): ', amountEl(a.reserved_24h)),
     el('div', { class: 'burn' }, 'burn rate: ', amountEl(rate), ' per hour (24 h spend / 24)'),
     ...limitsForm(a, err, status),

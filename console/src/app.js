@@ -333,7 +333,7 @@ async function renderOverview() {
 
 let updateCapHint = () => {}; // the cap field's conversion, shown again when it is set
 
-// The global pause switch and the wallet-wide cap (GET /admin/settings; changes need an
+// The global pause switch, the wallet-wide cap and payTo block list (GET /admin/settings; changes need an
 // admin token). Updated in place on every poll so that a half-typed cap is not lost.
 function renderSettings(st) {
   const paused = st.paused;
@@ -346,6 +346,8 @@ function renderSettings(st) {
   change($('resume'));
   change($('cap'));
   change($('cap-save'));
+  change($('blocked'));
+  change($('blocked-save'));
   $('pause').disabled = $('pause').disabled || paused;
   $('resume').disabled = $('resume').disabled || !paused;
   $('cap-used').replaceChildren('used in 24 h: ', amountEl(st.wallet_used_24h), '; cap: ', amountEl(st.wallet_daily_cap));
@@ -353,6 +355,8 @@ function renderSettings(st) {
     $('cap').value = amountText(st.wallet_daily_cap);
     updateCapHint();
   }
+  const blocked = (st.blocked_pay_to ?? []).join(', ');
+  if (!$('blocked').dataset.touched && $('blocked').value !== blocked) $('blocked').value = blocked;
 }
 
 async function refreshSettings() {
@@ -381,6 +385,16 @@ function initSettings() {
     act($('cap-save'), $('cap-error'), async () => {
       await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } });
       delete $('cap').dataset.touched;
+    }).then(refreshSettings).catch(showError);
+  });
+  // The wallet-wide payTo block list: addresses as typed (the API checks and normalizes them).
+  $('blocked').addEventListener('input', () => { $('blocked').dataset.touched = '1'; });
+  $('blocked-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const list = $('blocked').value.split(/[\s,]+/).filter(Boolean);
+    act($('blocked-save'), $('blocked-error'), async () => {
+      await api('/admin/settings', { method: 'PATCH', body: { blocked_pay_to: list.length ? list : null } });
+      delete $('blocked').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });
 }

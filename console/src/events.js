@@ -6,7 +6,8 @@ import { formatAmount } from './amount.js';
 
 // Members that hold amounts of the router's unit (agents' limits and spend, the settings).
 const AMOUNTS = new Set(['max_per_call', 'daily_budget', 'month_budget', 'settled_24h', 'reserved_24h', 'remaining_24h',
-  'settled_month', 'remaining_month', 'wallet_daily_cap', 'wallet_used_24h']);
+  'settled_month', 'remaining_month', 'wallet_daily_cap', 'wallet_used_24h', 'week_budget', 'settled_7d', 'remaining_7d',
+  'lifetime_budget', 'settled_lifetime', 'remaining_lifetime']);
 
 const isAtomic = (key, v) => AMOUNTS.has(key) && typeof v === 'string' && /^(0|[1-9][0-9]*)$/.test(v);
 
@@ -15,7 +16,16 @@ export function readableValue(key, v, unit) {
   if (v === undefined) return '(absent)';
   if (v === null) return 'none';
   if (isAtomic(key, v)) return formatAmount(v, unit);
+  // Each host budget's use: `api.example.com: 0.01 USDC of 0.05 USDC`.
+  const atomic = (a) => (typeof a === 'string' && /^(0|[1-9][0-9]*)$/.test(a) ? formatAmount(a, unit) : String(a));
+  if (key === 'host_budget_use' && Array.isArray(v)) {
+    return v.length ? v.map((h) => `${h.host}: ${atomic(h.used_24h)} of ${atomic(h.budget)}`).join(', ') : '(empty)';
+  }
   if (Array.isArray(v)) return v.length ? v.map((x) => (typeof x === 'string' ? x : JSON.stringify(x))).join(', ') : '(empty)';
+  // Budgets per upstream host: `api.example.com: 0.05 USDC, …` (hosts in order).
+  if (key === 'host_budgets' && typeof v === 'object') {
+    return Object.keys(v).sort().map((h) => `${h}: ${atomic(v[h])}`).join(', ') || '(empty)';
+  }
   if (typeof v === 'object') return JSON.stringify(v);
   return String(v);
 }

@@ -68,6 +68,21 @@ pub(super) fn members() -> Vec<(&'static str, Schema)> {
         ),
         ("calls_per_minute", rate("/route calls per minute (paid or not); over: 429 `rate_limited`, nothing written.")),
         ("payments_per_minute", rate("Payments signed per minute; over: 429 `rate_limited`, nothing recorded.")),
+        ("week_budget", amount("Spent in a rolling 7 days plus every reservation, atomic units; null: no limit.")),
+        ("lifetime_budget", amount("Spent ever plus every reservation, atomic units; null: no limit.")),
+        (
+            "host_budgets",
+            crate::payments::hosts::budgets_schema(
+                "Rolling 24 h budgets per upstream host: `{\"api.example.com\": \"50000\", \"*.example.org\": \"1000\"}` (patterns as `allowed_hosts`; a pattern's budget counts every host it matches; several matching patterns all apply); null: none. Over: 402 `payment_over_budget`, nothing signed.",
+            ),
+        ),
+        (
+            "blocked_pay_to",
+            list(
+                ObjectBuilder::new().schema_type(Type::String),
+                "`payTo` addresses the agent may never pay (`0x` + 40 hex digits, any case; Solana addresses exactly), wins over `allowed_pay_to`; null: none. Blocked: 402 `payment_not_allowed`, nothing signed.",
+            ),
+        ),
     ]
 }
 
@@ -105,6 +120,8 @@ mod tests {
             "allowed_hosts" => json!(["api.example.com"]),
             "allowed_pay_to" => json!(["0x1111111111111111111111111111111111111111"]),
             "calls_per_minute" | "payments_per_minute" => json!(5),
+            "host_budgets" => json!({"api.example.com": "1000"}),
+            "blocked_pay_to" => json!(["0x1111111111111111111111111111111111111111"]),
             _ => json!("1000"),
         }
     }
@@ -120,6 +137,7 @@ mod tests {
         let all = json!({
             "name": "bot", "max_per_call": "1", "daily_budget": "1", "month_budget": "1",
             "allowed_hosts": null, "allowed_pay_to": null, "calls_per_minute": null, "payments_per_minute": null,
+            "week_budget": "1", "lifetime_budget": "1", "host_budgets": null, "blocked_pay_to": null,
         });
         for name in all.as_object().unwrap().keys() {
             assert!(documented.contains(&name.as_str()), "{name} is accepted but not documented");

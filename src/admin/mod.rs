@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::keys::{generate_api_key, hash_api_key};
 use crate::money::Amount;
 use crate::operators::{Actor, events};
-use crate::payments::limits::{self, Settings};
+use crate::payments::limits;
 use crate::payments::{Spend, store};
 
 /// Input an operator got wrong; nothing was changed.
@@ -55,12 +55,18 @@ pub struct AgentChange {
     pub allowed_pay_to: Option<Option<Vec<String>>>,
     pub calls_per_minute: Option<Option<i32>>,
     pub payments_per_minute: Option<Option<i32>>,
+    pub week_budget: Option<Option<Amount>>,
+    pub lifetime_budget: Option<Option<Amount>>,
+    /// Pattern (as `allowed_hosts`) → rolling 24 h budget at the hosts it matches.
+    pub host_budgets: Option<Option<std::collections::BTreeMap<String, Amount>>>,
+    pub blocked_pay_to: Option<Option<Vec<String>>>,
 }
 
 impl AgentChange {
     /// Parses a JSON object: `name` (1–200 characters), amounts as decimal strings of atomic
     /// units, allowlists as arrays of strings (hosts: `host`, `*.domain`, optionally
-    /// `:port`; payTo: `0x` addresses), rates as integers 1–1000000; `null` removes a limit.
+    /// `:port`; payTo: `0x` or Solana addresses, the block list alike), rates as integers
+    /// 1–1000000, `host_budgets` as an object of host patterns to amounts; `null` removes a limit.
     /// Unknown fields are refused (a typo must not pass as "no limit").
     ///
     /// # Errors
@@ -80,6 +86,10 @@ impl AgentChange {
                 "allowed_pay_to" => change.allowed_pay_to = Some(list(field, v, limits::parse_pay_to)?),
                 "calls_per_minute" => change.calls_per_minute = Some(rate(field, v)?),
                 "payments_per_minute" => change.payments_per_minute = Some(rate(field, v)?),
+                "week_budget" => change.week_budget = Some(amount(field, v)?),
+                "lifetime_budget" => change.lifetime_budget = Some(amount(field, v)?),
+                "host_budgets" => change.host_budgets = Some(caps::host_budgets(field, v)?),
+                "blocked_pay_to" => change.blocked_pay_to = Some(list(field, v, limits::parse_pay_to)?),
                 other => return Err(Invalid(format!("unknown field {other:?}"))),
             }
         }
@@ -152,6 +162,15 @@ pub struct AgentView {
     pub created_at: chrono::DateTime<chrono::Utc>,
     #[serde(flatten)]
     pub spend: Spend,
+    /// Each host budget with what it counts and has left in the rolling 24 h.
+    pub host_budget_use: Vec<crate::payments::hosts::HostBudgetUse>,
+}
+
+impl AgentView {
+    fn new(name: String, created_at: chrono::DateTime<chrono::Utc>, spend: Spend) -> Self {
+        let host_budget_use = spend.host_budget_uses().unwrap_or_default();
+        Self { name, created_at, spend, host_budget_use }
+    }
 }
 
 #[derive(QueryableByName)]
@@ -174,7 +193,7 @@ pub async fn agent(conn: &mut AsyncPgConnection, id: Uuid) -> QueryResult<Option
         .optional()?;
     let Some(row) = row else { return Ok(None) };
     let spend = store::agent_spend(conn, id, false).await?;
-    Ok(spend.map(|spend| AgentView { name: row.name, created_at: row.created_at, spend }))
+    Ok(spend.map(|spend| AgentView::new(row.name, row.created_at, spend)))
 }
 
 /// Every agent with its spend, oldest first, in one statement (500 agents are one query,
@@ -197,10 +216,7 @@ pub async fn agents(conn: &mut AsyncPgConnection) -> QueryResult<Vec<AgentView>>
     ))
     .load(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| AgentView { name: r.named.name, created_at: r.named.created_at, spend: r.spend })
-        .collect())
+    Ok(rows.into_iter().map(|r| AgentView::new(r.named.name, r.named.created_at, r.spend)).collect())
 }
 
 fn view_json(v: &AgentView) -> Value {
@@ -336,6 +352,7 @@ async fn changed(
 
 /// Writes the fields `change` holds.
 async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &AgentChange) -> QueryResult<usize> {
+    caps::apply(conn, id, change).await?;
     let amount = |a: &Option<Option<Amount>>| a.as_ref().map(|v| v.map(|x| x.to_string()));
     let (max, day, month) = (amount(&change.max_per_call), amount(&change.daily_budget), amount(&change.month_budget));
     diesel::sql_query(
@@ -371,146 +388,12 @@ async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &AgentChange) -> 
     .await
 }
 
-/// A change to the wallet-wide settings (`wallet_daily_cap`; the pause has its own calls).
-///
-/// # Errors
-/// [`Invalid`] for anything else, or a malformed amount.
-pub fn parse_settings(body: &Value) -> Result<Option<Amount>, Invalid> {
-    let obj = body.as_object().ok_or_else(|| Invalid("the body must be a JSON object".into()))?;
-    if let Some(other) = obj.keys().find(|k| *k != "wallet_daily_cap") {
-        return Err(Invalid(format!("unknown field {other:?} (pause with POST /admin/pause)")));
-    }
-    let v = obj.get("wallet_daily_cap").ok_or_else(|| Invalid("wallet_daily_cap is required".into()))?;
-    amount("wallet_daily_cap", v)
-}
-
-/// The settings and the wallet's rolling 24 h usage (what the cap counts).
-///
-/// # Errors
-/// Database errors.
-pub async fn settings(conn: &mut AsyncPgConnection) -> QueryResult<RouterSettings> {
-    let s = limits::settings(conn, false).await?;
-    let used = limits::wallet_used_24h(conn).await?;
-    Ok(RouterSettings::new(s, used))
-}
-
-/// The wallet-wide settings as operators see them (`/admin/settings`, `/admin/pause`).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct RouterSettings {
-    /// Every new payment refused (503 `payments_paused`).
-    pub paused: bool,
-    /// Every new call refused too.
-    pub pause_unpaid: bool,
-    /// Most all agents together may spend and reserve in a rolling 24 h, atomic units.
-    #[schema(required = true)]
-    pub wallet_daily_cap: Option<String>,
-    /// When the settings last changed.
-    pub updated_at: chrono::DateTime<chrono::Utc>,
-    /// What the cap counts now.
-    pub wallet_used_24h: String,
-}
-
-impl RouterSettings {
-    fn new(s: Settings, wallet_used_24h: String) -> Self {
-        let Settings { paused, pause_unpaid, wallet_daily_cap, updated_at } = s;
-        Self { paused, pause_unpaid, wallet_daily_cap, updated_at, wallet_used_24h }
-    }
-}
-
-/// The body of `PATCH /admin/settings` (parsed by `parse_settings`).
-#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SettingsChange {
-    /// Atomic units, decimal; null: no limit.
-    #[schema(required = true, pattern = "^(0|[1-9][0-9]{0,77})$")]
-    pub wallet_daily_cap: Option<String>,
-}
-
 /// The body of `POST /admin/reconcile` (absent: every open payment).
 #[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileRequest {
     /// The one payment to reconcile; absent or null: every open one.
     pub payment_id: Option<Uuid>,
-}
-
-/// The body of `POST /admin/pause` (what the handler accepts; absent: `{}`).
-#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PauseRequest {
-    /// Refuse every new call too, not only payments.
-    #[serde(default)]
-    #[schema(default = false)]
-    pub unpaid: bool,
-}
-
-/// Sets (or, with None, removes) the wallet-wide daily cap.
-///
-/// # Errors
-/// Database errors.
-pub async fn set_wallet_cap(
-    conn: &mut AsyncPgConnection,
-    actor: &Actor,
-    cap: Option<Amount>,
-) -> QueryResult<RouterSettings> {
-    settings_change(conn, actor, "settings.update", SettingsWrite::Cap(cap.map(|c| c.to_string()))).await
-}
-
-/// Pauses every new payment (and, with `unpaid`, every new call); `false`/`false` resumes.
-/// In-flight payments finish.
-///
-/// # Errors
-/// Database errors.
-pub async fn set_paused(
-    conn: &mut AsyncPgConnection,
-    actor: &Actor,
-    paused: bool,
-    unpaid: bool,
-) -> QueryResult<RouterSettings> {
-    let action = if paused { "payments.pause" } else { "payments.resume" };
-    settings_change(conn, actor, action, SettingsWrite::Paused { paused, unpaid: paused && unpaid }).await
-}
-
-/// What a change of the settings writes.
-enum SettingsWrite {
-    Cap(Option<String>),
-    Paused { paused: bool, unpaid: bool },
-}
-
-async fn settings_change(
-    conn: &mut AsyncPgConnection,
-    actor: &Actor,
-    action: &str,
-    write: SettingsWrite,
-) -> QueryResult<RouterSettings> {
-    conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let before = limits::settings(c, true).await?;
-        match write {
-            SettingsWrite::Cap(cap) => {
-                diesel::sql_query(
-                    "UPDATE router_settings SET wallet_daily_cap = $1::numeric, updated_at = now() WHERE id",
-                )
-                .bind::<Nullable<Text>, _>(cap)
-                .execute(c)
-                .await?
-            }
-            SettingsWrite::Paused { paused, unpaid } => {
-                diesel::sql_query(
-                    "UPDATE router_settings SET paused = $1, pause_unpaid = $2, updated_at = now() WHERE id",
-                )
-                .bind::<Bool, _>(paused)
-                .bind::<Bool, _>(unpaid)
-                .execute(c)
-                .await?
-            }
-        };
-        let after = limits::settings(c, false).await?;
-        let (b, a) = (serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok());
-        events::record(c, actor, action, Some("settings"), b.as_ref(), a.as_ref()).await?;
-        let used = limits::wallet_used_24h(c).await?;
-        Ok(RouterSettings::new(after, used))
-    })
-    .await
 }
 
 /// Reconciles one payment (`only`) or every open one now, as `x402-router reconcile` does
@@ -543,7 +426,13 @@ pub async fn reconcile(
     Ok(report)
 }
 
+mod caps;
 mod change_doc;
+mod settings;
+
+pub use settings::{
+    PauseRequest, RouterSettings, SettingsChange, SettingsPatch, parse_settings, set_paused, settings, update_settings,
+};
 
 #[cfg(test)]
 mod tests {
@@ -584,7 +473,17 @@ mod tests {
             assert!(AgentChange::parse(&bad).is_err(), "{bad} accepted");
         }
         assert!(parse_settings(&json!({"wallet_daily_cap": "100"})).is_ok());
-        assert_eq!(parse_settings(&json!({"wallet_daily_cap": null})), Ok(None));
-        assert!(parse_settings(&json!({"paused": true})).is_err());
+        let cleared = SettingsPatch { wallet_daily_cap: Some(None), blocked_pay_to: None };
+        assert_eq!(parse_settings(&json!({"wallet_daily_cap": null})), Ok(cleared));
+        let blocked = parse_settings(&json!({"blocked_pay_to": ["0x00000000000000000000000000000000000000AA"]}));
+        assert_eq!(
+            blocked.unwrap().blocked_pay_to,
+            Some(Some(vec!["0x00000000000000000000000000000000000000aa".into()]))
+        );
+        for bad in
+            [json!({"paused": true}), json!({}), json!({"blocked_pay_to": ["0x12"]}), json!({"blocked_pay_to": "x"})]
+        {
+            assert!(parse_settings(&bad).is_err(), "{bad} accepted");
+        }
     }
 }

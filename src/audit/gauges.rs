@@ -33,7 +33,7 @@ struct Count {
 struct BudgetUse {
     #[diesel(sql_type = Text)]
     agent_id: String,
-    /// `24h`, `month` or `wallet` (the wallet-wide cap, `agent_id` empty).
+    /// `24h`, `month`, `7d`, `lifetime` or `wallet` (the wallet-wide cap, `agent_id` empty).
     #[diesel(sql_type = Text)]
     budget: String,
     #[diesel(sql_type = Double)]
@@ -97,13 +97,16 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
 async fn budget_uses(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec<BudgetUse>> {
     // The same arithmetic as the budget the router enforces (`payments::usage`): spent in the
     // window plus every reservation that may still move money.
-    use payments::usage::{in_day, in_month, sum_where};
+    use payments::usage::{in_day, in_lifetime, in_month, in_week, sum_where};
     diesel::sql_query(format!(
         "SELECT a.id::text AS agent_id, b.budget, b.ratio \
            FROM agents a, LATERAL ( \
-                SELECT {day} AS day, {month} AS month FROM payments p WHERE p.agent_id = a.id) u, \
+                SELECT {day} AS day, {month} AS month, {week} AS week, {lifetime} AS lifetime \
+                  FROM payments p WHERE p.agent_id = a.id) u, \
                 LATERAL (VALUES ('24h', (u.day / NULLIF(a.daily_budget, 0))::float8), \
-                                ('month', (u.month / NULLIF(a.month_budget, 0))::float8)) b(budget, ratio) \
+                                ('month', (u.month / NULLIF(a.month_budget, 0))::float8), \
+                                ('7d', (u.week / NULLIF(a.week_budget, 0))::float8), \
+                                ('lifetime', (u.lifetime / NULLIF(a.lifetime_budget, 0))::float8)) b(budget, ratio) \
           WHERE NOT a.disabled AND b.ratio IS NOT NULL \
          UNION ALL \
          SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
@@ -111,6 +114,8 @@ async fn budget_uses(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec<Bu
           WHERE s.wallet_daily_cap > 0",
         day = sum_where(&in_day()),
         month = sum_where(&in_month()),
+        week = sum_where(&in_week()),
+        lifetime = sum_where(&in_lifetime()),
     ))
     .load(conn)
     .await

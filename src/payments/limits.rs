@@ -1,7 +1,8 @@
 //! The limits an operator sets (docs/DESIGN.md §6): per agent a per-call cap, a rolling
-//! 24 h budget, a calendar-month budget, allowlists of upstream hosts and of `payTo`
-//! addresses, and rate limits (calls and payments per minute); wallet-wide a rolling 24 h cap
-//! across every agent and a pause switch.
+//! 24 h budget, a calendar-month budget, a rolling 7-day and a lifetime budget, rolling 24 h
+//! budgets per upstream host (`super::hosts`), allowlists of upstream hosts and of `payTo`
+//! addresses, a `payTo` block list, and rate limits (calls and payments per minute);
+//! wallet-wide a rolling 24 h cap across every agent, a `payTo` block list and a pause switch.
 //!
 //! Two places check them, both in Postgres so that every router process sees the same
 //! answer:
@@ -9,7 +10,7 @@
 //!   that includes unpaid calls. A refused call writes nothing (not even a rate window count).
 //! * [`check_reservation`], inside the transaction that reserves a payment, under the agent's
 //!   row lock (and, with a wallet cap, the settings row's lock): pause, caps, budgets, the
-//!   `payTo` allowlist and payments per minute. Concurrent payments therefore reserve one
+//!   `payTo` allowlist and block lists, and payments per minute. Concurrent payments therefore reserve one
 //!   after another and can never exceed any limit together.
 
 use diesel::sql_types::{Array, Bool, Integer, Nullable, Text, Uuid as SqlUuid};
@@ -41,10 +42,11 @@ impl From<&str> for BadEntry {
 /// Why a payment or a call is refused by an operator's limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// Over a cap or budget (per call, 24 h, month, wallet-wide): recorded as
+    /// Over a cap or budget (per call, 24 h, month, week, lifetime, host, wallet-wide): recorded as
     /// `payment_over_budget`.
     OverBudget(String),
-    /// The `payTo` is not on the agent's allowlist: recorded as `payment_not_allowed`.
+    /// The `payTo` is blocked (wallet-wide or for the agent) or not on the agent's allowlist:
+    /// recorded as `payment_not_allowed`.
     PayToNotAllowed(String),
     /// The upstream host is not on the agent's allowlist: 403 `upstream_not_allowed`,
     /// nothing written.
@@ -88,6 +90,9 @@ pub struct Settings {
     /// Atomic units, decimal; None: no cap.
     #[diesel(sql_type = Nullable<Text>)]
     pub wallet_daily_cap: Option<String>,
+    /// `payTo` addresses no agent may pay (None: none).
+    #[diesel(sql_type = Nullable<Array<Text>>)]
+    pub blocked_pay_to: Option<Vec<String>>,
     #[diesel(sql_type = diesel::sql_types::Timestamptz)]
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -99,10 +104,10 @@ pub struct Settings {
 /// Database errors (also when the row is missing: migrations seed it).
 pub async fn settings(conn: &mut AsyncPgConnection, lock: bool) -> QueryResult<Settings> {
     let sql = if lock {
-        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, updated_at \
+        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, blocked_pay_to, updated_at \
            FROM router_settings WHERE id FOR NO KEY UPDATE"
     } else {
-        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, updated_at \
+        "SELECT paused, pause_unpaid, wallet_daily_cap::text AS wallet_daily_cap, blocked_pay_to, updated_at \
            FROM router_settings WHERE id"
     };
     diesel::sql_query(sql).prepared().get_result(conn).await
@@ -214,12 +219,23 @@ pub fn agent_refusal(spend: &Spend, amount: Amount, pay_to: &str) -> Option<Refu
     if let Some(why) = limits.exceeded_by(amount) {
         return Some(Refusal::OverBudget(why));
     }
-    if let Some(allowed) = &spend.allowed_pay_to
-        && !allowed.iter().any(|a| pay_to_matches(a, pay_to))
-    {
-        return Some(Refusal::PayToNotAllowed(format!("the payTo {pay_to} is not on the agent's allowlist")));
+    pay_to_refusal(spend, pay_to).map(Refusal::PayToNotAllowed)
+}
+
+/// Why `spend`'s agent may not pay `pay_to`, if it may not: blocked wallet-wide or for the
+/// agent (a block list wins over the allowlist), or not on the agent's allowlist. The one
+/// check of a `payTo`, at the choice of what to sign and again in the reservation.
+pub fn pay_to_refusal(spend: &Spend, pay_to: &str) -> Option<String> {
+    let on = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| l.iter().any(|a| pay_to_matches(a, pay_to)));
+    if on(&spend.wallet_blocked_pay_to) {
+        Some(format!("the payTo {pay_to} is on the wallet-wide block list"))
+    } else if on(&spend.blocked_pay_to) {
+        Some(format!("the payTo {pay_to} is on the agent's block list"))
+    } else if spend.allowed_pay_to.is_some() && !on(&spend.allowed_pay_to) {
+        Some(format!("the payTo {pay_to} is not on the agent's allowlist"))
+    } else {
+        None
     }
-    None
 }
 
 /// Every limit of a reservation, in the reserving transaction, after `spend` was read under

@@ -5,6 +5,7 @@
 //! A row is written (status `signed`) *before* the paid request leaves, and finalised in the
 //! same transaction as the call's receipt and idempotency transition.
 
+pub mod hosts;
 pub mod kept;
 pub mod limits;
 pub mod reprice;
@@ -174,6 +175,55 @@ pub struct Spend {
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
     #[schema(required = false)]
     pub payments_per_minute: Option<i32>,
+    /// The rolling 7-day budget, if any.
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::week_budget, required = true)]
+    pub week_budget: Option<String>,
+    /// Spent in the rolling 7 days (the 24 h window's rule over seven days).
+    #[diesel(sql_type = Text)]
+    #[schema(schema_with = doc::settled_7d)]
+    pub settled_7d: String,
+    /// What the week budget still allows: the budget less the week's spend and every
+    /// reservation (None: no week budget).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::remaining_7d, required = true)]
+    pub remaining_7d: Option<String>,
+    /// The lifetime budget, if any.
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::lifetime_budget, required = true)]
+    pub lifetime_budget: Option<String>,
+    /// Spent ever (None without a lifetime budget: not summed).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::settled_lifetime, required = true)]
+    pub settled_lifetime: Option<String>,
+    /// What the lifetime budget still allows, reservations included (None without one).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::remaining_lifetime, required = true)]
+    pub remaining_lifetime: Option<String>,
+    /// Rolling 24 h budgets per upstream host pattern, `{"pattern": "amount"}` (None: none).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
+    #[schema(schema_with = doc::host_budgets, required = true)]
+    pub host_budgets: Option<serde_json::Value>,
+    /// `payTo` addresses this agent may never pay (None: none).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    #[schema(schema_with = doc::blocked_pay_to, required = true)]
+    pub blocked_pay_to: Option<Vec<String>>,
+    /// With host budgets: what each upstream host counts in the rolling 24 h (spent and
+    /// reserved), `{"host[:port]": "amount"}`, `""` for intents of unknown host. Shown per
+    /// pattern by [`Spend::host_budget_uses`].
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Jsonb>)]
+    #[serde(skip)]
+    pub host_used_24h: Option<serde_json::Value>,
+    /// The upstream host this spend was read for (`payments.upstream_host`'s form), whose host
+    /// budgets [`Spend::limits`] applies; None: none.
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[serde(skip)]
+    pub upstream_host: Option<String>,
+    /// The wallet-wide `payTo` block list (`router_settings.blocked_pay_to`), read with the
+    /// agent's limits; shown with the settings.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
+    #[serde(skip)]
+    pub wallet_blocked_pay_to: Option<Vec<String>>,
 }
 
 /// The schemas of [`Spend`]'s members as the OpenAPI document states them.
@@ -210,6 +260,30 @@ mod doc {
     pub fn allowed_pay_to() -> RefOr<Schema> {
         s::strings_or_null("payTo addresses this agent may pay (null: any).")
     }
+    pub fn week_budget() -> RefOr<Schema> {
+        s::amount_or_null("Rolling 7-day budget; null: none.")
+    }
+    pub fn settled_7d() -> RefOr<Schema> {
+        s::amount("Settled (or settled, response lost) in the last 7 days.")
+    }
+    pub fn remaining_7d() -> RefOr<Schema> {
+        s::amount_or_null("What the week budget still allows (reservations included); null without one.")
+    }
+    pub fn lifetime_budget() -> RefOr<Schema> {
+        s::amount_or_null("Lifetime budget; null: none.")
+    }
+    pub fn settled_lifetime() -> RefOr<Schema> {
+        s::amount_or_null("Settled ever; null without a lifetime budget (not summed).")
+    }
+    pub fn remaining_lifetime() -> RefOr<Schema> {
+        s::amount_or_null("What the lifetime budget still allows (reservations included); null without one.")
+    }
+    pub fn host_budgets() -> RefOr<Schema> {
+        RefOr::T(super::hosts::budgets_schema("Rolling 24 h budgets per upstream host pattern (null: none)."))
+    }
+    pub fn blocked_pay_to() -> RefOr<Schema> {
+        s::strings_or_null("payTo addresses this agent may never pay (null: none).")
+    }
 }
 
 impl Spend {
@@ -223,7 +297,19 @@ impl Spend {
             per_call: parse(&self.max_per_call)?,
             day_left: parse(&self.remaining_24h)?,
             month_left: parse(&self.remaining_month)?,
+            week_left: parse(&self.remaining_7d)?,
+            lifetime_left: parse(&self.remaining_lifetime)?,
+            host_left: self.upstream_host.as_deref().map(|host| hosts::left_at(self, host)).transpose()?.flatten(),
         })
+    }
+
+    /// Each host budget with what it counts and has left in the rolling 24 h (empty without
+    /// host budgets).
+    ///
+    /// # Errors
+    /// [`BadAmount`](crate::money::BadAmount) when a stored value is unreadable.
+    pub fn host_budget_uses(&self) -> Result<Vec<hosts::HostBudgetUse>, crate::money::BadAmount> {
+        hosts::uses(self)
     }
 }
 
@@ -231,23 +317,28 @@ impl Spend {
 /// (each `None`: no such limit), in atomic units of the router's one unit. Built by
 /// [`Spend::limits`], the one parser of the stored amounts; [`Limits::headroom`] is the one
 /// place that takes the smallest of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     pub per_call: Option<crate::money::Amount>,
     pub day_left: Option<crate::money::Amount>,
     pub month_left: Option<crate::money::Amount>,
+    pub week_left: Option<crate::money::Amount>,
+    pub lifetime_left: Option<crate::money::Amount>,
+    /// What the host budgets matching the call's upstream host have left (the smallest).
+    pub host_left: Option<crate::money::Amount>,
 }
 
 impl Limits {
-    /// The most one payment may be now: the smallest of the per-call cap and what the day and
-    /// month budgets have left (`None`: no limit).
+    /// The most one payment may be now: the smallest of the per-call cap and what the
+    /// budgets have left (`None`: no limit).
     pub fn headroom(&self) -> Option<crate::money::Amount> {
         [self.per_call, self.budget_left()].into_iter().flatten().min()
     }
 
-    /// What the budgets (day and month) have left together (`None`: no budget).
+    /// What the budgets (day, month, week, lifetime, the call's host) have left together
+    /// (`None`: no budget).
     pub fn budget_left(&self) -> Option<crate::money::Amount> {
-        [self.day_left, self.month_left].into_iter().flatten().min()
+        [self.day_left, self.month_left, self.week_left, self.lifetime_left, self.host_left].into_iter().flatten().min()
     }
 
     /// Why `amount` may not be paid under these limits (the first one it exceeds), if any.
@@ -260,6 +351,17 @@ impl Limits {
         }
         if let Some(left) = self.month_left.filter(|l| amount > *l) {
             return Some(format!("the price {amount} exceeds what remains of the agent's month budget ({left})"));
+        }
+        if let Some(left) = self.week_left.filter(|l| amount > *l) {
+            return Some(format!("the price {amount} exceeds what remains of the agent's weekly budget ({left})"));
+        }
+        if let Some(left) = self.lifetime_left.filter(|l| amount > *l) {
+            return Some(format!("the price {amount} exceeds what remains of the agent's lifetime budget ({left})"));
+        }
+        if let Some(left) = self.host_left.filter(|l| amount > *l) {
+            return Some(format!(
+                "the price {amount} exceeds what remains of the agent's daily budget for this upstream host ({left})"
+            ));
         }
         None
     }
@@ -428,14 +530,24 @@ mod tests {
     fn headroom_is_the_smallest_limit_and_each_limit_is_named_when_exceeded() {
         use crate::money::Amount;
         let a = |n: u64| Some(Amount::from(n));
-        let limits = Limits { per_call: a(50), day_left: a(30), month_left: a(40) };
+        let limits = Limits { per_call: a(50), day_left: a(30), month_left: a(40), ..Limits::default() };
         assert_eq!((limits.headroom(), limits.budget_left()), (a(30), a(30)));
-        assert_eq!(Limits { per_call: None, day_left: None, month_left: None }.headroom(), None);
-        assert_eq!(Limits { per_call: a(5), day_left: None, month_left: a(9) }.headroom(), a(5));
+        assert_eq!(Limits::default().headroom(), None);
+        assert_eq!(Limits { per_call: a(5), month_left: a(9), ..Limits::default() }.headroom(), a(5));
         assert_eq!(limits.exceeded_by(Amount::from(30)), None);
         assert!(limits.exceeded_by(Amount::from(31)).unwrap().contains("daily budget"));
         assert!(limits.exceeded_by(Amount::from(51)).unwrap().contains("per-call cap"));
-        let month = Limits { per_call: None, day_left: a(100), month_left: a(40) };
+        let month = Limits { day_left: a(100), month_left: a(40), ..Limits::default() };
         assert!(month.exceeded_by(Amount::from(41)).unwrap().contains("month budget"));
+        // Each newer budget narrows the headroom and is named when exceeded.
+        for (limits, name) in [
+            (Limits { day_left: a(100), week_left: a(20), ..Limits::default() }, "weekly budget"),
+            (Limits { month_left: a(100), lifetime_left: a(20), ..Limits::default() }, "lifetime budget"),
+            (Limits { per_call: a(100), host_left: a(20), ..Limits::default() }, "for this upstream host"),
+        ] {
+            assert_eq!((limits.headroom(), limits.budget_left()), (a(20), a(20)));
+            assert_eq!(limits.exceeded_by(Amount::from(20)), None);
+            assert!(limits.exceeded_by(Amount::from(21)).unwrap().contains(name), "{name}");
+        }
     }
 }

@@ -26,6 +26,8 @@ pub struct Repriced<'a> {
     /// What the new authorization signs.
     pub amount: Amount,
     pub pay_to: &'a str,
+    /// The upstream host of the call (`hosts::key`).
+    pub upstream_host: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
     pub authorization: &'a Value,
@@ -44,7 +46,7 @@ pub struct Repriced<'a> {
 pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::QueryResult<Reservation> {
     let shown = &r.kept.shown;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let spend = match lock_for_reservation(c, r.agent_id, r.credential).await? {
+        let spend = match lock_for_reservation(c, r.agent_id, r.credential, Some(r.upstream_host)).await? {
             Ok(spend) => spend,
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };

@@ -14,7 +14,7 @@ pub use super::Spend;
 use super::limits::Refusal;
 pub use super::sealed::SentRequest;
 use super::sealed::{Kept, Sealed};
-pub use super::spend::{agent_spend, lock_for_reservation};
+pub use super::spend::{agent_spend, agent_spend_at, lock_for_reservation};
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
 use crate::money::Amount;
@@ -79,6 +79,8 @@ pub struct NewPayment<'a> {
     pub amount: Amount,
     pub pay_to: &'a str,
     pub payer: &'a str,
+    /// The upstream host of the paid call (`hosts::key`): what its host budgets count.
+    pub upstream_host: &'a str,
     pub nonce: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
@@ -108,9 +110,10 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
          INSERT INTO payments (id, agent_id, idempotency_key, x402_version, scheme, network, asset, amount, \
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, status, request_hash, request_method, \
-                               request_url, advertised_extensions, sealed, sealed_key_id, charge_proven) \
+                               request_url, advertised_extensions, sealed, sealed_key_id, charge_proven, \
+                               upstream_host) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
-                $20, $21, $22, $23, $24, $25, $6 <> 'upto' \
+                $20, $21, $22, $23, $24, $25, $6 <> 'upto', $26 \
           WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
@@ -139,6 +142,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Nullable<Bytea>, _>(shown.advertised_extensions.as_deref())
     .bind::<Bytea, _>(&p.kept.sealed.bytes)
     .bind::<Text, _>(&p.kept.sealed.key_id)
+    .bind::<Text, _>(p.upstream_host)
     .prepared()
     .execute(conn)
     .await?;
@@ -156,7 +160,7 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
 pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult<Reservation> {
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let spend = match lock_for_reservation(c, r.agent_id, r.credential).await? {
+        let spend = match lock_for_reservation(c, r.agent_id, r.credential, Some(r.upstream_host)).await? {
             Ok(spend) => spend,
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
@@ -175,6 +179,9 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
             }
         } else if super::limits::settings(c, false).await?.paused {
             return Ok(Reservation::Refused(Refusal::Paused));
+        } else if let Some(why) = super::limits::pay_to_refusal(&spend, r.pay_to) {
+            // Blocked (or off the allowlist) since it was first signed: never signed again.
+            return Ok(Reservation::Refused(Refusal::PayToNotAllowed(why)));
         }
         let n = diesel::sql_query(
             "WITH owner AS ( \
@@ -216,6 +223,8 @@ pub struct Resign<'a> {
     pub lease: Uuid,
     pub amount: Amount,
     pub pay_to: &'a str,
+    /// The upstream host of the call (`hosts::key`).
+    pub upstream_host: &'a str,
     pub valid_after: i64,
     pub valid_before: i64,
     pub authorization: &'a Value,
@@ -295,7 +304,7 @@ pub enum Reservation {
 pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryResult<Reservation> {
     use diesel_async::AsyncConnection;
     conn.transaction::<_, diesel::result::Error, _>(async |c| {
-        let spend = match lock_for_reservation(c, p.agent_id, p.credential).await? {
+        let spend = match lock_for_reservation(c, p.agent_id, p.credential, Some(p.upstream_host)).await? {
             Ok(spend) => spend,
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };

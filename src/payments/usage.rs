@@ -64,3 +64,33 @@ pub fn in_month() -> String {
 pub fn sum_where(cond: &str) -> String {
     format!("COALESCE(sum(p.amount) FILTER (WHERE {cond}), 0)")
 }
+
+/// SQL condition (on a `payments p` row) for "in the rolling 7-day window": the rule of
+/// [`IN_WINDOW_24H`] over seven days (from the current authorization's signing until 7 days
+/// after its `validBefore`).
+pub const IN_WINDOW_7D: &str = "GREATEST(p.signed_at, to_timestamp(p.valid_before)) > now() - interval '7 days'";
+
+/// Condition: `p` is spent (settled) in the rolling 7-day window.
+pub fn spent_in_week() -> String {
+    format!("p.status IN {spent} AND {IN_WINDOW_7D}", spent = *SPENT)
+}
+
+/// Condition: `p` counts against the rolling 7-day budget (spent in the window, or reserved).
+pub fn in_week() -> String {
+    format!(
+        "p.status NOT IN {released} AND (p.status NOT IN {spent} OR {IN_WINDOW_7D})",
+        released = *RELEASED,
+        spent = *SPENT
+    )
+}
+
+/// Condition: `p` is spent (settled), whenever.
+pub fn spent_ever() -> String {
+    format!("p.status IN {spent}", spent = *SPENT)
+}
+
+/// Condition: `p` counts against the lifetime budget (spent ever, or reserved): every payment
+/// that did not release its reservation.
+pub fn in_lifetime() -> String {
+    format!("p.status NOT IN {released}", released = *RELEASED)
+}

@@ -123,6 +123,13 @@ impl RouteCall {
     pub fn parse(raw: &[u8], path: &str, query: &str) -> Result<Self, BadRequest> {
         Received::parse(raw, path, query)?.into_call()
     }
+
+    /// The upstream host as the ledger keeps it (`payments.upstream_host`): lowercase, with
+    /// `:port` when the URL names one.
+    pub fn upstream_host(&self) -> String {
+        let url = &self.upstream.url;
+        crate::payments::hosts::key(url.host_str().unwrap_or_default(), url.port())
+    }
 }
 
 /// A `/route` body as received: a strict JSON object and its fingerprint, not yet checked as

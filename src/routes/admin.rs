@@ -216,9 +216,10 @@ pub async fn rotate_key(
     Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
 }
 
-/// GET /admin/settings — pause state, the wallet-wide daily cap and what it counts.
+/// GET /admin/settings — pause state, the wallet-wide daily cap and what it counts, the
+/// wallet-wide payTo block list.
 #[utoipa::path(get, path = "/admin/settings", tag = "admin", operation_id = "adminSettings",
-    summary = "Pause state and the wallet-wide daily cap", description = "Viewer or admin.",
+    summary = "Pause state, the wallet-wide daily cap and payTo block list", description = "Viewer or admin.",
     security(("operatorToken" = [])),
     responses(
         (status = 200, description = "The settings.", body = admin::RouterSettings),
@@ -231,10 +232,10 @@ pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpRespo
     Ok(HttpResponse::Ok().json(super::in_name_order(&admin::settings(&mut conn).await.map_err(ApiError::database)?)))
 }
 
-/// PATCH /admin/settings — `{"wallet_daily_cap": "…" | null}`.
+/// PATCH /admin/settings — `{"wallet_daily_cap": "…" | null, "blocked_pay_to": […] | null}`.
 #[utoipa::path(patch, path = "/admin/settings", tag = "admin", operation_id = "adminUpdateSettings",
-    summary = "Set or remove the wallet-wide daily cap",
-    description = "Enforced in the transaction that reserves each payment, under one lock: concurrent payments of all agents never exceed it.",
+    summary = "Set or remove the wallet-wide daily cap and payTo block list",
+    description = "Either member or both (absent: unchanged; null: removed). Both are enforced in the transaction that reserves each payment: the cap under one lock, so concurrent payments of all agents never exceed it; a blocked payTo is never signed for any agent (402 `payment_not_allowed`).",
     security(("operatorToken" = [])),
     request_body(content = admin::SettingsChange, content_type = "application/json"),
     responses(
@@ -249,10 +250,10 @@ pub async fn update_settings(
     op: Admin,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let cap = admin::parse_settings(&json_body(payload).await?)?;
+    let patch = admin::parse_settings(&json_body(payload).await?)?;
     let mut conn = state.conn().await?;
     Ok(HttpResponse::Ok().json(super::in_name_order(
-        &admin::set_wallet_cap(&mut conn, &op.actor, cap).await.map_err(ApiError::database)?,
+        &admin::update_settings(&mut conn, &op.actor, &patch).await.map_err(ApiError::database)?,
     )))
 }
 

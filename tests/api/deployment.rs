@@ -358,8 +358,8 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     let db = TestDb::new().await;
     let agent = create_agent(&db, "budgeted").await;
     let unlimited = create_agent(&db, "unlimited").await;
-    exec(&db, &format!("UPDATE agents SET daily_budget = 100000, month_budget = 40000 WHERE id = '{}'", agent.id))
-        .await;
+    let budgets = "daily_budget = 100000, month_budget = 40000, week_budget = 60000, lifetime_budget = 300000";
+    exec(&db, &format!("UPDATE agents SET {budgets} WHERE id = '{}'", agent.id)).await;
     exec(&db, "UPDATE router_settings SET wallet_daily_cap = 80000").await;
     insert_payment(&db, agent.id, "settled", "1 minute").await; // paid, never served
     insert_payment(&db, agent.id, "signed", "1 hour").await; // stuck
@@ -379,6 +379,9 @@ async fn ledger_gauges_count_paid_not_served_stuck_intents_and_budget_use() {
     // This month (by signing time, which these rows take from their insertion): the same
     // three, out of 40000.
     assert_eq!(metric_value(&text, &ratio("month")), Some(0.75), "{text}");
+    // The week and the lifetime count the same three (the expired one released its reservation).
+    assert_eq!(metric_value(&text, &ratio("7d")), Some(0.5), "{text}");
+    assert_eq!(metric_value(&text, &ratio("lifetime")), Some(0.1), "{text}");
     // The wallet: every agent's payments in the window (signed now), out of 80000.
     assert_eq!(metric_value(&text, r#"x402_router_agent_budget_used_ratio{agent_id="",budget="wallet"}"#), Some(0.5));
     assert!(!text.contains(&unlimited.id.to_string()), "agents without a budget have no gauge");

@@ -9,6 +9,7 @@ mod agents;
 mod audit;
 mod auth;
 mod batch_settlement;
+mod caps;
 mod chain_index;
 mod cli;
 mod concurrency;

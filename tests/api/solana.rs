@@ -159,9 +159,22 @@ async fn a_solana_payment_the_router_may_not_make_is_never_signed() {
             Some(format!("UPDATE agents SET allowed_pay_to = ARRAY['{flipped}']")),
             "payment_not_allowed",
         ),
+        (
+            "payTo blocked for the agent",
+            call(&rig, "/svm/v2/paid"),
+            Some(format!("UPDATE agents SET blocked_pay_to = ARRAY['{pay_to}']")),
+            "payment_not_allowed",
+        ),
+        (
+            "payTo blocked wallet-wide",
+            call(&rig, "/svm/v2/paid"),
+            Some(format!("UPDATE router_settings SET blocked_pay_to = ARRAY['{pay_to}']")),
+            "payment_not_allowed",
+        ),
     ];
     for (what, body, setup, code) in cases {
-        exec(&app.db, "UPDATE agents SET daily_budget = NULL, allowed_pay_to = NULL").await;
+        exec(&app.db, "UPDATE agents SET daily_budget = NULL, allowed_pay_to = NULL, blocked_pay_to = NULL").await;
+        exec(&app.db, "UPDATE router_settings SET blocked_pay_to = NULL").await;
         if let Some(sql) = setup {
             exec(&app.db, &sql).await;
         }
@@ -171,8 +184,10 @@ async fn a_solana_payment_the_router_may_not_make_is_never_signed() {
     assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 0);
     assert_eq!(rig.balances().await, before);
     assert_eq!(rig.stats().await, json!({"settled": 0, "kept": 0, "refused": 0}));
-    // The exact payTo on the allowlist is paid.
-    exec(&app.db, &format!("UPDATE agents SET allowed_pay_to = ARRAY['{pay_to}']")).await;
+    // The exact payTo on the allowlist is paid; a block of another spelling blocks another account.
+    exec(&app.db, "UPDATE router_settings SET blocked_pay_to = NULL").await;
+    let (allow, block) = (format!("ARRAY['{pay_to}']"), format!("ARRAY['{flipped}']"));
+    exec(&app.db, &format!("UPDATE agents SET allowed_pay_to = {allow}, blocked_pay_to = {block}")).await;
     let (status, env) = route(&app, &new_key(), &call(&rig, "/svm/v2/paid")).await;
     assert_eq!((status, &env["payment"]["status"]), (200, &json!("settled")), "{env}");
 }

@@ -184,6 +184,11 @@ await scenario('amounts: typed amounts convert to atomic units exactly (BigInt, 
   assert(JSON.stringify(d.map((c) => c.text)) === JSON.stringify(['allowed_hosts: x.com → none', 'daily_budget: none → 0.20 USDC', 'disabled: false → true']),
     JSON.stringify(d));
   assert(d[1].title === 'atomic units: none → 200000', d[1].title);
+  // The newer caps: a week budget as an amount, host budgets and their use per host, never JSON.
+  const caps = diff({ week_budget: null, host_budgets: null, host_budget_use: [] },
+    { week_budget: '70000', host_budgets: { 'b.com': '1', 'a.com': '2000000' }, host_budget_use: [{ host: 'a.com', budget: '2000000', used_24h: '10000', remaining_24h: '1990000' }] }, usdc);
+  assert(JSON.stringify(caps.map((c) => c.text)) === JSON.stringify(['host_budget_use: (empty) → a.com: 0.01 USDC of 2.00 USDC',
+    'host_budgets: none → a.com: 2.00 USDC, b.com: 0.000001 USDC', 'week_budget: none → 0.07 USDC']), JSON.stringify(caps));
 });
 
 await scenario('the console is served with a strict CSP and no-store', async () => {
@@ -646,6 +651,105 @@ await scenario('the wallet daily cap set in the console refuses the next paid ca
   }
 });
 
+await scenario('caps: week and host budgets typed in USDC, confirmed in atomic units, refuse the next paid call; a payTo blocked for the agent and wallet-wide is never paid', async (open) => {
+  const opened = await open();
+  const { page } = opened;
+  const usdc = (atomic) => formatAmount(atomic, { decimals: 6, symbol: 'USDC' });
+  const patchSettings = (body) => fetch(`${ROUTER}/admin/settings`, {
+    method: 'PATCH',
+    headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  try {
+    const created = await fetch(`${ROUTER}/admin/agents`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: `console-caps-${process.pid}` }),
+    }).then((r) => r.json());
+    const { agent_id: id, name } = created.agent;
+    const key = created.api_key;
+    const first = await paidCall(key);
+    assert(first.status === 200, `the new agent pays: HTTP ${first.status} ${first.body}`);
+    const payTo = JSON.parse(first.body).payment.pay_to;
+    const price = JSON.parse(first.body).payment.amount;
+    const host = new URL(UPSTREAM).host;
+    await signIn(page);
+    await nav(page, 'Agents').click();
+    const card = await openAgent(page, name, id);
+
+    // A week budget and host budgets typed in USDC: what they save is shown as typed.
+    await card.getByLabel(/^Week budget/).fill('0.02 USDC');
+    const hosts = card.getByLabel(/^Host budgets/);
+    await hosts.fill(`api.example.com=1, ${host}=${formatUnits(price, 6)} USDC`);
+    await card.locator('output').getByText(`= ${host}: ${price} atomic units (${usdc(price)}); api.example.com: 1000000 atomic units (${usdc('1000000')})`).waitFor({ timeout: WAIT });
+    await card.getByRole('button', { name: 'Review changes' }).click();
+    const review = card.locator('.review');
+    await review.getByText(`week_budget: none → ${usdc('20000')} (20000 atomic units)`).waitFor({ timeout: WAIT });
+    await review.getByText(`host_budgets: none → ${host}: ${usdc(price)}, api.example.com: ${usdc('1000000')} (atomic units: ${host}=${price}, api.example.com=1000000)`).waitFor({ timeout: WAIT });
+    assert((await review.locator('li').count()) === 2, `the review lists more than the change: ${await review.textContent()}`);
+    await page.screenshot({ path: `${SHOTS}/agent-caps-review.png`, fullPage: true });
+    assert((await operator(`/admin/agents/${id}`)).host_budgets === null, 'saved before it was confirmed');
+    await review.getByRole('button', { name: 'Confirm and save' }).click();
+    await until('the saved caps', async () => {
+      const a = await operator(`/admin/agents/${id}`);
+      return a.week_budget === '20000' && a.host_budgets?.[host] === price && a.host_budgets?.['api.example.com'] === '1000000';
+    });
+    // Each budget against what it counts; the host's is used up by the first call.
+    const panel = () => page.locator(`[data-panel="${id}"]`);
+    await panel().getByText(`7 days: ${usdc(price)} of ${usdc('20000')} (50 %)`).waitFor({ timeout: WAIT });
+    await panel().getByText(`Host ${host}, 24 h, reserved included: ${usdc(price)} of ${usdc(price)} (100 %)`).waitFor({ timeout: WAIT });
+    const overHost = await paidCall(key);
+    assert(code(overHost) === 'payment_over_budget', `over the host budget: HTTP ${overHost.status} ${overHost.body}`);
+    await page.screenshot({ path: `${SHOTS}/agent-caps.png`, fullPage: true });
+
+    // A host budget the page cannot read is refused in the page: nothing is sent.
+    await panel().getByLabel(/^Host budgets/).fill('api.example.com');
+    await panel().getByRole('button', { name: 'Review changes' }).click();
+    await panel().getByRole('alert').getByText(/^Host budgets.*"api\.example\.com" is not host=amount/).waitFor({ timeout: WAIT });
+    assert((await operator(`/admin/agents/${id}`)).host_budgets?.[host] === price, 'a bad host budget changed the agent');
+
+    // Host budgets removed, the upstream's payTo blocked for this agent (in capitals): refused.
+    await panel().getByLabel(/^Host budgets/).fill('');
+    await panel().getByLabel(/^Blocked payTo/).fill(`0x${payTo.slice(2).toUpperCase()}`);
+    await panel().getByRole('button', { name: 'Review changes' }).click();
+    await panel().getByRole('button', { name: 'Confirm and save' }).click();
+    await until('the agent block list saved', async () => {
+      const a = await operator(`/admin/agents/${id}`);
+      return a.host_budgets === null && JSON.stringify(a.blocked_pay_to) === JSON.stringify([payTo.toLowerCase()]);
+    });
+    const blocked = await paidCall(key);
+    assert(code(blocked) === 'payment_not_allowed' && blocked.body.includes("agent's block list"), `blocked for the agent: HTTP ${blocked.status} ${blocked.body}`);
+    await panel().getByLabel(/^Blocked payTo/).fill('');
+    await panel().getByRole('button', { name: 'Review changes' }).click();
+    await panel().getByRole('button', { name: 'Confirm and save' }).click();
+    await until('the agent block list cleared', async () => (await operator(`/admin/agents/${id}`)).blocked_pay_to === null);
+    const paid = await paidCall(key);
+    assert(paid.status === 200, `unblocked, within the week budget: HTTP ${paid.status} ${paid.body}`);
+
+    // Wallet-wide, from the overview: every agent is refused; cleared, it pays.
+    await nav(page, 'Overview').click();
+    await page.getByLabel(/^Blocked payTo addresses \(all agents/).fill(`${payTo}, nope`);
+    await page.getByRole('button', { name: 'Save block list' }).click();
+    await page.locator('#blocked-error').getByText(/blocked_pay_to: "nope" is not an address/).waitFor({ timeout: WAIT });
+    expectRefused(opened, 400);
+    assert((await operator('/admin/settings')).blocked_pay_to === null, 'a bad block list changed the settings');
+    await page.getByLabel(/^Blocked payTo addresses \(all agents/).fill(payTo);
+    await page.getByRole('button', { name: 'Save block list' }).click();
+    await until('the wallet block list saved', async () => JSON.stringify((await operator('/admin/settings')).blocked_pay_to) === JSON.stringify([payTo.toLowerCase()]));
+    await until('the saved list shown', async () => (await page.getByLabel(/^Blocked payTo addresses \(all agents/).inputValue()) === payTo.toLowerCase());
+    const wallet = await paidCall();
+    assert(code(wallet) === 'payment_not_allowed' && wallet.body.includes('wallet-wide block list'), `blocked wallet-wide: HTTP ${wallet.status} ${wallet.body}`);
+    await page.screenshot({ path: `${SHOTS}/overview-blocked-pay-to.png`, fullPage: true });
+    await page.getByLabel(/^Blocked payTo addresses \(all agents/).fill('');
+    await page.getByRole('button', { name: 'Save block list' }).click();
+    await until('the wallet block list cleared', async () => (await operator('/admin/settings')).blocked_pay_to === null);
+    const again = await paidCall();
+    assert(again.status === 200, `wallet block list cleared: HTTP ${again.status} ${again.body}`);
+  } finally {
+    await patchSettings({ blocked_pay_to: null });
+  }
+});
+
 await scenario('a viewer sees everything, every change control is disabled, and a forced change gets 403', async (open) => {
   const opened = await open();
   const { page } = opened;
@@ -655,7 +759,7 @@ await scenario('a viewer sees everything, every change control is disabled, and 
   await page.getByText(/^Running: payments are allowed/).waitFor({ timeout: WAIT });
   await page.locator('#chart-day canvas').waitFor({ timeout: WAIT });
   const enabledChanges = async () => page.locator('.change').evaluateAll((cs) => cs.filter((c) => !c.disabled).map((c) => c.id || c.name || c.textContent));
-  for (const name of ['Pause payments', 'Resume payments', 'Save cap']) {
+  for (const name of ['Pause payments', 'Resume payments', 'Save cap', 'Save block list']) {
     assert(await page.getByRole('button', { name }).isDisabled(), `${name} is enabled for a viewer`);
   }
   assert((await enabledChanges()).length === 0, `enabled on the overview: ${await enabledChanges()}`);

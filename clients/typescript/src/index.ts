@@ -131,6 +131,14 @@ export interface Budget {
   allowed_pay_to: string[] | null;
   calls_per_minute: number | null;
   payments_per_minute: number | null;
+  week_budget: string | null;
+  spent_7d: string;
+  remaining_7d: string | null;
+  lifetime_budget: string | null;
+  spent_lifetime: string | null;
+  remaining_lifetime: string | null;
+  host_budgets: { host: string; budget: string; used_24h: string; remaining_24h: string }[];
+  blocked_pay_to: string[] | null;
   assets: { network: string; asset: string; spent: string; reserved: string }[];
 }
 

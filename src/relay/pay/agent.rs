@@ -10,12 +10,14 @@ use crate::payments::store::{self, Spend};
 use crate::relay::Error;
 
 impl PaidCall<'_> {
-    /// The agent's limits and usage, read now (no lock: the reservation re-checks).
+    /// The agent's limits and usage for this call's upstream host, read now (no lock: the
+    /// reservation re-checks).
     ///
     /// # Errors
     /// Database errors.
     pub(super) async fn spend(&self) -> Result<Option<Spend>, Error> {
-        Ok(store::agent_spend(&mut *self.db().await?, self.own.agent_id, false).await?)
+        let host = self.call.upstream_host();
+        Ok(store::agent_spend_at(&mut *self.db().await?, self.own.agent_id, Some(&host), false).await?)
     }
 
     /// The agent's limits, when it still exists and is enabled; else why a recorded payment

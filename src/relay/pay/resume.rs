@@ -67,6 +67,10 @@ impl PaidCall<'_> {
         if let Some((code, why)) = s.still_payable(self, recorded, exact, &spend)? {
             return Ok(declined(self.state, code, None, &why, accepts()));
         }
+        // A payTo blocked (or taken off the allowlist) since: nothing more is sent or signed to it.
+        if let Some(why) = crate::payments::limits::pay_to_refusal(&spend, &row.pay_to) {
+            return Ok(declined(self.state, Code::PaymentNotAllowed, None, &why, accepts()));
+        }
         let attempt = match fate {
             Fate::Landed(_) => return Err(Error::invariant("a landed payment is never sent again")),
             Fate::Wait(why) => {

@@ -1,5 +1,5 @@
 //! Choosing what to pay on EVM: the offered options narrowed by the agent's limits (per-call
-//! cap, budgets left, `payTo` allowlist) and the router's configuration, and, for a recorded
+//! cap, budgets left, `payTo` allowlist and block lists) and the router's configuration, and, for a recorded
 //! intent about to be sent again, whether its asset is still configured.
 
 use crate::codes::Code;
@@ -29,19 +29,12 @@ pub(super) async fn choose(
     };
     let (cap, left) = (limits.and_then(|l| l.per_call), limits.and_then(|l| l.budget_left()));
     let limit = limits.and_then(|l| l.headroom());
-    // Only options whose payTo the agent may pay (all, without an allowlist).
-    let allowed_pay_to = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
-    let payable: Vec<Requirement> = required
-        .accepts
-        .iter()
-        .filter(|r| {
-            allowed_pay_to.is_none_or(|list| list.iter().any(|a| limits::pay_to_matches(a, &r.pay_to().to_string())))
-        })
-        .cloned()
-        .collect();
+    // Only options whose payTo the agent may pay (not blocked; on the allowlist, if any).
+    let refused = |r: &Requirement| spend.as_ref().and_then(|s| limits::pay_to_refusal(s, &r.pay_to().to_string()));
+    let payable: Vec<Requirement> = required.accepts.iter().filter(|r| refused(r).is_none()).cloned().collect();
     if payable.is_empty() && !required.accepts.is_empty() {
-        let why = "no offered option pays a payTo address on the agent's allowlist";
-        return Ok(Err((Code::PaymentNotAllowed, why.into())));
+        let why: Vec<String> = required.accepts.iter().filter_map(refused).collect();
+        return Ok(Err((Code::PaymentNotAllowed, format!("no offered option may be paid: {}", why.join("; ")))));
     }
     Ok(match x402::select(&payable, &pc.state.supported, pc.call.max_amount, limit) {
         Ok(r) => Ok(r.clone()),

@@ -40,13 +40,12 @@ pub(super) async fn choose(
         Some(Ok(limits)) => limits.headroom(),
         Some(Err(_)) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
     };
-    let allowlist = spend.as_ref().and_then(|s| s.allowed_pay_to.as_deref());
     let mut best: Option<(&SvmTerms, &Value)> = None;
     // Why each option was refused, with how far it got (the 402's code is the furthest one's).
     let mut refusals: Vec<(u8, Code, String)> = Vec::new();
     let options = offered(required);
     for (i, (terms, raw)) in options.iter().enumerate() {
-        match refusal(pc, solana, terms, allowlist, limit) {
+        match refusal(pc, solana, terms, spend.as_ref(), limit) {
             Some((rank, code, why)) => refusals.push((rank, code, format!("Solana option {i}: {why}"))),
             None if best.is_none_or(|(b, _)| terms.amount() < b.amount()) => best = Some((terms, *raw)),
             None => {}
@@ -63,7 +62,7 @@ fn refusal(
     pc: &PaidCall<'_>,
     solana: &Solana,
     terms: &SvmTerms,
-    allowlist: Option<&[String]>,
+    spend: Option<&Spend>,
     limit: Option<Amount>,
 ) -> Option<(u8, Code, String)> {
     let amount = Amount::from(terms.amount());
@@ -77,8 +76,8 @@ fn refusal(
         Some((0, Code::PaymentUnsupported, "its feePayer is the router's own wallet (it would pay the fees)".into()))
     } else if amount.is_zero() {
         Some((0, Code::PaymentUnsupported, "its amount is zero".into()))
-    } else if allowlist.is_some_and(|l| !l.iter().any(|a| limits::pay_to_matches(a, &terms.pay_to().to_string()))) {
-        Some((1, Code::PaymentNotAllowed, format!("its payTo {} is not on the agent's allowlist", terms.pay_to())))
+    } else if let Some(why) = spend.and_then(|s| limits::pay_to_refusal(s, &terms.pay_to().to_string())) {
+        Some((1, Code::PaymentNotAllowed, why))
     } else if amount > pc.call.max_amount {
         Some((3, Code::PaymentOverMaxAmount, format!("its amount {amount} exceeds max_amount {}", pc.call.max_amount)))
     } else {
