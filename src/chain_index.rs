@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::x402::Network;
 use crate::x402::chain::watch::{Watch, WatchSettings};
+use crate::x402::{Chain, Supported};
 
 /// How far behind the HTTP endpoint's head the index may be and still answer.
 const LAG_BLOCKS: u64 = 2;
@@ -23,21 +25,20 @@ pub struct Indexes(BTreeMap<Network, Arc<Watch>>);
 
 impl Indexes {
     /// Starts one index per network with a WebSocket URL, over every asset configured there.
-    pub fn spawn(state: &crate::state::AppState) -> Self {
-        let payments = &state.config.payments;
-        let payer = state.config.signer.address();
+    pub fn spawn(config: &Config, supported: &Supported, chain: &Chain, metrics: &Arc<Metrics>) -> Self {
+        let payments = &config.payments;
+        let payer = config.signer.address();
         let mut out = BTreeMap::new();
         for (network, ws_url) in &payments.ws_urls {
-            let tokens: Vec<_> =
-                state.supported.payable_assets().filter(|(n, _)| n == network).map(|(_, a)| a).collect();
+            let tokens: Vec<_> = supported.payable_assets().filter(|(n, _)| n == network).map(|(_, a)| a).collect();
             let settings = WatchSettings {
                 ws_url: ws_url.clone(),
                 lookback_blocks: payments.index_lookback_blocks,
                 lag_blocks: LAG_BLOCKS,
                 tick: TICK,
             };
-            let watch = Watch::spawn(state.chain.clone(), *network, payer, tokens, settings);
-            spawn_gauge(Arc::clone(&state.metrics), Arc::clone(&watch));
+            let watch = Watch::spawn(chain.clone(), *network, payer, tokens, settings);
+            spawn_gauge(Arc::clone(metrics), Arc::clone(&watch));
             out.insert(*network, watch);
         }
         Self(out)

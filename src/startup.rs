@@ -45,7 +45,8 @@ impl Application {
         let port = listener.local_addr()?.port();
         let metrics_listener = config.metrics_addr.map(TcpListener::bind).transpose()?;
         let mut state = build_state(config, hooks)?;
-        state.indexes = Arc::new(crate::chain_index::Indexes::spawn(&state));
+        state.indexes =
+            Arc::new(crate::chain_index::Indexes::spawn(&state.config, &state.supported, &state.chain, &state.metrics));
         state.idempotency.cache.connect_in_background();
         crate::wallet::spawn_balance_refresh(&state);
         crate::audit::gauges::spawn_refresh(&state);
