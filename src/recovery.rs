@@ -40,7 +40,7 @@ use url::Url;
 use crate::payments::sealed::{NotKept, Opened};
 use crate::payments::store::{PaymentRow, SentRequest};
 use crate::payments::{Exchange, RecoveryKind, RecoveryStep};
-use crate::upstream::{UpstreamClient, UpstreamRequest, UpstreamResponse};
+use crate::upstream::{Protocol, UpstreamClient, UpstreamRequest, UpstreamResponse};
 use crate::x402::chain::{Chain, Permit2Terms};
 use crate::x402::network::Network;
 use crate::x402::svm::record::SignedSvmTransfer;
@@ -90,7 +90,7 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, NotResendable> {
         pairs.push(json!([name.as_str(), value]));
     }
     let headers = serde_json::to_vec(&pairs).map_err(|e| e.to_string())?;
-    Ok(SentRequest { method: req.method.to_string(), url: req.url.to_string(), headers, body: req.body.clone() })
+    Ok(SentRequest { method: req.shown_method(), url: req.url.to_string(), headers, body: req.body.clone() })
 }
 
 /// The stored request, ready to be sent again.
@@ -100,7 +100,12 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, NotResendable> {
 /// (never for rows this version wrote).
 pub fn stored_request(opened: &Opened) -> Result<UpstreamRequest, NotResendable> {
     let sent = opened.request()?;
-    let method = Method::from_bytes(sent.method.as_bytes()).map_err(|e| format!("stored method: {e}"))?;
+    // A tool call is stored with the method `MCP` (docs/DESIGN.md §6, "Paid MCP tools").
+    let (protocol, method) = if sent.method == crate::upstream::mcp::SHOWN_METHOD {
+        (Protocol::Mcp, Method::POST)
+    } else {
+        (Protocol::Http, Method::from_bytes(sent.method.as_bytes()).map_err(|e| format!("stored method: {e}"))?)
+    };
     let url = Url::parse(&sent.url).map_err(|e| format!("stored url: {e}"))?;
     let pairs: Vec<(String, String)> = serde_json::from_slice(&sent.headers)
         .map_err(|_| NotResendable::from("the stored headers are not a list of [name, value]"))?;
@@ -111,7 +116,7 @@ pub fn stored_request(opened: &Opened) -> Result<UpstreamRequest, NotResendable>
         let value = HeaderValue::from_str(&value).map_err(|_| format!("stored header {name} is not a header value"))?;
         map.append(name, value);
     }
-    Ok(UpstreamRequest { method, url, headers: map, body: sent.body.clone() })
+    Ok(UpstreamRequest { protocol, method, url, headers: map, body: sent.body.clone() })
 }
 
 /// The payment header exactly as stored.
@@ -432,6 +437,7 @@ mod tests {
         headers.append("x-a", HeaderValue::from_static("1"));
         headers.append("x-a", HeaderValue::from_static("2"));
         let req = UpstreamRequest {
+            protocol: Protocol::Http,
             method: Method::POST,
             url: Url::parse("http://example.test/p?q=1&q=2").unwrap(),
             headers,

@@ -52,7 +52,7 @@ impl TermsKey {
             h.update((bytes.len() as u64).to_be_bytes());
             h.update(bytes);
         };
-        part(request.method.as_str().as_bytes());
+        part(request.shown_method().as_bytes());
         let url = request.url.as_str();
         part(url.split_once('#').map_or(url, |(before, _)| before).as_bytes());
         for (name, value) in &request.headers {
@@ -200,7 +200,7 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        UpstreamRequest { method, url: Url::parse(url).unwrap(), headers: map, body: body.map(<[u8]>::to_vec) }
+        UpstreamRequest::http(method, Url::parse(url).unwrap(), map, body.map(<[u8]>::to_vec))
     }
 
     #[test]

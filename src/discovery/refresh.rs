@@ -97,7 +97,7 @@ fn page_url(base: &Url, offset: usize) -> Url {
 async fn fetch(upstream: &UpstreamClient, url: &Url) -> Result<Vec<u8>, ReadError> {
     let mut headers = HeaderMap::new();
     headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-    let req = UpstreamRequest { method: Method::GET, url: url.clone(), headers, body: None };
+    let req = UpstreamRequest::http(Method::GET, url.clone(), headers, None);
     let timeout = upstream.timeout().min(Duration::from_secs(60));
     let resp = upstream.send_capped(&req, timeout, PAGE_MAX_BYTES).await?;
     if resp.status != 200 {

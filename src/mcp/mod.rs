@@ -1,5 +1,6 @@
-//! The MCP server (official Rust SDK, `rmcp`): tools `fetch`, `get_receipt`, `get_budget`,
-//! `discover`.
+//! The MCP server (official Rust SDK, `rmcp`): tools `fetch`, `call_tool`, `get_receipt`,
+//! `get_budget`, `discover`. `call_tool` is `fetch` for a tool of another MCP server (the
+//! `mcp` form of `POST /route`), with the same keys, retries and bounded wait.
 //!
 //! Two transports share one [`RouterTools`] handler:
 //! * `x402-router mcp` over stdio, a thin HTTP client of a running router
@@ -99,6 +100,18 @@ SLOW CALLS: fetch answers within a bounded time. If the API is slower, the resul
 fetch_in_progress and next = retry_same_key: the call goes on (nothing more is paid by \
 waiting); collect its answer by calling fetch again with the same arguments AND that \
 idempotency_key.";
+
+const CALL_TOOL_DESCRIPTION: &str = "\
+Call a tool of another MCP server (streamable HTTP) through the x402 router. If the tool asks \
+for an x402 payment (x402 over MCP), the router pays it in USDC from its own wallet, at most once \
+per idempotency key, and returns the tool's result (response.body: the MCP CallToolResult) with a \
+payment record and a signed receipt id.
+
+PRICE CAP, RETRIES and SLOW CALLS: exactly as for fetch. max_amount is the most this one call \
+may pay, in atomic units as a decimal string (USDC: \"10000\" = 0.01 USDC); absent: pay nothing. \
+If next is retry_same_key, call call_tool again with the SAME arguments AND that \
+idempotency_key; never make up a new idempotency_key to retry, and never retry after next = \
+do_not_rekey.";
 
 const RECEIPT_DESCRIPTION: &str = "\
 Read one of your signed receipts by receipt_id (from a fetch result): what was called, the \
@@ -207,6 +220,28 @@ pub fn tools() -> Vec<Tool> {
     )
     .with_title("Fetch a (paid) HTTP API")
     .with_annotations(ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(true));
+    let call_tool = Tool::new(
+        "call_tool",
+        CALL_TOOL_DESCRIPTION,
+        schema(json!({
+            "type": "object",
+            "properties": {
+                "url": {"type": "string", "description": "Absolute http(s) URL of the MCP server's endpoint."},
+                "tool": {"type": "string", "pattern": "^[A-Za-z0-9_./-]{1,128}$", "description": "The tool's name."},
+                "arguments": {"type": "object", "description": "The tool's arguments."},
+                "headers": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "HTTP headers sent to the MCP server (e.g. Authorization)."},
+                "max_amount": {"type": "string", "pattern": "^[0-9]{1,78}$",
+                               "description": "Price cap of this call in atomic token units (USDC: 1000000 = 1 USDC). Absent: pay nothing."},
+                "idempotency_key": {"type": "string", "minLength": 16, "maxLength": 128,
+                                    "description": "Only to retry an earlier call: the idempotency_key its result returned. Never invent one."}
+            },
+            "required": ["url", "tool"],
+            "additionalProperties": false
+        })),
+    )
+    .with_title("Call a (paid) MCP tool")
+    .with_annotations(ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(true));
     let receipt = Tool::new(
         "get_receipt",
         RECEIPT_DESCRIPTION,
@@ -228,7 +263,7 @@ pub fn tools() -> Vec<Tool> {
     )
     .with_title("Get spending limits and budget")
     .with_annotations(ToolAnnotations::new().read_only(true).open_world(false));
-    vec![fetch, receipt, budget, discover_tool()]
+    vec![fetch, call_tool, receipt, budget, discover_tool()]
 }
 
 impl RouterTools {
@@ -241,11 +276,16 @@ impl RouterTools {
         Self { backend, scope: Arc::from(scope), wait }
     }
 
-    async fn fetch(&self, args: Map<String, Value>, ctx: &RequestContext<RoleServer>) -> CallToolResult {
+    /// `fetch` (`mcp` false) or `call_tool` (`mcp` true): the `/route` body of `args`, run
+    /// under the key they give or derive.
+    async fn fetch(&self, args: Map<String, Value>, mcp: bool, ctx: &RequestContext<RoleServer>) -> CallToolResult {
         let (agent, session) = http_identity(ctx);
         let explicit = args.get("idempotency_key").and_then(Value::as_str).map(str::to_owned);
         let mut route = args.clone();
         route.remove("idempotency_key");
+        if mcp {
+            route = tool_route(route);
+        }
         let key = explicit.unwrap_or_else(|| {
             let scope = session.unwrap_or_else(|| self.scope.to_string());
             derive_key(&scope, &serde_json::to_value(&ctx.id).unwrap_or(Value::Null), &route)
@@ -325,6 +365,19 @@ impl RouterTools {
     }
 }
 
+/// The `/route` body of `call_tool`'s arguments: `{"mcp": {url, tool, arguments}, headers,
+/// max_amount}` (what the router validates; unknown arguments are passed on and refused there).
+fn tool_route(mut args: Map<String, Value>) -> Map<String, Value> {
+    let mut mcp = Map::new();
+    for name in ["url", "tool", "arguments"] {
+        if let Some(v) = args.remove(name) {
+            mcp.insert(name.to_owned(), v);
+        }
+    }
+    args.insert("mcp".to_owned(), Value::Object(mcp));
+    args
+}
+
 /// The result of a `fetch` whose call goes on past the wait bound: the key to collect it with.
 fn in_progress(key: &str, waited: Duration) -> CallToolResult {
     let body = json!({
@@ -334,8 +387,8 @@ fn in_progress(key: &str, waited: Duration) -> CallToolResult {
         "waited_seconds": waited.as_secs(),
         "next": Next::RetrySameKey,
         "advice": "The call is still running and goes on; nothing more is paid by waiting. To collect its \
-                   answer, call fetch again with exactly the same arguments AND this idempotency_key (or \
-                   get_receipt with this idempotency_key to read its payment). Never call fetch for it \
+                   answer, call the same tool (fetch or call_tool) again with exactly the same arguments AND this idempotency_key (or \
+                   get_receipt with this idempotency_key to read its payment). Never call the tool for it \
                    without this idempotency_key: that would be a new call and could pay twice.",
     });
     structured(body, true)
@@ -431,7 +484,13 @@ impl ServerHandler for RouterTools {
                 if !args.get("url").is_some_and(Value::is_string) {
                     return Err(McpError::invalid_params("fetch needs a `url` string", None));
                 }
-                self.fetch(args, &context).await
+                self.fetch(args, false, &context).await
+            }
+            "call_tool" => {
+                if !args.get("url").is_some_and(Value::is_string) || !args.get("tool").is_some_and(Value::is_string) {
+                    return Err(McpError::invalid_params("call_tool needs `url` and `tool` strings", None));
+                }
+                self.fetch(args, true, &context).await
             }
             "get_receipt" => {
                 let text = |name: &str| args.get(name).and_then(Value::as_str).map(str::to_owned);

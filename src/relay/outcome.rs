@@ -165,7 +165,7 @@ impl Outcome {
                 agent_id: own.agent_id,
                 idempotency_key: own.key.as_str().to_owned(),
                 request_hash: call.request_hash.clone(),
-                method: call.upstream.method.to_string(),
+                method: call.upstream.shown_method(),
                 url: redaction.url(&call.upstream.url),
                 upstream_status: upstream.map(|r| i32::from(r.status)),
                 upstream_body_sha256: canonical::sha256_hex(upstream.map_or(&[][..], |r| &r.body[..])),

@@ -15,7 +15,7 @@ use url::Url;
 
 use crate::idempotency::canonical::{self, JsonError};
 use crate::money::Amount;
-use crate::upstream::{UpstreamRequest, is_dropped_request_header};
+use crate::upstream::{Protocol, UpstreamRequest, is_dropped_request_header};
 
 /// Longest upstream URL accepted.
 const MAX_URL_LEN: usize = 8192;
@@ -27,6 +27,8 @@ const MAX_AUTHORITY_LEN: usize = 300;
 const METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
 /// Most headers an agent may pass through.
 const MAX_HEADERS: usize = 64;
+/// Longest MCP tool name (the MCP specification's limit).
+const MAX_TOOL_LEN: usize = 128;
 
 /// A refused `/route` body; the message goes to the agent as a 400.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -46,8 +48,12 @@ impl From<JsonError> for BadRequest {
 #[serde(deny_unknown_fields)]
 #[schema(as = RouteRequest, description = "One upstream call to make (and pay for, within `max_amount`).")]
 pub struct RawRouteRequest {
+    #[serde(default)]
     #[schema(schema_with = doc::url)]
-    url: Value,
+    url: Option<Value>,
+    #[serde(default)]
+    #[schema(schema_with = doc::mcp)]
+    mcp: Option<Value>,
     #[serde(default)]
     #[schema(schema_with = doc::method)]
     method: Option<Value>,
@@ -71,7 +77,38 @@ mod doc {
         ObjectBuilder::new()
             .schema_type(Type::String)
             .format(Some(SchemaFormat::Custom("uri".into())))
-            .description(Some("Absolute http(s) URL of the upstream, without credentials."))
+            .description(Some(
+                "Absolute http(s) URL of the upstream, without credentials. Required unless `mcp` is given.",
+            ))
+            .into()
+    }
+
+    pub fn mcp() -> RefOr<Schema> {
+        let string =
+            |description: &'static str| ObjectBuilder::new().schema_type(Type::String).description(Some(description));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "Instead of `url`, `method` and `body`: call a tool of an MCP server (streamable HTTP), paying its x402 \
+                 price (x402 over MCP) within `max_amount`. `headers` are sent with every request to the server.",
+            ))
+            .property("url", string("Absolute http(s) URL of the MCP endpoint, without credentials.").format(Some(SchemaFormat::Custom("uri".into()))))
+            .property(
+                "tool",
+                string("The tool's name: 1–128 of `A–Z a–z 0–9 _ - . /`.")
+                    .min_length(Some(1))
+                    .max_length(Some(super::MAX_TOOL_LEN))
+                    .pattern(Some("^[A-Za-z0-9_./-]{1,128}$")),
+            )
+            .property(
+                "arguments",
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .description(Some("The tool's arguments (a JSON object; absent: `{}`).")),
+            )
+            .required("url")
+            .required("tool")
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)))
             .into()
     }
 
@@ -175,9 +212,23 @@ impl Received {
         let req: RawRouteRequest =
             serde_json::from_value(value).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
 
-        let url = parse_url(&req.url)?;
-        let method = parse_method(req.method.as_ref())?;
         let headers = parse_headers(req.headers.as_ref())?;
+        let max_amount = parse_amount(req.max_amount.as_ref())?;
+        let url = match (req.url, req.mcp) {
+            (Some(url), None) => parse_url(&url)?,
+            (None, Some(mcp)) => {
+                if req.method.is_some() || !req.body.is_null() {
+                    return Err(BadRequest("\"method\" and \"body\" are not allowed with \"mcp\"".into()));
+                }
+                let (url, params) = parse_mcp(&mcp)?;
+                let upstream =
+                    UpstreamRequest { protocol: Protocol::Mcp, method: Method::POST, url, headers, body: Some(params) };
+                return Ok(RouteCall { upstream, max_amount, request_hash });
+            }
+            (None, None) => return Err(BadRequest("\"url\" (or \"mcp\") is required".into())),
+            (Some(_), Some(_)) => return Err(BadRequest("give either \"url\" or \"mcp\", not both".into())),
+        };
+        let method = parse_method(req.method.as_ref())?;
         let body = match req.body {
             Value::Null => None,
             v => {
@@ -190,9 +241,42 @@ impl Received {
                 Some(serde_jcs::to_vec(&v).map_err(|e| BadRequest(format!("invalid body: {e}")))?)
             }
         };
-        let max_amount = parse_amount(req.max_amount.as_ref())?;
-        Ok(RouteCall { upstream: UpstreamRequest { method, url, headers, body }, max_amount, request_hash })
+        Ok(RouteCall { upstream: UpstreamRequest::http(method, url, headers, body), max_amount, request_hash })
     }
+}
+
+/// `{"url", "tool", "arguments"}`: the MCP endpoint, and the `tools/call` params in their
+/// RFC 8785 form (`{"arguments", "name"}`), the bytes the request hash covers.
+fn parse_mcp(v: &Value) -> Result<(Url, Vec<u8>), BadRequest> {
+    let Value::Object(o) = v else {
+        return Err(BadRequest("\"mcp\" must be an object with \"url\", \"tool\" and \"arguments\"".into()));
+    };
+    if let Some(other) = o.keys().find(|k| !matches!(k.as_str(), "url" | "tool" | "arguments")) {
+        return Err(BadRequest(format!("unknown field {other:?} in \"mcp\"; expected url, tool, arguments")));
+    }
+    let url = parse_url(o.get("url").ok_or_else(|| BadRequest("\"mcp.url\" is required".into()))?)
+        .map_err(|e| BadRequest(e.0.replacen("\"url\"", "\"mcp.url\"", 1)))?;
+    let tool = match o.get("tool") {
+        Some(Value::String(t))
+            if (1..=MAX_TOOL_LEN).contains(&t.len())
+                && t.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/')) =>
+        {
+            t.clone()
+        }
+        _ => {
+            return Err(BadRequest(format!(
+                "\"mcp.tool\" must be a tool name of 1–{MAX_TOOL_LEN} characters A–Z a–z 0–9 _ - . /"
+            )));
+        }
+    };
+    let arguments = match o.get("arguments") {
+        None | Some(Value::Null) => Value::Object(serde_json::Map::new()),
+        Some(a @ Value::Object(_)) => a.clone(),
+        Some(_) => return Err(BadRequest("\"mcp.arguments\" must be a JSON object".into())),
+    };
+    let params = serde_json::json!({ "arguments": arguments, "name": tool });
+    let params = serde_jcs::to_vec(&params).map_err(|e| BadRequest(format!("invalid \"mcp.arguments\": {e}")))?;
+    Ok((url, params))
 }
 
 fn parse_url(v: &Value) -> Result<Url, BadRequest> {

@@ -2,6 +2,7 @@
 //! same-host redirects only, no proxies, and the SSRF [`guard`] inside its resolver.
 
 pub mod guard;
+pub mod mcp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,10 +61,32 @@ pub fn is_kept_response_header(name: &str) -> bool {
     !DROPPED_RESPONSE_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// How a request reaches its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// One HTTP request: `method`, `url`, `headers`, `body`.
+    Http,
+    /// One MCP tool call over streamable HTTP ([`mcp`]): `url` is the MCP endpoint, `body` the
+    /// RFC 8785 form of the `tools/call` params (`{"arguments", "name"}`), `method` POST; a
+    /// payment header travels as `_meta["x402/payment"]`.
+    Mcp,
+}
+
+impl Protocol {
+    /// The method as the ledger and receipts show it: the HTTP method, or `MCP`.
+    pub fn shown_method(self, method: &Method) -> String {
+        match self {
+            Self::Http => method.to_string(),
+            Self::Mcp => mcp::SHOWN_METHOD.to_owned(),
+        }
+    }
+}
+
 /// A validated upstream request. Its `Debug` shows the method and host only: the URL's
 /// query, the headers and the body may carry the agent's secrets.
 #[derive(Clone)]
 pub struct UpstreamRequest {
+    pub protocol: Protocol,
     pub method: Method,
     pub url: Url,
     pub headers: HeaderMap,
@@ -72,9 +95,22 @@ pub struct UpstreamRequest {
     pub body: Option<Vec<u8>>,
 }
 
+impl UpstreamRequest {
+    /// An HTTP request.
+    pub fn http(method: Method, url: Url, headers: HeaderMap, body: Option<Vec<u8>>) -> Self {
+        Self { protocol: Protocol::Http, method, url, headers, body }
+    }
+
+    /// The method as the ledger and receipts show it (`MCP` for a tool call).
+    pub fn shown_method(&self) -> String {
+        self.protocol.shown_method(&self.method)
+    }
+}
+
 impl std::fmt::Debug for UpstreamRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamRequest")
+            .field("protocol", &self.protocol)
             .field("method", &self.method)
             .field("host", &self.url.host_str())
             .finish_non_exhaustive()
@@ -102,6 +138,9 @@ pub enum UpstreamError {
     Unreachable(String),
     #[error("upstream connection failed while reading the response: {0}")]
     Broken(String),
+    /// An MCP upstream answered outside the protocol (not JSON-RPC, another request's id, …).
+    #[error("upstream broke the MCP protocol: {0}")]
+    Protocol(String),
 }
 
 /// The upstream HTTP client. Cheap to clone.
@@ -207,6 +246,20 @@ impl UpstreamClient {
     }
 
     async fn exchange(
+        &self,
+        req: &UpstreamRequest,
+        extra: &[(HeaderName, HeaderValue)],
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        match req.protocol {
+            Protocol::Http => self.http(req, extra, timeout, cap).await,
+            Protocol::Mcp => mcp::call_tool(self, req, extra, timeout, cap).await,
+        }
+    }
+
+    /// One HTTP exchange (the whole of an HTTP call, one step of an MCP call).
+    async fn http(
         &self,
         req: &UpstreamRequest,
         extra: &[(HeaderName, HeaderValue)],

@@ -23,6 +23,7 @@ mod gc;
 mod hostile;
 mod idempotency;
 mod limits;
+mod mcp_paid;
 mod money;
 mod networks;
 mod openapi;

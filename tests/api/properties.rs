@@ -484,12 +484,7 @@ fn rebinding_lookup(
 }
 
 fn get(url: &str) -> UpstreamRequest {
-    UpstreamRequest {
-        method: reqwest::Method::GET,
-        url: url.parse().unwrap(),
-        headers: reqwest::header::HeaderMap::new(),
-        body: None,
-    }
+    UpstreamRequest::http(reqwest::Method::GET, url.parse().unwrap(), reqwest::header::HeaderMap::new(), None)
 }
 
 #[actix_web::test]

@@ -104,7 +104,10 @@ impl PaidCall<'_> {
                 }
             };
         self.state.terms.put(self.terms.clone(), &required, &first.headers);
-        self.state.discovery.saw(&self.call.upstream.url, &required);
+        // The catalogue lists HTTP resources; a tool call's 402 is not one.
+        if self.call.upstream.protocol == crate::upstream::Protocol::Http {
+            self.state.discovery.saw(&self.call.upstream.url, &required);
+        }
         registry::pay(self, &required, first).await
     }
 
