@@ -100,7 +100,7 @@ pub fn as_sent(req: &UpstreamRequest) -> Result<SentRequest, NotResendable> {
 /// (never for rows this version wrote).
 pub fn stored_request(opened: &Opened) -> Result<UpstreamRequest, NotResendable> {
     let sent = opened.request()?;
-    // A tool call is stored with the method `MCP` (docs/DESIGN.md §6, "Paid MCP tools").
+    // A tool call is stored with the method `MCP` (docs/DESIGN.md §7, "Paid MCP tools").
     let (protocol, method) = if sent.method == crate::upstream::mcp::SHOWN_METHOD {
         (Protocol::Mcp, Method::POST)
     } else {
