@@ -32,7 +32,7 @@ pub enum Command {
     Receipts(ReceiptsArgs),
     /// Transactions from the router's own wallet (ROUTER_PRIVATE_KEY).
     Wallet(WalletArgs),
-    /// Serve the MCP tools (fetch, get_receipt, get_budget) on stdin/stdout, as a client of
+    /// Serve the MCP tools (fetch, call_tool, get_receipt, get_budget, discover) on stdin/stdout, as a client of
     /// a running router (no database access).
     Mcp(McpArgs),
     /// Print the OpenAPI 3.1 document (the one served at GET /openapi.json) on stdout.

@@ -17,6 +17,7 @@ from x402_router_client import AsyncRouter, Router, RouterError, classify
 ROUTER = os.environ.get("X402_ROUTER_URL")
 KEY = os.environ.get("X402_ROUTER_AGENT_KEY")
 UPSTREAM = os.environ.get("X402_TEST_UPSTREAM")
+MCP_UPSTREAM = os.environ.get("X402_TEST_MCP_UPSTREAM")
 
 if not (ROUTER and KEY and UPSTREAM):
     raise RuntimeError("run through scripts/agent-clients-test (X402_ROUTER_URL, X402_ROUTER_AGENT_KEY, X402_TEST_UPSTREAM)")
@@ -102,6 +103,40 @@ def test_a_paid_call_pays_once_and_the_same_key_replays(router: Router) -> None:
     page = router.list_receipts(limit=1)
     assert page["receipts"][0]["id"] == first.receipt_id
     assert page["next_cursor"]
+
+
+def mcp_executions(tool: str) -> int:
+    return httpx.get(f"{MCP_UPSTREAM}/_stats").json()["executions"].get(tool, 0)
+
+
+@pytest.mark.skipif(not MCP_UPSTREAM, reason="no paid MCP upstream (X402_TEST_MCP_UPSTREAM)")
+def test_call_tool_pays_a_paid_mcp_tool_once_and_the_same_key_replays(router: Router) -> None:
+    before = mcp_executions("paid_echo")
+    first = router.call_tool(f"{MCP_UPSTREAM}/mcp", "paid_echo", {"text": "py"}, max_amount="50000")
+    assert first.status_code == 200
+    assert first.json()["structuredContent"] == {"echo": "py"}
+    assert first.payment["status"] == "settled"
+    again = router.call_tool(
+        f"{MCP_UPSTREAM}/mcp", "paid_echo", {"text": "py"}, max_amount="50000", idempotency_key=first.idempotency_key
+    )
+    assert again.replayed is True and again.receipt_id == first.receipt_id
+    with pytest.raises(RouterError) as other:
+        router.call_tool(
+            f"{MCP_UPSTREAM}/mcp", "paid_echo", {"text": "other"}, max_amount="50000", idempotency_key=first.idempotency_key
+        )
+    assert other.value.code == "idempotency_key_reused"
+    assert mcp_executions("paid_echo") - before == 1
+
+
+@pytest.mark.skipif(not MCP_UPSTREAM, reason="no paid MCP upstream (X402_TEST_MCP_UPSTREAM)")
+def test_async_call_tool_calls_a_free_mcp_tool_unpaid() -> None:
+    async def run() -> None:
+        async with AsyncRouter(ROUTER, KEY) as r:
+            resp = await r.call_tool(f"{MCP_UPSTREAM}/mcp", "free_echo", {"text": "async"})
+            assert resp.status_code == 200 and resp.payment is None
+            assert resp.json()["content"][0]["text"] == "free echo: async"
+
+    asyncio.run(run())
 
 
 def test_a_price_over_max_amount_is_a_typed_error_and_a_new_key_is_safe(router: Router) -> None:

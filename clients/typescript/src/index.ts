@@ -341,6 +341,30 @@ export class Router {
     return toResponse(body as Envelope, key, replayed, response.headers);
   }
 
+  /**
+   * Calls the MCP tool `tool` of the MCP server at `url` (streamable HTTP) through the router,
+   * paying at most `options.maxAmount` once when the tool asks (x402 over MCP). Resolves with
+   * a {@link RouterResponse} whose `json()` is the MCP `CallToolResult`; retries and rejects as
+   * {@link Router.fetch} does.
+   */
+  async callTool(
+    url: string | URL,
+    tool: string,
+    args: Record<string, unknown> = {},
+    options: CallOptions & { headers?: HeadersInit } = {},
+  ): Promise<RouterResponse> {
+    const key = options.idempotencyKey ?? newIdempotencyKey();
+    const request: Record<string, unknown> = { mcp: { url: String(url), tool, arguments: args } };
+    const headers: Record<string, string> = {};
+    new Headers(options.headers ?? {}).forEach((value, name) => {
+      headers[name] = value;
+    });
+    if (Object.keys(headers).length > 0) request.headers = headers;
+    if (options.maxAmount !== undefined) request.max_amount = String(options.maxAmount);
+    const { response, body, replayed } = await this.send("route", { method: "POST", key, json: request });
+    return toResponse(body as Envelope, key, replayed, response.headers);
+  }
+
   /** One of the agent's receipts, and its payment's current ledger state (`X-Payment-Status`). */
   async getReceipt(id: string): Promise<{ receipt: Receipt; paymentStatus: PaymentStatus | null }> {
     const { response, body } = await this.send(`receipts/${encodeURIComponent(id)}`, { method: "GET" });

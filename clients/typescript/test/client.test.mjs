@@ -179,3 +179,36 @@ describe("discover against a real router", () => {
     await assert.rejects(router.discover({ q: "x".repeat(300) }), (e) => e instanceof RouterError && e.status === 400);
   });
 });
+
+const MCP_UPSTREAM = process.env.X402_TEST_MCP_UPSTREAM;
+
+describe("callTool (paid MCP tools) against a real router", { skip: !MCP_UPSTREAM && "no X402_TEST_MCP_UPSTREAM" }, () => {
+  const router = new Router({ baseUrl: ROUTER, agentKey: KEY });
+  const executions = async (tool) => (await (await fetch(`${MCP_UPSTREAM}/_stats`)).json()).executions[tool] ?? 0;
+
+  test("a paid tool is paid once, and the same key replays without paying again", async () => {
+    const before = await executions("paid_echo");
+    const first = await router.callTool(`${MCP_UPSTREAM}/mcp`, "paid_echo", { text: "ts" }, { maxAmount: "50000" });
+    assert.equal(first.status, 200);
+    assert.equal(first.payment.status, "settled");
+    assert.deepEqual((await first.json()).structuredContent, { echo: "ts" });
+    const again = await router.callTool(`${MCP_UPSTREAM}/mcp`, "paid_echo", { text: "ts" }, {
+      maxAmount: "50000",
+      idempotencyKey: first.idempotencyKey,
+    });
+    assert.equal(again.replayed, true);
+    assert.equal(again.receiptId, first.receiptId);
+    await assert.rejects(
+      router.callTool(`${MCP_UPSTREAM}/mcp`, "paid_echo", { text: "other" }, { maxAmount: "50000", idempotencyKey: first.idempotencyKey }),
+      (e) => e instanceof RouterError && e.status === 409 && e.code === "idempotency_key_reused",
+    );
+    assert.equal((await executions("paid_echo")) - before, 1);
+  });
+
+  test("a free tool answers unpaid", async () => {
+    const res = await router.callTool(`${MCP_UPSTREAM}/mcp`, "free_echo", { text: "free" });
+    assert.equal(res.status, 200);
+    assert.equal(res.payment, null);
+    assert.equal((await res.json()).content[0].text, "free echo: free");
+  });
+});

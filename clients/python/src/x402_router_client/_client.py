@@ -25,6 +25,7 @@ from ._core import (
     retry_after,
     route_body,
     to_response,
+    tool_body,
     wait_seconds,
 )
 from ._policy import classify
@@ -105,6 +106,26 @@ class Router(_Base):
         """
         key = idempotency_key or new_idempotency_key()
         body = route_body(url, method, headers, json, max_amount)
+        resp, _ = self._send("POST", "route", key, body)
+        return to_response(parse_body(resp), key, resp.headers.get("x-idempotent-replay") == "true")
+
+    def call_tool(
+        self,
+        url: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        max_amount: str | int | None = None,
+        idempotency_key: str | None = None,
+    ) -> RoutedResponse:
+        """Calls the MCP tool ``tool`` of the MCP server at ``url`` (streamable HTTP) through the
+        router; pays at most ``max_amount`` atomic units, once, when the tool asks (x402 over MCP).
+
+        The response's ``json()`` is the MCP ``CallToolResult``; retries as ``fetch`` does.
+        """
+        key = idempotency_key or new_idempotency_key()
+        body = tool_body(url, tool, arguments, headers, max_amount)
         resp, _ = self._send("POST", "route", key, body)
         return to_response(parse_body(resp), key, resp.headers.get("x-idempotent-replay") == "true")
 
@@ -204,6 +225,22 @@ class AsyncRouter(_Base):
         """See ``Router.fetch``."""
         key = idempotency_key or new_idempotency_key()
         body = route_body(url, method, headers, json, max_amount)
+        resp, _ = await self._send("POST", "route", key, body)
+        return to_response(parse_body(resp), key, resp.headers.get("x-idempotent-replay") == "true")
+
+    async def call_tool(
+        self,
+        url: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        max_amount: str | int | None = None,
+        idempotency_key: str | None = None,
+    ) -> RoutedResponse:
+        """See ``Router.call_tool``."""
+        key = idempotency_key or new_idempotency_key()
+        body = tool_body(url, tool, arguments, headers, max_amount)
         resp, _ = await self._send("POST", "route", key, body)
         return to_response(parse_body(resp), key, resp.headers.get("x-idempotent-replay") == "true")
 

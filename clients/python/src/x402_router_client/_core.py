@@ -112,6 +112,22 @@ def route_body(
     return body
 
 
+def tool_body(
+    url: str,
+    tool: str,
+    arguments: Mapping[str, Any] | None,
+    headers: Mapping[str, str] | None,
+    max_amount: str | int | None,
+) -> dict[str, Any]:
+    """The ``mcp`` form of a ``/route`` body: a tool of an MCP server, paid with x402 over MCP."""
+    body: dict[str, Any] = {"mcp": {"url": str(url), "tool": tool, "arguments": dict(arguments or {})}}
+    if headers:
+        body["headers"] = {k.lower(): v for k, v in headers.items()}
+    if max_amount is not None:
+        body["max_amount"] = str(max_amount)
+    return body
+
+
 def parse_body(resp: httpx.Response) -> dict[str, Any]:
     try:
         value = resp.json()
