@@ -44,7 +44,10 @@ async function httpClient() {
 
 async function checkTools(client) {
   const { tools } = await client.listTools();
-  assert.deepEqual(tools.map((t) => t.name).sort(), ["discover", "fetch", "get_budget", "get_receipt"]);
+  assert.deepEqual(tools.map((t) => t.name).sort(), ["call_tool", "discover", "fetch", "get_budget", "get_receipt"]);
+  const callTool = tools.find((t) => t.name === "call_tool");
+  assert.deepEqual(callTool.inputSchema.required, ["url", "tool"]);
+  assert.match(callTool.description, /x402 over MCP/);
   const discoverTool = tools.find((t) => t.name === "discover");
   assert.match(discoverTool.description, /Prices are only advertised/);
   assert.equal(discoverTool.inputSchema.additionalProperties, false);
@@ -71,6 +74,24 @@ async function checkDiscover(client) {
   assert.equal(bad.isError, true);
   assert.equal(bad.structuredContent.http_status, 400);
   await assert.rejects(client.callTool({ name: "discover", arguments: { nope: 1 } }));
+}
+
+const MCP_UPSTREAM = process.env.X402_TEST_MCP_UPSTREAM;
+
+/** call_tool pays a paid tool of another MCP server once; its key replays. */
+async function checkCallTool(client) {
+  if (!MCP_UPSTREAM) return;
+  const executions = async () => (await (await fetch(`${MCP_UPSTREAM}/_stats`)).json()).executions.paid_echo ?? 0;
+  const before = await executions();
+  const args = { url: `${MCP_UPSTREAM}/mcp`, tool: "paid_echo", arguments: { text: "sdk" }, max_amount: "50000" };
+  const paid = await client.callTool({ name: "call_tool", arguments: args });
+  assert.equal(paid.isError, false, JSON.stringify(paid));
+  const r = paid.structuredContent;
+  assert.equal(r.payment.status, "settled");
+  assert.deepEqual(r.response.body.structuredContent, { echo: "sdk" });
+  const retried = await client.callTool({ name: "call_tool", arguments: { ...args, idempotency_key: r.idempotency_key } });
+  assert.equal(retried.structuredContent.replayed, true);
+  assert.equal(await executions(), before + 1);
 }
 
 async function checkPaidFetch(client, path) {
@@ -169,7 +190,7 @@ describe("x402-router mcp (stdio)", () => {
     }
   });
 
-  test("lists four tools whose descriptions explain the price cap and keys", async () => {
+  test("lists five tools whose descriptions explain the price cap and keys", async () => {
     const client = await stdioClient();
     try {
       await checkTools(client);
@@ -191,6 +212,7 @@ describe("x402-router mcp (stdio)", () => {
     const client = await stdioClient();
     try {
       await checkPaidFetch(client, "/v2/weather");
+      await checkCallTool(client);
     } finally {
       await client.close();
     }
@@ -239,6 +261,7 @@ describe("/mcp (streamable HTTP)", () => {
       await checkTools(client);
       await checkPaidFetch(client, "/v2/weather");
       await checkDiscover(client);
+      await checkCallTool(client);
     } finally {
       await client.close();
     }
