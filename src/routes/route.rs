@@ -22,7 +22,7 @@ use crate::state::AppState;
 /// (agent, Idempotency-Key).
 #[utoipa::path(post, path = "/route", tag = "agent", operation_id = "route",
     summary = "Route one call to an upstream, paying its x402 price if needed",
-    description = "Executes the described upstream request at most once per (agent, `Idempotency-Key`). A retry with the same key and the same request replays the stored answer (`X-Idempotent-Replay: true`), whether it was completed or errored; nothing is executed or paid again. The request is fingerprinted as the sha256 of the RFC 8785 (JCS) form of `{\"body\", \"path\", \"query\"}`; bodies that JCS could not keep distinct (duplicate keys, invalid Unicode, numbers a double cannot hold exactly) are refused with 400.",
+    description = "Executes the described upstream request (an HTTP request, or with `mcp` a tool call on an MCP server, paid with x402 over MCP) at most once per (agent, `Idempotency-Key`). A retry with the same key and the same request replays the stored answer (`X-Idempotent-Replay: true`), whether it was completed or errored; nothing is executed or paid again. The request is fingerprinted as the sha256 of the RFC 8785 (JCS) form of `{\"body\", \"path\", \"query\"}`; bodies that JCS could not keep distinct (duplicate keys, invalid Unicode, numbers a double cannot hold exactly) are refused with 400.",
     security(("agentKey" = [])),
     params(("Idempotency-Key" = String, Header, min_length = 16, max_length = 128, pattern = "^[!-~]{16,128}$",
         description = "16–128 visible ASCII characters (0x21–0x7E); one key per logical call.")),
