@@ -460,4 +460,26 @@ mod tests {
         let dropped = stored_request(&Opened::Dropped).unwrap_err().0;
         assert!(dropped.starts_with("the request as sent was dropped"), "{dropped}");
     }
+
+    #[test]
+    fn a_stored_tool_call_reads_back_as_a_tool_call() {
+        let call = crate::relay::request::RouteCall::parse(
+            br#"{"mcp":{"url":"http://example.test/mcp","tool":"t","arguments":{"b":1,"a":2}}}"#,
+            "/route",
+            "",
+        )
+        .unwrap();
+        let sent = as_sent(&call.upstream).unwrap();
+        assert_eq!(sent.method, "MCP");
+        assert_eq!(sent.body.as_deref(), Some(&br#"{"arguments":{"a":2,"b":1},"name":"t"}"#[..]));
+        let exact = crate::payments::sealed::Exact {
+            request: Some(sent),
+            header_value: String::new(),
+            requirement_json: b"{}".to_vec(),
+            context_json: b"{}".to_vec(),
+            advertised_extensions: None,
+        };
+        let back = stored_request(&Opened::Exact(Box::new(exact))).unwrap();
+        assert_eq!((back.protocol, back.method, back.body), (Protocol::Mcp, Method::POST, call.upstream.body));
+    }
 }

@@ -225,6 +225,10 @@ mod tests {
             assert_ne!(key(&base), key(other), "{} {:?} {:?}", other.url, other.headers, other.body);
         }
         assert_ne!(key(&base), TermsKey::of(Uuid::new_v4(), &base));
+        // A tool call and an HTTP POST of the same bytes to the same URL are two requests.
+        let post = request(Method::POST, "https://api.example/mcp", &[], Some(b"{}"));
+        let tool = UpstreamRequest { protocol: crate::upstream::Protocol::Mcp, ..post.clone() };
+        assert_ne!(key(&post), key(&tool));
     }
 
     fn required(amount: &str) -> PaymentRequired {
