@@ -45,6 +45,7 @@ static OWNER: LazyLock<Ownership> = LazyLock::new(|| Ownership {
     durable: true,
     expires_unix: 4_000_000_000,
     credential: String::new(),
+    raw_digest: None,
 });
 static CACHE: LazyLock<Cache> = LazyLock::new(|| {
     // Never connects: seal/open are pure.

@@ -63,6 +63,11 @@ pub struct Entry {
     /// collected row's answer cannot answer for the key's next life.
     #[serde(default)]
     pub expires_unix: Option<i64>,
+    /// The digest of the bytes of the request that recorded this answer
+    /// ([`super::canonical::raw_digest`]), when that request's bytes were at hand: a request
+    /// with the same digest is that request again and replays without its body being parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_digest: Option<String>,
 }
 
 /// `Option<Vec<u8>>` as an optional base64 string.
@@ -323,6 +328,7 @@ mod tests {
             response: Some(b"{\"body\":\"\\u0000\"}\xff".to_vec()),
             receipt_id: Some(Uuid::nil()),
             expires_unix: Some(4_000_000_000),
+            raw_digest: Some("cd".repeat(32)),
         }
     }
 

@@ -51,6 +51,22 @@ pub fn request_hash(body: &Value, path: &str, query: &str) -> Result<String, ser
     Ok(sha256_hex(&serde_jcs::to_vec(&doc)?))
 }
 
+/// The digest of a request's bytes as they arrived (body, path, query, each length-framed):
+/// equal digests mean identical bytes, so an answer recorded with a digest may answer a
+/// request with the same digest without the body being parsed again (the Redis replay's
+/// fast path). Not a fingerprint: two spellings of one request have one [`request_hash`] and
+/// two digests.
+#[must_use]
+pub fn raw_digest(raw: &[u8], path: &str, query: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"x402-router/raw-request/v1\0");
+    for part in [path.as_bytes(), query.as_bytes(), raw] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
 /// The fingerprinted document.
 #[derive(serde::Serialize)]
 struct Document<'a> {
@@ -228,6 +244,17 @@ fn normalize(literal: &str) -> Option<(bool, String, i64)> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn raw_digests_frame_their_parts() {
+        let d = |raw: &[u8], path, query| raw_digest(raw, path, query);
+        assert_eq!(d(b"{}", "/route", ""), d(b"{}", "/route", ""));
+        // Bytes moved across a boundary are another request.
+        assert_ne!(d(b"{}", "/route", "a"), d(b"{}", "/routea", ""));
+        assert_ne!(d(b"a{}", "/route", ""), d(b"{}", "/route", "a"));
+        // One request, two spellings: one fingerprint, two digests.
+        assert_ne!(d(br#"{"a":1}"#, "/route", ""), d(br#"{ "a": 1 }"#, "/route", ""));
+    }
 
     #[test]
     fn duplicate_keys_are_refused_at_any_depth() {

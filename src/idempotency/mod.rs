@@ -76,6 +76,9 @@ pub struct Ownership {
     /// [`Ownership::authenticated_by`]): the ledger reserves nothing once the agent's key is
     /// another one (rotated), and an empty credential matches no key.
     pub credential: String,
+    /// The digest of the owning request's bytes ([`canonical::raw_digest`]), when known: kept
+    /// with the cached answer so that the same bytes replay without a parse.
+    pub raw_digest: Option<String>,
 }
 
 impl Ownership {
@@ -83,6 +86,12 @@ impl Ownership {
     #[must_use]
     pub fn authenticated_by(self, credential: &str) -> Self {
         Self { credential: credential.to_owned(), ..self }
+    }
+
+    /// This ownership, for a request whose bytes have the digest `raw_digest`.
+    #[must_use]
+    pub fn with_raw_digest(self, raw_digest: String) -> Self {
+        Self { raw_digest: Some(raw_digest), ..self }
     }
 }
 
@@ -95,6 +104,52 @@ pub enum Hint {
     Absent,
     /// Redis could not be asked, or its entry failed authentication: the key may well exist.
     Unknown,
+}
+
+/// What Redis answered for a key, before the request's body is parsed.
+#[derive(Debug)]
+pub struct Cached(cache::Lookup);
+
+impl Cached {
+    /// The stored answer, when Redis holds the key's terminal answer recorded by a request of
+    /// these very bytes (`raw_digest`): a replay that needs no parse, no fingerprint and no
+    /// validation, since those bytes were parsed, fingerprinted and validated when the answer
+    /// was recorded. `None` when that is not established (the caller parses and asks [`Self::hint`]).
+    pub fn replay_of_same_bytes(&mut self, raw_digest: &str) -> Option<Stored> {
+        let cache::Lookup::Hit(entry) = &mut self.0 else { return None };
+        if entry.raw_digest.as_deref() != Some(raw_digest) || entry.status == Status::InFlight {
+            return None;
+        }
+        let (Some(code), Some(body)) = (entry.response_status_code, entry.response.take()) else { return None };
+        Some(Stored { status: entry.status, http_status: to_http_status(code), body, receipt_id: entry.receipt_id })
+    }
+
+    /// Redis fast path: a decision for an authentic terminal entry (replay or mismatch);
+    /// otherwise what Redis's silence says about the key (see [`Hint`]).
+    #[must_use]
+    pub fn hint(self, request_hash: &str) -> Hint {
+        let entry = match self.0 {
+            cache::Lookup::Hit(entry) => entry,
+            cache::Lookup::Miss => return Hint::Absent,
+            cache::Lookup::Unavailable | cache::Lookup::Rejected => return Hint::Unknown,
+        };
+        if entry.request_hash != request_hash {
+            return Hint::Decided(Decision::Mismatch, Path::Mismatch);
+        }
+        match (entry.status, entry.response_status_code, entry.response) {
+            (status, Some(code), Some(body)) if status != Status::InFlight => Hint::Decided(
+                Decision::Replay(Stored {
+                    status,
+                    http_status: to_http_status(code),
+                    body,
+                    receipt_id: entry.receipt_id,
+                }),
+                Path::ReplayRedis,
+            ),
+            // In flight (or incomplete): Postgres decides, the claim statement first.
+            _ => Hint::Absent,
+        }
+    }
 }
 
 /// What to do with a request, decided by the ledger.
@@ -156,34 +211,14 @@ pub struct Idempotency {
 }
 
 impl Idempotency {
-    /// Redis fast path: a decision for an authentic terminal entry (replay or mismatch);
-    /// otherwise what Redis's silence says about the key (see [`Hint`]).
-    pub async fn check_cache(&self, agent_id: Uuid, key: &IdempotencyKey, request_hash: &str) -> Hint {
-        let entry = match self.cache.get(agent_id, key.as_str()).await {
-            cache::Lookup::Hit(entry) => entry,
-            cache::Lookup::Miss => return Hint::Absent,
-            cache::Lookup::Unavailable => return Hint::Unknown,
-            cache::Lookup::Rejected => {
-                self.metrics.cache_rejected.inc();
-                return Hint::Unknown;
-            }
-        };
-        if entry.request_hash != request_hash {
-            return Hint::Decided(Decision::Mismatch, Path::Mismatch);
+    /// Asks Redis about the key (one `GET`); [`Cached`] then decides with the request's
+    /// digest or its fingerprint.
+    pub async fn check_cache(&self, agent_id: Uuid, key: &IdempotencyKey) -> Cached {
+        let lookup = self.cache.get(agent_id, key.as_str()).await;
+        if matches!(lookup, cache::Lookup::Rejected) {
+            self.metrics.cache_rejected.inc();
         }
-        match (entry.status, entry.response_status_code, entry.response) {
-            (status, Some(code), Some(body)) if status != Status::InFlight => Hint::Decided(
-                Decision::Replay(Stored {
-                    status,
-                    http_status: to_http_status(code),
-                    body,
-                    receipt_id: entry.receipt_id,
-                }),
-                Path::ReplayRedis,
-            ),
-            // In flight (or incomplete): Postgres decides, the claim statement first.
-            _ => Hint::Absent,
-        }
+        Cached(lookup)
     }
 
     /// The slow path: claim the key in Postgres, or decide from the existing row.
@@ -227,7 +262,7 @@ impl Idempotency {
                     // does not wait for it (a Redis round trip off every fresh call's path).
                     let (idem, owned_key, hash) = (self.clone(), key.clone(), request_hash.to_owned());
                     tokio::spawn(async move {
-                        idem.warm(agent_id, &owned_key, &hash, Status::InFlight, None, expires_unix).await;
+                        idem.warm(agent_id, &owned_key, (&hash, None), Status::InFlight, None, expires_unix).await;
                     });
                     let own = Ownership {
                         agent_id,
@@ -238,6 +273,7 @@ impl Idempotency {
                         durable: commit == Commit::Now,
                         expires_unix,
                         credential: String::new(),
+                        raw_digest: None,
                     };
                     return Ok((Decision::Execute(own), Path::Fresh));
                 }
@@ -289,7 +325,7 @@ impl Idempotency {
                     ));
                 };
                 let stored = Stored { status, http_status: to_http_status(code), body, receipt_id: row.receipt_id };
-                self.warm_stored(agent_id, key, request_hash, &stored, row.expires_unix).await;
+                self.warm_stored(agent_id, key, (request_hash, None), &stored, row.expires_unix).await;
                 Ok((Decision::Replay(stored), Path::ReplayPostgres))
             }
         }
@@ -332,6 +368,7 @@ impl Idempotency {
             durable: true,
             expires_unix,
             credential: String::new(),
+            raw_digest: None,
         };
         Ok((Decision::Execute(own), Path::Takeover))
     }
@@ -342,18 +379,18 @@ impl Idempotency {
         &self,
         agent_id: Uuid,
         key: &IdempotencyKey,
-        request_hash: &str,
+        (request_hash, raw_digest): (&str, Option<&str>),
         stored: &Stored,
         expires_unix: i64,
     ) {
-        self.warm(agent_id, key, request_hash, stored.status, Some(stored), expires_unix).await;
+        self.warm(agent_id, key, (request_hash, raw_digest), stored.status, Some(stored), expires_unix).await;
     }
 
     async fn warm(
         &self,
         agent_id: Uuid,
         key: &IdempotencyKey,
-        request_hash: &str,
+        (request_hash, raw_digest): (&str, Option<&str>),
         status: Status,
         stored: Option<&Stored>,
         expires_unix: i64,
@@ -365,6 +402,7 @@ impl Idempotency {
             response: stored.map(|s| s.body.clone()),
             receipt_id: stored.and_then(|s| s.receipt_id),
             expires_unix: Some(expires_unix),
+            raw_digest: raw_digest.map(str::to_owned),
         };
         self.cache.put(agent_id, key.as_str(), &entry).await;
     }
@@ -430,5 +468,38 @@ impl Heartbeat {
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(status: Status, raw_digest: Option<&str>) -> Cached {
+        Cached(cache::Lookup::Hit(cache::Entry {
+            status,
+            request_hash: "ab".repeat(32),
+            response_status_code: Some(200),
+            response: Some(b"{}".to_vec()),
+            receipt_id: None,
+            expires_unix: Some(4_000_000_000),
+            raw_digest: raw_digest.map(str::to_owned),
+        }))
+    }
+
+    #[test]
+    fn only_the_same_bytes_of_a_terminal_answer_replay_unparsed() {
+        let d = "cd".repeat(32);
+        assert!(hit(Status::Completed, Some(&d)).replay_of_same_bytes(&d).is_some());
+        assert!(hit(Status::Errored, Some(&d)).replay_of_same_bytes(&d).is_some());
+        // Other bytes, an entry without a digest, an answer not recorded yet: parse and decide.
+        assert!(hit(Status::Completed, Some(&d)).replay_of_same_bytes(&"ce".repeat(32)).is_none());
+        assert!(hit(Status::Completed, None).replay_of_same_bytes(&d).is_none());
+        assert!(hit(Status::InFlight, Some(&d)).replay_of_same_bytes(&d).is_none());
+        // Declined, the entry still decides by fingerprint.
+        let mut other = hit(Status::Completed, Some(&d));
+        assert!(other.replay_of_same_bytes(&"ce".repeat(32)).is_none());
+        assert!(matches!(other.hint(&"ab".repeat(32)), Hint::Decided(Decision::Replay(_), Path::ReplayRedis)));
+        assert!(matches!(hit(Status::Completed, Some(&d)).hint(&"ef".repeat(32)), Hint::Decided(Decision::Mismatch, _)));
     }
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::error::{ApiError, PoolConn};
 use crate::idempotency::IdempotencyKey;
-use crate::relay::{self, request::Received};
+use crate::relay::{self, request::Incoming};
 use crate::state::AppState;
 
 /// Why the MCP server could not reach the router (one line for the model).
@@ -158,15 +158,12 @@ async fn local(state: &AppState, caller: &super::McpAgent, call: &Call) -> Reply
             if raw.len() > state.config.request_max_bytes {
                 return Reply::error(&ApiError::PayloadTooLarge(state.config.request_max_bytes));
             }
-            let parsed = IdempotencyKey::parse(Some(key.as_bytes())).map_err(ApiError::from).and_then(|k| {
-                let request = Received::parse(&raw, "/route", "")?;
-                Ok((k, request))
-            });
-            let (key, request) = match parsed {
-                Ok(p) => p,
-                Err(e) => return Reply::error(&e),
+            let key = match IdempotencyKey::parse(Some(key.as_bytes())) {
+                Ok(k) => k,
+                Err(e) => return Reply::error(&ApiError::from(e)),
             };
-            match relay::handle(state, (agent, &caller.credential), key, request).await {
+            let incoming = Incoming { raw: &raw, path: "/route", query: "" };
+            match relay::handle(state, (agent, &caller.credential), key, incoming).await {
                 Ok(r) => {
                     let body = crate::relay::envelope::to_value(&r.body).unwrap_or(serde_json::Value::Null);
                     Reply { replayed: r.replay, ..Reply::json(r.http_status, body) }

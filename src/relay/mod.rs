@@ -35,7 +35,7 @@ use crate::terms::TermsKey;
 use crate::upstream::UpstreamError;
 pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
-use request::{Received, RouteCall};
+use request::{Incoming, RouteCall};
 
 /// How long after the route deadline a call still waiting for an upstream or the chain is
 /// cut off (the paid path records an arrived answer by the deadline itself).
@@ -60,14 +60,22 @@ pub async fn handle(
     state: &AppState,
     (agent_id, credential): (Uuid, &str),
     key: IdempotencyKey,
-    request: Received,
+    incoming: Incoming<'_>,
 ) -> Result<RouteResponse, Error> {
     let started = Instant::now();
     // The deadline covers the claim too: a claim that waited (for a connection, a lock) is
     // not followed by a full deadline's worth of execution, so the whole call stays within
     // the deadline, and so within the abandonment window.
     let deadline = started + state.idempotency.timing.deadline;
-    let cached = state.idempotency.check_cache(agent_id, &key, &request.request_hash).await;
+    let digest = incoming.digest();
+    let mut cached = state.idempotency.check_cache(agent_id, &key).await;
+    if let Some(stored) = cached.replay_of_same_bytes(&digest) {
+        // The very bytes of the request that recorded this answer: nothing to parse or check.
+        count_outcome(state, agent_id, crate::idempotency::Path::ReplayRedis);
+        return Ok(replay(stored));
+    }
+    let request = incoming.parse().map_err(|e| Error::BadRequest(e.0))?;
+    let cached = cached.hint(&request.request_hash);
     if let Hint::Decided(Decision::Replay(stored), path) = cached {
         // The fingerprint of a request that was validated and executed: nothing more to check.
         count_outcome(state, agent_id, path);
@@ -126,7 +134,7 @@ pub async fn handle(
         Decision::Gated => Err(Error::invariant("the claim asked for a call gate that was checked")),
         Decision::Execute(own) => {
             // The spawned task keeps the request's span (and its request id) in every log line.
-            let own = own.authenticated_by(credential);
+            let own = own.authenticated_by(credential).with_raw_digest(digest);
             let task = tokio::spawn(run_owned(state.clone(), own, (call, terms), deadline).in_current_span());
             task.await.map_err(|e| Error::invariant(format!("route task failed: {e}")))?
         }

@@ -169,6 +169,31 @@ impl RouteCall {
     }
 }
 
+/// A `/route` request as it arrived: its body's bytes, not yet parsed, and where it was
+/// posted (both are part of its fingerprint).
+#[derive(Clone, Copy)]
+pub struct Incoming<'a> {
+    pub raw: &'a [u8],
+    pub path: &'a str,
+    pub query: &'a str,
+}
+
+impl Incoming<'_> {
+    /// The digest of these very bytes ([`canonical::raw_digest`]).
+    #[must_use]
+    pub fn digest(&self) -> String {
+        canonical::raw_digest(self.raw, self.path, self.query)
+    }
+
+    /// The body parsed and fingerprinted.
+    ///
+    /// # Errors
+    /// See [`Received::parse`].
+    pub fn parse(&self) -> Result<Received, BadRequest> {
+        Received::parse(self.raw, self.path, self.query)
+    }
+}
+
 /// A `/route` body as received: a strict JSON object and its fingerprint, not yet checked as
 /// a call. A replay needs no more: its fingerprint is that of a request which was validated
 /// (and executed) before, and validation depends on nothing but the request. Its `Debug`

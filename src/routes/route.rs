@@ -11,7 +11,7 @@ use crate::relay::envelope_doc::{
     PaymentDeclinedDoc as PaymentDeclined, RouteEnvelopeDoc as RouteEnvelope, RouteErrorDoc as RouteError,
 };
 use crate::relay::request::RawRouteRequest as RouteRequest;
-use crate::relay::{self, RouteResponse, request::Received};
+use crate::relay::{self, RouteResponse, request::Incoming};
 use crate::routes::inline::{
     PayloadTooLarge, RateLimited, ReplayTrue, RouteBadRequest, RouteConflict, RouteForbidden, RouteUnavailable, Seconds,
 };
@@ -62,8 +62,8 @@ pub async fn route(
 ) -> Result<HttpResponse, ApiError> {
     let key = IdempotencyKey::parse(req.headers().get("idempotency-key").map(|v| v.as_bytes()))?;
     let raw = super::read_limited(payload, state.config.request_max_bytes).await?;
-    let request = Received::parse(&raw, req.path(), req.query_string())?;
-    let answer = relay::handle(&state, (agent.id, &agent.key_hash), key, request).await?;
+    let incoming = Incoming { raw: &raw, path: req.path(), query: req.query_string() };
+    let answer = relay::handle(&state, (agent.id, &agent.key_hash), key, incoming).await?;
     Ok(respond(answer))
 }
 
