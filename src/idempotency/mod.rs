@@ -500,6 +500,9 @@ mod tests {
         let mut other = hit(Status::Completed, Some(&d));
         assert!(other.replay_of_same_bytes(&"ce".repeat(32)).is_none());
         assert!(matches!(other.hint(&"ab".repeat(32)), Hint::Decided(Decision::Replay(_), Path::ReplayRedis)));
-        assert!(matches!(hit(Status::Completed, Some(&d)).hint(&"ef".repeat(32)), Hint::Decided(Decision::Mismatch, _)));
+        assert!(matches!(
+            hit(Status::Completed, Some(&d)).hint(&"ef".repeat(32)),
+            Hint::Decided(Decision::Mismatch, _)
+        ));
     }
 }

@@ -35,7 +35,7 @@ use crate::terms::TermsKey;
 use crate::upstream::UpstreamError;
 pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
-use request::{Incoming, RouteCall};
+use request::{Incoming, Received, RouteCall};
 
 /// How long after the route deadline a call still waiting for an upstream or the chain is
 /// cut off (the paid path records an arrived answer by the deadline itself).
@@ -68,19 +68,10 @@ pub async fn handle(
     // the deadline, and so within the abandonment window.
     let deadline = started + state.idempotency.timing.deadline;
     let digest = incoming.digest();
-    let mut cached = state.idempotency.check_cache(agent_id, &key).await;
-    if let Some(stored) = cached.replay_of_same_bytes(&digest) {
-        // The very bytes of the request that recorded this answer: nothing to parse or check.
-        count_outcome(state, agent_id, crate::idempotency::Path::ReplayRedis);
-        return Ok(replay(stored));
-    }
-    let request = incoming.parse().map_err(|e| Error::BadRequest(e.0))?;
-    let cached = cached.hint(&request.request_hash);
-    if let Hint::Decided(Decision::Replay(stored), path) = cached {
-        // The fingerprint of a request that was validated and executed: nothing more to check.
-        count_outcome(state, agent_id, path);
-        return Ok(replay(stored));
-    }
+    let (request, cached) = match from_cache(state, agent_id, &key, (incoming, &digest)).await? {
+        Ok(replayed) => return Ok(replayed),
+        Err(undecided) => undecided,
+    };
     // Anything else is validated first: an invalid body is a 400 whatever its key's state.
     let call = request.into_call().map_err(|e| Error::BadRequest(e.0))?;
     // The request's payment terms, if an earlier 402 to exactly this request taught them.
@@ -141,6 +132,35 @@ pub async fn handle(
     };
     tracing::debug!(duration_ms = started.elapsed().as_millis() as u64, "route handled");
     result
+}
+
+/// Redis's answer for the key: a replay (`Ok`), when it holds the answer recorded by these
+/// very bytes or by a request with the same fingerprint; otherwise the request parsed and what
+/// Redis says of its key (`Err`).
+///
+/// # Errors
+/// [`Error::BadRequest`] for a body that does not parse (whatever its key's state).
+async fn from_cache(
+    state: &AppState,
+    agent_id: Uuid,
+    key: &IdempotencyKey,
+    (incoming, digest): (Incoming<'_>, &str),
+) -> Result<Result<RouteResponse, (Received, Hint)>, Error> {
+    let mut cached = state.idempotency.check_cache(agent_id, key).await;
+    if let Some(stored) = cached.replay_of_same_bytes(digest) {
+        // The very bytes of the request that recorded this answer: nothing to parse or check.
+        count_outcome(state, agent_id, crate::idempotency::Path::ReplayRedis);
+        return Ok(Ok(replay(stored)));
+    }
+    let request = incoming.parse().map_err(|e| Error::BadRequest(e.0))?;
+    match cached.hint(&request.request_hash) {
+        Hint::Decided(Decision::Replay(stored), path) => {
+            // The fingerprint of a request that was validated and executed: nothing more to check.
+            count_outcome(state, agent_id, path);
+            Ok(Ok(replay(stored)))
+        }
+        hint => Ok(Err((request, hint))),
+    }
 }
 
 /// Counts a request's idempotency outcome in /metrics; the line itself is debug-level, so a

@@ -59,7 +59,10 @@ pub async fn record(
 }
 
 async fn answer(state: &AppState, own: &Ownership, stored: Stored) -> RouteResponse {
-    state.idempotency.warm_stored(own.agent_id, &own.key, (&own.request_hash, own.raw_digest.as_deref()), &stored, own.expires_unix).await;
+    state
+        .idempotency
+        .warm_stored(own.agent_id, &own.key, (&own.request_hash, own.raw_digest.as_deref()), &stored, own.expires_unix)
+        .await;
     RouteResponse { http_status: stored.http_status, receipt_id: stored.receipt_id, body: stored.body, replay: false }
 }
 
