@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// A token without EIP-3009 (PlainToken), asked for by `/v2/permit2?token=plain`.
     #[arg(long)]
     pub plain_token: Option<Address>,
+    /// A token with EIP-2612 and without EIP-3009 (PermitToken), asked for by
+    /// `/v2/permit2?token=permit` (gas sponsoring: `&gas=eip2612`).
+    #[arg(long)]
+    pub permit_token: Option<Address>,
     /// Who receives the payments.
     #[arg(long)]
     pub pay_to: Address,
