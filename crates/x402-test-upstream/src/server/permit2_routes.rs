@@ -83,7 +83,7 @@ const PERMIT_TOKEN_VERSION: &str = "1";
 fn extensions(query: &P2Query, token: Address) -> Option<Value> {
     let mut map = serde_json::Map::new();
     if query.pid
-        && let Some(Value::Object(pid)) = Some(wire::payment_identifier_declaration())
+        && let Value::Object(pid) = wire::payment_identifier_declaration()
     {
         map.extend(pid);
     }
@@ -323,6 +323,12 @@ async fn handle_paid(
     if query.gas == Some(Gas::Eip2612) {
         match permit2::Eip2612Permit::parse(payload) {
             Ok(Some(permit)) => {
+                let sig = alloy::hex::encode_prefixed(permit.signature.as_bytes());
+                state.stats.update(path, |st| {
+                    if !st.permits.contains(&sig) {
+                        st.permits.push(sig.clone());
+                    }
+                });
                 let domain = (PERMIT_TOKEN_NAME, PERMIT_TOKEN_VERSION, chain_id);
                 if let Err(r) = permit.check(&payment, domain, crate::payment::unix_now()) {
                     return Err(refused(r));
