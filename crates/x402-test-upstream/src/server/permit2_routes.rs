@@ -75,6 +75,10 @@ enum Gas {
     WrongDomain,
 }
 
+/// `info.description` of the `eip2612GasSponsoring` offer; a payment must echo it, as the
+/// official server checks (`extension_echo_mismatch`).
+const GAS_DESCRIPTION: &str = "The facilitator accepts an EIP-2612 permit to the canonical Permit2 contract.";
+
 /// PermitToken's EIP-712 domain (contracts/PermitToken.sol).
 const PERMIT_TOKEN_NAME: &str = "Permit Dollar";
 const PERMIT_TOKEN_VERSION: &str = "1";
@@ -88,10 +92,7 @@ fn extensions(query: &P2Query, token: Address) -> Option<Value> {
         map.extend(pid);
     }
     if let Some(gas) = query.gas {
-        let mut info = json!({
-            "description": "The facilitator accepts an EIP-2612 permit to the canonical Permit2 contract.",
-            "version": "1",
-        });
+        let mut info = json!({ "description": GAS_DESCRIPTION, "version": "1" });
         match gas {
             Gas::Eip2612 | Gas::WrongDomain => {}
             Gas::WrongSpender => info["spender"] = json!(token.to_checksum(None)),
@@ -308,36 +309,14 @@ async fn handle_paid(
         let r = Refused { reason: "No matching payment requirements", message: "accepted differs".into() };
         return Err(refused(r));
     }
-    let mut payment =
-        match payload.get("payload").ok_or_else(|| Refused { reason: "invalid_payload", message: "no payload".into() })
-        {
-            Ok(p) => match Permit2Payment::parse(p) {
-                Ok(p) => p,
-                Err(r) => return Err(refused(r)),
-            },
-            Err(r) => return Err(refused(r)),
-        };
+    let no_payload = || Refused { reason: "invalid_payload", message: "no payload".into() };
+    let mut payment = match payload.get("payload").ok_or_else(no_payload).and_then(Permit2Payment::parse) {
+        Ok(p) => p,
+        Err(r) => return Err(refused(r)),
+    };
     let chain_id = chain_id_of(&s.network).unwrap_or_default();
-    // A permit is used only where the extension was offered (and only the honest offer is
-    // ever paid here).
-    if query.gas == Some(Gas::Eip2612) {
-        match permit2::Eip2612Permit::parse(payload) {
-            Ok(Some(permit)) => {
-                let sig = alloy::hex::encode_prefixed(permit.signature.as_bytes());
-                state.stats.update(path, |st| {
-                    if !st.permits.contains(&sig) {
-                        st.permits.push(sig.clone());
-                    }
-                });
-                let domain = (PERMIT_TOKEN_NAME, PERMIT_TOKEN_VERSION, chain_id);
-                if let Err(r) = permit.check(&payment, domain, crate::payment::unix_now()) {
-                    return Err(refused(r));
-                }
-                payment.permit = Some(permit);
-            }
-            Ok(None) => {}
-            Err(r) => return Err(refused(r)),
-        }
+    if let Err(r) = take_permit(state, path, query.gas, payload, &mut payment, chain_id) {
+        return Err(refused(r));
     }
     let expected = Expected {
         upto,
@@ -383,6 +362,35 @@ async fn handle_paid(
     });
     let body = serde_json::to_vec(&body).map_err(|err| internal_error(&err))?;
     Ok(pid_cache::StoredAnswer { status: actix_web::http::StatusCode::OK, body, settlement: Some(header) })
+}
+
+/// The payer's EIP-2612 permit of `payload`, checked and attached to `payment`: used only where
+/// the extension was offered (and only the honest offer is ever paid here). Each distinct
+/// permit signature is counted in the route's `permits`.
+fn take_permit(
+    state: &AppState,
+    path: &'static str,
+    gas: Option<Gas>,
+    payload: &Value,
+    payment: &mut Permit2Payment,
+    chain_id: u64,
+) -> Result<(), Refused> {
+    if gas != Some(Gas::Eip2612) {
+        return Ok(());
+    }
+    let Some(permit) = permit2::Eip2612Permit::parse(payload)? else { return Ok(()) };
+    if payload.pointer("/extensions/eip2612GasSponsoring/info/description") != Some(&json!(GAS_DESCRIPTION)) {
+        return Err(Refused { reason: "extension_echo_mismatch", message: "the offer's info is not echoed".into() });
+    }
+    let sig = alloy::hex::encode_prefixed(permit.signature.as_bytes());
+    state.stats.update(path, |st| {
+        if !st.permits.contains(&sig) {
+            st.permits.push(sig.clone());
+        }
+    });
+    permit.check(payment, (PERMIT_TOKEN_NAME, PERMIT_TOKEN_VERSION, chain_id), crate::payment::unix_now())?;
+    payment.permit = Some(permit);
+    Ok(())
 }
 
 /// A hostile ending after the payment settled (`&end=`): no answer is served.

@@ -34,10 +34,7 @@ pub(super) async fn sign_changed_terms(
     // the same one (never a second permit at the same token nonce), when it covers the new
     // price; otherwise no permit at all (the facilitator's 412 names the operator's command).
     let sponsor = match super::sponsor::recorded(&first.header.1) {
-        Some(p) if p.amount >= chosen.amount().as_u256() => match serde_json::to_value(&p) {
-            Ok(info) => Sponsor::Reuse(info),
-            Err(_) => return Ok(None),
-        },
+        Some((p, info)) if p.amount >= chosen.amount().as_u256() => Sponsor::Reuse(info),
         Some(_) => Sponsor::No,
         None => match super::sponsor::plan(pc.state, asked.extensions.as_ref(), chosen).await? {
             Ok(sponsor) => sponsor,

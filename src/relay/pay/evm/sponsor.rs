@@ -25,7 +25,7 @@ use serde_json::Value;
 use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::relay::Error;
-use crate::relay::pay::{Stop, wrong_chain};
+use crate::relay::pay::{PayError, Stop, wrong_chain};
 use crate::state::AppState;
 use crate::x402::gas_sponsoring::{self, EIP2612_GAS_SPONSORING, SignedEip2612Permit, TokenDomain};
 use crate::x402::permit2::{Permit2Scheme, scheme_of};
@@ -36,9 +36,10 @@ use crate::x402::{self, Requirement};
 pub(super) enum Sponsor {
     /// No permit (no offer, an allowance that suffices, a token without EIP-2612).
     No,
-    /// Sign a permit with the token's `nonce` under `domain`.
-    Sign { domain: TokenDomain, nonce: U256 },
-    /// Send this permit again (the `info` of an earlier attempt of the same payment).
+    /// Sign a permit with the token's `nonce` under `domain`; `declared` is the offer's own
+    /// `info` (its members are echoed, as the official server checks, ours added).
+    Sign { domain: TokenDomain, nonce: U256, declared: serde_json::Map<String, Value> },
+    /// Send this permit again (the `info` of an earlier attempt of the same payment, verbatim).
     Reuse(Value),
 }
 
@@ -47,20 +48,27 @@ impl Sponsor {
     /// [`Sponsor::Sign`]) with `deadline` — the payment's own.
     ///
     /// # Errors
-    /// The signer's error, as text.
+    /// The signer's error.
     pub(super) fn extensions(
         &self,
         state: &AppState,
         context_extensions: Option<&Value>,
         (amount, deadline): (U256, u64),
-    ) -> Result<Option<Value>, String> {
+    ) -> Result<Option<Value>, PayError> {
         let info = match self {
             Self::No => return Ok(context_extensions.cloned()),
-            Self::Sign { domain, nonce } => {
+            Self::Sign { domain, nonce, declared } => {
                 let signed =
                     gas_sponsoring::sign_eip2612_permit(&state.config.signer, domain, amount, *nonce, deadline)
                         .map_err(|e| format!("cannot sign the Permit2 permit: {e}"))?;
-                serde_json::to_value(&signed).map_err(|e| format!("cannot encode the Permit2 permit: {e}"))?
+                let Value::Object(ours) =
+                    serde_json::to_value(&signed).map_err(|e| format!("cannot encode the Permit2 permit: {e}"))?
+                else {
+                    return Err("the Permit2 permit did not encode to an object".into());
+                };
+                let mut info = declared.clone();
+                info.extend(ours);
+                Value::Object(info)
             }
             Self::Reuse(info) => info.clone(),
         };
@@ -73,10 +81,12 @@ impl Sponsor {
     }
 }
 
-/// The permit an earlier attempt sent (its payment header's `extensions`), if any.
-pub(super) fn recorded(header: &HeaderValue) -> Option<SignedEip2612Permit> {
+/// The permit an earlier attempt sent (its payment header's `extensions`), if any: read, and
+/// its `info` as sent.
+pub(super) fn recorded(header: &HeaderValue) -> Option<(SignedEip2612Permit, Value)> {
     let sent = x402::wire::decode_payment_header(header).ok()?;
-    serde_json::from_value(sent.pointer(&format!("/extensions/{EIP2612_GAS_SPONSORING}/info"))?.clone()).ok()
+    let info = sent.pointer(&format!("/extensions/{EIP2612_GAS_SPONSORING}/info"))?.clone();
+    Some((serde_json::from_value(info.clone()).ok()?, info))
 }
 
 /// For a new signature of `chosen`: whether the 402's `advertised` extensions offer gas
@@ -126,7 +136,8 @@ pub(super) async fn plan(
     match state.chain.eip2612_state(network, asset, owner).await {
         Ok(None) => Ok(Ok(Sponsor::No)),
         Ok(Some((nonce, separator))) if separator == gas_sponsoring::domain_separator(&domain) => {
-            Ok(Ok(Sponsor::Sign { domain, nonce }))
+            let declared = offer.get("info").and_then(Value::as_object).cloned().unwrap_or_default();
+            Ok(Ok(Sponsor::Sign { domain, nonce, declared }))
         }
         Ok(Some(_)) => {
             let msg = format!(
