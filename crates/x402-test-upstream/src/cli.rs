@@ -22,12 +22,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deploy TestToken and PlainToken (no EIP-3009), install Multicall3, Permit2, the x402
-    /// Permit2 proxies and the x402 batch-settlement contracts with anvil_setCode, mint, approve
-    /// Permit2; print {"token", "plain_token", "chain_id"}.
+    /// Deploy TestToken, PlainToken (no EIP-3009) and PermitToken (EIP-2612, no EIP-3009),
+    /// install Multicall3, Permit2, the x402 Permit2 proxies and the x402 batch-settlement
+    /// contracts with anvil_setCode, mint, approve Permit2 (not for PermitToken); print
+    /// {"token", "plain_token", "permit_token", "chain_id"}.
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Serve SVM (Solana) `exact` routes over a Solana RPC, settling as their own facilitator;
     /// print {"listening": "HOST:PORT"} once bound.
     ServeSvm(crate::svm::SvmServeArgs),
