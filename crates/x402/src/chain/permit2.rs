@@ -350,4 +350,50 @@ mod tests {
         assert_eq!(nonce_position(U256::from(256u16)), (U256::from(1u8), 0));
         assert_eq!(nonce_position(U256::MAX), (U256::MAX >> 8usize, 255));
     }
+
+    #[test]
+    fn a_settle_with_permit_proves_the_same_terms_as_a_settle() {
+        use alloy::primitives::address;
+        let (owner, token, to) = (
+            address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8"),
+            address!("0x5FbDB2315678afecb367f032d93F642f64180aa3"),
+            address!("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"),
+        );
+        let permit = ProxyPermitTransferFrom {
+            permitted: ProxyTokenPermissions { token, amount: U256::from(10_000u64) },
+            nonce: U256::from(77u8),
+            deadline: U256::from(1_800_000_000u64),
+        };
+        let permit2612 = ProxyEip2612Permit {
+            value: U256::from(10_000u64),
+            deadline: U256::from(1_800_000_000u64),
+            r: B256::repeat_byte(1),
+            s: B256::repeat_byte(2),
+            v: 27,
+        };
+        let witness = ExactProxyWitness { to, validAfter: U256::ZERO };
+        let input = IExactProxySettleWithPermit::settleWithPermitCall {
+            permit2612,
+            permit,
+            owner,
+            witness,
+            signature: vec![0u8; 65].into(),
+        }
+        .abi_encode();
+        let terms = Permit2Terms {
+            network: Network::from_chain_id(84532).unwrap(),
+            owner,
+            token,
+            pay_to: to,
+            spender: Address::ZERO,
+            nonce: U256::from(77u8),
+            facilitator: None,
+        };
+        assert_eq!(settled_permit2_nonce(&input, owner), Some(U256::from(77u8)));
+        assert_eq!(settled_permit2_nonce(&input, to), None, "another owner's transfer");
+        assert!(settles(&terms, &input));
+        assert!(!settles(&Permit2Terms { nonce: U256::from(78u8), ..terms }, &input));
+        assert!(!settles(&Permit2Terms { pay_to: owner, ..terms }, &input));
+        assert!(!settles(&Permit2Terms { facilitator: Some(to), ..terms }, &input), "not an upto settlement");
+    }
 }
