@@ -22,8 +22,13 @@
 // whose payment settled may re-access it by sending SIGN-IN-WITH-X instead of paying. Its
 // handler waits ?ms=N (at most 10000) before answering, so that the driver can kill the router
 // that paid while the handler runs; GET /_stats counts handler runs and the extension's events.
+// GET /v2/permit2-gasless (only with --permit-token: a token with EIP-2612 and without EIP-3009,
+// contracts/PermitToken.sol) asks exact via Permit2 in that token and declares the official
+// `eip2612GasSponsoring` extension (@x402/extensions 2.27.0): a payer without a Permit2 allowance
+// sends its EIP-2612 permit, and the official facilitator submits it (settleWithPermit).
 //
 //   node interop/server.mjs --token 0x… --facilitator-url http://127.0.0.1:PORT [--port 0]
+//                           [--permit-token 0x…]
 //   (or INTEROP_TOKEN / INTEROP_FACILITATOR_URL / INTEROP_SERVER_PORT; port 0 = any free port)
 //
 // stdout: first line is one JSON object once listening (and synced with the facilitator):
@@ -44,6 +49,7 @@ import { UptoEvmScheme } from "@x402/evm/upto/server";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/server";
 import { paymentMiddleware as v1PaymentMiddleware } from "x402-express";
 import { declareDiscoveryExtension } from "@x402/extensions/bazaar";
+import { declareEip2612GasSponsoringExtension } from "@x402/extensions";
 import {
   InMemorySIWxStorage,
   createSIWxResourceServerExtension,
@@ -63,6 +69,7 @@ const { values: opts } = parseArgs({
     "token-name": { type: "string", default: process.env.INTEROP_TOKEN_NAME || "USD Coin" },
     "token-version": { type: "string", default: process.env.INTEROP_TOKEN_VERSION || "2" },
     "facilitator-url": { type: "string", default: process.env.INTEROP_FACILITATOR_URL },
+    "permit-token": { type: "string", default: process.env.INTEROP_PERMIT_TOKEN },
     port: { type: "string", default: process.env.INTEROP_SERVER_PORT || "0" },
   },
 });
@@ -78,6 +85,10 @@ const port = Number(opts.port);
 if (!Number.isInteger(port) || port < 0 || port > 65535) fail(`bad port ${opts.port}`);
 // EIP-712 domain name/version of the token (the wallet signs against them).
 const domain = { name: opts["token-name"], version: opts["token-version"] };
+// PermitToken's address and EIP-712 domain (contracts/PermitToken.sol), for /v2/permit2-gasless.
+const permitToken = opts["permit-token"];
+if (permitToken !== undefined && !/^0x[0-9a-fA-F]{40}$/.test(permitToken)) fail("--permit-token must be an address");
+const permitDomain = { name: "Permit Dollar", version: "1" };
 
 // What the Bazaar-declaring routes take and give (examples and JSON schemas).
 const forecast = (x402Version) => ({ x402Version, city: "Interop", sky: "clear", temperature_c: 19 });
@@ -125,6 +136,13 @@ const ROUTES = [
     method: "GET", path: "/v2/upto-hold", x402_version: 2, amount: "40000", scheme: "upto", transfer: "permit2",
     description: "Metered like /v2/upto; the answer is held ?ms=N after settlement (x402 v2)",
   },
+  ...(permitToken
+    ? [{
+      method: "GET", path: "/v2/permit2-gasless", x402_version: 2, amount: "10000", scheme: "exact", transfer: "permit2",
+      asset: permitToken, gas_sponsoring: true,
+      description: "Weather report, exact via Permit2 in a token with EIP-2612; gas sponsoring offered (x402 v2)",
+    }]
+    : []),
   {
     method: "GET", path: "/v2/batch", x402_version: 2, amount: "1000", scheme: "batch-settlement", pay_to: BATCH_PAY_TO,
     description: "Weather report, paid from a batch-settlement channel (x402 v2)",
@@ -145,16 +163,19 @@ const origin = `http://127.0.0.1:${server.address().port}`;
 // ---- v2: an x402ResourceServer with the EVM "exact" scheme; prices given as token amounts.
 const v2Routes = {};
 for (const r of ROUTES.filter((r) => r.x402_version === 2)) {
-  const extra = r.transfer ? { ...domain, assetTransferMethod: r.transfer } : { ...domain };
+  const tokenDomain = r.asset ? permitDomain : domain;
+  const extra = r.transfer ? { ...tokenDomain, assetTransferMethod: r.transfer } : { ...tokenDomain };
   v2Routes[`${r.method} ${r.path}`] = {
     accepts: {
-      scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: r.pay_to ?? PAY_TO, price: { amount: r.amount, asset, extra },
+      scheme: r.scheme ?? "exact", network: NETWORK_V2, payTo: r.pay_to ?? PAY_TO,
+      price: { amount: r.amount, asset: r.asset ?? asset, extra },
     },
     description: r.description,
     mimeType: "application/json",
     ...(r.siwx
       ? { extensions: declareSIWxExtension({ statement: "Sign in to re-access what you paid for", expirationSeconds: 300 }) }
       : {}),
+    ...(r.gas_sponsoring ? { extensions: declareEip2612GasSponsoringExtension() } : {}),
     ...(BAZAAR[r.path] ? { extensions: BAZAAR[r.path], serviceName: "Interop Weather", tags: ["weather", "interop"] } : {}),
   };
 }
@@ -318,6 +339,7 @@ app.get("/v2/forecast", (req, res) => {
 app.post("/v2/echo", (req, res) => res.json({ x402Version: 2, echo: req.body ?? null }));
 app.get("/v1/weather", (_req, res) => res.json(forecast(1)));
 app.get("/v2/permit2", (_req, res) => res.json({ ...forecast(2), via: "permit2" }));
+app.get("/v2/permit2-gasless", (_req, res) => res.json({ ...forecast(2), via: "permit2, gas sponsored" }));
 app.get("/v2/batch", (_req, res) => res.json({ ...forecast(2), via: "batch-settlement" }));
 const upto = (req, res) => {
   const used = typeof req.query.used === "string" && /^[0-9]{1,20}$/.test(req.query.used) ? req.query.used : "1234";

@@ -20,6 +20,7 @@ const fixturesDir = join(repoRoot, 'tests', 'fixtures');
 const contracts = [
   'TestToken',
   'PlainToken',
+  'PermitToken',
   'Multicall',
   'Permit2',
   'X402ExactPermit2Proxy',

@@ -19,6 +19,7 @@ mod discovery;
 mod failover;
 mod fault_points;
 mod faults;
+mod gas_sponsoring;
 mod gc;
 mod hostile;
 mod idempotency;

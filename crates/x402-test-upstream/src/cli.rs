@@ -22,12 +22,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Deploy TestToken and PlainToken (no EIP-3009), install Multicall3, Permit2, the x402
-    /// Permit2 proxies and the x402 batch-settlement contracts with anvil_setCode, mint, approve
-    /// Permit2; print {"token", "plain_token", "chain_id"}.
+    /// Deploy TestToken, PlainToken (no EIP-3009) and PermitToken (EIP-2612, no EIP-3009),
+    /// install Multicall3, Permit2, the x402 Permit2 proxies and the x402 batch-settlement
+    /// contracts with anvil_setCode, mint, approve Permit2 (not for PermitToken); print
+    /// {"token", "plain_token", "permit_token", "chain_id"}.
     Deploy(DeployArgs),
     /// Serve x402-protected test routes; print {"listening": "HOST:PORT"} once bound.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Serve SVM (Solana) `exact` routes over a Solana RPC, settling as their own facilitator;
     /// print {"listening": "HOST:PORT"} once bound.
     ServeSvm(crate::svm::SvmServeArgs),
@@ -64,6 +65,10 @@ pub struct ServeArgs {
     /// A token without EIP-3009 (PlainToken), asked for by `/v2/permit2?token=plain`.
     #[arg(long)]
     pub plain_token: Option<Address>,
+    /// A token with EIP-2612 and without EIP-3009 (PermitToken), asked for by
+    /// `/v2/permit2?token=permit` (gas sponsoring: `&gas=eip2612`).
+    #[arg(long)]
+    pub permit_token: Option<Address>,
     /// Who receives the payments.
     #[arg(long)]
     pub pay_to: Address,

@@ -21,6 +21,7 @@ use crate::fixtures;
 struct Deployed {
     token: String,
     plain_token: String,
+    permit_token: String,
     chain_id: u64,
 }
 
@@ -35,6 +36,8 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
     tracing::info!(%token, chain_id, deployer = %chain.sender(), "TestToken deployed");
     let plain_token = deploy(&chain, fixtures::plain_token_creation_code()?, "PlainToken").await?;
     tracing::info!(%plain_token, "PlainToken (no EIP-3009) deployed");
+    let permit_token = deploy(&chain, fixtures::permit_token_creation_code()?, "PermitToken").await?;
+    tracing::info!(%permit_token, "PermitToken (EIP-2612, no EIP-3009) deployed");
 
     chain
         .set_code(fixtures::MULTICALL3, fixtures::multicall_runtime_code()?)
@@ -76,9 +79,23 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         }
     }
 
+    // PermitToken is minted but never approved for Permit2: its payers grant the allowance by
+    // an EIP-2612 permit (gas sponsoring).
+    for mint in &args.mints {
+        let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
+        chain
+            .send_and_confirm(
+                TransactionRequest::default().with_to(permit_token).with_input(call.abi_encode()),
+                MINE_TIMEOUT,
+            )
+            .await
+            .with_context(|| format!("minting {} of {permit_token} to {}", mint.amount, mint.to))?;
+    }
+
     let line = serde_json::to_string(&Deployed {
         token: token.to_checksum(None),
         plain_token: plain_token.to_checksum(None),
+        permit_token: permit_token.to_checksum(None),
         chain_id,
     })?;
     let mut out = std::io::stdout().lock();

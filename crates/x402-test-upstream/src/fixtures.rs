@@ -10,6 +10,8 @@ pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976
 const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/TestToken.json"));
 const PLAIN_TOKEN_JSON: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/PlainToken.json"));
+const PERMIT_TOKEN_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/PermitToken.json"));
 const MULTICALL_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/Multicall.json"));
 const PERMIT2_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/Permit2.json"));
 const EXACT_PROXY_JSON: &str =
@@ -62,6 +64,15 @@ fn artifact(name: &'static str, json: &str) -> Result<Artifact, FixtureError> {
 /// Creation code of TestToken (its constructor takes no arguments).
 pub fn test_token_creation_code() -> Result<Bytes, FixtureError> {
     artifact("TestToken.json", TEST_TOKEN_JSON).map(|a| a.bytecode)
+}
+
+/// Creation code of PermitToken, an ERC-20 with EIP-2612 `permit` and without EIP-3009 (no
+/// constructor arguments).
+///
+/// # Errors
+/// A fixture that does not parse.
+pub fn permit_token_creation_code() -> Result<Bytes, FixtureError> {
+    artifact("PermitToken.json", PERMIT_TOKEN_JSON).map(|a| a.bytecode)
 }
 
 /// Creation code of PlainToken, an ERC-20 without EIP-3009 (no constructor arguments).

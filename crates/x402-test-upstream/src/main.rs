@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     let system = actix_rt::System::new();
     let result = match cli.command {
         cli::Command::Deploy(args) => system.block_on(deploy::run(args)),
-        cli::Command::Serve(args) => system.block_on(server::run(args)),
+        cli::Command::Serve(args) => system.block_on(server::run(*args)),
         cli::Command::ServeSvm(args) => system.block_on(svm::run(args)),
     };
     match result {

@@ -33,6 +33,12 @@ mod eip712_exact {
     }
 }
 
+mod eip712_permit {
+    alloy::sol! {
+        struct Permit { address owner; address spender; uint256 value; uint256 nonce; uint256 deadline; }
+    }
+}
+
 mod eip712_upto {
     alloy::sol! {
         struct TokenPermissions { address token; uint256 amount; }
@@ -55,9 +61,11 @@ sol! {
     struct AbiTokenPermissions { address token; uint256 amount; }
     struct AbiPermitTransferFrom { AbiTokenPermissions permitted; uint256 nonce; uint256 deadline; }
     struct AbiExactWitness { address to; uint256 validAfter; }
+    struct AbiEip2612Permit { uint256 value; uint256 deadline; bytes32 r; bytes32 s; uint8 v; }
     struct AbiUptoWitness { address to; address facilitator; uint256 validAfter; }
     interface IExactProxy {
         function settle(AbiPermitTransferFrom permit, address owner, AbiExactWitness witness, bytes signature) external;
+        function settleWithPermit(AbiEip2612Permit permit2612, AbiPermitTransferFrom permit, address owner, AbiExactWitness witness, bytes signature) external;
     }
     interface IUptoProxy {
         function settle(AbiPermitTransferFrom permit, uint256 amount, address owner, AbiUptoWitness witness, bytes signature) external;
@@ -88,6 +96,105 @@ pub struct Permit2Payment {
     pub facilitator: Option<Address>,
     pub valid_after: U256,
     pub signature: Bytes,
+    /// The payer's EIP-2612 permit for Permit2 (`eip2612GasSponsoring`), submitted first.
+    pub permit: Option<Eip2612Permit>,
+}
+
+/// The `eip2612GasSponsoring` extension's `info` of a payment.
+#[derive(Clone, Debug)]
+pub struct Eip2612Permit {
+    pub from: Address,
+    pub asset: Address,
+    pub spender: Address,
+    pub amount: U256,
+    pub nonce: U256,
+    pub deadline: U256,
+    pub signature: Signature,
+}
+
+impl Eip2612Permit {
+    /// Parses `extensions.eip2612GasSponsoring.info` of a payment payload, if present.
+    ///
+    /// # Errors
+    /// `invalid_eip2612_extension_format` for a field that does not parse.
+    pub fn parse(payload: &Value) -> Result<Option<Self>, Refused> {
+        let Some(info) = payload.pointer("/extensions/eip2612GasSponsoring/info") else { return Ok(None) };
+        let bad = |name: &str| refuse("invalid_eip2612_extension_format", format!("{name} does not parse"));
+        let text = |name: &str| info.get(name).and_then(Value::as_str).ok_or_else(|| bad(name));
+        let address = |name: &str| Address::from_str(text(name)?).map_err(|_| bad(name));
+        let uint = |name: &str| {
+            let raw = text(name)?;
+            if raw.is_empty() || raw.len() > 78 || !raw.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(name));
+            }
+            U256::from_str_radix(raw, 10).map_err(|_| bad(name))
+        };
+        let signature = text("signature")?
+            .strip_prefix("0x")
+            .and_then(|h| alloy::hex::decode(h).ok())
+            .and_then(|b| Signature::from_raw(&b).ok())
+            .ok_or_else(|| bad("signature"))?;
+        if info.get("version").and_then(Value::as_str).is_none() {
+            return Err(bad("version"));
+        }
+        Ok(Some(Self {
+            from: address("from")?,
+            asset: address("asset")?,
+            spender: address("spender")?,
+            amount: uint("amount")?,
+            nonce: uint("nonce")?,
+            deadline: uint("deadline")?,
+            signature,
+        }))
+    }
+
+    /// A facilitator's checks of the permit against the payment: same owner and token,
+    /// canonical Permit2 as spender, enough value, a live deadline, and a signature by the
+    /// owner under the token's EIP-712 domain (`name`, `version`, `chain_id`).
+    ///
+    /// # Errors
+    /// The first failed check.
+    pub fn check(
+        &self,
+        p: &Permit2Payment,
+        (name, version, chain_id): (&str, &str, u64),
+        now: u64,
+    ) -> Result<(), Refused> {
+        if self.from != p.from {
+            return Err(refuse("eip2612_from_mismatch", "the permit's owner is not the payer"));
+        }
+        if self.asset != p.token {
+            return Err(refuse("eip2612_asset_mismatch", "the permit is for another token"));
+        }
+        if self.spender != PERMIT2 {
+            return Err(refuse("eip2612_spender_not_permit2", "the permit's spender is not Permit2"));
+        }
+        if self.amount < p.amount {
+            return Err(refuse("eip2612_amount_mismatch", "the permit approves less than the payment"));
+        }
+        if self.deadline < U256::from(now + crate::payment::MIN_REMAINING_VALIDITY_SECS) {
+            return Err(refuse("eip2612_deadline_expired", "the permit's deadline is too close"));
+        }
+        let domain = Eip712Domain::new(
+            Some(name.to_owned().into()),
+            Some(version.to_owned().into()),
+            Some(U256::from(chain_id)),
+            Some(self.asset),
+            None,
+        );
+        let hash = eip712_permit::Permit {
+            owner: self.from,
+            spender: self.spender,
+            value: self.amount,
+            nonce: self.nonce,
+            deadline: self.deadline,
+        }
+        .eip712_signing_hash(&domain);
+        if self.signature.recover_address_from_prehash(&hash).ok() != Some(self.from) {
+            return Err(refuse("invalid_eip2612_signature", "the permit's signature does not recover to the payer"));
+        }
+        Ok(())
+    }
 }
 
 /// What the payment must match: the offer of the route.
@@ -144,6 +251,7 @@ impl Permit2Payment {
             facilitator,
             valid_after: uint(w.and_then(|w| w.get("validAfter")), "witness.validAfter")?,
             signature: Bytes::from(signature),
+            permit: None,
         })
     }
 
@@ -215,8 +323,25 @@ impl Permit2Payment {
             nonce: self.nonce,
             deadline: self.deadline,
         };
-        match self.facilitator {
-            None => (
+        match (self.facilitator, &self.permit) {
+            (None, Some(p)) => (
+                EXACT_PROXY,
+                IExactProxy::settleWithPermitCall {
+                    permit2612: AbiEip2612Permit {
+                        value: p.amount,
+                        deadline: p.deadline,
+                        r: p.signature.r().into(),
+                        s: p.signature.s().into(),
+                        v: 27 + u8::from(p.signature.v()),
+                    },
+                    permit,
+                    owner: self.from,
+                    witness: AbiExactWitness { to: self.to, validAfter: self.valid_after },
+                    signature: self.signature.clone(),
+                }
+                .abi_encode(),
+            ),
+            (None, None) => (
                 EXACT_PROXY,
                 IExactProxy::settleCall {
                     permit,
@@ -226,7 +351,7 @@ impl Permit2Payment {
                 }
                 .abi_encode(),
             ),
-            Some(facilitator) => (
+            (Some(facilitator), _) => (
                 UPTO_PROXY,
                 IUptoProxy::settleCall {
                     permit,
@@ -275,7 +400,8 @@ pub async fn verify(facilitator: &Facilitator, p: &Permit2Payment, e: &Expected)
         .call(e.token, &IErc20::allowanceCall { owner: p.from, spender: PERMIT2 })
         .await
         .map_err(|err| refuse("unexpected_verify_error", error_chain(&err)))?;
-    if allowance < p.amount {
+    // A permit in the payment grants the allowance when it settles (`settleWithPermit`).
+    if allowance < p.amount && p.permit.is_none() {
         return Err(refuse("permit2_allowance_required", "the payer has not approved Permit2 for the token"));
     }
     Ok(())

@@ -22,6 +22,10 @@ pub struct RouteStats {
     pub pending: u64,
     /// Answers `412 permit2_allowance_required` sent.
     pub permit2_required: u64,
+    /// Settlements that submitted the payer's EIP-2612 permit first (`eip2612GasSponsoring`).
+    pub sponsored: u64,
+    /// The distinct EIP-2612 permit signatures received (0x-hex), in order of arrival.
+    pub permits: Vec<String>,
     /// Amount (atomic units) of the last settlement.
     pub last_paid_amount: Option<String>,
     /// Transaction hash of the last settlement.

@@ -24,6 +24,7 @@
 //! Nothing here touches the database, HTTP routing or configuration loading.
 
 pub mod chain;
+pub mod gas_sponsoring;
 pub mod money;
 pub mod network;
 pub mod nonce;

@@ -87,6 +87,9 @@ pub struct Devnet {
     pub token: Address,
     /// PlainToken: an ERC-20 without EIP-3009 (1000 minted to the router, Permit2 approved).
     pub plain_token: Address,
+    /// PermitToken: an ERC-20 with EIP-2612 and without EIP-3009 (1000 minted to the router,
+    /// never approved for Permit2).
+    pub permit_token: Address,
     /// Base URL of the x402 test upstream.
     pub upstream: String,
     anvil: Option<Child>,
@@ -116,10 +119,12 @@ impl Devnet {
         let line: Value = serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
         let plain_token = Address::from_str(line["plain_token"].as_str().unwrap()).unwrap();
+        let permit_token = Address::from_str(line["permit_token"].as_str().unwrap()).unwrap();
 
         let mut server = Command::new(upstream_bin())
             .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
             .args(["--plain-token", &plain_token.to_string()])
+            .args(["--permit-token", &permit_token.to_string()])
             .args([
                 "--pay-to",
                 &PAY_TO.to_string(),
@@ -144,7 +149,17 @@ impl Devnet {
         let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
         // Keep draining stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { rpc_url, chain_id, token, plain_token, upstream, anvil: Some(anvil), server: Some(server), provider }
+        Self {
+            rpc_url,
+            chain_id,
+            token,
+            plain_token,
+            permit_token,
+            upstream,
+            anvil: Some(anvil),
+            server: Some(server),
+            provider,
+        }
     }
 
     /// Router options that pay on this chain with this token.
@@ -163,6 +178,16 @@ impl Devnet {
     /// The token's `allowance(owner, spender)`.
     pub async fn allowance(&self, owner: Address, spender: Address) -> U256 {
         ITestToken::new(self.token, &self.provider).allowance(owner, spender).call().await.unwrap()
+    }
+
+    /// `allowance(owner, spender)` of any token.
+    pub async fn allowance_in(&self, token: Address, owner: Address, spender: Address) -> U256 {
+        ITestToken::new(token, &self.provider).allowance(owner, spender).call().await.unwrap()
+    }
+
+    /// The native balance (wei) of `who`.
+    pub async fn eth(&self, who: Address) -> U256 {
+        alloy::providers::Provider::get_balance(&self.provider, who).await.unwrap()
     }
 
     /// How many `AuthorizationUsed` events of `payer` the token emitted (each one moved money).

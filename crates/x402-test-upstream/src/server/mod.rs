@@ -54,6 +54,8 @@ struct Settings {
     token: Address,
     /// A token without EIP-3009 (`/v2/permit2?token=plain`), if given.
     plain_token: Option<Address>,
+    /// A token with EIP-2612 and without EIP-3009 (`/v2/permit2?token=permit`), if given.
+    permit_token: Option<Address>,
     pay_to: Address,
     price: U256,
     echo_price: U256,
@@ -176,6 +178,7 @@ fn settings_of(
         network_v1,
         token: args.token,
         plain_token: args.plain_token,
+        permit_token: args.permit_token,
         pay_to: args.pay_to,
         price: args.price.0,
         echo_price: args.echo_price.0,
@@ -260,6 +263,9 @@ async fn token_domain(
     ensure!(!chain.code_at(args.token).await?.is_empty(), "no contract at --token {} on chain {chain_id}", args.token);
     if let Some(plain) = args.plain_token {
         ensure!(!chain.code_at(plain).await?.is_empty(), "no contract at --plain-token {plain} on chain {chain_id}");
+    }
+    if let Some(permit) = args.permit_token {
+        ensure!(!chain.code_at(permit).await?.is_empty(), "no contract at --permit-token {permit} on chain {chain_id}");
     }
     let domain = chain
         .call(args.token, &ITestToken::eip712DomainCall {})

@@ -9,6 +9,12 @@
 //!
 //! `/v2/permit2?token=plain` asks for the token without EIP-3009 (`serve --plain-token`);
 //! `&offer=eip3009` then offers EIP-3009 `exact` in it instead (which no client can pay).
+//! `/v2/permit2?token=permit` asks for the token with EIP-2612 and without EIP-3009
+//! (`serve --permit-token`); `&gas=eip2612` offers the `eip2612GasSponsoring` extension: a
+//! payment carrying the payer's permit is settled with the proxy's `settleWithPermit` (the
+//! facilitator pays the gas of the approval). Hostile offers, which no payer should sign for:
+//! `&gas=spender` names another spender than Permit2, `&gas=deadline` an absurd deadline,
+//! `&gas=chain` another chain, `&gas=domain` a token name that is not the token's.
 //!
 //! Hostile endings after settling (money moved, no answer served): `&end=402` answers a bare
 //! 402 (no settlement header), `&end=412` a 412 `permit2_allowance_required`, `&end=drop`
@@ -54,6 +60,50 @@ enum End {
     Pending,
 }
 
+/// The `eip2612GasSponsoring` offer of `?gas=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gas {
+    /// The extension as the spec declares it (the client fills every value).
+    Eip2612,
+    /// Hostile: names a spender other than Permit2.
+    WrongSpender,
+    /// Hostile: names a deadline centuries away.
+    AbsurdDeadline,
+    /// Hostile: names another chain.
+    WrongChain,
+    /// Hostile: the requirement's `extra.name` is not the token's EIP-712 name.
+    WrongDomain,
+}
+
+/// `info.description` of the `eip2612GasSponsoring` offer; a payment must echo it, as the
+/// official server checks (`extension_echo_mismatch`).
+const GAS_DESCRIPTION: &str = "The facilitator accepts an EIP-2612 permit to the canonical Permit2 contract.";
+
+/// PermitToken's EIP-712 domain (contracts/PermitToken.sol).
+const PERMIT_TOKEN_NAME: &str = "Permit Dollar";
+const PERMIT_TOKEN_VERSION: &str = "1";
+
+/// The 402's extensions: `payment-identifier` (`?pid=1`) and the gas-sponsoring offer (`?gas=`).
+fn extensions(query: &P2Query, token: Address) -> Option<Value> {
+    let mut map = serde_json::Map::new();
+    if query.pid
+        && let Value::Object(pid) = wire::payment_identifier_declaration()
+    {
+        map.extend(pid);
+    }
+    if let Some(gas) = query.gas {
+        let mut info = json!({ "description": GAS_DESCRIPTION, "version": "1" });
+        match gas {
+            Gas::Eip2612 | Gas::WrongDomain => {}
+            Gas::WrongSpender => info["spender"] = json!(token.to_checksum(None)),
+            Gas::AbsurdDeadline => info["deadline"] = json!("99999999999999999999"),
+            Gas::WrongChain => info["chainId"] = json!(1),
+        }
+        map.insert("eip2612GasSponsoring".into(), json!({ "info": info, "schema": { "type": "object" } }));
+    }
+    (!map.is_empty()).then_some(Value::Object(map))
+}
+
 struct P2Query {
     end: End,
     used: Option<U256>,
@@ -61,6 +111,10 @@ struct P2Query {
     seconds: u64,
     pid: bool,
     plain: bool,
+    /// `?token=permit`: PermitToken.
+    permit_token: bool,
+    /// `?gas=`: the gas-sponsoring offer, if any.
+    gas: Option<Gas>,
     offer_eip3009: bool,
     /// `?price=N`: the price (the upto maximum) instead of the configured one.
     price: Option<U256>,
@@ -74,6 +128,8 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
         seconds: 0,
         pid: false,
         plain: false,
+        permit_token: false,
+        gas: None,
         offer_eip3009: false,
         price: None,
     };
@@ -97,7 +153,20 @@ fn parse_query(raw: &str) -> Result<P2Query, String> {
             }
             "claim" => q.claim = Some(uint(&value, "claim")?),
             "pid" => q.pid = value == "1",
-            "token" => q.plain = value == "plain",
+            "token" => {
+                q.plain = value == "plain";
+                q.permit_token = value == "permit";
+            }
+            "gas" => {
+                q.gas = Some(match &*value {
+                    "eip2612" => Gas::Eip2612,
+                    "spender" => Gas::WrongSpender,
+                    "deadline" => Gas::AbsurdDeadline,
+                    "chain" => Gas::WrongChain,
+                    "domain" => Gas::WrongDomain,
+                    _ => return Err("gas must be eip2612, spender, deadline, chain or domain".into()),
+                })
+            }
             "offer" => q.offer_eip3009 = value == "eip3009",
             "price" => q.price = Some(uint(&value, "price")?).filter(|p| !p.is_zero()),
             "seconds" => {
@@ -130,13 +199,18 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
     if used > query.price.unwrap_or(s.price) {
         return bad_request("used must not exceed the maximum (the price)");
     }
-    if (query.plain || query.offer_eip3009) && upto {
-        return bad_request("token and offer are for /v2/permit2 only");
+    if (query.plain || query.permit_token || query.offer_eip3009 || query.gas.is_some()) && upto {
+        return bad_request("token, offer and gas are for /v2/permit2 only");
     }
     let token = if query.plain {
         match s.plain_token {
             Some(t) => t,
             None => return bad_request("this server has no --plain-token"),
+        }
+    } else if query.permit_token {
+        match s.permit_token {
+            Some(t) => t,
+            None => return bad_request("this server has no --permit-token"),
         }
     } else {
         s.token
@@ -152,7 +226,7 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
             mime_type: "application/json".into(),
         },
         accepts: vec![requirement.clone()],
-        extensions: query.pid.then(wire::payment_identifier_declaration),
+        extensions: extensions(&query, token),
     };
     let Some(payload) =
         req.headers().get(wire::PAYMENT_SIGNATURE).and_then(|h| wire::decode_header::<Value>(h.as_bytes()))
@@ -188,8 +262,13 @@ pub(super) async fn permit2_paid(req: HttpRequest, state: web::Data<AppState>) -
 /// `upto` (which names the facilitator that may settle it).
 fn requirement(s: &Settings, query: &P2Query, upto: bool, token: Address, facilitator: Address) -> wire::RequirementV2 {
     let method = if query.offer_eip3009 { "eip3009" } else { "permit2" };
+    let (name, version) = match (query.permit_token, query.gas) {
+        (true, Some(Gas::WrongDomain)) => ("Not The Token", PERMIT_TOKEN_VERSION),
+        (true, _) => (PERMIT_TOKEN_NAME, PERMIT_TOKEN_VERSION),
+        (false, _) => (s.token_name.as_str(), s.token_version.as_str()),
+    };
     let mut extra = json!({
-        "name": s.token_name, "version": s.token_version, "assetTransferMethod": method,
+        "name": name, "version": version, "assetTransferMethod": method,
     });
     if upto && let Some(map) = extra.as_object_mut() {
         map.insert("facilitatorAddress".into(), json!(facilitator.to_checksum(None)));
@@ -230,16 +309,15 @@ async fn handle_paid(
         let r = Refused { reason: "No matching payment requirements", message: "accepted differs".into() };
         return Err(refused(r));
     }
-    let payment =
-        match payload.get("payload").ok_or_else(|| Refused { reason: "invalid_payload", message: "no payload".into() })
-        {
-            Ok(p) => match Permit2Payment::parse(p) {
-                Ok(p) => p,
-                Err(r) => return Err(refused(r)),
-            },
-            Err(r) => return Err(refused(r)),
-        };
+    let no_payload = || Refused { reason: "invalid_payload", message: "no payload".into() };
+    let mut payment = match payload.get("payload").ok_or_else(no_payload).and_then(Permit2Payment::parse) {
+        Ok(p) => p,
+        Err(r) => return Err(refused(r)),
+    };
     let chain_id = chain_id_of(&s.network).unwrap_or_default();
+    if let Err(r) = take_permit(state, path, query.gas, payload, &mut payment, chain_id) {
+        return Err(refused(r));
+    }
     let expected = Expected {
         upto,
         chain_id,
@@ -284,6 +362,35 @@ async fn handle_paid(
     });
     let body = serde_json::to_vec(&body).map_err(|err| internal_error(&err))?;
     Ok(pid_cache::StoredAnswer { status: actix_web::http::StatusCode::OK, body, settlement: Some(header) })
+}
+
+/// The payer's EIP-2612 permit of `payload`, checked and attached to `payment`: used only where
+/// the extension was offered (and only the honest offer is ever paid here). Each distinct
+/// permit signature is counted in the route's `permits`.
+fn take_permit(
+    state: &AppState,
+    path: &'static str,
+    gas: Option<Gas>,
+    payload: &Value,
+    payment: &mut Permit2Payment,
+    chain_id: u64,
+) -> Result<(), Refused> {
+    if gas != Some(Gas::Eip2612) {
+        return Ok(());
+    }
+    let Some(permit) = permit2::Eip2612Permit::parse(payload)? else { return Ok(()) };
+    if payload.pointer("/extensions/eip2612GasSponsoring/info/description") != Some(&json!(GAS_DESCRIPTION)) {
+        return Err(Refused { reason: "extension_echo_mismatch", message: "the offer's info is not echoed".into() });
+    }
+    let sig = alloy::hex::encode_prefixed(permit.signature.as_bytes());
+    state.stats.update(path, |st| {
+        if !st.permits.contains(&sig) {
+            st.permits.push(sig.clone());
+        }
+    });
+    permit.check(payment, (PERMIT_TOKEN_NAME, PERMIT_TOKEN_VERSION, chain_id), crate::payment::unix_now())?;
+    payment.permit = Some(permit);
+    Ok(())
 }
 
 /// A hostile ending after the payment settled (`&end=`): no answer is served.
@@ -335,8 +442,10 @@ async fn settle_in_task(
         match &result {
             Ok(tx) => {
                 tracing::info!(route = path, payer = %payment.from, %amount, %tx, "settled through the Permit2 proxy");
+                let sponsored = payment.permit.is_some();
                 stats.update(path, |s| {
                     s.paid += 1;
+                    s.sponsored += u64::from(sponsored);
                     s.last_paid_amount = Some(amount.to_string());
                     s.last_transaction = Some(format!("{tx:#x}"));
                 });

@@ -27,6 +27,15 @@ sol! {
         function nonceBitmap(address owner, uint256 wordPos) external view returns (uint256);
     }
 
+    /// What gas sponsoring reads of a token: the Permit2 allowance and EIP-2612's nonce and
+    /// domain.
+    #[sol(rpc)]
+    interface IErc20Permit {
+        function allowance(address owner, address spender) external view returns (uint256);
+        function nonces(address owner) external view returns (uint256);
+        function DOMAIN_SEPARATOR() external view returns (bytes32);
+    }
+
     /// ERC-20 `Transfer`.
     interface IErc20Transfer {
         event Transfer(address indexed from, address indexed to, uint256 value);
@@ -46,6 +55,19 @@ sol! {
     /// The x402 upto Permit2 proxy's `settle`.
     interface IUptoProxySettle {
         function settle(ProxyPermitTransferFrom permit, uint256 amount, address owner, UptoProxyWitness witness, bytes signature) external;
+    }
+
+    /// The EIP-2612 permit the proxies' `settleWithPermit` submits first (gas sponsoring).
+    struct ProxyEip2612Permit { uint256 value; uint256 deadline; bytes32 r; bytes32 s; uint8 v; }
+
+    /// The x402 exact Permit2 proxy's `settleWithPermit` (`eip2612GasSponsoring`).
+    interface IExactProxySettleWithPermit {
+        function settleWithPermit(ProxyEip2612Permit permit2612, ProxyPermitTransferFrom permit, address owner, ExactProxyWitness witness, bytes signature) external;
+    }
+
+    /// The x402 upto Permit2 proxy's `settleWithPermit`.
+    interface IUptoProxySettleWithPermit {
+        function settleWithPermit(ProxyEip2612Permit permit2612, ProxyPermitTransferFrom permit, uint256 amount, address owner, UptoProxyWitness witness, bytes signature) external;
     }
 }
 
@@ -131,6 +153,52 @@ impl Chain {
             Ok(bitmap) => Ok(bitmap.bit(bit)),
             Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: PERMIT2 }),
             Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The token's `allowance(owner, PERMIT2)`.
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`].
+    pub async fn permit2_allowance(
+        &self,
+        network: Network,
+        asset: Address,
+        owner: Address,
+    ) -> Result<U256, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let token = IErc20Permit::new(asset, &endpoint.provider);
+        let call = token.allowance(owner, PERMIT2);
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(v) => Ok(v),
+            Err(alloy::contract::Error::ZeroData(..)) => Err(ChainError::NoContract { network, address: asset }),
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
+    /// The token's EIP-2612 `nonces(owner)` and `DOMAIN_SEPARATOR()`; `None` when the token
+    /// answers neither (it has no EIP-2612).
+    ///
+    /// # Errors
+    /// As [`Chain::authorization_state`], for anything but a revert or an empty answer.
+    pub async fn eip2612_state(
+        &self,
+        network: Network,
+        asset: Address,
+        owner: Address,
+    ) -> Result<Option<(U256, B256)>, ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let token = IErc20Permit::new(asset, &endpoint.provider);
+        let (nonce, separator) = (token.nonces(owner), token.DOMAIN_SEPARATOR());
+        let nonce = self.bounded(endpoint, network, nonce.call()).await?;
+        let separator = self.bounded(endpoint, network, separator.call()).await?;
+        match (nonce, separator) {
+            (Ok(n), Ok(s)) => Ok(Some((n, s))),
+            (Err(e), _) | (_, Err(e)) => match e {
+                alloy::contract::Error::ZeroData(..) => Ok(None),
+                alloy::contract::Error::TransportError(t) if t.as_error_resp().is_some() => Ok(None),
+                e => Err(endpoint.rpc_error(network, &e)),
+            },
         }
     }
 
@@ -223,33 +291,52 @@ impl Chain {
     }
 }
 
-/// The Permit2 nonce an x402 proxy's `settle` calldata `input` spends for `owner`, if it is one
-/// (exact or upto): what a successful transaction of it used (Permit2 reverts on a used nonce).
-pub fn settled_permit2_nonce(input: &[u8], owner: Address) -> Option<U256> {
-    if let Ok(c) = IExactProxySettle::settleCall::abi_decode(input) {
-        return (c.owner == owner).then_some(c.permit.nonce);
-    }
-    IUptoProxySettle::settleCall::abi_decode(input).ok().filter(|c| c.owner == owner).map(|c| c.permit.nonce)
+/// What a proxy call settles: owner, Permit2 permit, recipient and (upto) facilitator.
+struct ProxyCall {
+    owner: Address,
+    permit: ProxyPermitTransferFrom,
+    to: Address,
+    facilitator: Option<Address>,
 }
 
-/// True when `input` is the proxy's `settle` of exactly these terms (owner, token, nonce,
-/// recipient; for upto also the facilitator).
-fn settles(t: &Permit2Terms, input: &[u8]) -> bool {
-    match t.facilitator {
-        None => IExactProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
-            c.owner == t.owner
-                && c.permit.nonce == t.nonce
-                && c.permit.permitted.token == t.token
-                && c.witness.to == t.pay_to
-        }),
-        Some(facilitator) => IUptoProxySettle::settleCall::abi_decode(input).is_ok_and(|c| {
-            c.owner == t.owner
-                && c.permit.nonce == t.nonce
-                && c.permit.permitted.token == t.token
-                && c.witness.to == t.pay_to
-                && c.witness.facilitator == facilitator
-        }),
+/// An x402 proxy's `settle` or `settleWithPermit` (gas sponsoring: the same Permit2 transfer
+/// after an EIP-2612 permit), exact or upto, decoded from calldata `input`.
+fn proxy_call(input: &[u8]) -> Option<ProxyCall> {
+    if let Ok(c) = IExactProxySettle::settleCall::abi_decode(input) {
+        return Some(ProxyCall { owner: c.owner, permit: c.permit, to: c.witness.to, facilitator: None });
     }
+    if let Ok(c) = IExactProxySettleWithPermit::settleWithPermitCall::abi_decode(input) {
+        return Some(ProxyCall { owner: c.owner, permit: c.permit, to: c.witness.to, facilitator: None });
+    }
+    if let Ok(c) = IUptoProxySettle::settleCall::abi_decode(input) {
+        let facilitator = Some(c.witness.facilitator);
+        return Some(ProxyCall { owner: c.owner, permit: c.permit, to: c.witness.to, facilitator });
+    }
+    IUptoProxySettleWithPermit::settleWithPermitCall::abi_decode(input).ok().map(|c| ProxyCall {
+        owner: c.owner,
+        permit: c.permit,
+        to: c.witness.to,
+        facilitator: Some(c.witness.facilitator),
+    })
+}
+
+/// The Permit2 nonce an x402 proxy's `settle` (or `settleWithPermit`) calldata `input` spends
+/// for `owner`, if it is one (exact or upto): what a successful transaction of it used (Permit2
+/// reverts on a used nonce).
+pub fn settled_permit2_nonce(input: &[u8], owner: Address) -> Option<U256> {
+    proxy_call(input).filter(|c| c.owner == owner).map(|c| c.permit.nonce)
+}
+
+/// True when `input` is the proxy's `settle` or `settleWithPermit` of exactly these terms
+/// (owner, token, nonce, recipient; for upto also the facilitator).
+fn settles(t: &Permit2Terms, input: &[u8]) -> bool {
+    proxy_call(input).is_some_and(|c| {
+        c.owner == t.owner
+            && c.permit.nonce == t.nonce
+            && c.permit.permitted.token == t.token
+            && c.to == t.pay_to
+            && c.facilitator == t.facilitator
+    })
 }
 
 #[cfg(test)]
@@ -262,5 +349,51 @@ mod tests {
         assert_eq!(nonce_position(U256::from(255u16)), (U256::ZERO, 255));
         assert_eq!(nonce_position(U256::from(256u16)), (U256::from(1u8), 0));
         assert_eq!(nonce_position(U256::MAX), (U256::MAX >> 8usize, 255));
+    }
+
+    #[test]
+    fn a_settle_with_permit_proves_the_same_terms_as_a_settle() {
+        use alloy::primitives::address;
+        let (owner, token, to) = (
+            address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8"),
+            address!("0x5FbDB2315678afecb367f032d93F642f64180aa3"),
+            address!("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"),
+        );
+        let permit = ProxyPermitTransferFrom {
+            permitted: ProxyTokenPermissions { token, amount: U256::from(10_000u64) },
+            nonce: U256::from(77u8),
+            deadline: U256::from(1_800_000_000u64),
+        };
+        let permit2612 = ProxyEip2612Permit {
+            value: U256::from(10_000u64),
+            deadline: U256::from(1_800_000_000u64),
+            r: B256::repeat_byte(1),
+            s: B256::repeat_byte(2),
+            v: 27,
+        };
+        let witness = ExactProxyWitness { to, validAfter: U256::ZERO };
+        let input = IExactProxySettleWithPermit::settleWithPermitCall {
+            permit2612,
+            permit,
+            owner,
+            witness,
+            signature: vec![0u8; 65].into(),
+        }
+        .abi_encode();
+        let terms = Permit2Terms {
+            network: Network::from_chain_id(84532).unwrap(),
+            owner,
+            token,
+            pay_to: to,
+            spender: Address::ZERO,
+            nonce: U256::from(77u8),
+            facilitator: None,
+        };
+        assert_eq!(settled_permit2_nonce(&input, owner), Some(U256::from(77u8)));
+        assert_eq!(settled_permit2_nonce(&input, to), None, "another owner's transfer");
+        assert!(settles(&terms, &input));
+        assert!(!settles(&Permit2Terms { nonce: U256::from(78u8), ..terms }, &input));
+        assert!(!settles(&Permit2Terms { pay_to: owner, ..terms }, &input));
+        assert!(!settles(&Permit2Terms { facilitator: Some(to), ..terms }, &input), "not an upto settlement");
     }
 }

@@ -9,7 +9,8 @@
 //! unused. The upstream's settlement claim is believed only as far as the chain proves it
 //! ([`confirm`], [`settled`]); a 402 carrying a claim (`settlement_pending`) is watched on the
 //! chain ([`pending`]); a 412 for a Permit2 allowance names the operator's command
-//! ([`allowance`]).
+//! ([`allowance`]), unless the upstream offered gas sponsoring and the permit travels with the
+//! payment ([`sponsor`]).
 
 mod allowance;
 mod confirm;
@@ -19,6 +20,7 @@ mod reprice;
 mod select;
 mod settled;
 mod sign;
+mod sponsor;
 
 use alloy::primitives::{Address, B256, U256};
 
@@ -76,7 +78,7 @@ impl Scheme for Evm {
         choice: &Requirement,
         prepared: NonceCheck,
     ) -> Result<Result<Signing<SignedPayment>, Stop>, Error> {
-        sign::sign_new(pc, (required, choice), prepared)
+        sign::sign_new(pc, (required, choice), prepared).await
     }
 
     fn pays_ahead(&self) -> bool {
@@ -122,8 +124,22 @@ impl Scheme for Evm {
         let requirement = stored_requirement(recorded.version, exact)?;
         let context = exact.context().map_err(|e| Error::invariant(format!("stored requirement unreadable: {e}")))?;
         let nonce = recorded.signed.nonce();
-        let attempt =
-            sign::sign(pc.state, recorded.version, &requirement, &context, nonce).map_err(Error::invariant)?;
+        // The recorded permit (if any) died with the recorded authorization (same deadline,
+        // now passed): the chain is read afresh; the token's nonce is still the old permit's
+        // only if that one was never used.
+        let advertised: Option<serde_json::Value> =
+            exact.advertised_extensions.as_deref().and_then(|b| serde_json::from_slice(b).ok());
+        let sponsor = match sponsor::plan(pc.state, advertised.as_ref(), &requirement).await? {
+            Ok(sponsor) => sponsor,
+            Err(_) => {
+                return Err(Error::PaymentNetworkUnavailable(
+                    "the Permit2 allowance of an expired payment cannot be read to sign it again; nothing was signed; \
+                     retry later",
+                ));
+            }
+        };
+        let attempt = sign::sign(pc.state, recorded.version, &requirement, &context, nonce, &sponsor)
+            .map_err(Error::invariant)?;
         let attempt = Attempt { id: recorded.id, ..attempt };
         let (valid_after, valid_before) = (to_i64(attempt.signed.valid_after()), to_i64(attempt.signed.valid_before()));
         Ok(Resigned { attempt, amount: requirement.amount(), valid_after, valid_before })

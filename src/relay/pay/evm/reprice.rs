@@ -7,6 +7,8 @@ use crate::relay::pay::call::PaidCall;
 use crate::relay::pay::scheme::{Attempt, Signing};
 use crate::x402::{self, PaymentRequired, Requirement, SignedPayment};
 
+use super::sponsor::Sponsor;
+
 /// The terms `asked` (chosen `chosen`) signed with the nonce of `first` (paid ahead on
 /// `paid_terms`), when they differ from what was paid, lie in its nonce domain, and the first
 /// authorization is not used. `None`: nothing signed (the 402 is a refusal).
@@ -28,8 +30,20 @@ pub(super) async fn sign_changed_terms(
     if !matches!(super::confirm::chain_used(pc.state, &first.signed).await, Ok(false)) {
         return Ok(None);
     }
+    // A permit sent with the first authorization may still be submitted: the second carries
+    // the same one (never a second permit at the same token nonce), when it covers the new
+    // price; otherwise no permit at all (the facilitator's 412 names the operator's command).
+    let sponsor = match super::sponsor::recorded(&first.header.1) {
+        Some((p, info)) if p.amount >= chosen.amount().as_u256() => Sponsor::Reuse(info),
+        Some(_) => Sponsor::No,
+        None => match super::sponsor::plan(pc.state, asked.extensions.as_ref(), chosen).await? {
+            Ok(sponsor) => sponsor,
+            Err(_) => return Ok(None),
+        },
+    };
     let context = pc.context_of(asked)?;
-    let Ok(second) = super::sign::sign(pc.state, asked.version, chosen, &context, first.signed.nonce()) else {
+    let Ok(second) = super::sign::sign(pc.state, asked.version, chosen, &context, first.signed.nonce(), &sponsor)
+    else {
         return Ok(None);
     };
     let second = Attempt { id: first.id, ..second };

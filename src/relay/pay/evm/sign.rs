@@ -14,6 +14,8 @@ use crate::relay::pay::call::PaidCall;
 use crate::relay::pay::scheme::{Attempt, Columns, Signing};
 use crate::relay::pay::{PayError, Stop, to_i64, wrong_chain};
 use crate::relay::view::PaymentView;
+
+use super::sponsor::Sponsor;
 use crate::state::AppState;
 use crate::x402::{self, PaymentRequired, Requirement, SignedPayment, X402Version};
 
@@ -47,7 +49,7 @@ pub(super) async fn check_nonces(pc: &PaidCall<'_>) -> NonceCheck {
 ///
 /// # Errors
 /// [`Error`] for a broken invariant or an RPC endpoint of another chain (nothing signed).
-pub(super) fn sign_new(
+pub(super) async fn sign_new(
     pc: &PaidCall<'_>,
     (required, chosen): (&PaymentRequired, &Requirement),
     check: NonceCheck,
@@ -69,8 +71,12 @@ pub(super) fn sign_new(
             return Ok(Err(Stop::new("rpc_unavailable", Code::PaymentNotMade, msg)));
         }
     }
+    let sponsor = match super::sponsor::plan(pc.state, required.extensions.as_ref(), chosen).await? {
+        Ok(sponsor) => sponsor,
+        Err(stop) => return Ok(Err(stop)),
+    };
     let context = pc.context_of(required)?;
-    Ok(match sign(pc.state, required.version, chosen, &context, nonce) {
+    Ok(match sign(pc.state, required.version, chosen, &context, nonce, &sponsor) {
         Ok(attempt) => Ok(signing(pc, (required, chosen), &context, attempt)?),
         Err(msg) => Err(Stop::new("sign_failed", Code::PaymentNotMade, msg.0)),
     })
@@ -102,20 +108,23 @@ pub(super) fn signing(
     Ok(Signing { attempt, columns, exact })
 }
 
-/// Signs `requirement` with `nonce` and builds the header of `version`.
+/// Signs `requirement` with `nonce` and builds the header of `version`, with the Permit2
+/// permit `sponsor` asks for in its extensions (deadline: the payment's own).
 pub(super) fn sign(
     state: &AppState,
     version: X402Version,
     requirement: &Requirement,
     context: &Value,
     nonce: B256,
+    sponsor: &Sponsor,
 ) -> Result<Attempt<SignedPayment>, PayError> {
     let max_auth = state.config.payments.max_auth_secs;
     let signed = x402::sign_payment(&state.config.signer, requirement, nonce, now_unix(), max_auth)
         .map_err(|e| format!("cannot sign the payment: {e}"))?;
     let resource = context.get("resource").filter(|v| !v.is_null());
     let extensions = context.get("extensions").filter(|v| !v.is_null());
-    let payload = x402::payload::payment_payload(version, requirement, resource, &signed, extensions)
+    let extensions = sponsor.extensions(state, extensions, (signed.amount(), signed.valid_before()))?;
+    let payload = x402::payload::payment_payload(version, requirement, resource, &signed, extensions.as_ref())
         .map_err(|e| format!("cannot build the payment: {e}"))?;
     let (name, value) =
         x402::wire::encode_payment_header(version, &payload).map_err(|e| format!("cannot encode the payment: {e}"))?;
