@@ -61,6 +61,9 @@ use crate::mcp::policy::{Next, classify};
         super::admin::enable_agent,
         super::admin::rotate_key,
         super::admin::reconcile,
+        super::approvals::list,
+        super::approvals::approve,
+        super::approvals::deny,
         super::operators::create,
         super::operators::list,
         super::operators::revoke,
@@ -106,6 +109,7 @@ use crate::mcp::policy::{Next, classify};
         responses::BadInput,
         responses::BodyTooLarge,
         responses::LastAdmin,
+        responses::ApprovalDecided,
         responses::AuthThrottled,
     )),
     modifiers(&EmptyBodyAllowed)
