@@ -245,9 +245,9 @@ impl From<crate::operators::manage::OperatorError> for ApiError {
     }
 }
 
-impl From<crate::approvals::DecideError> for ApiError {
-    fn from(e: crate::approvals::DecideError) -> Self {
-        use crate::approvals::DecideError;
+impl From<crate::admin::approvals::DecideError> for ApiError {
+    fn from(e: crate::admin::approvals::DecideError) -> Self {
+        use crate::admin::approvals::DecideError;
         match e {
             DecideError::NotFound => Self::NotFound,
             DecideError::Decided(a) => Self::ApprovalDecided(a),
@@ -321,6 +321,28 @@ mod tests {
 
     use super::*;
 
+    fn approval() -> crate::approvals::Approval {
+        crate::approvals::Approval {
+            id: uuid::Uuid::nil(),
+            agent_id: uuid::Uuid::nil(),
+            idempotency_key: "k".repeat(16),
+            state: crate::approvals::ApprovalState::Pending,
+            network: "eip155:8453".into(),
+            asset: "0x".into(),
+            amount: crate::money::Amount::from(1),
+            pay_to: "0x".into(),
+            upstream_url: "https://api.example.com/".into(),
+            created_at: chrono::Utc::now(),
+            expires_at: chrono::Utc::now(),
+            decided_at: None,
+            decided_by: None,
+        }
+    }
+
+    fn held(held: crate::approvals::Held) -> ApiError {
+        ApiError::Held { message: "x".into(), held }
+    }
+
     /// The status of every error is one its code documents (`Code::http_status`, the
     /// OpenAPI document's `x-http-status`).
     #[test]
@@ -345,6 +367,10 @@ mod tests {
             ApiError::Unavailable("x"),
             ApiError::PaymentNetworkUnavailable,
             ApiError::Internal(anyhow::anyhow!("x")),
+            ApiError::ApprovalDecided(Box::new(approval())),
+            held(crate::approvals::Held::Pending(approval())),
+            held(crate::approvals::Held::Denied(approval())),
+            held(crate::approvals::Held::Expired(approval())),
         ];
         for e in all {
             let status = e.status_code().as_u16();

@@ -429,6 +429,7 @@ pub async fn reconcile(
     Ok(report)
 }
 
+pub mod approvals;
 mod caps;
 mod change_doc;
 mod settings;

@@ -14,20 +14,18 @@
 //! Nothing is signed or recorded while a call is held: the relay gives its Idempotency-Key
 //! back, so the agent's retry with the same key runs the call again and reaches the gate again.
 //! The approval row is what lasts (one per key and request, `approvals`): the decision an
-//! operator takes (`decide`) is one conditional UPDATE, so of two deciding at once exactly
+//! operator takes (`crate::admin::approvals`) is one conditional UPDATE, so of two deciding at once exactly
 //! one wins. At most one payment follows an approval because the retry that pays owns the
 //! key (the idempotency ledger) and signs the request's one nonce.
 //!
 //! Time is the database's (`now()`): every router reads the same expiry.
 
-pub mod decide;
-mod store;
+pub(crate) mod store;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-pub use decide::{DecideError, Decision, StateFilter};
 use diesel::QueryResult;
 use diesel_async::AsyncPgConnection;
 

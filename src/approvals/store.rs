@@ -10,13 +10,13 @@ use super::{Approval, ApprovalState, CallRef, Terms};
 use crate::money::Amount;
 
 /// The columns of an approval as served, `state` with expiry applied.
-pub(super) const COLUMNS: &str = "ap.id, ap.agent_id, ap.idempotency_key, ap.request_hash, \
+pub(crate) const COLUMNS: &str = "ap.id, ap.agent_id, ap.idempotency_key, ap.request_hash, \
      CASE WHEN ap.state = 'pending' AND ap.expires_at <= now() THEN 'expired' ELSE ap.state END AS state, \
      ap.network, ap.asset, ap.amount::text AS amount, ap.pay_to, ap.upstream_url, ap.created_at, ap.expires_at, \
      ap.decided_at, ap.decided_by";
 
 #[derive(QueryableByName)]
-pub(super) struct Row {
+pub(crate) struct Row {
     #[diesel(sql_type = SqlUuid)]
     id: Uuid,
     #[diesel(sql_type = SqlUuid)]
@@ -49,7 +49,7 @@ pub(super) struct Row {
 
 impl Row {
     /// The approval and the request fingerprint it was asked for.
-    pub(super) fn into_approval(self) -> QueryResult<(Approval, String)> {
+    pub(crate) fn into_approval(self) -> QueryResult<(Approval, String)> {
         let broken = |what: &str| diesel::result::Error::DeserializationError(format!("approvals.{what}").into());
         let state = ApprovalState::parse(&self.state).ok_or_else(|| broken("state"))?;
         let amount = Amount::parse(&self.amount).map_err(|_| broken("amount"))?;

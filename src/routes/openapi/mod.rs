@@ -263,9 +263,13 @@ fn error_schema(code: Code) -> Value {
     let listed = statuses.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
     let next = serde_json::to_value(next(code)).unwrap_or(Value::Null);
     let next_str = next.as_str().unwrap_or_default();
+    let mut properties = json!({ "code": { "const": code.as_str() } });
+    if matches!(code, Code::ApprovalPending | Code::ApprovalDenied | Code::ApprovalExpired | Code::ApprovalDecided) {
+        properties["approval"] = json!({ "$ref": "#/components/schemas/Approval" });
+    }
     json!({
         "allOf": [{ "$ref": "#/components/schemas/Error" }],
-        "properties": { "code": { "const": code.as_str() } },
+        "properties": properties,
         "description": format!("HTTP {listed}. {} Next: {next_str}.", code.description()),
         "x-http-status": statuses,
         "x-next": next,

@@ -10,8 +10,8 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::store::{COLUMNS, Row};
-use super::{Approval, ApprovalState};
+use crate::approvals::store::{COLUMNS, Row};
+use crate::approvals::{Approval, ApprovalState};
 use crate::operators::{Actor, events};
 
 /// An operator's decision.
@@ -49,6 +49,11 @@ pub enum DecideError {
     Database(#[from] diesel::result::Error),
 }
 
+/// A `state` filter that names no state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadState(pub String);
+
 /// Which approvals `GET /admin/approvals` lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StateFilter {
@@ -62,13 +67,13 @@ impl StateFilter {
     /// `state=pending|approved|denied|expired` (absent or empty: all).
     ///
     /// # Errors
-    /// The value named, when it is none of those.
-    pub fn parse(raw: Option<&str>) -> Result<Self, String> {
+    /// [`BadState`] naming the value, when it is none of those.
+    pub fn parse(raw: Option<&str>) -> Result<Self, BadState> {
         match raw.map(str::trim).filter(|s| !s.is_empty()) {
             None => Ok(Self::All),
             Some(s) => ApprovalState::parse(s)
                 .map(Self::One)
-                .ok_or_else(|| format!("state must be pending, approved, denied or expired, not {s:?}")),
+                .ok_or_else(|| BadState(format!("state must be pending, approved, denied or expired, not {s:?}"))),
         }
     }
 }
