@@ -368,9 +368,9 @@ mod tests {
             ApiError::PaymentNetworkUnavailable,
             ApiError::Internal(anyhow::anyhow!("x")),
             ApiError::ApprovalDecided(Box::new(approval())),
-            held(crate::approvals::Held::Pending(approval())),
-            held(crate::approvals::Held::Denied(approval())),
-            held(crate::approvals::Held::Expired(approval())),
+            held(crate::approvals::Held::Pending(Box::new(approval()))),
+            held(crate::approvals::Held::Denied(Box::new(approval()))),
+            held(crate::approvals::Held::Expired(Box::new(approval()))),
         ];
         for e in all {
             let status = e.status_code().as_u16();

@@ -112,11 +112,11 @@ impl Approval {
 #[derive(Debug, Clone)]
 pub enum Held {
     /// Waiting for an operator (202, `Retry-After`).
-    Pending(Approval),
+    Pending(Box<Approval>),
     /// An operator denied it (403).
-    Denied(Approval),
+    Denied(Box<Approval>),
     /// Nobody decided within the TTL (403).
-    Expired(Approval),
+    Expired(Box<Approval>),
 }
 
 impl Held {
@@ -173,17 +173,17 @@ pub async fn gate(
     }
     let latest = store::latest(conn, call.agent_id, call.key).await?;
     let Some((approval, hash)) = latest else {
-        return Ok(Gate::Held(Held::Pending(store::open(conn, call, terms, ttl).await?)));
+        return Ok(Gate::Held(Held::Pending(Box::new(store::open(conn, call, terms, ttl).await?))));
     };
     if hash != call.request_hash {
         return Ok(Gate::KeyReused);
     }
     Ok(match approval.state {
-        ApprovalState::Pending => Gate::Held(Held::Pending(approval)),
-        ApprovalState::Denied => Gate::Held(Held::Denied(approval)),
-        ApprovalState::Expired => Gate::Held(Held::Expired(approval)),
+        ApprovalState::Pending => Gate::Held(Held::Pending(Box::new(approval))),
+        ApprovalState::Denied => Gate::Held(Held::Denied(Box::new(approval))),
+        ApprovalState::Expired => Gate::Held(Held::Expired(Box::new(approval))),
         ApprovalState::Approved if approval.terms() == *terms => Gate::Clear,
         // The upstream now asks other terms than the approved ones: never paid silently.
-        ApprovalState::Approved => Gate::Held(Held::Pending(store::open(conn, call, terms, ttl).await?)),
+        ApprovalState::Approved => Gate::Held(Held::Pending(Box::new(store::open(conn, call, terms, ttl).await?))),
     })
 }
