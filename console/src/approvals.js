@@ -2,6 +2,7 @@
 // it spent so far; admins approve or deny (POST /admin/approvals/{id}/approve|deny). A decision
 // someone else took first answers 409 `approval_decided`, shown on the row.
 import { $, amountEl, api, act, assetUnit, change, el, networkName, state } from './util.js';
+import { shortAddress } from './amount.js';
 
 function decision(a, what, err, row) {
   const b = change(el('button', { type: 'button', text: what === 'approve' ? 'Approve' : 'Deny', class: what }));
@@ -16,8 +17,8 @@ function decision(a, what, err, row) {
 
 function spentSoFar(agent) {
   if (!agent) return el('span', { text: '?' });
-  const span = el('span', {}, amountEl(agent.settled_24h), ' in 24 h · ', amountEl(agent.settled_month), ' this month');
-  if (agent.daily_budget) span.append(' · daily budget ', amountEl(agent.daily_budget));
+  const span = el('span', {}, amountEl(agent.settled_24h), ' in 24 h', el('br'), amountEl(agent.settled_month), ' this month');
+  if (agent.daily_budget) span.append(el('br'), 'daily budget ', amountEl(agent.daily_budget));
   return span;
 }
 
@@ -25,14 +26,14 @@ function approvalRow(a, agents) {
   const err = el('span', { class: 'error', role: 'alert' });
   const row = el('tr', { 'data-id': a.id });
   const terms = el('td', {}, amountEl(a.amount, assetUnit(a.network, a.asset)), ` to `,
-    el('span', { class: 'mono', text: a.payTo, title: a.payTo }), ` on ${networkName(a.network)}`);
+    el('span', { class: 'mono', text: shortAddress(a.payTo), title: a.payTo }), ` on ${networkName(a.network)}`);
   const actions = el('td', {});
   if (a.state === 'pending') actions.append(decision(a, 'approve', err, row), ' ', decision(a, 'deny', err, row), ' ');
   actions.append(err);
   row.append(
     el('td', { text: a.agent_name, title: a.agent_id }),
     terms,
-    el('td', { class: 'mono', text: a.upstream_url }),
+    el('td', { class: 'mono url', text: a.upstream_url }),
     el('td', {}, spentSoFar(agents.get(a.agent_id))),
     el('td', { text: new Date(a.expires_at).toLocaleString() }),
     el('td', { class: 'state', text: a.state }),

@@ -66,7 +66,16 @@ pub async fn route(
     let key = IdempotencyKey::parse(req.headers().get("idempotency-key").map(|v| v.as_bytes()))?;
     let raw = super::read_limited(payload, state.config.request_max_bytes).await?;
     let request = Received::parse(&raw, req.path(), req.query_string())?;
-    let answer = relay::handle(&state, (agent.id, &agent.key_hash), key, request).await?;
+    let answer = match relay::handle(&state, (agent.id, &agent.key_hash), key, request).await {
+        Ok(answer) => answer,
+        // A payment held for an operator's approval is an answer the agent expects (202, or
+        // 403 once decided), not an error of the router: answered without the error log line.
+        Err(held @ relay::Error::Held(_)) => {
+            use actix_web::ResponseError;
+            return Ok(ApiError::from(held).error_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(respond(answer))
 }
 
