@@ -310,6 +310,9 @@ pub struct AgentLimitArgs {
     /// `payTo` addresses the agent may never pay, comma-separated, or `none`.
     #[arg(long)]
     pub blocked_pay_to: Option<String>,
+    /// A paid call above this price (atomic units) waits for an operator's approval, or `none`.
+    #[arg(long)]
+    pub approval_above: Option<String>,
 }
 
 #[derive(Debug, Args)]
