@@ -188,6 +188,11 @@ pub struct ServeArgs {
     /// idempotency_key to collect it), in seconds, 1–3600: MCP clients time tool calls out.
     #[arg(long, env = "MCP_FETCH_WAIT_SECONDS", default_value = "20")]
     pub mcp_fetch_wait_seconds: String,
+    /// How long a payment held for an operator's approval waits for a decision before it
+    /// expires (403 `approval_expired`): whole seconds, or with a unit (`90s`, `30m`, `1h`,
+    /// `2d`), from 1 s to 7 d.
+    #[arg(long, env = "APPROVAL_TTL", default_value = "1h")]
+    pub approval_ttl: String,
     /// Pay ahead: remember each upstream's last payment requirements (per agent, method and
     /// URL without query) this many seconds, at most, and pay the next call on its first
     /// request instead of probing unpaid first. 0 turns it off; at most 86400.
@@ -305,6 +310,9 @@ pub struct AgentLimitArgs {
     /// `payTo` addresses the agent may never pay, comma-separated, or `none`.
     #[arg(long)]
     pub blocked_pay_to: Option<String>,
+    /// A paid call above this price (atomic units) waits for an operator's approval, or `none`.
+    #[arg(long)]
+    pub approval_above: Option<String>,
 }
 
 #[derive(Debug, Args)]

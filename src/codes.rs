@@ -58,6 +58,17 @@ pub enum Code {
     PaymentNetworkUnavailable,
     /// 500: a bug; the cause is in the router's log.
     InternalError,
+    // A human in the loop (`crate::approvals`): nothing signed, the key released.
+    /// 202 + `Retry-After`: the price is above the agent's `approval_above`; the payment waits
+    /// for an operator (`approval` names its terms). Retry the same key.
+    ApprovalPending,
+    /// 403: an operator denied the payment; nothing was signed or paid.
+    ApprovalDenied,
+    /// 403: no operator decided within `APPROVAL_TTL`; nothing was signed or paid.
+    ApprovalExpired,
+    /// 409: an operator's decision on an approval already decided (by another operator, or
+    /// twice) or expired; nothing changed.
+    ApprovalDecided,
     // Outcomes of the routed call (recorded: a retry with the same key replays them).
     /// 402: the price is above the call's `max_amount` (or no `max_amount` was given).
     PaymentOverMaxAmount,
@@ -94,6 +105,18 @@ pub enum Code {
     Permit2AllowanceRequired,
 }
 
+/// [`Code::ApprovalPending`]'s description.
+const APPROVAL_PENDING: &str = "HTTP 202: the price is above the agent's `approval_above`, so the payment waits for an operator's decision; nothing was signed. `approval` names the terms (network, asset, amount, payTo, upstream URL), its id and `idempotency_key`. Retry the same key after `Retry-After`: 202 until decided, then the call's answer (approved: paid once, budgets checked again).";
+/// [`Code::ApprovalExpired`]'s description.
+const APPROVAL_EXPIRED: &str = "No operator decided on the payment within `APPROVAL_TTL` (`approval`); nothing was signed or paid. A new key asks again.";
+/// [`Code::ApprovalDecided`]'s description.
+const APPROVAL_DECIDED: &str = "The approval was already decided (by another operator, or twice) or has expired; nothing changed. `approval` shows its state.";
+/// [`Code::Permit2AllowanceRequired`]'s description.
+const PERMIT2_ALLOWANCE_REQUIRED: &str = "The upstream answered 412 (or 402) `permit2_allowance_required`: it takes payment only from a wallet that approved Uniswap Permit2 for the token, and the router's wallet has not. Nothing moved (`payment.status` `rejected` after the chain check). An operator runs `x402-router wallet approve-permit2 --network <caip2> --asset <token>`. (the signed authorization stays reserved until reconcile sees it expire unused)";
+/// [`Code::AlreadyPaid`]'s description.
+const ALREADY_PAID: &str = "The same request was re-sent under an Idempotency-Key that had expired, and its payment went through before: nothing is paid again. `previous_receipt_id` names that payment's receipt. A new key buys again.";
+/// [`Code::PaymentUnknown`]'s description.
+const PAYMENT_UNKNOWN: &str = "A signed payment left and its fate is unknown: it may still settle until its `validBefore`. Do not re-key; `GET /receipts/{id}` shows `X-Payment-Status` once `reconcile` decided (`expired`: nothing was paid, a new key is safe).";
 /// [`Code::AuthThrottled`]'s description.
 const AUTH_THROTTLED: &str = "Too many failed operator authentications (unknown, revoked or missing tokens, agent keys) from this client address within `OPERATOR_AUTH_WINDOW_MS`; every operator request from it is refused, a correct token too, without looking the token up. Retry after `Retry-After` seconds.";
 /// [`Code::LastAdmin`]'s description.
@@ -120,6 +143,10 @@ impl Code {
         Code::DatabaseUnavailable,
         Code::PaymentNetworkUnavailable,
         Code::InternalError,
+        Code::ApprovalPending,
+        Code::ApprovalDenied,
+        Code::ApprovalExpired,
+        Code::ApprovalDecided,
         Code::PaymentOverMaxAmount,
         Code::PaymentOverBudget,
         Code::PaymentNotAllowed,
@@ -156,6 +183,10 @@ impl Code {
             Self::DatabaseUnavailable => "database_unavailable",
             Self::PaymentNetworkUnavailable => "payment_network_unavailable",
             Self::InternalError => "internal_error",
+            Self::ApprovalPending => "approval_pending",
+            Self::ApprovalDenied => "approval_denied",
+            Self::ApprovalExpired => "approval_expired",
+            Self::ApprovalDecided => "approval_decided",
             Self::PaymentOverMaxAmount => "payment_over_max_amount",
             Self::PaymentOverBudget => "payment_over_budget",
             Self::PaymentNotAllowed => "payment_not_allowed",
@@ -179,13 +210,19 @@ impl Code {
             Self::BadRequest | Self::IdempotencyKeyRequired => &[400],
             Self::PayloadTooLarge => &[413],
             Self::Unauthorized => &[401],
-            Self::AgentDisabled | Self::OperatorOnly | Self::UpstreamNotAllowed => &[403],
+            Self::AgentDisabled
+            | Self::OperatorOnly
+            | Self::UpstreamNotAllowed
+            | Self::ApprovalDenied
+            | Self::ApprovalExpired => &[403],
+            Self::ApprovalPending => &[202],
             Self::NotFound => &[404],
             Self::IdempotencyKeyReused
             | Self::IdempotencyKeyInFlight
             | Self::Superseded
             | Self::AlreadyPaid
-            | Self::LastAdmin => &[409],
+            | Self::LastAdmin
+            | Self::ApprovalDecided => &[409],
             Self::RateLimited | Self::AuthThrottled => &[429],
             Self::PaymentsPaused | Self::DatabaseUnavailable | Self::PaymentNetworkUnavailable => &[503],
             // 502: a /route call that reached the upstream but whose answer could not be recorded.
@@ -257,6 +294,12 @@ impl Code {
                 "A retry that took over a key cannot read the chain to check the earlier attempt's payment; nothing was decided or paid. Retry the same key after `Retry-After`."
             }
             Self::InternalError => "A bug; the cause is in the router's log. Retry the same key.",
+            Self::ApprovalPending => APPROVAL_PENDING,
+            Self::ApprovalDecided => APPROVAL_DECIDED,
+            Self::ApprovalDenied => {
+                "An operator denied the payment (`approval`); nothing was signed or paid. A new key asks again."
+            }
+            Self::ApprovalExpired => APPROVAL_EXPIRED,
             Self::PaymentOverMaxAmount => {
                 "The price is above the call's `max_amount` (or no `max_amount` was given). Nothing was signed. The key is completed."
             }
@@ -285,15 +328,9 @@ impl Code {
             Self::SettledResponseLost => {
                 "The payment settled on-chain but the upstream's answer was lost (paid, not served). Never pay again for this call."
             }
-            Self::PaymentUnknown => {
-                "A signed payment left and its fate is unknown: it may still settle until its `validBefore`. Do not re-key; `GET /receipts/{id}` shows `X-Payment-Status` once `reconcile` decided (`expired`: nothing was paid, a new key is safe)."
-            }
-            Self::AlreadyPaid => {
-                "The same request was re-sent under an Idempotency-Key that had expired, and its payment went through before: nothing is paid again. `previous_receipt_id` names that payment's receipt. A new key buys again."
-            }
-            Self::Permit2AllowanceRequired => {
-                "The upstream answered 412 (or 402) `permit2_allowance_required`: it takes payment only from a wallet that approved Uniswap Permit2 for the token, and the router's wallet has not. Nothing moved (`payment.status` `rejected` after the chain check). An operator runs `x402-router wallet approve-permit2 --network <caip2> --asset <token>`. (the signed authorization stays reserved until reconcile sees it expire unused)"
-            }
+            Self::PaymentUnknown => PAYMENT_UNKNOWN,
+            Self::AlreadyPaid => ALREADY_PAID,
+            Self::Permit2AllowanceRequired => PERMIT2_ALLOWANCE_REQUIRED,
         }
     }
 

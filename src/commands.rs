@@ -180,7 +180,7 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
             .map_or_else(|| Value::String(v.to_owned()), Value::Object)
     };
     type ToJson<'a> = &'a dyn Fn(&str) -> Value;
-    let fields: [(&str, &Option<String>, ToJson); 11] = [
+    let fields: [(&str, &Option<String>, ToJson); 12] = [
         ("max_per_call", &l.max_per_call, &amount),
         ("daily_budget", &l.daily_budget, &amount),
         ("month_budget", &l.month_budget, &amount),
@@ -192,6 +192,7 @@ fn limits_json(name: Option<&str>, l: &crate::cli::AgentLimitArgs) -> serde_json
         ("lifetime_budget", &l.lifetime_budget, &amount),
         ("host_budgets", &l.host_budgets, &budgets),
         ("blocked_pay_to", &l.blocked_pay_to, &list),
+        ("approval_above", &l.approval_above, &amount),
     ];
     for (field, value, to_json) in fields {
         if let Some(v) = value {

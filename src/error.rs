@@ -52,6 +52,13 @@ pub enum ApiError {
     Unavailable(&'static str),
     #[error("the payment network cannot be read to check an earlier payment; retry later")]
     PaymentNetworkUnavailable,
+    /// An operator's decision came too late: the approval was decided or expired.
+    #[error("the approval is already {}; nothing changed", .0.state.as_str())]
+    ApprovalDecided(Box<crate::approvals::Approval>),
+    /// A payment held for an operator's approval: 202 while pending, 403 once denied or
+    /// expired; the body carries the `approval`.
+    #[error("{message}")]
+    Held { message: String, held: crate::approvals::Held },
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -94,6 +101,12 @@ impl ApiError {
             Self::Superseded => Code::Superseded,
             Self::Unavailable(_) => Code::DatabaseUnavailable,
             Self::PaymentNetworkUnavailable => Code::PaymentNetworkUnavailable,
+            Self::ApprovalDecided(_) => Code::ApprovalDecided,
+            Self::Held { held, .. } => match held {
+                crate::approvals::Held::Pending(_) => Code::ApprovalPending,
+                crate::approvals::Held::Denied(_) => Code::ApprovalDenied,
+                crate::approvals::Held::Expired(_) => Code::ApprovalExpired,
+            },
             Self::Internal(_) => Code::InternalError,
         }
     }
@@ -105,15 +118,26 @@ impl ApiError {
             Self::Unavailable(_) => Some(1),
             Self::RateLimited { retry_after, .. } | Self::AuthThrottled { retry_after } => Some(*retry_after),
             Self::PaymentsPaused(_) => Some(30),
+            Self::Held { held: crate::approvals::Held::Pending(_), .. } => Some(APPROVAL_RETRY_AFTER),
             _ => None,
         }
     }
 
-    /// The JSON body (`{"error", "code"}`).
+    /// The JSON body (`{"error", "code"}`; a held payment's adds `approval`).
     pub fn body(&self) -> serde_json::Value {
+        let fallback = || json!({ "error": "internal error", "code": Code::InternalError });
+        let approval = match self {
+            Self::Held { held, .. } => Some(held.approval()),
+            Self::ApprovalDecided(a) => Some(&**a),
+            _ => None,
+        };
+        if let Some(approval) = approval {
+            let body = HeldBody { error: self.to_string(), code: self.code(), approval };
+            return serde_json::to_value(body).unwrap_or_else(|_| fallback());
+        }
         // Through a value: members in name order, as before.
         let body = ErrorBody { error: self.to_string(), code: self.code() };
-        serde_json::to_value(body).unwrap_or_else(|_| json!({ "error": "internal error", "code": Code::InternalError }))
+        serde_json::to_value(body).unwrap_or_else(|_| fallback())
     }
 }
 
@@ -126,6 +150,21 @@ pub struct ErrorBody {
     /// What went wrong. 5xx messages are opaque.
     pub error: String,
     pub code: Code,
+}
+
+/// How long an agent waits before asking again about a payment held for approval, seconds.
+pub const APPROVAL_RETRY_AFTER: u32 = 5;
+
+/// The body of a payment held for an operator's approval (`approval_pending`,
+/// `approval_denied`, `approval_expired`).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = HeldPayment)]
+pub struct HeldBody<'a> {
+    pub error: String,
+    pub code: Code,
+    /// The payment's terms, the approval's id and state, and the key to retry with.
+    #[schema(value_type = crate::approvals::Approval)]
+    pub approval: &'a crate::approvals::Approval,
 }
 
 /// A pooled Postgres connection for the HTTP entry points, an empty or broken pool mapped to
@@ -161,6 +200,7 @@ impl From<relay::Error> for ApiError {
                     }
                 }
             }
+            relay::Error::Held(held) => Self::Held { message: relay::Error::Held(held.clone()).to_string(), held },
             relay::Error::InFlight => Self::InFlight,
             relay::Error::KeyReused => Self::KeyReused,
             relay::Error::Superseded => Self::Superseded,
@@ -205,6 +245,17 @@ impl From<crate::operators::manage::OperatorError> for ApiError {
     }
 }
 
+impl From<crate::admin::approvals::DecideError> for ApiError {
+    fn from(e: crate::admin::approvals::DecideError) -> Self {
+        use crate::admin::approvals::DecideError;
+        match e {
+            DecideError::NotFound => Self::NotFound,
+            DecideError::Decided(a) => Self::ApprovalDecided(a),
+            DecideError::Database(e) => Self::database(e),
+        }
+    }
+}
+
 impl From<BadRequest> for ApiError {
     fn from(e: BadRequest) -> Self {
         Self::BadRequest(e.0)
@@ -234,8 +285,12 @@ impl ResponseError for ApiError {
             Self::PaymentsPaused(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::KeyReused | Self::InFlight | Self::Superseded | Self::LastAdmin(_) => StatusCode::CONFLICT,
+            Self::KeyReused | Self::InFlight | Self::Superseded | Self::LastAdmin(_) | Self::ApprovalDecided(_) => {
+                StatusCode::CONFLICT
+            }
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Held { held: crate::approvals::Held::Pending(_), .. } => StatusCode::ACCEPTED,
+            Self::Held { .. } => StatusCode::FORBIDDEN,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -266,6 +321,28 @@ mod tests {
 
     use super::*;
 
+    fn approval() -> crate::approvals::Approval {
+        crate::approvals::Approval {
+            id: uuid::Uuid::nil(),
+            agent_id: uuid::Uuid::nil(),
+            idempotency_key: "k".repeat(16),
+            state: crate::approvals::ApprovalState::Pending,
+            network: "eip155:8453".into(),
+            asset: "0x".into(),
+            amount: crate::money::Amount::from(1),
+            pay_to: "0x".into(),
+            upstream_url: "https://api.example.com/".into(),
+            created_at: chrono::Utc::now(),
+            expires_at: chrono::Utc::now(),
+            decided_at: None,
+            decided_by: None,
+        }
+    }
+
+    fn held(held: crate::approvals::Held) -> ApiError {
+        ApiError::Held { message: "x".into(), held }
+    }
+
     /// The status of every error is one its code documents (`Code::http_status`, the
     /// OpenAPI document's `x-http-status`).
     #[test]
@@ -290,6 +367,10 @@ mod tests {
             ApiError::Unavailable("x"),
             ApiError::PaymentNetworkUnavailable,
             ApiError::Internal(anyhow::anyhow!("x")),
+            ApiError::ApprovalDecided(Box::new(approval())),
+            held(crate::approvals::Held::Pending(Box::new(approval()))),
+            held(crate::approvals::Held::Denied(Box::new(approval()))),
+            held(crate::approvals::Held::Expired(Box::new(approval()))),
         ];
         for e in all {
             let status = e.status_code().as_u16();

@@ -31,6 +31,7 @@
 //! * `config`, `cli`, `commands`, `startup`, `state`, `error`, `metrics`, `telemetry`: plumbing.
 
 pub mod admin;
+pub mod approvals;
 pub mod approve;
 pub mod audit;
 pub mod auth;

@@ -6,6 +6,7 @@ import { $, ApiError, Unauthorized, act, amountEl, amountText, api, assetUnit, s
 import { shortAddress } from './amount.js';
 import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
+import { renderApprovals } from './approvals.js';
 import { renderEvents } from './events.js';
 
 const TOKEN_KEY = 'x402-router.operator-token';
@@ -455,10 +456,11 @@ function route() {
     renderReceipt(hash.slice('receipt/'.length)).catch(showError);
     return;
   }
-  const view = ['overview', 'payments', 'queues', 'agents', 'events'].includes(hash) ? hash : 'overview';
+  const view = ['overview', 'payments', 'queues', 'approvals', 'agents', 'events'].includes(hash) ? hash : 'overview';
   if (view !== 'agents') clearKey(); // a new key is shown once, never kept
   show(view);
   if (view === 'queues') renderQueues().catch(showError);
+  else if (view === 'approvals') renderApprovals().catch(showError);
   else if (view === 'agents') renderAgents().catch(showError);
   else if (view === 'events') renderEvents().catch(showError);
   else render();
@@ -472,6 +474,7 @@ function init() {
     signIn(token).catch((e) => signOut(e instanceof Unauthorized ? 'That token was refused.' : `Cannot sign in: ${e.message}`));
   });
   $('signout').addEventListener('click', () => signOut());
+  $('approvals-state').addEventListener('change', () => renderApprovals().catch(showError));
   for (const b of document.querySelectorAll('#nav button')) {
     b.addEventListener('click', () => { location.hash = b.dataset.view; });
   }

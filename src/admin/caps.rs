@@ -49,6 +49,7 @@ pub(super) fn host_budgets(field: &str, v: &Value) -> Result<Option<BTreeMap<Str
 pub(super) async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &AgentChange) -> QueryResult<usize> {
     let amount = |a: &Option<Option<Amount>>| a.as_ref().map(|v| v.map(|x| x.to_string()));
     let (week, lifetime) = (amount(&change.week_budget), amount(&change.lifetime_budget));
+    let approval = amount(&change.approval_above);
     let hosts = change.host_budgets.as_ref().map(|h| {
         h.as_ref().map(|h| Value::Object(h.iter().map(|(p, a)| (p.clone(), Value::String(a.to_string()))).collect()))
     });
@@ -57,7 +58,8 @@ pub(super) async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &Agent
             week_budget = CASE WHEN $2 THEN $3::numeric ELSE week_budget END, \
             lifetime_budget = CASE WHEN $4 THEN $5::numeric ELSE lifetime_budget END, \
             host_budgets = CASE WHEN $6 THEN $7 ELSE host_budgets END, \
-            blocked_pay_to = CASE WHEN $8 THEN $9 ELSE blocked_pay_to END \
+            blocked_pay_to = CASE WHEN $8 THEN $9 ELSE blocked_pay_to END, \
+            approval_above = CASE WHEN $10 THEN $11::numeric ELSE approval_above END \
           WHERE id = $1",
     )
     .bind::<SqlUuid, _>(id)
@@ -69,6 +71,8 @@ pub(super) async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &Agent
     .bind::<Nullable<Jsonb>, _>(hosts.flatten())
     .bind::<Bool, _>(change.blocked_pay_to.is_some())
     .bind::<Nullable<Array<Text>>, _>(change.blocked_pay_to.clone().flatten())
+    .bind::<Bool, _>(approval.is_some())
+    .bind::<Nullable<Text>, _>(approval.flatten())
     .execute(conn)
     .await
 }

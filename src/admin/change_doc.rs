@@ -83,6 +83,12 @@ pub(super) fn members() -> Vec<(&'static str, Schema)> {
                 "`payTo` addresses the agent may never pay (`0x` + 40 hex digits, any case; Solana addresses exactly), wins over `allowed_pay_to`; null: none. Blocked: 402 `payment_not_allowed`, nothing signed.",
             ),
         ),
+        (
+            "approval_above",
+            amount(
+                "A paid call whose price is above this (atomic units) is not signed until an operator approves it (202 `approval_pending`); `\"0\"`: every paid call; null: none.",
+            ),
+        ),
     ]
 }
 
@@ -138,6 +144,7 @@ mod tests {
             "name": "bot", "max_per_call": "1", "daily_budget": "1", "month_budget": "1",
             "allowed_hosts": null, "allowed_pay_to": null, "calls_per_minute": null, "payments_per_minute": null,
             "week_budget": "1", "lifetime_budget": "1", "host_budgets": null, "blocked_pay_to": null,
+            "approval_above": "1",
         });
         for name in all.as_object().unwrap().keys() {
             assert!(documented.contains(&name.as_str()), "{name} is accepted but not documented");

@@ -60,6 +60,8 @@ pub struct AgentChange {
     /// Pattern (as `allowed_hosts`) → rolling 24 h budget at the hosts it matches.
     pub host_budgets: Option<Option<std::collections::BTreeMap<String, Amount>>>,
     pub blocked_pay_to: Option<Option<Vec<String>>>,
+    /// A paid call above this price waits for an operator's approval (`crate::approvals`).
+    pub approval_above: Option<Option<Amount>>,
 }
 
 impl AgentChange {
@@ -90,6 +92,7 @@ impl AgentChange {
                 "lifetime_budget" => change.lifetime_budget = Some(amount(field, v)?),
                 "host_budgets" => change.host_budgets = Some(caps::host_budgets(field, v)?),
                 "blocked_pay_to" => change.blocked_pay_to = Some(list(field, v, limits::parse_pay_to)?),
+                "approval_above" => change.approval_above = Some(amount(field, v)?),
                 other => return Err(Invalid(format!("unknown field {other:?}"))),
             }
         }
@@ -426,6 +429,7 @@ pub async fn reconcile(
     Ok(report)
 }
 
+pub mod approvals;
 mod caps;
 mod change_doc;
 mod settings;

@@ -38,6 +38,36 @@ pub fn parse_mcp_wait(raw: &str) -> Result<Duration, ConfigError> {
     Ok(Duration::from_secs(secs))
 }
 
+/// `APPROVAL_TTL`: whole seconds, or a whole number with a unit `s`, `m`, `h` or `d`; from
+/// 1 s to 7 days.
+///
+/// # Errors
+/// A value that does not parse or is out of range, naming the setting.
+pub fn parse_approval_ttl(raw: &str) -> Result<Duration, ConfigError> {
+    let bad =
+        || ConfigError::new("APPROVAL_TTL", "expected a duration from 1s to 7d: `3600`, `90s`, `30m`, `1h`, `2d`");
+    let raw = raw.trim();
+    let (digits, unit) = match raw.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&raw[..i], c),
+        _ => (raw, 's'),
+    };
+    let per = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(bad()),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let secs = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(per)).ok_or_else(bad)?;
+    if !(1..=7 * 86_400).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
 /// `REQUIREMENTS_CACHE_SECONDS` (0: off, at most a day) and `REQUIREMENTS_CACHE_ENTRIES`
 /// (1 to a million).
 ///
@@ -238,4 +268,21 @@ pub(super) fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
         return Err(ConfigError::new("X402_MAX_AUTH_SECONDS", "must be between 10 and 86400 seconds"));
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod approval_ttl_tests {
+    use super::*;
+
+    #[test]
+    fn approval_ttl_takes_seconds_or_a_unit_within_a_week() {
+        for (raw, secs) in
+            [("3600", 3600), ("90s", 90), ("30m", 1800), (" 1h ", 3600), ("2d", 172_800), ("7d", 604_800)]
+        {
+            assert_eq!(parse_approval_ttl(raw).unwrap(), Duration::from_secs(secs), "{raw}");
+        }
+        for bad in ["", "0", "0s", "8d", "1.5h", "-1h", "h", "1w", "1hh", "99999999999999999999d"] {
+            assert!(parse_approval_ttl(bad).unwrap_err().to_string().contains("APPROVAL_TTL"), "{bad}");
+        }
+    }
 }

@@ -337,7 +337,10 @@ impl RouterTools {
                 Ok(reply) => (policy::classify(reply.status, &reply.body), Some(reply), None),
                 Err(e) => (Next::RetrySameKey, None, Some(e.0)),
             };
-            if next == Next::RetrySameKey {
+            // A payment held for a human's approval is answered at once (with its key): waiting
+            // here for a decision that may take an hour would only time the tool call out.
+            let held = reply.as_ref().is_some_and(|r| r.body.get("code") == Some(&json!("approval_pending")));
+            if next == Next::RetrySameKey && !held {
                 let wait = wait_before_retry(reply.as_ref().and_then(|r| r.retry_after), attempt);
                 if started.elapsed() + wait < RETRY_BUDGET {
                     tracing::debug!(attempt, wait_ms = wait.as_millis() as u64, "mcp fetch: retrying the same key");
@@ -377,6 +380,11 @@ fn tool_route(mut args: Map<String, Value>) -> Map<String, Value> {
     args.insert("mcp".to_owned(), Value::Object(mcp));
     args
 }
+/// What a model is told of a payment held for an operator's approval.
+const APPROVAL_ADVICE: &str = "The price is above what this agent may pay without a human: the payment waits for an \
+     operator's approval and nothing was paid (`approval` shows the terms). Later (after `Retry-After` seconds at \
+     least), call fetch again with exactly the same arguments AND this idempotency_key: it answers the same until an \
+     operator decides, then the call's real answer. Never use a new idempotency_key for it.";
 
 /// The result of a `fetch` whose call goes on past the wait bound: the key to collect it with.
 fn in_progress(key: &str, waited: Duration) -> CallToolResult {
@@ -406,7 +414,8 @@ fn fetch_result(key: &str, next: Next, reply: Option<Reply>, transport: Option<S
             "receipt_id": r.body.get("receipt_id").cloned().unwrap_or(Value::Null),
             "payment": r.body.get("payment").cloned().unwrap_or(Value::Null),
             "next": next,
-            "advice": policy::advice(next),
+            "advice": if r.body.get("code") == Some(&json!("approval_pending")) { APPROVAL_ADVICE } else { policy::advice(next) },
+            "approval": r.body.get("approval").cloned().unwrap_or(Value::Null),
             "response": r.body,
         }),
         None => json!({

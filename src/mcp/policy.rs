@@ -4,6 +4,8 @@
 //! | answer | next |
 //! |---|---|
 //! | 200 (whatever the upstream said) | done |
+//! | 202 `approval_pending` (the payment waits for an operator) | retry the **same** key after `Retry-After` |
+//! | 403 `approval_denied` / `approval_expired` | done; nothing was paid, a new key asks again |
 //! | 402 `payment_over_max_amount` / `payment_over_budget` / `payment_unsupported` | done; nothing was paid, a new key is safe |
 //! | 409 `idempotency_key_in_flight`, 409 `superseded`, 503, 500, connection lost | retry the **same** key after `Retry-After` |
 //! | 502/504 with `payment` null, or `payment.status` `expired` | done; a new key is safe |
@@ -41,7 +43,9 @@ pub const RELEASED_PAYMENT_STATES: &[&str] = &["expired"];
 pub fn classify(status: u16, body: &Value) -> Next {
     let code = body.get("code").and_then(Value::as_str).unwrap_or("");
     match status {
+        202 if code == "approval_pending" => Next::RetrySameKey,
         200..=299 => Next::Done,
+        403 if code == "approval_denied" || code == "approval_expired" => Next::NewKeySafe,
         402 => Next::NewKeySafe,
         // `last_admin` (an operator's revocation, never /route): the same request fails again.
         409 if code == "idempotency_key_reused" || code == "last_admin" => Next::FixRequest,
@@ -92,6 +96,10 @@ mod tests {
         let cases = [
             (200, json!({"status": 500, "payment": null}), Next::Done),
             (402, json!({"code": "payment_over_max_amount"}), Next::NewKeySafe),
+            (202, json!({"code": "approval_pending", "approval": {"id": "x"}}), Next::RetrySameKey),
+            (403, json!({"code": "approval_denied"}), Next::NewKeySafe),
+            (403, json!({"code": "approval_expired"}), Next::NewKeySafe),
+            (403, json!({"code": "agent_disabled"}), Next::FixRequest),
             (409, json!({"code": "idempotency_key_in_flight"}), Next::RetrySameKey),
             (409, json!({"code": "superseded"}), Next::RetrySameKey),
             (409, json!({"code": "idempotency_key_reused"}), Next::FixRequest),

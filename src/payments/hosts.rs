@@ -172,6 +172,7 @@ mod tests {
             remaining_lifetime: None,
             host_budgets: None,
             blocked_pay_to: None,
+            approval_above: None,
             host_used_24h: None,
             upstream_host: None,
             wallet_blocked_pay_to: None,

@@ -208,6 +208,10 @@ pub struct Spend {
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Array<Text>>)]
     #[schema(schema_with = doc::blocked_pay_to, required = true)]
     pub blocked_pay_to: Option<Vec<String>>,
+    /// A paid call above this price waits for an operator's approval (None: never).
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[schema(schema_with = doc::approval_above, required = true)]
+    pub approval_above: Option<String>,
     /// With host budgets: what each upstream host counts in the rolling 24 h (spent and
     /// reserved), `{"host[:port]": "amount"}`, `""` for intents of unknown host. Shown per
     /// pattern by [`Spend::host_budget_uses`].
@@ -280,6 +284,9 @@ mod doc {
     }
     pub fn host_budgets() -> RefOr<Schema> {
         RefOr::T(super::hosts::budgets_schema("Rolling 24 h budgets per upstream host pattern (null: none)."))
+    }
+    pub fn approval_above() -> RefOr<Schema> {
+        s::amount_or_null("A paid call above this price waits for an operator's approval; null: none.")
     }
     pub fn blocked_pay_to() -> RefOr<Schema> {
         s::strings_or_null("payTo addresses this agent may never pay (null: none).")

@@ -37,6 +37,7 @@ fn spend_sql(host: &str) -> String {
          CASE WHEN a.lifetime_budget IS NULL THEN NULL \
               ELSE GREATEST(a.lifetime_budget - l.settled - u.reserved, 0)::text END AS remaining_lifetime, \
          a.host_budgets, h.used AS host_used_24h, {host} AS upstream_host, a.blocked_pay_to, \
+         a.approval_above::text AS approval_above, \
          (SELECT s.blocked_pay_to FROM router_settings s WHERE s.id) AS wallet_blocked_pay_to"
     );
     let more_from = format!(

@@ -18,6 +18,10 @@ pub enum Error {
     /// After a claim, the key is released first, so the same key can be retried.
     #[error("{}", refusal_message(.0))]
     Refused(crate::payments::limits::Refusal),
+    /// The payment waits for, or was refused by, an operator's approval (`crate::approvals`):
+    /// nothing signed; the key is released, the approval row lasts.
+    #[error("{}", held_message(.0))]
+    Held(crate::approvals::Held),
     /// Another attempt owns the key.
     #[error("Original request still in flight; retry shortly")]
     InFlight,
@@ -37,6 +41,17 @@ pub enum Error {
     /// A query failed for a reason a retry would not fix, or an invariant broke.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
+}
+
+fn held_message(h: &crate::approvals::Held) -> String {
+    use crate::approvals::Held;
+    match h {
+        Held::Pending(_) => "the payment waits for an operator's approval; nothing was signed. Retry the same \
+                             Idempotency-Key after Retry-After to get the call's answer"
+            .into(),
+        Held::Denied(_) => "an operator denied this payment; nothing was signed or paid".into(),
+        Held::Expired(_) => "no operator decided on this payment in time; nothing was signed or paid".into(),
+    }
 }
 
 fn refusal_message(r: &crate::payments::limits::Refusal) -> String {

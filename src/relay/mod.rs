@@ -197,7 +197,9 @@ async fn run_owned(
             Ok(Ok(outcome)) => outcome,
             // A pause or a rate limit refused the payment before anything was signed: give
             // the key back, so that retrying it later starts afresh.
-            Ok(Err(e @ Error::Refused(_))) => {
+            // So does a payment held for an operator's approval (`crate::approvals`): the
+            // approval row lasts, the retry of the same key reaches it again.
+            Ok(Err(e @ (Error::Refused(_) | Error::Held(_) | Error::KeyReused))) => {
                 let mut conn = error::conn(&state.pool).await?;
                 crate::idempotency::store::release(&mut conn, own.agent_id, own.key.as_str(), own.lease).await?;
                 return Err(e);

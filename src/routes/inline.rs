@@ -119,7 +119,9 @@ errors! {
     /// 400 of `/route`.
     RouteBadRequest => [BadRequest, IdempotencyKeyRequired];
     /// 403 of `/route`.
-    RouteForbidden => [AgentDisabled, UpstreamNotAllowed];
+    RouteForbidden => [AgentDisabled, UpstreamNotAllowed, ApprovalDenied, ApprovalExpired];
+    /// 202 of `/route`: a payment waiting for an operator.
+    RouteHeld => [ApprovalPending];
     /// 409 of `/route`.
     RouteConflict => [IdempotencyKeyReused, IdempotencyKeyInFlight, Superseded, AlreadyPaid];
     /// 413.

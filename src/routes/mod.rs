@@ -6,6 +6,7 @@
 
 mod admin;
 mod agents;
+mod approvals;
 mod audit;
 mod console;
 mod discovery;
@@ -67,6 +68,9 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/admin/pause", |r| r.to(admin::pause)),
     (Method::DELETE, "/admin/pause", |r| r.to(admin::resume)),
     (Method::POST, "/admin/reconcile", |r| r.to(admin::reconcile)),
+    (Method::GET, "/admin/approvals", |r| r.to(approvals::list)),
+    (Method::POST, "/admin/approvals/{id}/approve", |r| r.to(approvals::approve)),
+    (Method::POST, "/admin/approvals/{id}/deny", |r| r.to(approvals::deny)),
     // Operator tokens: admins only, listing included.
     (Method::POST, "/admin/operators", |r| r.to(operators::create)),
     (Method::GET, "/admin/operators", |r| r.to(operators::list)),

@@ -50,6 +50,8 @@ shared! {
     BadInput => error(Code::BadRequest, "Malformed JSON, an unknown field or an invalid value (`bad_request`); nothing changed.");
     /// 413 `payload_too_large` for a request body.
     BodyTooLarge => error(Code::PayloadTooLarge, "The request body is larger than the endpoint takes; nothing changed.");
+    /// 409 `approval_decided`.
+    ApprovalDecided => error(Code::ApprovalDecided, "Already decided (by another operator, or twice) or expired (`approval_decided`, with `approval`); nothing changed.");
     /// 409 `last_admin`.
     LastAdmin => error(Code::LastAdmin, "The last live admin, and the router has no bootstrap `OPERATOR_TOKEN` (`last_admin`); nothing changed. Create another admin first.");
     /// 429 `auth_throttled`, with `Retry-After` (every operation that takes an operator token).

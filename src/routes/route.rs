@@ -13,7 +13,8 @@ use crate::relay::envelope_doc::{
 use crate::relay::request::RawRouteRequest as RouteRequest;
 use crate::relay::{self, RouteResponse, request::Incoming};
 use crate::routes::inline::{
-    PayloadTooLarge, RateLimited, ReplayTrue, RouteBadRequest, RouteConflict, RouteForbidden, RouteUnavailable, Seconds,
+    PayloadTooLarge, RateLimited, ReplayTrue, RouteBadRequest, RouteConflict, RouteForbidden, RouteHeld,
+    RouteUnavailable, Seconds,
 };
 use crate::routes::responses::Unauthorized;
 use crate::state::AppState;
@@ -35,12 +36,14 @@ use crate::state::AppState;
     responses(
         (status = 200, description = "The upstream answered with a status below 500 (unpaid, or paid and answered). The key is `completed`.",
             body = RouteEnvelope, headers(("X-Receipt-Id" = Uuid, description = "The receipt of this call."), ("X-Idempotent-Replay" = inline(ReplayTrue), description = "`true` when this is the stored answer of an earlier request with the same key."))),
+        (status = 202, description = "The price is above the agent's `approval_above`: the payment waits for an operator (`approval_pending`, with `approval`: its terms, id and the key); nothing was signed or recorded. Retry the same key after `Retry-After`: 202 until decided, then the call's answer.",
+            body = inline(RouteHeld), headers(("Retry-After" = inline(Seconds)))),
         (status = 400, description = "Invalid JSON (incl. duplicate keys, imprecise numbers), url, method, header or amount; a forbidden upstream address; or a missing/malformed `Idempotency-Key` (`Idempotency-Key header required (16–128 chars)`). Nothing is written.",
             body = inline(RouteBadRequest)),
         (status = 401, response = Unauthorized),
         (status = 402, description = "The upstream asks for a payment the router will not make (over `max_amount` or the agent's limits; no supported scheme, network or asset). Nothing was signed. The key is `completed`.",
             body = PaymentDeclined, headers(("X-Receipt-Id" = Uuid, description = "The receipt of this call."), ("X-Idempotent-Replay" = inline(ReplayTrue), description = "`true` when this is the stored answer of an earlier request with the same key."))),
-        (status = 403, description = "The agent is disabled (`agent_disabled`), or the upstream's host is not on its allowlist (`upstream_not_allowed`); nothing was written or sent.",
+        (status = 403, description = "The agent is disabled (`agent_disabled`), or the upstream's host is not on its allowlist (`upstream_not_allowed`); nothing was written or sent. Or an operator denied the payment held for approval (`approval_denied`), or nobody decided in time (`approval_expired`): nothing was signed.",
             body = inline(RouteForbidden)),
         (status = 409, description = "Either `Idempotency-Key reused with different body`, or `Original request still in flight; retry shortly` (with `Retry-After: 5`), or this attempt was superseded by a retry of the same key. Or (`already_paid`) the same request was paid before under this key, which had expired: nothing is paid again.",
             body = inline(RouteConflict), headers(("Retry-After" = inline(Seconds), description = "Seconds to wait (in-flight case)."))),
@@ -63,7 +66,16 @@ pub async fn route(
     let key = IdempotencyKey::parse(req.headers().get("idempotency-key").map(|v| v.as_bytes()))?;
     let raw = super::read_limited(payload, state.config.request_max_bytes).await?;
     let incoming = Incoming { raw: &raw, path: req.path(), query: req.query_string() };
-    let answer = relay::handle(&state, (agent.id, &agent.key_hash), key, incoming).await?;
+    let answer = match relay::handle(&state, (agent.id, &agent.key_hash), key, incoming).await {
+        Ok(answer) => answer,
+        // A payment held for an operator's approval is an answer the agent expects (202, or
+        // 403 once decided), not an error of the router: answered without the error log line.
+        Err(held @ relay::Error::Held(_)) => {
+            use actix_web::ResponseError;
+            return Ok(ApiError::from(held).error_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(respond(answer))
 }
 

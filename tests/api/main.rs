@@ -6,6 +6,7 @@ mod helpers;
 
 mod admin;
 mod agents;
+mod approvals;
 mod audit;
 mod auth;
 mod batch_settlement;

@@ -494,6 +494,30 @@ async fn every_endpoint_answers_as_the_document_says() {
     assert_eq!(c.call("DELETE", "/admin/pause", "/admin/pause", Some(&viewer), None).await.0, 403);
     assert_eq!(c.call("DELETE", "/admin/pause", "/admin/pause", Some(&admin), None).await.0, 200);
 
+    // Approvals: payments held (202), the queue, a decision each way, a late one (409), the
+    // denied call's retry (403).
+    exec(&app.db, &format!("UPDATE agents SET approval_above = 0 WHERE id = '{}'", agent.id)).await;
+    let (approved_key, denied_key) = (new_key(), new_key());
+    let mut held = vec![];
+    for key in [&approved_key, &denied_key] {
+        let (status, env) = c.route(&agent, key, &paid).await;
+        assert_eq!((status, env["code"].as_str()), (202, Some("approval_pending")), "{env}");
+        held.push(format!("/admin/approvals/{}", env["approval"]["id"].as_str().unwrap()));
+    }
+    let list = "/admin/approvals";
+    assert_eq!(c.call("GET", list, "/admin/approvals?state=pending", Some(&viewer), None).await.0, 200);
+    assert_eq!(c.call("GET", list, "/admin/approvals?state=maybe", Some(&viewer), None).await.0, 400);
+    let (approve, deny) = ("/admin/approvals/{id}/approve", "/admin/approvals/{id}/deny");
+    assert_eq!(c.call("POST", approve, &format!("{}/approve", held[0]), Some(&admin), None).await.0, 200);
+    assert_eq!(c.call("POST", deny, &format!("{}/deny", held[1]), Some(&admin), None).await.0, 200);
+    assert_eq!(c.call("POST", approve, &format!("{}/approve", held[1]), Some(&admin), None).await.0, 409);
+    assert_eq!(c.call("POST", deny, &format!("{}/deny", held[0]), Some(&admin), None).await.0, 409);
+    assert_eq!(c.call("POST", approve, &format!("/admin/approvals/{nobody}/approve"), Some(&admin), None).await.0, 404);
+    assert_eq!(c.call("POST", deny, &format!("/admin/approvals/{nobody}/deny"), Some(&admin), None).await.0, 404);
+    let (status, env) = c.route(&agent, &denied_key, &paid).await;
+    assert_eq!((status, env["code"].as_str()), (403, Some("approval_denied")), "{env}");
+    exec(&app.db, &format!("UPDATE agents SET approval_above = NULL WHERE id = '{}'", agent.id)).await;
+
     // Credentials, endpoint by endpoint: none (401), an agent key on the operator API (403),
     // a viewer's token on what changes (403).
     for (method, template, _) in ROUTES {

@@ -905,6 +905,53 @@ await scenario('agents table: 500 agents are paged, searched and sorted by name 
   await noSidewaysScroll(page, 'agents table');
 });
 
+await scenario('approvals: the queue shows held payments with their terms and spend; admins approve and deny', async (open) => {
+  const created = await fetch(`${ROUTER}/admin/agents`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${OPERATOR_TOKEN}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ name: 'approvals-bot', approval_above: '0', daily_budget: '1000000' }),
+  });
+  assert(created.status === 201, `create: HTTP ${created.status}`);
+  const { api_key: key } = await created.json();
+  const call = async (idem) => {
+    const resp = await fetch(`${ROUTER}/route`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${key}`, 'Idempotency-Key': idem, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ url: `${UPSTREAM}/v2/weather`, max_amount: '50000' }),
+    });
+    return { status: resp.status, body: await resp.json() };
+  };
+  const keys = [`console-approve-${process.pid}-${Date.now()}`, `console-deny-${process.pid}-${Date.now()}`];
+  for (const k of keys) {
+    const held = await call(k);
+    assert(held.status === 202 && held.body.code === 'approval_pending', `held: ${JSON.stringify(held)}`);
+  }
+  const { page } = await open();
+  await signIn(page);
+  await nav(page, 'Approvals').click();
+  const rows = page.locator('#approvals-body tr[data-id]').filter({ hasText: 'approvals-bot' });
+  await until('two held payments in the queue', async () => (await rows.count()) >= 2);
+  const first = rows.first();
+  assert(/ USDC to 0x/.test(await first.locator('td').nth(1).textContent()), `terms: ${await first.textContent()}`);
+  assert((await first.locator('td').nth(2).textContent()).endsWith('/v2/weather'), 'the upstream URL');
+  assert(/in 24 h/.test(await first.locator('td').nth(3).textContent()), 'the agent\'s spend so far');
+  await page.screenshot({ path: `${SHOTS}/approvals-queue.png`, fullPage: true });
+  // Newest first: the second call is the first row. Deny it, approve the other.
+  await first.getByRole('button', { name: /^Deny payment/ }).click();
+  await first.locator('td.state').getByText('denied').waitFor({ timeout: WAIT });
+  const second = rows.nth(1);
+  await second.getByRole('button', { name: /^Approve payment/ }).click();
+  await second.locator('td.state').getByText('approved').waitFor({ timeout: WAIT });
+  await page.screenshot({ path: `${SHOTS}/approvals-decided.png`, fullPage: true });
+  const paid = await call(keys[0]);
+  assert(paid.status === 200 && paid.body.payment.status === 'settled', `paid: ${JSON.stringify(paid)}`);
+  const denied = await call(keys[1]);
+  assert(denied.status === 403 && denied.body.code === 'approval_denied', `denied: ${JSON.stringify(denied)}`);
+  // Every state: the two decided ones are still listed.
+  await page.getByLabel('Show').selectOption('');
+  await until('every approval listed', async () => (await rows.count()) >= 2);
+});
+
 await browser.close();
 const failed = results.filter(([, e]) => e).length;
 console.log(`${results.length - failed} passed, ${failed} failed`);

@@ -206,6 +206,10 @@ def test_the_retry_table() -> None:
     assert classify(502, {"code": "upstream_failed", "payment": {"status": "expired"}}) == "new_key_safe"
     assert classify(502, {"code": "settled_response_lost", "payment": {"status": "settled_response_lost"}}) == "do_not_rekey"
     assert classify(504, {"code": "payment_unknown", "payment": {"status": "unknown"}}) == "do_not_rekey"
+    assert classify(202, {"code": "approval_pending", "approval": {"id": "x"}}) == "retry_same_key"
+    assert classify(403, {"code": "approval_denied"}) == "new_key_safe"
+    assert classify(403, {"code": "approval_expired"}) == "new_key_safe"
+    assert classify(403, {"code": "agent_disabled"}) == "fix_request"
 
 
 def test_discover_finds_a_seen_402_with_its_schema_and_what_this_agent_may_pay() -> None:
@@ -239,3 +243,26 @@ def test_async_discover_pages_with_the_cursor() -> None:
 
     asyncio.run(main())
 
+
+
+def test_a_payment_held_for_approval_surfaces_its_key_and_terms_then_pays_once_when_approved() -> None:
+    held_key, admin = os.environ["X402_TEST_HELD_AGENT_KEY"], os.environ["X402_TEST_ADMIN_TOKEN"]
+    url = f"{UPSTREAM}/v2/weather?city=py-approval-{uuid.uuid4().hex[:8]}"
+    before = stats("/v2/weather")["paid"]
+    with Router(ROUTER, held_key) as router:
+        with pytest.raises(RouterError) as pending:
+            router.fetch(url, max_amount="10000")
+        e = pending.value
+        assert (e.status, e.code, e.next) == (202, "approval_pending", "retry_same_key")
+        assert e.approval is not None and e.approval["amount"] == "10000" and e.approval["state"] == "pending"
+        assert e.approval["idempotency_key"] == e.idempotency_key
+        assert e.retry_after == 5
+        decided = httpx.post(
+            f"{ROUTER}/admin/approvals/{e.approval['id']}/approve", headers={"authorization": f"Bearer {admin}"}
+        )
+        assert decided.status_code == 200, decided.text
+        r = router.fetch(url, max_amount="10000", idempotency_key=e.idempotency_key)
+        assert r.status_code == 200 and r.payment is not None and r.payment["status"] == "settled"
+        again = router.fetch(url, max_amount="10000", idempotency_key=e.idempotency_key)
+        assert again.replayed and again.receipt_id == r.receipt_id
+    assert stats("/v2/weather")["paid"] == before + 1

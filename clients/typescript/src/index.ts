@@ -200,8 +200,10 @@ export const RELEASED_PAYMENT_STATES: readonly string[] = ["expired"];
 /** The retry table, identical to the router's `mcp::policy::classify`. */
 export function classify(status: number, body: Partial<ErrorBody> | null | undefined): Next {
   const code = body?.code ?? "";
+  if (status === 202 && code === "approval_pending") return "retry_same_key";
   if (status >= 200 && status < 300) return "done";
   if (status === 402) return "new_key_safe";
+  if (status === 403 && (code === "approval_denied" || code === "approval_expired")) return "new_key_safe";
   if (status === 409 && code === "idempotency_key_reused") return "fix_request";
   if (status === 409 && code === "already_paid") return "do_not_rekey";
   if (status === 409 || status === 429 || status === 500 || status === 503) return "retry_same_key";
@@ -226,6 +228,12 @@ export class RouterError extends Error {
   readonly receiptId: string | null;
   readonly payment: Payment | null;
   readonly retryAfter: number | null;
+  /**
+   * With `approval_pending` (202), `approval_denied` and `approval_expired`: the held payment's
+   * terms (`network`, `asset`, `amount`, `payTo`, `upstream_url`), its `id` and `state`. Pending:
+   * call `fetch` again later with `idempotencyKey` to get the call's answer once an operator decided.
+   */
+  readonly approval: Record<string, unknown> | null;
 
   constructor(init: {
     message: string;
@@ -247,6 +255,7 @@ export class RouterError extends Error {
     this.receiptId = (init.body?.receipt_id as string | null | undefined) ?? null;
     this.payment = init.body?.payment ?? null;
     this.retryAfter = init.retryAfter;
+    this.approval = ((init.body as Record<string, unknown> | null)?.approval as Record<string, unknown> | undefined) ?? null;
   }
 }
 
@@ -458,7 +467,9 @@ export class Router {
         return { response, body, replayed: response.headers.get("x-idempotent-replay") === "true" };
       }
       const retryAfter = response ? retryAfterSeconds(response.headers) : null;
-      if (next === "retry_same_key" && attempt < this.maxAttempts) {
+      // A payment waiting for a human is answered at once (with its key), not waited for here.
+      const held = body?.code === "approval_pending";
+      if (next === "retry_same_key" && !held && attempt < this.maxAttempts) {
         const wait = retryAfter !== null ? Math.min(retryAfter, 10) * 1000 : Math.min(500 * 2 ** (attempt - 1), 8000);
         if (Date.now() - started + wait < this.retryBudgetMs) {
           await sleep(wait);

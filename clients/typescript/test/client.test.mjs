@@ -153,6 +153,35 @@ describe("routerFetch against a real router", () => {
     assert.equal(classify(502, { code: "upstream_failed", payment: { status: "expired" } }), "new_key_safe");
     assert.equal(classify(502, { code: "settled_response_lost", payment: { status: "settled_response_lost" } }), "do_not_rekey");
     assert.equal(classify(504, { code: "payment_unknown", payment: { status: "unknown" } }), "do_not_rekey");
+    assert.equal(classify(202, { code: "approval_pending", approval: { id: "x" } }), "retry_same_key");
+    assert.equal(classify(403, { code: "approval_denied" }), "new_key_safe");
+    assert.equal(classify(403, { code: "approval_expired" }), "new_key_safe");
+    assert.equal(classify(403, { code: "agent_disabled" }), "fix_request");
+  });
+});
+
+describe("approvals against a real router", () => {
+  test("a payment held for approval surfaces its key and terms, then pays once when approved", async () => {
+    const router = new Router({ baseUrl: ROUTER, agentKey: process.env.X402_TEST_HELD_AGENT_KEY });
+    const url = `${UPSTREAM}/v2/weather?city=ts-approval-${Date.now()}`;
+    const before = (await stats("/v2/weather")).paid;
+    let pending;
+    await assert.rejects(router.fetch(url, {}, { maxAmount: "10000" }), (e) => {
+      pending = e;
+      return e instanceof RouterError && e.status === 202 && e.code === "approval_pending" && e.next === "retry_same_key";
+    });
+    assert.equal(pending.approval.amount, "10000");
+    assert.equal(pending.approval.idempotency_key, pending.idempotencyKey);
+    assert.equal(pending.retryAfter, 5);
+    const decided = await fetch(`${ROUTER}/admin/approvals/${pending.approval.id}/approve`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${process.env.X402_TEST_ADMIN_TOKEN}` },
+    });
+    assert.equal(decided.status, 200, await decided.text());
+    const paid = await router.fetch(url, {}, { maxAmount: "10000", idempotencyKey: pending.idempotencyKey });
+    assert.equal(paid.status, 200);
+    assert.equal(paid.payment.status, "settled");
+    assert.equal((await stats("/v2/weather")).paid, before + 1);
   });
 });
 

@@ -45,6 +45,9 @@ impl PaidCall<'_> {
             crate::relay::make_durable(self.state, self.own).await?;
             return self.resume(intent, Resume::KeyReused).await.map(Some);
         }
+        if self.has_threshold().await? {
+            return Ok(None);
+        }
         let Ok(signing) = s.sign(self, required, choice, prepared).await? else {
             return Ok(None);
         };

@@ -25,6 +25,7 @@
 
 mod agent;
 mod ahead;
+mod approval;
 pub(crate) mod call;
 mod evm;
 mod exchange;
@@ -123,6 +124,8 @@ impl PaidCall<'_> {
         (required, choice, prepared): (&PaymentRequired, &S::Choice, S::Prepared),
         first: UpstreamResponse,
     ) -> Result<Outcome, Error> {
+        // Above the agent's approval threshold: nothing is signed without an operator's yes.
+        self.approved(&s.terms(choice)).await?;
         let signing = match s.sign(self, required, choice, prepared).await? {
             Ok(signing) => signing,
             Err(stop) => return Ok(stop.outcome(self.state, first)),

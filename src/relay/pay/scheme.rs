@@ -262,6 +262,9 @@ pub(crate) trait Scheme: Sync {
         asked: (&PaymentRequired, &Self::Choice),
     ) -> impl Future<Output = Result<Option<Signing<Self::Signed>>, Error>> + Send;
 
+    /// The terms of `choice` as an operator approves them (`crate::approvals`).
+    fn terms(&self, choice: &Self::Choice) -> crate::approvals::Terms;
+
     /// The amount of a choice.
     fn amount(&self, choice: &Self::Choice) -> Amount;
 

@@ -61,6 +61,9 @@ use crate::mcp::policy::{Next, classify};
         super::admin::enable_agent,
         super::admin::rotate_key,
         super::admin::reconcile,
+        super::approvals::list,
+        super::approvals::approve,
+        super::approvals::deny,
         super::operators::create,
         super::operators::list,
         super::operators::revoke,
@@ -106,6 +109,7 @@ use crate::mcp::policy::{Next, classify};
         responses::BadInput,
         responses::BodyTooLarge,
         responses::LastAdmin,
+        responses::ApprovalDecided,
         responses::AuthThrottled,
     )),
     modifiers(&EmptyBodyAllowed)
@@ -259,9 +263,13 @@ fn error_schema(code: Code) -> Value {
     let listed = statuses.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
     let next = serde_json::to_value(next(code)).unwrap_or(Value::Null);
     let next_str = next.as_str().unwrap_or_default();
+    let mut properties = json!({ "code": { "const": code.as_str() } });
+    if matches!(code, Code::ApprovalPending | Code::ApprovalDenied | Code::ApprovalExpired | Code::ApprovalDecided) {
+        properties["approval"] = json!({ "$ref": "#/components/schemas/Approval" });
+    }
     json!({
         "allOf": [{ "$ref": "#/components/schemas/Error" }],
-        "properties": { "code": { "const": code.as_str() } },
+        "properties": properties,
         "description": format!("HTTP {listed}. {} Next: {next_str}.", code.description()),
         "x-http-status": statuses,
         "x-next": next,

@@ -55,7 +55,9 @@ class _Base:
         next_ = classify(resp.status_code, body) if resp is not None else "retry_same_key"
         if resp is not None and next_ == "done":
             return (resp, body), None
-        if next_ == "retry_same_key" and attempt < self._settings.max_attempts:
+        # A payment waiting for a human is answered at once (with its key), not waited for here.
+        held = (body or {}).get("code") == "approval_pending"
+        if next_ == "retry_same_key" and not held and attempt < self._settings.max_attempts:
             wait = wait_seconds(retry_after(resp), attempt)
             if time.monotonic() - started + wait < self._settings.retry_budget:
                 return None, wait

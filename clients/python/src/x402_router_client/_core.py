@@ -47,6 +47,10 @@ class RouterError(Exception):
         self.retry_after = retry_after
         self.receipt_id: str | None = (body or {}).get("receipt_id")
         self.payment: Mapping[str, Any] | None = (body or {}).get("payment")
+        #: With ``approval_pending`` (202), ``approval_denied`` and ``approval_expired``: the held
+        #: payment's terms (network, asset, amount, payTo, upstream_url), id and state. Pending:
+        #: call ``fetch`` again later with ``idempotency_key`` for the call's answer.
+        self.approval: Mapping[str, Any] | None = (body or {}).get("approval")
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,13 @@ RELEASED_PAYMENT_STATES = frozenset({"expired"})
 def classify(status: int, body: Mapping[str, Any] | None) -> Next:
     """What may be done after an answer of ``POST /route`` (status and JSON body)."""
     code = (body or {}).get("code") or ""
+    if status == 202 and code == "approval_pending":
+        return "retry_same_key"
     if 200 <= status < 300:
         return "done"
     if status == 402:
+        return "new_key_safe"
+    if status == 403 and code in ("approval_denied", "approval_expired"):
         return "new_key_safe"
     if status == 409 and code == "idempotency_key_reused":
         return "fix_request"

@@ -98,6 +98,15 @@ impl Scheme for Evm {
         choice.amount()
     }
 
+    fn terms(&self, choice: &Requirement) -> crate::approvals::Terms {
+        crate::approvals::Terms {
+            network: choice.network().caip2(),
+            asset: choice.asset().to_checksum(None),
+            amount: choice.amount(),
+            pay_to: choice.pay_to().to_checksum(None),
+        }
+    }
+
     fn decode(&self, row: RowRef<'_>) -> Result<Recorded<SignedPayment>, DecodeError> {
         let signed = crate::relay::view::decode_authorization(row.authorization)?;
         let version = stored_version(row.x402_version)?;

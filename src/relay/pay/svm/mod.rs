@@ -129,6 +129,15 @@ impl Scheme for Svm {
         Amount::from(terms.amount())
     }
 
+    fn terms(&self, (terms, _): &Self::Choice) -> crate::approvals::Terms {
+        crate::approvals::Terms {
+            network: terms.network().caip2(),
+            asset: terms.mint().to_string(),
+            amount: Amount::from(terms.amount()),
+            pay_to: terms.pay_to().to_string(),
+        }
+    }
+
     fn decode(&self, row: RowRef<'_>) -> Result<Recorded<SignedSvmTransfer>, DecodeError> {
         let signed = decode_svm_transfer(row.authorization, (row.network, row.asset, row.payer))?;
         if signed.pay_to != row.pay_to {

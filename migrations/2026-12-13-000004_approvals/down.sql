@@ -1,0 +1,2 @@
+DROP TABLE approvals;
+ALTER TABLE agents DROP COLUMN approval_above;
