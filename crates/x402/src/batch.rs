@@ -67,6 +67,7 @@ sol! {
     }
 
     /// The settlement contract's reads.
+    #[sol(rpc)]
     interface IBatchSettlement {
         function channels(bytes32 channelId) external view returns (uint128 balance, uint128 totalClaimed);
     }

@@ -25,6 +25,7 @@
 
 mod agent;
 mod ahead;
+mod batch;
 pub(crate) mod call;
 mod evm;
 mod exchange;
