@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod audit;
 mod auth;
+mod batch;
 mod batch_settlement;
 mod caps;
 mod chain_index;

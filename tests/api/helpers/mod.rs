@@ -9,6 +9,7 @@ pub mod chain;
 pub mod db;
 pub mod freeze;
 pub mod ledger;
+pub mod official;
 pub mod pg_replication;
 pub mod services;
 pub mod solana;
@@ -23,6 +24,7 @@ pub use chain::{
 pub use db::TestDb;
 pub use freeze::{freeze_at, hold_at};
 pub use ledger::Seed;
+pub use official::Official;
 pub use services::PrivateRedis;
 pub use solana::{SVM_PRICE, SolanaRig};
 pub use upstream::TestUpstream;
