@@ -146,18 +146,34 @@ async fn parallel_calls_use_separate_lanes_or_wait_and_are_each_charged_once() {
     let app = app_on(&chain, &[("x402-batch-lanes", "2")]).await;
     let body = call(&official);
     let k = 6u64;
-    let calls: Vec<_> = (0..k).map(|_| spawn_route(&app.client, &app.address, &app.agent, &new_key(), &body)).collect();
-    for c in calls {
-        let resp = c.await.unwrap().unwrap();
-        let status = resp.status().as_u16();
-        let env: Value = resp.json().await.unwrap();
-        assert_eq!(status, 200, "{env}");
+    let mut served = 0u64;
+    // The official facilitator may refuse one of two deposits it is asked to settle at once (its
+    // one sender): such a call ends refused, its deposit is seen unused on-chain, and the lane
+    // deposits again with the next call. Calls go on until k were served.
+    for _round in 0..4 {
+        let calls: Vec<_> =
+            (0..k - served).map(|_| spawn_route(&app.client, &app.address, &app.agent, &new_key(), &body)).collect();
+        for c in calls {
+            let resp = c.await.unwrap().unwrap();
+            let status = resp.status().as_u16();
+            let env: Value = resp.json().await.unwrap();
+            if status == 200 {
+                served += 1;
+            } else {
+                assert_eq!((status, env["code"].as_str()), (502, Some("payment_rejected")), "{env}");
+            }
+        }
+        if served == k {
+            break;
+        }
     }
+    assert_eq!(served, k);
     let l = lanes(&app).await;
     assert!(!l.is_empty() && l.len() <= 2, "{l:?}");
-    let signed: u64 = l.iter().map(|x| x["signed"].as_str().unwrap().parse::<u64>().unwrap()).sum();
-    assert_eq!(signed, k * BATCH_PRICE, "{l:?}");
-    assert_eq!(server_charged(&official).await, k * BATCH_PRICE);
+    assert!(l.iter().all(|x| x["in_flight"].is_null()), "{l:?}");
+    let charged: u64 = l.iter().map(|x| x["charged"].as_str().unwrap().parse::<u64>().unwrap()).sum();
+    assert_eq!(charged, k * BATCH_PRICE, "{l:?}");
+    assert_eq!(server_charged(&official).await, k * BATCH_PRICE, "{l:?}");
     let payee0 = chain.balance(BATCH_PAY_TO).await;
     official.claim_and_settle().await;
     assert_eq!(chain.balance(BATCH_PAY_TO).await, payee0 + U256::from(k * BATCH_PRICE));

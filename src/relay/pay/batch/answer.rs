@@ -149,6 +149,7 @@ pub(super) async fn refused(pc: &PaidCall<'_>, attempt: &Attempt<SignedBatch>, r
             }
         },
         _ => {
+            forget_unused_deposit(pc, s).await;
             release(pc, attempt, None).await;
             let why = read.map(|r| r.0).filter(|e| !e.is_empty()).unwrap_or_else(|| "no reason given".into());
             let msg = format!(
@@ -175,5 +176,28 @@ async fn stop_lane(pc: &PaidCall<'_>, s: &SignedBatch, why: &str) {
         && let Err(e) = lanes::stop(&mut conn, s.lane, why).await
     {
         tracing::warn!(error = %e, "could not stop a batch-settlement lane");
+    }
+}
+
+/// A refused payload's deposit that the chain shows unused no longer counts as deposited on its
+/// lane, so that the lane's next payment deposits again (its authorization can still move the
+/// wallet's money only into the wallet's own channel).
+async fn forget_unused_deposit(pc: &PaidCall<'_>, s: &SignedBatch) {
+    let Some(d) = &s.deposit else { return };
+    let (Ok(network), Ok(asset), Ok(payer)) =
+        (Network::parse_caip2(&s.network), s.asset.parse::<Address>(), s.payer.parse::<Address>())
+    else {
+        return;
+    };
+    match pc.state.chain.authorization_state(network, asset, payer, d.nonce).await {
+        Ok(false) => {
+            if let Ok(mut conn) = pc.db().await
+                && let Err(e) = lanes::forget_deposit(&mut conn, s.lane, Amount::from_u256(d.amount)).await
+            {
+                tracing::warn!(error = %e, "could not forget a refused deposit");
+            }
+        }
+        Ok(true) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read whether a refused deposit moved; it stays counted"),
     }
 }
