@@ -116,46 +116,57 @@ pub async fn hold(
         if held.is_some() {
             return Ok(held);
         }
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        let count: Count = diesel::sql_query(
-            "SELECT count(*) AS n FROM batch_lanes WHERE wallet = $1 AND pay_to = $2 AND network = $3 \
-                AND asset = $4 AND receiver_authorizer = $5 AND withdraw_delay = $6 AND stopped IS NULL",
-        )
-        .bind::<Text, _>(&key.wallet)
-        .bind::<Text, _>(&key.pay_to)
-        .bind::<Text, _>(&key.network)
-        .bind::<Text, _>(&key.asset)
-        .bind::<Text, _>(&key.receiver_authorizer)
-        .bind::<BigInt, _>(key.withdraw_delay)
-        .get_result(c)
-        .await?;
-        if count.n >= max_lanes {
-            return Ok(None);
-        }
-        let lane: Lane = diesel::sql_query(format!(
-            "INSERT INTO batch_lanes (id, wallet, pay_to, network, asset, receiver_authorizer, withdraw_delay, \
-                                      salt, channel_id, in_flight, in_flight_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) RETURNING {COLUMNS}"
-        ))
-        .bind::<SqlUuid, _>(Uuid::new_v4())
-        .bind::<Text, _>(&key.wallet)
-        .bind::<Text, _>(&key.pay_to)
-        .bind::<Text, _>(&key.network)
-        .bind::<Text, _>(&key.asset)
-        .bind::<Text, _>(&key.receiver_authorizer)
-        .bind::<BigInt, _>(key.withdraw_delay)
-        .bind::<Text, _>(&salt)
-        .bind::<Text, _>(&channel_id)
-        .bind::<SqlUuid, _>(payment)
-        .get_result(c)
-        .await?;
-        Ok(Some(lane))
+        open_lane(c, &key, payment, max_lanes, (&salt, &channel_id)).await
     })
     .await
+}
+
+/// A new lane of `key` held for `payment`, unless `key` has `max_lanes` already.
+async fn open_lane(
+    c: &mut AsyncPgConnection,
+    key: &LaneKey,
+    payment: Uuid,
+    max_lanes: i64,
+    (salt, channel_id): (&str, &str),
+) -> diesel::QueryResult<Option<Lane>> {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let count: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM batch_lanes WHERE wallet = $1 AND pay_to = $2 AND network = $3 \
+        AND asset = $4 AND receiver_authorizer = $5 AND withdraw_delay = $6 AND stopped IS NULL",
+    )
+    .bind::<Text, _>(&key.wallet)
+    .bind::<Text, _>(&key.pay_to)
+    .bind::<Text, _>(&key.network)
+    .bind::<Text, _>(&key.asset)
+    .bind::<Text, _>(&key.receiver_authorizer)
+    .bind::<BigInt, _>(key.withdraw_delay)
+    .get_result(c)
+    .await?;
+    if count.n >= max_lanes {
+        return Ok(None);
+    }
+    let lane: Lane = diesel::sql_query(format!(
+        "INSERT INTO batch_lanes (id, wallet, pay_to, network, asset, receiver_authorizer, withdraw_delay, \
+                      salt, channel_id, in_flight, in_flight_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) RETURNING {COLUMNS}"
+    ))
+    .bind::<SqlUuid, _>(Uuid::new_v4())
+    .bind::<Text, _>(&key.wallet)
+    .bind::<Text, _>(&key.pay_to)
+    .bind::<Text, _>(&key.network)
+    .bind::<Text, _>(&key.asset)
+    .bind::<Text, _>(&key.receiver_authorizer)
+    .bind::<BigInt, _>(key.withdraw_delay)
+    .bind::<Text, _>(salt)
+    .bind::<Text, _>(channel_id)
+    .bind::<SqlUuid, _>(payment)
+    .get_result(c)
+    .await?;
+    Ok(Some(lane))
 }
 
 /// Writes `step` on its lane, held by `payment`, if the lane's ceiling is still the one the
