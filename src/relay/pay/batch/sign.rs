@@ -167,7 +167,7 @@ pub(super) async fn sign(
         let msg = "every channel lane of this upstream is busy with another call; nothing was signed; retry";
         return Ok(Err(Stop::new("lanes_busy", Code::PaymentNotMade, msg)));
     };
-    let signed = signed_on(pc, (&cfg, t), &lane, id).await;
+    let signed = signed_on(pc, (&cfg, t), &lane).await;
     let stop = match signed {
         Ok(Ok(parts)) => return finish(pc, required, (t, raw), (id, &lane), parts).map(Ok),
         Ok(Err(stop)) => Ok(stop),
@@ -193,7 +193,6 @@ async fn signed_on(
     pc: &PaidCall<'_>,
     (cfg, t): (&BatchConfig, &BatchTerms),
     lane: &Lane,
-    _id: Uuid,
 ) -> Result<Result<Parts, Stop>, Error> {
     let broken = |why: &str| Error::invariant(format!("batch lane {}: {why}", lane.id));
     let (signed, charged, deposited) = lane.amounts().map_err(|_| broken("an amount does not read"))?;
