@@ -134,6 +134,22 @@ pub struct ServeArgs {
     /// maxTimeoutSeconds asks (validBefore = now + min(maxTimeoutSeconds, this)).
     #[arg(long, env = "X402_MAX_AUTH_SECONDS", default_value = "300")]
     pub x402_max_auth_seconds: String,
+    /// Payment schemes the operator opts into beside `exact` and `upto` (comma-separated;
+    /// `batch-settlement`). Empty: none.
+    #[arg(long, env = "X402_SCHEMES", default_value = "")]
+    pub x402_schemes: String,
+    /// A batch-settlement deposit is this many times the price (at least 1).
+    #[arg(long, env = "X402_BATCH_DEPOSIT_MULTIPLIER", default_value = "10")]
+    pub x402_batch_deposit_multiplier: String,
+    /// The most one batch-settlement channel may hold deposited, in atomic units.
+    #[arg(long, env = "X402_BATCH_MAX_DEPOSIT", default_value = "1000000")]
+    pub x402_batch_max_deposit: String,
+    /// The longest withdraw delay (seconds) a batch-settlement channel may have.
+    #[arg(long, env = "X402_BATCH_MAX_WITHDRAW_DELAY_SECONDS", default_value = "86400")]
+    pub x402_batch_max_withdraw_delay_seconds: String,
+    /// Channels (lanes) per upstream for parallel calls.
+    #[arg(long, env = "X402_BATCH_LANES", default_value = "4")]
+    pub x402_batch_lanes: String,
     /// Bootstrap admin bearer token for the operator API (/audit/*, /metrics); operator
     /// tokens made by `operators create` work with or without it.
     #[arg(long, env = "OPERATOR_TOKEN", hide_env_values = true)]

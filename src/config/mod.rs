@@ -208,6 +208,21 @@ pub struct PaymentConfig {
     /// Longest lifetime of a signed authorization, whatever an upstream asks
     /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
     pub max_auth_secs: u64,
+    /// Paying with x402 `batch-settlement` channels (`X402_SCHEMES` names it); `None`: off.
+    pub batch: Option<BatchConfig>,
+}
+
+/// The operator's bounds on batch-settlement channels (`X402_BATCH_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// A new deposit is this many times the price (or the server's announced minimum, if more).
+    pub deposit_multiplier: u64,
+    /// The most one channel's deposits may hold (atomic units).
+    pub max_deposit: crate::money::Amount,
+    /// The longest withdraw delay a channel may lock the deposit for (seconds).
+    pub max_withdraw_delay: u64,
+    /// Lanes (channels) per upstream: parallel calls beyond this wait.
+    pub lanes: u32,
 }
 
 impl PaymentConfig {
@@ -375,6 +390,7 @@ impl Config {
             decimals,
             permit2_only,
             symbols,
+            batch: parse::parse_batch(args)?,
         };
         payments.check_one_unit()?;
         let unit = payments.decimals.values().next().copied();

@@ -270,6 +270,45 @@ pub(super) fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
     Ok(v)
 }
 
+/// `X402_SCHEMES` and, when it names `batch-settlement`, the `X402_BATCH_*` bounds.
+///
+/// # Errors
+/// An unknown scheme, or a bound that does not parse or is out of range, naming the setting.
+pub fn parse_batch(args: &crate::cli::ServeArgs) -> Result<Option<super::BatchConfig>, ConfigError> {
+    let mut batch = false;
+    for s in args.x402_schemes.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match s {
+            "batch-settlement" => batch = true,
+            "exact" | "upto" => {}
+            other => return Err(ConfigError::new("X402_SCHEMES", format!("unknown scheme {other:?}"))),
+        }
+    }
+    if !batch {
+        return Ok(None);
+    }
+    let deposit_multiplier: u64 = parse_num("X402_BATCH_DEPOSIT_MULTIPLIER", &args.x402_batch_deposit_multiplier)?;
+    if !(1..=1000).contains(&deposit_multiplier) {
+        return Err(ConfigError::new("X402_BATCH_DEPOSIT_MULTIPLIER", "must be between 1 and 1000"));
+    }
+    let max_deposit = crate::money::Amount::parse(args.x402_batch_max_deposit.trim())
+        .ok()
+        .filter(|a| !a.is_zero())
+        .ok_or_else(|| ConfigError::new("X402_BATCH_MAX_DEPOSIT", "expected a positive decimal amount"))?;
+    let max_withdraw_delay: u64 =
+        parse_num("X402_BATCH_MAX_WITHDRAW_DELAY_SECONDS", &args.x402_batch_max_withdraw_delay_seconds)?;
+    if max_withdraw_delay < crate::x402::batch::MIN_WITHDRAW_DELAY {
+        return Err(ConfigError::new(
+            "X402_BATCH_MAX_WITHDRAW_DELAY_SECONDS",
+            "must be at least 900 (the contract's minimum)",
+        ));
+    }
+    let lanes: u32 = parse_num("X402_BATCH_LANES", &args.x402_batch_lanes)?;
+    if !(1..=64).contains(&lanes) {
+        return Err(ConfigError::new("X402_BATCH_LANES", "must be between 1 and 64"));
+    }
+    Ok(Some(super::BatchConfig { deposit_multiplier, max_deposit, max_withdraw_delay, lanes }))
+}
+
 #[cfg(test)]
 mod approval_ttl_tests {
     use super::*;

@@ -106,3 +106,27 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(payments, agents, receipts, idempotency_keys, recovered_answers);
+
+diesel::table! {
+    batch_lanes (id) {
+        id -> Uuid,
+        wallet -> Text,
+        pay_to -> Text,
+        network -> Text,
+        asset -> Text,
+        receiver_authorizer -> Text,
+        withdraw_delay -> Int8,
+        salt -> Text,
+        channel_id -> Text,
+        signed_ceiling -> Numeric,
+        voucher -> Nullable<Jsonb>,
+        charged -> Numeric,
+        deposited -> Numeric,
+        deposit -> Nullable<Jsonb>,
+        in_flight -> Nullable<Uuid>,
+        in_flight_at -> Nullable<Timestamptz>,
+        stopped -> Nullable<Text>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}

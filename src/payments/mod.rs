@@ -7,6 +7,7 @@
 
 pub mod hosts;
 pub mod kept;
+pub mod lanes;
 pub mod limits;
 pub mod reprice;
 pub mod sealed;

@@ -89,6 +89,8 @@ pub struct NewPayment<'a> {
     /// The request as it will be sent, the terms, the context and the payment header:
     /// sealed, and shown redacted ([`super::sealed`]).
     pub kept: &'a Kept,
+    /// A batch-settlement voucher's lane write (`super::lanes::apply`), in the same transaction.
+    pub lane: Option<&'a super::lanes::LaneStep>,
 }
 
 /// Inserts the intent if, and only if, `lease` still owns the in-flight key (its row locked
@@ -311,9 +313,22 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
         if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to).await? {
             return Ok(Reservation::Refused(refusal));
         }
-        Ok(if insert_signed(c, p).await? { Reservation::Reserved } else { Reservation::Fenced })
+        if !insert_signed(c, p).await? {
+            return Ok(Reservation::Fenced);
+        }
+        // The voucher's ceiling is recorded with the intent, or neither is (its lane moved).
+        if let Some(step) = p.lane
+            && !super::lanes::apply(c, p.id, step).await?
+        {
+            return Err(diesel::result::Error::RollbackTransaction);
+        }
+        Ok(Reservation::Reserved)
     })
     .await
+    .or_else(|e| match e {
+        diesel::result::Error::RollbackTransaction => Ok(Reservation::Fenced),
+        e => Err(e),
+    })
 }
 
 /// Lowers an intent's `amount` (what it reserves, or once spent, what it charged) to

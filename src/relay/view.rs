@@ -169,8 +169,8 @@ mod doc {
 
     pub fn scheme() -> RefOr<Schema> {
         strings(
-            &["exact", "upto"],
-            "`exact` (EIP-3009 or Permit2) or `upto` (Permit2: signs a maximum, charged what moved on-chain).",
+            &["exact", "upto", "batch-settlement"],
+            "`exact` (EIP-3009 or Permit2), `upto` (Permit2: signs a maximum, charged what moved on-chain) or `batch-settlement` (a voucher on a deposited channel; `amount` is what it adds to the channel's cumulative ceiling).",
         )
     }
 
@@ -244,6 +244,34 @@ impl PaymentView {
             payer: signed.payer.clone(),
             recovery: None,
             scheme: "exact".to_owned(),
+            status,
+            tx_hash: Some(tx_hash.map(str::to_owned)),
+            x402_version: version.number(),
+        }
+    }
+
+    /// A batch-settlement payment in `status`: `amount` is what the voucher adds to the
+    /// channel's cumulative ceiling (the price), `nonce` the request's.
+    pub fn batch(
+        version: X402Version,
+        (network, asset, pay_to, payer): (&str, &str, &str, &str),
+        (amount, nonce): (&str, &str),
+        status: PaymentStatus,
+        tx_hash: Option<&str>,
+    ) -> Self {
+        Self {
+            amount: Some(amount.to_owned()),
+            asset: asset.to_owned(),
+            asset_transfer_method: None,
+            claimed_amount: None,
+            claimed_tx_hash: None,
+            max_amount: None,
+            network: network.to_owned(),
+            nonce: nonce.to_owned(),
+            pay_to: Some(pay_to.to_owned()),
+            payer: payer.to_owned(),
+            recovery: None,
+            scheme: crate::x402::batch::SCHEME.to_owned(),
             status,
             tx_hash: Some(tx_hash.map(str::to_owned)),
             x402_version: version.number(),

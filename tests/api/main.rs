@@ -9,6 +9,7 @@ mod agents;
 mod approvals;
 mod audit;
 mod auth;
+mod batch;
 mod batch_settlement;
 mod caps;
 mod chain_index;

@@ -392,6 +392,23 @@ impl Chain {
         Ok(tx.map(|tx| (tx.to(), tx.input().clone())))
     }
 
+    /// The batch-settlement channel `channel_id`'s `(balance, totalClaimed)` on `network`.
+    ///
+    /// # Errors
+    /// As [`Self::authorization_state`] (the settlement contract in place of the token).
+    pub async fn batch_channel(&self, network: Network, channel_id: B256) -> Result<(U256, U256), ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let settlement = crate::batch::IBatchSettlement::new(crate::batch::SETTLEMENT, &endpoint.provider);
+        let call = settlement.channels(channel_id);
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(r) => Ok((U256::from(r.balance), U256::from(r.totalClaimed))),
+            Err(alloy::contract::Error::ZeroData(..)) => {
+                Err(ChainError::NoContract { network, address: crate::batch::SETTLEMENT })
+            }
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {
         self.inner.endpoints.get(&network).ok_or(ChainError::UnknownNetwork(network))
     }

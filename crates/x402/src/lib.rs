@@ -23,6 +23,7 @@
 //! [`rpc`] (several URLs per network: fallback, retry, a chain-id check per URL).
 //! Nothing here touches the database, HTTP routing or configuration loading.
 
+pub mod batch;
 pub mod chain;
 pub mod gas_sponsoring;
 pub mod money;

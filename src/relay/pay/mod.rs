@@ -26,6 +26,7 @@
 mod agent;
 mod ahead;
 mod approval;
+mod batch;
 pub(crate) mod call;
 mod evm;
 mod exchange;

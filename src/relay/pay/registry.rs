@@ -2,12 +2,16 @@
 //! which one pays a 402 and which one a ledger row belongs to. Everything else reaches a
 //! scheme through [`Scheme`].
 //!
-//! Order: EVM is the router's default scheme and is asked first (its choice answers every
-//! 402, a decline naming why); Solana pays only when no EVM option may be paid and the 402
-//! offers a Solana one. A row belongs to Solana when its network is a `solana:` one.
+//! Order: batch-settlement first, when the operator enabled it (`X402_SCHEMES`) and the 402
+//! offers an option of it that may be paid (a voucher costs no settlement wait); then EVM, the
+//! router's default scheme (its choice answers every 402, a decline naming why); Solana pays
+//! only when no EVM option may be paid and the 402 offers a Solana one. A row belongs to
+//! batch-settlement when its stored record says so, to Solana when its network is a `solana:`
+//! one.
 
 use serde_json::Value;
 
+use super::batch::Batch;
 use super::evm::Evm;
 use super::scheme::{Chains, RowRef, Scheme, Unread, Verdict};
 use super::svm::Svm;
@@ -32,6 +36,14 @@ pub(super) async fn pay(
     required: &PaymentRequired,
     first: UpstreamResponse,
 ) -> Result<Outcome, Error> {
+    if Batch.offered(pc, required)
+        && let Ok(choice) = Batch.choose(pc, required).await?
+    {
+        if let Some(intent) = pc.earlier_intent().await? {
+            return pc.resume(intent, Resume::KeyReused).await;
+        }
+        return pc.pay_with(&Batch, (required, &choice, ()), first).await;
+    }
     // The agent's limits, an intent of an earlier attempt and the chain's reads: at once.
     let (chosen, existing, prepared) = tokio::join!(Evm.choose(pc, required), pc.earlier_intent(), Evm.prepare(pc));
     let accepts = || Value::Array(required.raw_accepts.clone());
@@ -63,7 +75,7 @@ pub(super) async fn pay(
 /// # Errors
 /// [`Error`] when nothing may be recorded.
 pub(super) async fn pay_ahead(pc: &PaidCall<'_>, required: &PaymentRequired) -> Result<Option<Outcome>, Error> {
-    debug_assert!(Evm.pays_ahead() && !Svm.pays_ahead());
+    debug_assert!(Evm.pays_ahead() && !Svm.pays_ahead() && !Batch.pays_ahead());
     let (chosen, existing, prepared) = tokio::join!(Evm.choose(pc, required), pc.earlier_intent(), Evm.prepare(pc));
     let Ok(choice) = chosen? else {
         return Ok(None);
@@ -76,12 +88,23 @@ fn is_svm(network: &str) -> bool {
     crate::solana::is_solana_network(network)
 }
 
+/// Whether `stored` (a row's `signed_authorization`) is a batch-settlement voucher.
+fn is_batch(stored: &Value) -> bool {
+    Batch::owns(stored)
+}
+
 /// Resumes a recorded intent with its scheme.
 ///
 /// # Errors
 /// [`Error`] when the chain cannot say (nothing decided or paid).
 pub(super) async fn resume(pc: &PaidCall<'_>, row: PaymentRow, mode: Resume) -> Result<Outcome, Error> {
-    if is_svm(&row.network) { pc.resume_with(&Svm, row, mode).await } else { pc.resume_with(&Evm, row, mode).await }
+    if is_batch(&row.signed_authorization) {
+        pc.resume_with(&Batch, row, mode).await
+    } else if is_svm(&row.network) {
+        pc.resume_with(&Svm, row, mode).await
+    } else {
+        pc.resume_with(&Evm, row, mode).await
+    }
 }
 
 /// The `payment` object of a recorded intent of any scheme, in `status`.
@@ -102,7 +125,13 @@ pub(crate) fn view_of_row(
         let r = s.decode(RowRef::of(row))?;
         Ok(s.view(r.version, &r.nonce, &r.signed, (status, tx, None)))
     }
-    if is_svm(&row.network) { view(&Svm, row, status, tx) } else { view(&Evm, row, status, tx) }
+    if is_batch(&row.signed_authorization) {
+        view(&Batch, row, status, tx)
+    } else if is_svm(&row.network) {
+        view(&Svm, row, status, tx)
+    } else {
+        view(&Evm, row, status, tx)
+    }
 }
 
 /// `reconcile`'s reading of a recorded intent of any scheme.
@@ -110,7 +139,13 @@ pub(crate) fn view_of_row(
 /// # Errors
 /// Why the chain (or the row) could not be read: the intent is left as it is.
 pub(crate) async fn verdict(chains: &Chains<'_>, row: RowRef<'_>) -> Result<Verdict, Unread> {
-    if is_svm(row.network) { Svm.verdict(chains, row).await } else { Evm.verdict(chains, row).await }
+    if is_batch(row.authorization) {
+        Batch.verdict(chains, row).await
+    } else if is_svm(row.network) {
+        Svm.verdict(chains, row).await
+    } else {
+        Evm.verdict(chains, row).await
+    }
 }
 
 /// What a spent intent's settling transaction moved, for a charge still unproven.
@@ -118,7 +153,13 @@ pub(crate) async fn verdict(chains: &Chains<'_>, row: RowRef<'_>) -> Result<Verd
 /// # Errors
 /// Why the stored record cannot be read.
 pub(crate) async fn proven_charge(chains: &Chains<'_>, row: RowRef<'_>) -> Result<Option<Amount>, Unread> {
-    if is_svm(row.network) { Svm.proven_charge(chains, row).await } else { Evm.proven_charge(chains, row).await }
+    if is_batch(row.authorization) {
+        Batch.proven_charge(chains, row).await
+    } else if is_svm(row.network) {
+        Svm.proven_charge(chains, row).await
+    } else {
+        Evm.proven_charge(chains, row).await
+    }
 }
 
 /// Asks the upstream of a settled intent of any scheme for its lost answer again
@@ -143,7 +184,9 @@ pub(crate) async fn recover(
         let proof = s.proof(chains, &recorded.signed).ok_or("no RPC URL for the payment's network")?;
         Ok(crate::recovery::recover(upstream, proof, (row, opened), deadline).await)
     }
-    if is_svm(&row.network) {
+    if is_batch(&row.signed_authorization) {
+        with(&Batch, chains, upstream, (row, opened), deadline).await
+    } else if is_svm(&row.network) {
         with(&Svm, chains, upstream, (row, opened), deadline).await
     } else {
         with(&Evm, chains, upstream, (row, opened), deadline).await

@@ -63,6 +63,7 @@ impl PaidCall<'_> {
             authorization: &authorization,
             header_name: attempt.header.0.as_str(),
             kept: &kept,
+            lane: signing.lane.as_ref(),
         };
         self.fault(Point::BeforeIntent).await;
         fenced(store::reserve(&mut *self.db().await?, &row).await?)

@@ -132,6 +132,8 @@ pub(crate) struct Signing<S> {
     pub attempt: Attempt<S>,
     pub columns: Columns,
     pub exact: Exact,
+    /// A batch-settlement voucher's lane write, committed with the intent (None: other schemes).
+    pub lane: Option<crate::payments::lanes::LaneStep>,
 }
 
 /// A recorded payment signed again (same nonce, new validity), with what its intent becomes.

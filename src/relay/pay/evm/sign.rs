@@ -105,7 +105,7 @@ pub(super) fn signing(
         valid_after: to_i64(s.valid_after()),
         valid_before: to_i64(s.valid_before()),
     };
-    Ok(Signing { attempt, columns, exact })
+    Ok(Signing { attempt, columns, exact, lane: None })
 }
 
 /// Signs `requirement` with `nonce` and builds the header of `version`, with the Permit2

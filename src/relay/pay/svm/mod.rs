@@ -108,7 +108,7 @@ impl Scheme for Svm {
             valid_after: to_i64(now),
             valid_before: to_i64(now.saturating_add(WINDOW_BOUND_SECS)),
         };
-        Ok(Ok(Signing { attempt, columns, exact }))
+        Ok(Ok(Signing { attempt, columns, exact, lane: None }))
     }
 
     fn pays_ahead(&self) -> bool {
