@@ -90,6 +90,17 @@ impl Scheme for Batch {
         Ok(None)
     }
 
+    fn terms(&self, (terms, _): &Self::Choice) -> crate::approvals::Terms {
+        // What the agent is charged for this call: one voucher's increment (a channel's
+        // deposit is the wallet's money locked, not the agent's spend).
+        crate::approvals::Terms {
+            network: terms.network.caip2(),
+            asset: terms.asset.to_checksum(None),
+            amount: terms.amount,
+            pay_to: terms.pay_to.to_checksum(None),
+        }
+    }
+
     fn amount(&self, (terms, _): &Self::Choice) -> Amount {
         terms.amount
     }
