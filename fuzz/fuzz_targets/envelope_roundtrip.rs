@@ -117,12 +117,14 @@ fuzz_target!(|data: &[u8]| {
         response: Some(bytes.clone()),
         receipt_id: rendered.stored.receipt_id,
         expires_unix: Some(4_000_000_000),
+        raw_digest: Some(CALL.request_hash.clone()),
     };
     let sealed = CACHE.seal("fuzz:k", &entry).expect("an entry always seals");
     let opened = CACHE.open("fuzz:k", &sealed).expect("a sealed entry opens");
     assert_eq!(opened.response.as_deref(), Some(&bytes[..]));
     assert_eq!(opened.status, entry.status);
     assert_eq!(opened.receipt_id, entry.receipt_id);
+    assert_eq!(opened.raw_digest, entry.raw_digest);
     assert!(CACHE.open("fuzz:other", &sealed).is_none());
     assert!(matches!(entry.status, Status::Completed | Status::Errored));
 
