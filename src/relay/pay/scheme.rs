@@ -392,3 +392,28 @@ pub(crate) trait Scheme: Sync {
 pub(crate) fn stored<S: serde::Serialize>(signed: &S) -> Result<Value, Error> {
     serde_json::to_value(signed).map_err(|e| Error::Internal(e.into()))
 }
+
+/// The cheapest of a 402's `options` that `refusal` lets pass, with its raw entry; otherwise
+/// the code of the refusal that got furthest (its rank) and every option's reason, each named
+/// `"{label} option {i}"`. The choice every scheme's `choose` makes once its options are read.
+pub(crate) fn cheapest_allowed<T: Clone, A: Ord>(
+    options: &[(T, &Value)],
+    label: &str,
+    amount: impl Fn(&T) -> A,
+    mut refusal: impl FnMut(&T) -> Option<(u8, Code, String)>,
+) -> Result<(T, Value), Declined> {
+    let mut best: Option<(&T, &Value)> = None;
+    // Why each option was refused, with how far it got (the 402's code is the furthest one's).
+    let mut refusals: Vec<(u8, Code, String)> = Vec::new();
+    for (i, (terms, raw)) in options.iter().enumerate() {
+        match refusal(terms) {
+            Some((rank, code, why)) => refusals.push((rank, code, format!("{label} option {i}: {why}"))),
+            None if best.is_none_or(|(b, _)| amount(terms) < amount(b)) => best = Some((terms, *raw)),
+            None => {}
+        }
+    }
+    best.map(|(t, r)| (t.clone(), r.clone())).ok_or_else(|| {
+        let code = refusals.iter().max_by_key(|r| r.0).map_or(Code::PaymentUnsupported, |r| r.1);
+        (code, refusals.into_iter().map(|r| r.2).collect::<Vec<_>>().join("; "))
+    })
+}

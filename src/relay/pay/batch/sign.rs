@@ -19,7 +19,7 @@ use crate::payments::store::Spend;
 use crate::relay::Error;
 use crate::relay::pay::agent::refuse_disabled;
 use crate::relay::pay::call::PaidCall;
-use crate::relay::pay::scheme::{Attempt, Columns, Signing};
+use crate::relay::pay::scheme::{Attempt, Columns, Signing, cheapest_allowed};
 use crate::relay::pay::{Declined, Stop, to_i64};
 use crate::x402::batch::{self, DepositTerms, SignedVoucher};
 use crate::x402::{self, PaymentRequired};
@@ -46,20 +46,8 @@ pub(super) async fn choose(
         Some(Ok(limits)) => limits.headroom(),
         Some(Err(_)) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
     };
-    let mut best: Option<(&BatchTerms, &Value)> = None;
-    let mut refusals: Vec<(u8, Code, String)> = Vec::new();
     let options = offered(required);
-    for (i, (terms, raw)) in options.iter().enumerate() {
-        match refusal(pc, &cfg, terms, spend.as_ref(), limit) {
-            Some((rank, code, why)) => refusals.push((rank, code, format!("batch-settlement option {i}: {why}"))),
-            None if best.is_none_or(|(b, _)| terms.amount < b.amount) => best = Some((terms, *raw)),
-            None => {}
-        }
-    }
-    Ok(best.map(|(t, r)| (t.clone(), r.clone())).ok_or_else(|| {
-        let code = refusals.iter().max_by_key(|r| r.0).map_or(Code::PaymentUnsupported, |r| r.1);
-        (code, refusals.into_iter().map(|r| r.2).collect::<Vec<_>>().join("; "))
-    }))
+    Ok(cheapest_allowed(&options, "batch-settlement", |t| t.amount, |t| refusal(pc, &cfg, t, spend.as_ref(), limit)))
 }
 
 /// Why one option may not be paid, with how far it got, if it may not.

@@ -13,7 +13,7 @@ use crate::payments::store::Spend;
 use crate::relay::Error;
 use crate::relay::pay::agent::refuse_disabled;
 use crate::relay::pay::call::PaidCall;
-use crate::relay::pay::scheme::Attempt;
+use crate::relay::pay::scheme::{Attempt, cheapest_allowed};
 use crate::relay::pay::{Declined, PayError, Stop, wrong_chain};
 use crate::solana::Solana;
 use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmRpc, SvmRpcError, SvmTerms};
@@ -40,21 +40,8 @@ pub(super) async fn choose(
         Some(Ok(limits)) => limits.headroom(),
         Some(Err(_)) => return Ok(Err((Code::PaymentOverBudget, "the agent's limits cannot be read".into()))),
     };
-    let mut best: Option<(&SvmTerms, &Value)> = None;
-    // Why each option was refused, with how far it got (the 402's code is the furthest one's).
-    let mut refusals: Vec<(u8, Code, String)> = Vec::new();
     let options = offered(required);
-    for (i, (terms, raw)) in options.iter().enumerate() {
-        match refusal(pc, solana, terms, spend.as_ref(), limit) {
-            Some((rank, code, why)) => refusals.push((rank, code, format!("Solana option {i}: {why}"))),
-            None if best.is_none_or(|(b, _)| terms.amount() < b.amount()) => best = Some((terms, *raw)),
-            None => {}
-        }
-    }
-    Ok(best.map(|(t, r)| (t.clone(), r.clone())).ok_or_else(|| {
-        let code = refusals.iter().max_by_key(|r| r.0).map_or(Code::PaymentUnsupported, |r| r.1);
-        (code, refusals.into_iter().map(|r| r.2).collect::<Vec<_>>().join("; "))
-    }))
+    Ok(cheapest_allowed(&options, "Solana", SvmTerms::amount, |t| refusal(pc, solana, t, spend.as_ref(), limit)))
 }
 
 /// Why one Solana option may not be paid, with how far it got, if it may not.
