@@ -115,6 +115,10 @@ pub struct Me {
     /// `payTo` addresses this agent may never pay (`null`: none); 402 `payment_not_allowed`.
     #[schema(required = true)]
     pub blocked_pay_to: Option<Vec<String>>,
+    /// A paid call whose price is above this waits for an operator's approval (202
+    /// `approval_pending`, nothing signed; `null`: never).
+    #[schema(required = true)]
+    pub approval_above: Option<String>,
     /// The same sums per (network, asset).
     #[schema(inline)]
     pub assets: Vec<AssetSpend>,
@@ -227,6 +231,7 @@ pub async fn me(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryResult<Opt
         spent_lifetime: spend.settled_lifetime,
         remaining_lifetime: spend.remaining_lifetime,
         blocked_pay_to: spend.blocked_pay_to,
+        approval_above: spend.approval_above,
         assets,
     }))
 }

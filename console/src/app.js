@@ -2,7 +2,7 @@
 // this tab's sessionStorage only and travels as a bearer header (never in a URL).
 import uPlot from 'uplot';
 import { verifyReceipt } from './verify.js';
-import { $, ApiError, Unauthorized, act, amountEl, amountText, api, assetUnit, symbolEl, change, el, fetchText, isAdmin, learnUnits, networkName, readAmount, saveBlob, state as session, upstreamOf as hostOf, watchAmount } from './util.js';
+import { $, ApiError, SignedOut, Unauthorized, act, amountEl, amountText, api, assetUnit, symbolEl, change, el, fetchText, isAdmin, learnUnits, networkName, readAmount, saveBlob, state as session, upstreamOf as hostOf, watchAmount } from './util.js';
 import { shortAddress } from './amount.js';
 import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
@@ -108,6 +108,7 @@ function schedule() {
       await refreshPayments();
       render();
     } catch (e) {
+      if (e instanceof SignedOut) return;
       if (e instanceof Unauthorized) return signOut('Signed out: the token was refused.');
       $('live').textContent = `not updating: ${e.message}`;
     }
@@ -435,6 +436,7 @@ function render() {
 }
 
 function showError(e) {
+  if (e instanceof SignedOut) return; // signed out while it loaded: nothing was sent
   if (e instanceof Unauthorized) return signOut('Signed out: the token was refused.');
   $('live').textContent = `error: ${e.message}`;
 }

@@ -48,6 +48,19 @@ export function symbolEl(network, asset, tag = 'span', attrs = {}) {
 /** The token was refused (401, or 403 on a read: not an operator token). */
 export class Unauthorized extends Error {}
 
+/** No token any more (signed out while a view was still loading): nothing was sent. */
+export class SignedOut extends Unauthorized {}
+
+// What the router serves to anyone: every other path needs the operator token.
+const PUBLIC_PATHS = ['/.well-known/x402-router', '/healthz', '/readyz', '/openapi.json'];
+
+/** The bearer header, or SignedOut: a request that needs a token never leaves without one. */
+function authHeaders(path) {
+  if (state.token) return { Authorization: `Bearer ${state.token}` };
+  if (PUBLIC_PATHS.includes(path.split('?')[0])) return {};
+  throw new SignedOut('signed out');
+}
+
 /** The API refused a request: `status`, `code` and the API's own error text. */
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -59,8 +72,7 @@ export class ApiError extends Error {
 
 /** One JSON call to the router. `body` (an object) is sent as JSON. */
 export async function api(path, { method = 'GET', body } = {}) {
-  const headers = { Accept: 'application/json' };
-  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const headers = { Accept: 'application/json', ...authHeaders(path) };
   const init = { method, headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';
@@ -83,7 +95,7 @@ export async function api(path, { method = 'GET', body } = {}) {
 
 /** Raw GET with the bearer header (for CSV and /metrics). */
 export async function fetchText(path) {
-  const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
+  const headers = authHeaders(path);
   const resp = await fetch(path, { headers, cache: 'no-store', credentials: 'omit', referrerPolicy: 'no-referrer' });
   if (resp.status === 401) throw new Unauthorized('the token was refused');
   if (!resp.ok) {

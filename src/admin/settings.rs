@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::{Invalid, amount, list};
 use crate::money::Amount;
 use crate::operators::{Actor, events};
+use crate::payments::lanes;
 use crate::payments::limits::{self, Settings};
 
 /// A change to the wallet-wide settings: each field absent (unchanged), `Some(None)` (removed,
@@ -50,7 +51,8 @@ pub fn parse_settings(body: &Value) -> Result<SettingsPatch, Invalid> {
 pub async fn settings(conn: &mut AsyncPgConnection) -> QueryResult<RouterSettings> {
     let s = limits::settings(conn, false).await?;
     let used = limits::wallet_used_24h(conn).await?;
-    Ok(RouterSettings::new(s, used))
+    let locked = lanes::locked(conn).await?;
+    Ok(RouterSettings::new(s, used, locked))
 }
 
 /// The wallet-wide settings as operators see them (`/admin/settings`, `/admin/pause`).
@@ -69,14 +71,26 @@ pub struct RouterSettings {
     pub blocked_pay_to: Option<Vec<String>>,
     /// When the settings last changed.
     pub updated_at: chrono::DateTime<chrono::Utc>,
-    /// What the cap counts now.
+    /// What all agents spent and reserved in the rolling 24 h (the cap counts it).
     pub wallet_used_24h: String,
+    /// The wallet's money locked in batch-settlement channels: deposited, not yet charged nor
+    /// refunded (the cap counts it too, until refunded; never an agent's spend).
+    pub wallet_locked_in_channels: String,
 }
 
 impl RouterSettings {
-    fn new(s: Settings, wallet_used_24h: String) -> Self {
+    fn new(s: Settings, wallet_used_24h: String, locked: Amount) -> Self {
         let Settings { paused, pause_unpaid, wallet_daily_cap, blocked_pay_to, updated_at } = s;
-        Self { paused, pause_unpaid, wallet_daily_cap, blocked_pay_to, updated_at, wallet_used_24h }
+        let wallet_locked_in_channels = locked.to_string();
+        Self {
+            paused,
+            pause_unpaid,
+            wallet_daily_cap,
+            blocked_pay_to,
+            updated_at,
+            wallet_used_24h,
+            wallet_locked_in_channels,
+        }
     }
 }
 
@@ -175,7 +189,8 @@ async fn settings_change(
         let (b, a) = (serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok());
         events::record(c, actor, action, Some("settings"), b.as_ref(), a.as_ref()).await?;
         let used = limits::wallet_used_24h(c).await?;
-        Ok(RouterSettings::new(after, used))
+        let locked = lanes::locked(c).await?;
+        Ok(RouterSettings::new(after, used, locked))
     })
     .await
 }

@@ -109,13 +109,14 @@ async fn budget_uses(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec<Bu
                                 ('lifetime', (u.lifetime / NULLIF(a.lifetime_budget, 0))::float8)) b(budget, ratio) \
           WHERE NOT a.disabled AND b.ratio IS NOT NULL \
          UNION ALL \
-         SELECT '' AS agent_id, 'wallet' AS budget, (w.used / s.wallet_daily_cap)::float8 AS ratio \
-           FROM router_settings s, LATERAL (SELECT {day} AS used FROM payments p) w \
+         SELECT '' AS agent_id, 'wallet' AS budget, ((w.used + l.locked) / s.wallet_daily_cap)::float8 AS ratio \
+           FROM router_settings s, LATERAL (SELECT {day} AS used FROM payments p) w, ({locked}) l \
           WHERE s.wallet_daily_cap > 0",
         day = sum_where(&in_day()),
         month = sum_where(&in_month()),
         week = sum_where(&in_week()),
         lifetime = sum_where(&in_lifetime()),
+        locked = payments::lanes::LOCKED_SQL,
     ))
     .load(conn)
     .await

@@ -262,23 +262,26 @@ pub async fn by_channel(conn: &mut AsyncPgConnection, channel_id: &str) -> diese
         .optional()
 }
 
-/// What every open lane of `wallet` holds deposited (the wallet's money locked in channels).
+/// The wallet's money locked in channels: what every lane holds deposited and the server has
+/// not charged (refunded or withdrawn money leaves `deposited`). A voucher in flight counts
+/// here and as its payment's reservation until its answer records the charge: counted twice
+/// for that moment, never missed (fail closed).
+pub(crate) const LOCKED_SQL: &str =
+    "SELECT COALESCE(sum(GREATEST(deposited - charged, 0)), 0) AS locked FROM batch_lanes";
+
+/// [`LOCKED_SQL`]: what the wallet-wide cap counts beside the rolling 24 h of payments.
 ///
 /// # Errors
 /// Database errors.
-pub async fn deposited(conn: &mut AsyncPgConnection, wallet: &str) -> diesel::QueryResult<Amount> {
+pub async fn locked(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Amount> {
     #[derive(QueryableByName)]
     struct Sum {
         #[diesel(sql_type = Text)]
-        total: String,
+        locked: String,
     }
-    let s: Sum = diesel::sql_query(
-        "SELECT COALESCE(sum(deposited - charged), 0)::text AS total FROM batch_lanes WHERE wallet = $1",
-    )
-    .bind::<Text, _>(wallet)
-    .get_result(conn)
-    .await?;
-    Ok(Amount::parse(&s.total).unwrap_or(Amount::ZERO))
+    let s: Sum =
+        diesel::sql_query(format!("SELECT locked::text AS locked FROM ({LOCKED_SQL}) l")).get_result(conn).await?;
+    Amount::parse(&s.locked).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))
 }
 
 use diesel::OptionalExtension;

@@ -241,6 +241,7 @@ pub fn pay_to_refusal(spend: &Spend, pay_to: &str) -> Option<String> {
 /// Every limit of a reservation, in the reserving transaction, after `spend` was read under
 /// the agent's lock: pause, the agent's limits, the wallet-wide cap (under the settings row's
 /// lock) and, last, payments per minute (counted only for a payment that passes the rest).
+/// `draw` is what the reservation takes from the wallet, for the wallet-wide cap.
 ///
 /// # Errors
 /// Database errors.
@@ -249,6 +250,7 @@ pub async fn check_reservation(
     spend: &Spend,
     amount: Amount,
     pay_to: &str,
+    draw: WalletDraw,
 ) -> QueryResult<Option<Refusal>> {
     let found = settings(conn, false).await?;
     if found.paused {
@@ -264,16 +266,10 @@ pub async fn check_reservation(
         if locked.paused {
             return Ok(Some(Refusal::Paused));
         }
-        if let Some(cap) = locked.wallet_daily_cap.as_deref() {
-            let (Ok(cap), Ok(used)) = (Amount::parse(cap), Amount::parse(&wallet_used_24h(conn).await?)) else {
-                return Ok(Some(Refusal::OverBudget("the wallet's daily cap cannot be read; refusing to pay".into())));
-            };
-            let left = Amount::from_u256(cap.as_u256().saturating_sub(used.as_u256()));
-            if amount > left {
-                return Ok(Some(Refusal::OverBudget(format!(
-                    "the price {amount} exceeds what remains of the wallet-wide daily cap ({left})"
-                ))));
-            }
+        if let Some(cap) = locked.wallet_daily_cap.as_deref()
+            && let Some(refusal) = over_wallet_cap(conn, cap, amount, draw).await?
+        {
+            return Ok(Some(refusal));
         }
     }
     if let Some(limit) = spend.payments_per_minute
@@ -282,6 +278,55 @@ pub async fn check_reservation(
         return Ok(Some(Refusal::RateLimited { what: RateKind::Payment, retry_after }));
     }
     Ok(None)
+}
+
+/// What a reservation takes from the wallet, as the wallet-wide cap counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalletDraw {
+    /// The payment's price leaves the wallet (`exact`, `upto`, Solana).
+    Price,
+    /// A batch-settlement voucher: it draws on its channel's deposit, which the cap counted
+    /// when it was locked; only a deposit signed with it (zero: none) leaves the wallet now.
+    Deposit(Amount),
+}
+
+/// What remains of the wallet-wide cap: the cap less the rolling 24 h of payments and the
+/// money locked in channels (`None`: no cap).
+///
+/// # Errors
+/// Database errors; a stored amount that does not read.
+pub async fn wallet_left(conn: &mut AsyncPgConnection, cap: Option<&str>) -> QueryResult<Option<(Amount, Amount)>> {
+    let Some(cap) = cap else { return Ok(None) };
+    let bad = |e: crate::money::BadAmount| diesel::result::Error::DeserializationError(Box::new(e));
+    let cap = Amount::parse(cap).map_err(bad)?;
+    let used = Amount::parse(&wallet_used_24h(conn).await?).map_err(bad)?;
+    let in_channels = super::lanes::locked(conn).await?;
+    let left = cap.as_u256().saturating_sub(used.as_u256()).saturating_sub(in_channels.as_u256());
+    Ok(Some((Amount::from_u256(left), in_channels)))
+}
+
+/// The wallet-wide cap's verdict on a reservation of `amount` drawing `draw` from the wallet.
+async fn over_wallet_cap(
+    conn: &mut AsyncPgConnection,
+    cap: &str,
+    amount: Amount,
+    draw: WalletDraw,
+) -> QueryResult<Option<Refusal>> {
+    let Ok(Some((left, in_channels))) = wallet_left(conn, Some(cap)).await else {
+        return Ok(Some(Refusal::OverBudget("the wallet's daily cap cannot be read; refusing to pay".into())));
+    };
+    let why = match draw {
+        WalletDraw::Price if amount > left => format!(
+            "the price {amount} exceeds what remains of the wallet-wide daily cap ({left}, after {in_channels} \
+             locked in payment channels)"
+        ),
+        WalletDraw::Deposit(deposit) if deposit > left => format!(
+            "the channel's deposit of {deposit} exceeds what remains of the wallet-wide daily cap ({left}, after \
+             {in_channels} locked in payment channels); nothing was signed"
+        ),
+        WalletDraw::Price | WalletDraw::Deposit(_) => return Ok(None),
+    };
+    Ok(Some(Refusal::OverBudget(why)))
 }
 
 /// What [`before_leaving`] found: whether anything signed may leave the router now.

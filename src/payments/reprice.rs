@@ -51,7 +51,9 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
         let more = Amount::from_u256(r.amount.as_u256().saturating_sub(r.first_amount.as_u256()));
-        if let Some(refusal) = super::limits::check_reservation(c, &spend, more, r.pay_to).await? {
+        if let Some(refusal) =
+            super::limits::check_reservation(c, &spend, more, r.pay_to, super::limits::WalletDraw::Price).await?
+        {
             return Ok(Reservation::Refused(refusal));
         }
         let n = diesel::sql_query(

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::PaymentStatus;
 pub use super::Spend;
-use super::limits::Refusal;
+use super::limits::{Refusal, WalletDraw};
 pub use super::sealed::SentRequest;
 use super::sealed::{Kept, Sealed};
 pub use super::spend::{agent_spend, agent_spend_at, lock_for_reservation};
@@ -176,7 +176,7 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         // A new authorization is a new payment: never while paused. One that replaces an
         // `expired` intent (which released its reservation) must fit every limit again.
         if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired) {
-            if let Some(refusal) = super::limits::check_reservation(c, &spend, r.amount, r.pay_to).await? {
+            if let Some(refusal) = super::limits::check_reservation(c, &spend, r.amount, r.pay_to, WalletDraw::Price).await? {
                 return Ok(Reservation::Refused(refusal));
             }
         } else if super::limits::settings(c, false).await?.paused {
@@ -310,7 +310,11 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
             Ok(spend) => spend,
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
-        if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to).await? {
+        // A voucher draws on its channel's deposit: only a deposit signed with it leaves the wallet.
+        let draw = p
+            .lane
+            .map_or(WalletDraw::Price, |l| WalletDraw::Deposit(l.deposit.as_ref().map_or(Amount::ZERO, |(d, _)| *d)));
+        if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to, draw).await? {
             return Ok(Reservation::Refused(refusal));
         }
         if !insert_signed(c, p).await? {

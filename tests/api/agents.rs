@@ -54,6 +54,10 @@ async fn agents_me_and_payments_show_limits_spend_per_asset_and_a_keys_payment()
     assert_eq!(me["remaining_month"], (3_000_000 - PRICE).to_string());
     assert_eq!((me["allowed_hosts"].clone(), me["allowed_pay_to"].clone()), (json!(["127.0.0.1"]), Value::Null));
     assert_eq!((me["payments_per_minute"].as_i64(), me["calls_per_minute"].as_i64()), (Some(100), None));
+    assert_eq!(me["approval_above"], Value::Null);
+    exec(&app.db, &format!("UPDATE agents SET approval_above = 20000 WHERE id = '{}'", app.agent.id)).await;
+    let (_, me, _) = get(&app, &app.agent, "/agents/me").await;
+    assert_eq!(me["approval_above"], "20000", "the agent sees above which price a call waits for an operator");
 
     // The ledger's view of the key: final, paid, so a new key is not safe.
     let key = new_key();

@@ -128,6 +128,67 @@ async fn the_router_pays_the_official_batch_server_one_deposit_then_vouchers_cou
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments").await, n as i64);
 }
 
+/// A deposit is the wallet's money locked: it counts against the wallet-wide cap until
+/// refunded, and the vouchers drawing on it take nothing more from the wallet. Without that,
+/// a cap of fifteen prices let the router lock a second deposit of ten.
+#[actix_web::test]
+async fn a_deposit_counts_against_the_wallet_wide_cap_and_vouchers_draw_on_it() {
+    let chain = Devnet::start().await;
+    let official = Official::start(&chain).await;
+    let app = app_on(&chain, &[]).await;
+    exec(&app.db, &format!("UPDATE router_settings SET wallet_daily_cap = {}", 15 * BATCH_PRICE)).await;
+    let router0 = chain.balance(ROUTER_ADDRESS).await;
+    let body = call(&official);
+    let (status, env) = route(&app, &new_key(), &body).await;
+    assert_eq!(status, 200, "{env}");
+    let (_, admin) = create_operator(&app.db, "ada", x402_router::operators::Role::Admin).await;
+    let settings = || async {
+        let resp = app.client.get(format!("{}/admin/settings", app.address)).bearer_auth(&admin).send().await;
+        resp.unwrap().json::<Value>().await.unwrap()
+    };
+    // One price spent, nine more locked in the channel.
+    let s = settings().await;
+    assert_eq!(s["wallet_used_24h"], BATCH_PRICE.to_string(), "{s}");
+    assert_eq!(s["wallet_locked_in_channels"], (9 * BATCH_PRICE).to_string(), "{s}");
+    // Vouchers draw on the deposit: nine more calls fit although five prices of room are left.
+    for i in 1..10 {
+        let (status, env) = route(&app, &new_key(), &body).await;
+        assert_eq!(status, 200, "call {i}: {env}");
+    }
+    let s = settings().await;
+    assert_eq!((s["wallet_used_24h"].as_str(), s["wallet_locked_in_channels"].as_str()), (Some("10000"), Some("0")));
+    // The eleventh needs another deposit of at least ten prices: the cap has five. Nothing signed.
+    let (status, env) = route(&app, &new_key(), &body).await;
+    assert_eq!(env["code"], "payment_over_budget", "{status} {env}");
+    assert!(env["error"].as_str().unwrap().contains("wallet-wide"), "{env}");
+    let l = lanes(&app).await;
+    assert_eq!((l.len(), l[0]["deposited"].as_str()), (1, Some("10000")), "{l:?}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(10 * BATCH_PRICE));
+    official.claim_and_settle().await;
+    assert_eq!(server_charged(&official).await, 10 * BATCH_PRICE);
+}
+
+/// With room under the cap for the policy's deposit, what is locked and not yet charged is
+/// shown and counted: a payment of another scheme that fits only if it were ignored is refused.
+#[actix_web::test]
+async fn money_locked_in_a_channel_leaves_no_room_under_the_cap_for_other_payments() {
+    let chain = Devnet::start().await;
+    let official = Official::start(&chain).await;
+    let app = app_on(&chain, &[]).await;
+    exec(&app.db, &format!("UPDATE router_settings SET wallet_daily_cap = {}", 11 * BATCH_PRICE)).await;
+    let (status, env) = route(&app, &new_key(), &call(&official)).await;
+    assert_eq!(status, 200, "{env}");
+    assert_eq!(lanes(&app).await[0]["deposited"], (10 * BATCH_PRICE).to_string());
+    // Spent one price; nine more locked in the channel: one price of room is left, less than
+    // the exact route asks (ten batch prices).
+    let exact = json!({"url": chain.url("/v2/weather"), "max_amount": PRICE.to_string()});
+    let before = chain.balance(ROUTER_ADDRESS).await;
+    let (status, env) = route(&app, &new_key(), &exact).await;
+    assert_eq!((status, env["code"].as_str()), (402, Some("payment_over_budget")), "{env}");
+    assert!(env["error"].as_str().unwrap().contains("locked in payment channels"), "{env}");
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, before);
+}
+
 #[actix_web::test]
 async fn batch_settlement_is_off_until_the_operator_enables_it() {
     let chain = Devnet::start().await;

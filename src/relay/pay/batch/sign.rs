@@ -273,18 +273,31 @@ async fn deposit_amount(
         Some(Ok(l)) => l.budget_left().map(Amount::as_u256),
         Some(Err(_)) => Some(U256::ZERO),
     };
-    let most = budget.map_or(cap, |b| b.min(cap));
+    let mut most = budget.map_or(cap, |b| b.min(cap));
+    if let Some(wallet) = wallet_left(pc).await? {
+        most = most.min(wallet);
+    }
     amount = amount.min(most);
     if amount < needed || t.min_deposit.is_some_and(|m| amount < m.as_u256()) {
         let msg = format!(
             "the channel needs a deposit of {needed} (the server asks at least {}), over the operator's cap per \
-             channel ({} left of X402_BATCH_MAX_DEPOSIT) or the agent's remaining budget; nothing was signed",
+             channel ({} left of X402_BATCH_MAX_DEPOSIT), the agent's remaining budget or what remains of the \
+             wallet-wide daily cap; nothing was signed",
             t.min_deposit.map_or_else(|| needed.to_string(), |m| m.to_string()),
             cap
         );
         return Ok(Err(Stop::new("deposit_over_cap", Code::PaymentOverBudget, msg)));
     }
     Ok(Ok(amount))
+}
+
+/// What remains of the wallet-wide daily cap now (no lock: the reservation checks again), if
+/// one is set: a deposit is the wallet's money locked.
+async fn wallet_left(pc: &PaidCall<'_>) -> Result<Option<U256>, Error> {
+    let mut conn = pc.db().await?;
+    let settings = limits::settings(&mut conn, false).await?;
+    let left = limits::wallet_left(&mut conn, settings.wallet_daily_cap.as_deref()).await?;
+    Ok(left.map(|(left, _)| left.as_u256()))
 }
 
 /// The attempt, the intent's columns, its sealed parts and the lane's write.
