@@ -333,17 +333,27 @@ pub(crate) trait Scheme: Sync {
 
     /// What a spent payment's settling transaction moved, for a charge still unproven (`upto`,
     /// or terms signed again): `None` when it cannot be read now (the maximum stays charged).
-    /// `Err`: the stored record is unreadable.
+    /// `Err`: the stored record is unreadable. By default none: a scheme whose payments move
+    /// exactly what they sign (Solana) or whose charge is not on the chain (a voucher).
     fn proven_charge(
         &self,
-        chains: &Chains<'_>,
-        row: RowRef<'_>,
-    ) -> impl Future<Output = Result<Option<Amount>, Unread>> + Send;
+        _chains: &Chains<'_>,
+        _row: RowRef<'_>,
+    ) -> impl Future<Output = Result<Option<Amount>, Unread>> + Send {
+        async { Ok(None) }
+    }
 
     /// What the transaction `tx` moved out of the payer's wallet for a payment whose terms were
-    /// signed again (the larger amount stays charged until this is read).
-    fn moved_by(&self, pc: &PaidCall<'_>, signed: &Self::Signed, tx: &str)
-    -> impl Future<Output = Option<U256>> + Send;
+    /// signed again (the larger amount stays charged until this is read). By default never
+    /// read: only a scheme that signs changed terms in one nonce domain needs it.
+    fn moved_by(
+        &self,
+        _pc: &PaidCall<'_>,
+        _signed: &Self::Signed,
+        _tx: &str,
+    ) -> impl Future<Output = Option<U256>> + Send {
+        async { None }
+    }
 
     // --- answers ---
 
@@ -351,8 +361,10 @@ pub(crate) trait Scheme: Sync {
     fn classify(&self, resp: &UpstreamResponse) -> Answer;
 
     /// A refusal of this scheme's own (e.g. a Permit2 allowance the wallet has not given): its
-    /// code and the operator's instructions, when the payment did not move.
-    fn refusal(&self, signed: &Self::Signed, reasons: &crate::x402::wire::RefusalReasons) -> Option<(Code, String)>;
+    /// code and the operator's instructions, when the payment did not move. By default none.
+    fn refusal(&self, _signed: &Self::Signed, _reasons: &crate::x402::wire::RefusalReasons) -> Option<(Code, String)> {
+        None
+    }
 
     /// The outcome of a 402 with a settlement claim ([`Answer::SettlementClaim`]).
     fn settlement_claim(

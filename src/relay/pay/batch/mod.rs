@@ -32,7 +32,7 @@ use crate::relay::pay::{Declined, Stop, agent};
 use crate::relay::view::{DecodeError, PaymentView, stored_version};
 use crate::relay::{Error, Outcome};
 use crate::upstream::UpstreamResponse;
-use crate::x402::{self, PaymentRequired, SettlementResponse, X402Version};
+use crate::x402::{PaymentRequired, SettlementResponse, X402Version};
 pub(crate) use terms::SignedBatch;
 use terms::{BatchTerms, offered};
 
@@ -179,21 +179,9 @@ impl Scheme for Batch {
         Ok(Verdict::MayLand)
     }
 
-    async fn proven_charge(&self, _: &Chains<'_>, _: RowRef<'_>) -> Result<Option<Amount>, Unread> {
-        Ok(None)
-    }
-
-    async fn moved_by(&self, _: &PaidCall<'_>, _: &SignedBatch, _: &str) -> Option<U256> {
-        None
-    }
-
     fn classify(&self, resp: &UpstreamResponse) -> Answer {
         // Every 402 is read here (a corrective one carries the server's channel state).
         if resp.status == 402 { Answer::SettlementClaim } else { Answer::Served }
-    }
-
-    fn refusal(&self, _: &SignedBatch, _: &x402::RefusalReasons) -> Option<(Code, String)> {
-        None
     }
 
     async fn settlement_claim(

@@ -264,21 +264,8 @@ impl Scheme for Svm {
         })
     }
 
-    async fn proven_charge(&self, _: &Chains<'_>, _: RowRef<'_>) -> Result<Option<Amount>, Unread> {
-        // A Solana transfer moves exactly what it signs: its charge is proven when it lands.
-        Ok(None)
-    }
-
-    async fn moved_by(&self, _: &PaidCall<'_>, _: &SignedSvmTransfer, _: &str) -> Option<U256> {
-        None
-    }
-
     fn classify(&self, resp: &UpstreamResponse) -> Answer {
         if resp.status == 402 { Answer::Refused } else { Answer::Served }
-    }
-
-    fn refusal(&self, _: &SignedSvmTransfer, _: &x402::RefusalReasons) -> Option<(Code, String)> {
-        None
     }
 
     async fn settlement_claim(&self, _: &PaidCall<'_>, _: &Attempt<SignedSvmTransfer>, _: UpstreamResponse) -> Outcome {
