@@ -156,8 +156,9 @@ pub async fn threshold(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryRes
     store::threshold(conn, agent_id).await
 }
 
-/// Decides whether a payment of `terms` for `call` may be signed now, opening a pending
-/// approval (expiring after `ttl`) when it needs one and has none for these terms.
+/// Decides whether a payment of `terms` for `call` may be signed now, given the agent's
+/// `threshold` (its `approval_above`, read with its limits), opening a pending approval
+/// (expiring after `ttl`) when it needs one and has none for these terms.
 ///
 /// # Errors
 /// Database errors.
@@ -165,9 +166,10 @@ pub async fn gate(
     conn: &mut AsyncPgConnection,
     call: CallRef<'_>,
     terms: &Terms,
+    threshold: Option<Amount>,
     ttl: std::time::Duration,
 ) -> QueryResult<Gate> {
-    match store::threshold(conn, call.agent_id).await? {
+    match threshold {
         Some(limit) if terms.amount > limit => {}
         _ => return Ok(Gate::Clear),
     }

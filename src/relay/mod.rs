@@ -207,7 +207,12 @@ async fn run_owned(
             // Not decidable now (e.g. the chain cannot be read on a takeover): record nothing;
             // the key stays in flight and a later retry takes it over and decides.
             Ok(Err(e)) => return Err(e),
-            Err(_) => pay::PaidCall { state: &state, own: &own, call: &call, terms: &terms, deadline }.past_deadline().await?,
+            Err(_) => {
+                let seen = pay::Seen::default();
+                pay::PaidCall { state: &state, own: &own, call: &call, terms: &terms, deadline, seen: &seen }
+                    .past_deadline()
+                    .await?
+            }
         },
     };
     record::record(&state, &own, &call, outcome).await
@@ -224,7 +229,8 @@ async fn execute(
     (call, terms): (&RouteCall, &TermsKey),
     deadline: Instant,
 ) -> Result<Outcome, Error> {
-    let pc = pay::PaidCall { state, own, call, terms, deadline };
+    let seen = pay::Seen::default();
+    let pc = pay::PaidCall { state, own, call, terms, deadline, seen: &seen };
     if own.took_over
         && let Some(intent) = pc.earlier_intent().await?
     {

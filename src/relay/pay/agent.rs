@@ -17,7 +17,11 @@ impl PaidCall<'_> {
     /// Database errors.
     pub(super) async fn spend(&self) -> Result<Option<Spend>, Error> {
         let host = self.call.upstream_host();
-        Ok(store::agent_spend_at(&mut *self.db().await?, self.own.agent_id, Some(&host), false).await?)
+        let spend = store::agent_spend_at(&mut *self.db().await?, self.own.agent_id, Some(&host), false).await?;
+        if let Some(s) = &spend {
+            self.seen.note_threshold(s.approval_above.as_deref());
+        }
+        Ok(spend)
     }
 
     /// The agent's limits, when it still exists and is enabled; else why a recorded payment

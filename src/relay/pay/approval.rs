@@ -19,7 +19,9 @@ impl PaidCall<'_> {
             request_hash: &self.call.request_hash,
             shown_url: &shown,
         };
-        let gate = approvals::gate(&mut *self.db().await?, call, terms, self.state.config.approval_ttl).await?;
+        let threshold = self.threshold().await?;
+        let ttl = self.state.config.approval_ttl;
+        let gate = approvals::gate(&mut *self.db().await?, call, terms, threshold, ttl).await?;
         match gate {
             Gate::Clear => Ok(()),
             Gate::Held(held) => {
@@ -39,6 +41,15 @@ impl PaidCall<'_> {
     /// # Errors
     /// Database errors.
     pub(super) async fn has_threshold(&self) -> Result<bool, Error> {
-        Ok(approvals::threshold(&mut *self.db().await?, self.own.agent_id).await?.is_some())
+        Ok(self.threshold().await?.is_some())
+    }
+
+    /// The agent's `approval_above`, as the choice read it with the limits (else read now).
+    async fn threshold(&self) -> Result<Option<crate::money::Amount>, Error> {
+        if let Some(t) = self.seen.threshold() {
+            return Ok(t);
+        }
+        let t = approvals::threshold(&mut *self.db().await?, self.own.agent_id).await?;
+        Ok(t)
     }
 }

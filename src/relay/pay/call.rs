@@ -27,6 +27,29 @@ pub(crate) struct PaidCall<'a> {
     pub terms: &'a TermsKey,
     /// The route deadline: an answer that arrived is recorded by it.
     pub deadline: Instant,
+    /// What this call already read of the agent, so a later step need not ask again.
+    pub seen: &'a Seen,
+}
+
+/// What one paid call read of its agent's row, once: the approval threshold comes with the
+/// limits the choice reads (`PaidCall::spend`), so the approval gate asks the database only
+/// when no choice read them first.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    threshold: std::sync::OnceLock<Option<crate::money::Amount>>,
+}
+
+impl Seen {
+    /// Notes the agent's `approval_above` as read (unreadable: zero, every payment held).
+    pub fn note_threshold(&self, above: Option<&str>) {
+        let parsed = above.map(|a| crate::money::Amount::parse(a).unwrap_or(crate::money::Amount::ZERO));
+        let _ = self.threshold.set(parsed);
+    }
+
+    /// The threshold read earlier in this call, if it was.
+    pub fn threshold(&self) -> Option<Option<crate::money::Amount>> {
+        self.threshold.get().copied()
+    }
 }
 
 impl PaidCall<'_> {

@@ -41,7 +41,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-pub(crate) use self::call::PaidCall;
+pub(crate) use self::call::{PaidCall, Seen};
 use self::scheme::{Scheme, Signing};
 use super::view::PaymentView;
 use super::{Error, Failure, Outcome, PaymentNote};
