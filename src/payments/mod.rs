@@ -7,6 +7,7 @@
 
 pub mod hosts;
 pub mod kept;
+pub mod channels;
 pub mod lanes;
 pub mod limits;
 pub mod reprice;

@@ -35,6 +35,8 @@ shared! {
     ForbiddenAgentKey => error(Code::OperatorOnly, "An agent key was presented to the operator API.");
     /// 404 of the audit API (also when it is disabled).
     AuditDisabledOrNotFound => error(Code::NotFound, "Not found.");
+    /// 503 `payment_network_unavailable` for a channel's chain.
+    ChainUnavailable => error(Code::PaymentNetworkUnavailable, "The channel's chain cannot be read now; the channel is left as it was (or closing); retry.");
     /// 404.
     NotFound => error(Code::NotFound, "Not found.");
     /// 400 for a query parameter.
