@@ -144,15 +144,14 @@ pub struct OnChain {
     pub withdraw_after: Option<i64>,
 }
 
-/// Records what the chain showed of the lane's channel. What it claimed was charged: the
-/// lane's `charged` rises to it (never above the signed ceiling, never lowered).
+/// Records what the chain showed of the lane's channel (`charged` stays the server's word,
+/// checked: reconcile compares the two).
 ///
 /// # Errors
 /// Database errors.
 pub async fn record_chain(conn: &mut AsyncPgConnection, id: Uuid, seen: OnChain) -> diesel::QueryResult<()> {
     diesel::sql_query(
-        "UPDATE batch_lanes SET balance = $2::numeric, claimed = $3::numeric, withdraw_after = $4, \
-                charged = LEAST(signed_ceiling, GREATEST(charged, $3::numeric)), updated_at = now() \
+        "UPDATE batch_lanes SET balance = $2::numeric, claimed = $3::numeric, withdraw_after = $4, updated_at = now() \
           WHERE id = $1",
     )
     .bind::<SqlUuid, _>(id)

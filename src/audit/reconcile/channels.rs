@@ -1,6 +1,6 @@
 //! Reconcile's pass over the batch-settlement channels (issue 40, item 4), before the intents:
 //! each lane's channel is read on-chain and recorded (balance, `totalClaimed`, a pending
-//! withdrawal); what it claimed counts as charged on the lane. A channel claimed beyond the
+//! withdrawal). A channel claimed beyond the
 //! router's records is flagged: above the highest voucher signed (impossible on an honest
 //! contract), or above what the router counts as charged (the lane's charged total, and every
 //! voucher still counted as charged that its server has not said it refused). A flagged lane
@@ -54,10 +54,10 @@ pub(super) async fn pass(
                 continue;
             }
         };
-        channels::record_chain(conn, row.id, reading.on_chain()).await?;
         if let Some(why) = overclaim(conn, &row, reading.claimed).await? {
             flag(conn, &row, &why, report).await?;
         }
+        channels::record_chain(conn, row.id, reading.on_chain()).await?;
         let deposits = channels::deposits(conn, row.id).await?;
         let is_final = onchain::is_final(chain, &row, &reading, &deposits).await;
         if is_final && row.lane_state() == LaneState::Closing && reading.withdrawal.is_none() {
