@@ -98,7 +98,8 @@ impl ChannelRow {
 const COLUMNS: &str = "id, wallet, network, asset, pay_to, receiver_authorizer, withdraw_delay, salt, channel_id, \
      signed_ceiling::text AS signed_ceiling, charged::text AS charged, deposited::text AS deposited, \
      claimed::text AS claimed, balance::text AS balance, refunded::text AS refunded, state, stopped, \
-     (in_flight IS NOT NULL) AS in_flight, url, withdraw_after, voucher, created_at";
+     (in_flight IS NOT NULL AND (in_flight_at >= now() - interval '1 minute' \
+       OR EXISTS (SELECT 1 FROM payments p WHERE p.id = in_flight))) AS in_flight, url, withdraw_after, voucher, created_at";
 
 /// Every lane, oldest first.
 ///

@@ -305,3 +305,44 @@ async fn a_server_that_claims_a_voucher_it_said_it_did_not_take_is_flagged_by_re
     assert_eq!(paid.len(), before + 1);
     assert_ne!(paid[before]["payload"]["voucher"]["channelId"], second["payload"]["voucher"]["channelId"]);
 }
+
+#[actix_web::test]
+async fn closing_a_channel_while_a_call_signs_on_it_keeps_that_voucher_from_leaving() {
+    let chain = Devnet::start().await;
+    let official = Official::start(&chain).await;
+    let db = Arc::new(TestDb::new().await);
+    let (hook, freezer, armed) = hold_at(x402_router::faults::Point::BeforeIntent);
+    let mut extra = chain.router_extra();
+    extra.push(("x402-schemes".into(), "batch-settlement".into()));
+    let hooks = x402_router::startup::Hooks { at: Some(hook), ..Default::default() };
+    let app = spawn_app_on(Arc::clone(&db), AppOptions { extra, hooks, ..Default::default() }).await;
+    let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
+    let (status, env) = pay(&app, &official.url("/v2/batch")).await;
+    assert_eq!(status, 200, "{env}");
+    let id = channels(&app).await[0]["id"].as_str().unwrap().to_owned();
+    // The next call holds the lane and signs its voucher; it waits before recording it.
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let body = json!({"url": official.url("/v2/batch"), "max_amount": BATCH_PRICE.to_string()});
+    let call = spawn_route(&app.client, &app.address, &app.agent, &new_key(), &body);
+    tokio::time::timeout(std::time::Duration::from_secs(30), freezer.reached.notified()).await.expect("signed");
+    let (status, busy) = close(&app, &admin, &id).await;
+    assert_eq!((status, busy["step"].as_str()), (200, Some("busy")), "{busy}");
+    assert_eq!(busy["channel"]["state"], "closing", "{busy}");
+    freezer.thaw.send_replace(true);
+    let resp = call.await.unwrap().unwrap();
+    let status = resp.status().as_u16();
+    let env: Value = resp.json().await.unwrap_or(Value::Null);
+    let c = channels(&app).await;
+    assert_eq!(c[0]["signed_ceiling"], BATCH_PRICE.to_string(), "no voucher recorded on it: {c:?}");
+    let channel_id = c[0]["channel_id"].as_str().unwrap().to_lowercase();
+    let on_server: Vec<Value> = official.channels().await.as_array().cloned().unwrap();
+    let charged = on_server
+        .iter()
+        .find(|x| x["channelId"].as_str().unwrap().to_lowercase() == channel_id)
+        .map(|x| x["chargedCumulativeAmount"].as_str().unwrap().to_owned());
+    assert_eq!(charged.as_deref(), Some("1000"), "the server got no voucher more on it: {on_server:?}");
+    // The call was not paid on the closing lane (answered otherwise, or paid on a new one).
+    if status == 200 {
+        assert_eq!(c.len(), 2, "{env} {c:?}");
+    }
+}
