@@ -434,8 +434,8 @@ pub async fn reconcile(
 
 pub mod approvals;
 mod caps;
-pub mod channels;
 mod change_doc;
+pub mod channels;
 mod settings;
 
 pub use settings::{

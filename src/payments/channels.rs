@@ -194,13 +194,12 @@ pub async fn record_refunded(
 /// # Errors
 /// Database errors.
 pub async fn flag(conn: &mut AsyncPgConnection, id: Uuid, why: &str) -> diesel::QueryResult<bool> {
-    let n = diesel::sql_query(
-        "UPDATE batch_lanes SET stopped = $2, updated_at = now() WHERE id = $1 AND stopped IS NULL",
-    )
-    .bind::<SqlUuid, _>(id)
-    .bind::<Text, _>(why)
-    .execute(conn)
-    .await?;
+    let n =
+        diesel::sql_query("UPDATE batch_lanes SET stopped = $2, updated_at = now() WHERE id = $1 AND stopped IS NULL")
+            .bind::<SqlUuid, _>(id)
+            .bind::<Text, _>(why)
+            .execute(conn)
+            .await?;
     Ok(n == 1)
 }
 

@@ -53,12 +53,17 @@ pub async fn list(state: web::Data<AppState>, _: Viewer) -> Result<HttpResponse,
 pub async fn close(state: web::Data<AppState>, op: Admin, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.conn().await?;
-    let row = crate::payments::channels::get(&mut conn, id).await.map_err(ApiError::database)?.ok_or(ApiError::NotFound)?;
+    let row =
+        crate::payments::channels::get(&mut conn, id).await.map_err(ApiError::database)?.ok_or(ApiError::NotFound)?;
     let network = crate::x402::Network::parse_caip2(&row.network).map_err(|_| ApiError::NotFound)?;
     let payments = &state.config.payments;
     let urls = payments.rpc_urls.get(&network).map(Vec::as_slice).unwrap_or_default();
-    let closer =
-        Closer { upstream: &state.upstream, signer: &state.config.signer, rpc_urls: urls, timeout: payments.rpc_timeout };
+    let closer = Closer {
+        upstream: &state.upstream,
+        signer: &state.config.signer,
+        rpc_urls: urls,
+        timeout: payments.rpc_timeout,
+    };
     let report = channels::close(&mut conn, (&state.chain, &closer), &op.actor, id).await?;
     Ok(HttpResponse::Ok().json(report))
 }

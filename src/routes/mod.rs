@@ -7,8 +7,8 @@
 mod admin;
 mod agents;
 mod approvals;
-mod channels;
 mod audit;
+mod channels;
 mod console;
 mod discovery;
 mod health;

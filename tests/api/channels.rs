@@ -223,7 +223,8 @@ async fn liar(target: String) -> Liar {
                     fwd = fwd.header("PAYMENT-SIGNATURE", sig);
                 }
                 let resp = fwd.send().await.unwrap();
-                let mut out = HttpResponse::build(actix_web::http::StatusCode::from_u16(resp.status().as_u16()).unwrap());
+                let mut out =
+                    HttpResponse::build(actix_web::http::StatusCode::from_u16(resp.status().as_u16()).unwrap());
                 for h in ["PAYMENT-REQUIRED", "PAYMENT-RESPONSE", "content-type"] {
                     if let Some(v) = resp.headers().get(h) {
                         out.insert_header((h, v.to_str().unwrap().to_owned()));

@@ -62,7 +62,8 @@ pub(super) async fn pass(
         let is_final = onchain::is_final(chain, &row, &reading, &deposits).await;
         if is_final && row.lane_state() == LaneState::Closing && reading.withdrawal.is_none() {
             // Nothing unclaimed left (a refund or withdrawal done outside a close call).
-            let back = Amount::parse(&row.deposited).map_or(U256::ZERO, |d| d.as_u256().saturating_sub(reading.balance));
+            let back =
+                Amount::parse(&row.deposited).map_or(U256::ZERO, |d| d.as_u256().saturating_sub(reading.balance));
             channels::record_refunded(conn, row.id, Amount::from_u256(back), true).await?;
         }
         seen.insert(row.id, Seen { claimed: reading.claimed, is_final });
@@ -74,20 +75,16 @@ pub(super) async fn pass(
 async fn overclaim(conn: &mut AsyncPgConnection, row: &ChannelRow, claimed: U256) -> QueryResult<Option<String>> {
     let signed = Amount::parse(&row.signed_ceiling).map_or(U256::ZERO, Amount::as_u256);
     if claimed > signed {
-        return Ok(Some(format!("it claimed {claimed} on-chain, above the highest voucher the router signed ({signed})")));
+        return Ok(Some(format!(
+            "it claimed {claimed} on-chain, above the highest voucher the router signed ({signed})"
+        )));
     }
     let accounted = channels::accounted(conn, row.id).await?.as_u256();
-    Ok((claimed > accounted).then(|| {
-        format!("it claimed {claimed} on-chain, above what the router counts as charged on it ({accounted})")
-    }))
+    Ok((claimed > accounted)
+        .then(|| format!("it claimed {claimed} on-chain, above what the router counts as charged on it ({accounted})")))
 }
 
-async fn flag(
-    conn: &mut AsyncPgConnection,
-    row: &ChannelRow,
-    why: &str,
-    report: &mut Report,
-) -> QueryResult<()> {
+async fn flag(conn: &mut AsyncPgConnection, row: &ChannelRow, why: &str, report: &mut Report) -> QueryResult<()> {
     report.channels_flagged += 1;
     if channels::flag(conn, row.id, why).await? {
         tracing::error!(

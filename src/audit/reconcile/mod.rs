@@ -307,11 +307,7 @@ pub async fn run(
     let mut report = Report::default();
     let chains = Chains { evm: chain, solana: settings.solana.as_deref() };
     // Every channel when reconciling everything; one payment's run reads only its own.
-    let lanes = if settings.only.is_none() {
-        channels::pass(conn, chain, &mut report).await?
-    } else {
-        HashMap::new()
-    };
+    let lanes = if settings.only.is_none() { channels::pass(conn, chain, &mut report).await? } else { HashMap::new() };
     decide_all(conn, (&chains, &lanes), settings, &mut report).await?;
     prove_charges(conn, &chains, &mut report).await?;
     if let Some(r) = recovering {

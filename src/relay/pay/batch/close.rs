@@ -161,7 +161,11 @@ pub(crate) enum Withdraw {
 ///
 /// # Errors
 /// [`ChannelError`] when no RPC URL serves the chain, or the transaction fails or reverts.
-pub(crate) async fn withdraw(closer: &Closer<'_>, row: &ChannelRow, step: Withdraw) -> Result<Option<B256>, ChannelError> {
+pub(crate) async fn withdraw(
+    closer: &Closer<'_>,
+    row: &ChannelRow,
+    step: Withdraw,
+) -> Result<Option<B256>, ChannelError> {
     let (network, _) = channel::ids(row)?;
     let config = channel::config(row)?;
     let provider = provider(closer, network).await?;
@@ -191,7 +195,11 @@ pub(crate) async fn withdraw(closer: &Closer<'_>, row: &ChannelRow, step: Withdr
             .map_err(bounded("the receipt"))?
             .map_err(|e| tx(&e))?;
         if let Some(r) = r {
-            return if r.status() { Ok(Some(hash)) } else { Err(ChannelError::Transaction(format!("{hash} reverted"))) };
+            return if r.status() {
+                Ok(Some(hash))
+            } else {
+                Err(ChannelError::Transaction(format!("{hash} reverted")))
+            };
         }
         if started.elapsed() > MINE_WAIT {
             return Err(ChannelError::Transaction(format!("{hash} was not mined within {MINE_WAIT:?}")));
