@@ -15,13 +15,16 @@ const STEPS = {
   closed: 'closed',
 };
 
-function closeButton(c, err, out, row) {
+// What the last close of each channel said (kept across a re-render of the table).
+const said = new Map();
+
+function closeButton(c, err) {
   const b = change(el('button', { type: 'button', text: 'Close', class: 'deny' }));
   b.setAttribute('aria-label', `Close channel ${c.channel_id}`);
   b.addEventListener('click', () => act(b, err, async () => {
     const r = await api(`/admin/channels/${c.id}/close`, { method: 'POST' });
-    out.textContent = STEPS[r.step] ?? r.step;
-    row.replaceWith(channelRow(r.channel, STEPS[r.step] ?? r.step));
+    said.set(c.id, STEPS[r.step] ?? r.step);
+    await renderChannels();
   }));
   return b;
 }
@@ -32,12 +35,12 @@ function amounts(c) {
   return [a(c.deposited), a(c.signed_ceiling), a(c.charged), a(c.claimed), a(c.refunded)];
 }
 
-function channelRow(c, said = '') {
+function channelRow(c) {
   const err = el('span', { class: 'error', role: 'alert' });
-  const out = el('span', { class: 'report', role: 'status', text: said });
+  const out = el('span', { class: 'report', role: 'status', text: said.get(c.id) ?? '' });
   const row = el('tr', { 'data-id': c.id });
   const actions = el('td', {});
-  if (c.state !== 'closed') actions.append(closeButton(c, err, out, row), ' ');
+  if (c.state !== 'closed') actions.append(closeButton(c, err), ' ');
   actions.append(out, err);
   let st = c.state;
   if (c.stopped) st += ' (stopped: ' + c.stopped + ')';
@@ -55,7 +58,7 @@ function channelRow(c, said = '') {
 
 export async function renderChannels() {
   const { channels } = await api('/admin/channels');
-  const rows = channels.map((c) => channelRow(c));
+  const rows = channels.map(channelRow);
   $('channels-body').replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: 10, text: 'none' }))]));
   const open = channels.filter((c) => c.state !== 'closed').length;
   $('channels-count').textContent = `${open} open or closing of ${channels.length}${state.role === 'admin' ? '' : ' (read-only)'}`;
