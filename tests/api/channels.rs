@@ -183,7 +183,17 @@ fn unb64(s: &[u8]) -> Value {
     serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(s).unwrap()).unwrap()
 }
 
-async fn liar(target: String) -> Liar {
+/// What the proxy does with the second paid request.
+#[derive(Clone, Copy)]
+enum Second {
+    /// A corrective 402: "not taken" (the server's state: the first voucher only).
+    Refuse,
+    /// A 200 without `PAYMENT-RESPONSE`, the voucher kept from the server (an answer that says
+    /// nothing of the charge).
+    Swallow,
+}
+
+async fn liar(target: String, second: Second) -> Liar {
     let paid = Arc::new(Mutex::new(Vec::<Value>::new()));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -202,6 +212,9 @@ async fn liar(target: String) -> Liar {
                         g.push(payment.clone());
                         g.len()
                     };
+                    if n == 2 && matches!(second, Second::Swallow) {
+                        return HttpResponse::Ok().json(json!({"served": "without a word on the charge"}));
+                    }
                     if n == 2 {
                         let first = p.lock().unwrap()[0].clone();
                         let unpaid = client.get(&target).send().await.unwrap();
@@ -248,7 +261,7 @@ async fn liar(target: String) -> Liar {
 async fn a_server_that_claims_a_voucher_it_said_it_did_not_take_is_flagged_by_reconcile() {
     let chain = Devnet::start().await;
     let official = Official::start(&chain).await;
-    let proxy = liar(official.url("/v2/batch")).await;
+    let proxy = liar(official.url("/v2/batch"), Second::Refuse).await;
     let app = app_on(&chain).await;
     let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
     let url = format!("http://127.0.0.1:{}/v2/batch", proxy.port);
@@ -346,4 +359,34 @@ async fn closing_a_channel_while_a_call_signs_on_it_keeps_that_voucher_from_leav
     if status == 200 {
         assert_eq!(c.len(), 2, "{env} {c:?}");
     }
+}
+
+#[actix_web::test]
+async fn an_unanswered_voucher_is_released_only_once_its_closed_channel_can_never_be_claimed_at_it() {
+    let chain = Devnet::start().await;
+    let official = Official::start(&chain).await;
+    let proxy = liar(official.url("/v2/batch"), Second::Swallow).await;
+    let app = app_on(&chain).await;
+    let (_, admin) = create_operator(&app.db, "ada", Role::Admin).await;
+    let url = format!("http://127.0.0.1:{}/v2/batch", proxy.port);
+    let (status, env) = pay(&app, &url).await;
+    assert_eq!(status, 200, "{env}");
+    let (status, env) = pay(&app, &url).await;
+    assert_eq!((status, env["payment"]["status"].as_str()), (200, Some("unconfirmed")), "{env}");
+    let unanswered = "SELECT count(*) AS n FROM payments WHERE status = 'unconfirmed'";
+    // Open channel: the voucher may still be claimed; it stays counted as charged.
+    let report = reconcile(&app, &admin).await;
+    assert_eq!(report["pending"], 1, "{report}");
+    assert_eq!(count(&app.db, unanswered).await, 1);
+    // Closed by a cooperative refund at what the server charged: the second voucher's increment
+    // can never be claimed now; reconcile releases it.
+    let id = channels(&app).await[0]["id"].as_str().unwrap().to_owned();
+    let (status, done) = close(&app, &admin, &id).await;
+    assert_eq!((status, done["step"].as_str()), (200, Some("refunded")), "{done}");
+    assert_eq!(done["channel"]["state"], "closed", "{done}");
+    assert_eq!(done["channel"]["claimed"], BATCH_PRICE.to_string(), "{done}");
+    let report = reconcile(&app, &admin).await;
+    assert_eq!(report["expired"], 1, "{report}");
+    assert_eq!(count(&app.db, unanswered).await, 0);
+    assert_eq!(count(&app.db, "SELECT count(*) AS n FROM payments WHERE status = 'expired'").await, 1);
 }
