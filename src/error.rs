@@ -228,6 +228,11 @@ impl From<crate::admin::AdminError> for ApiError {
             AdminError::NotFound => Self::NotFound,
             AdminError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
             AdminError::Database(e) => Self::database(e),
+            AdminError::Channel(crate::relay::pay::batch::channel::ChannelError::Chain(e)) => {
+                tracing::warn!(error = %e, "a batch-settlement channel's chain cannot be read");
+                Self::PaymentNetworkUnavailable
+            }
+            AdminError::Channel(e) => Self::Internal(anyhow::anyhow!("closing a batch-settlement channel: {e}")),
         }
     }
 }

@@ -21,6 +21,9 @@ pub struct Metrics {
     /// same ledger; alert on `max` across instances).
     pub paid_not_served: Gauge,
     pub stuck_intents: Gauge,
+    /// Batch-settlement channels the router stopped signing on (a server contradicted its
+    /// records, or claimed more than it counts as charged).
+    pub channels_stopped: Gauge,
     pub budget_used: GaugeVec,
     pub idempotency: IntCounterVec,
     pub payments: IntCounterVec,
@@ -85,6 +88,7 @@ impl Metrics {
             rpc_errors: r.counters("x402_router_rpc_errors_total", "Chain RPC reads that failed or timed out", &["method"])?,
             paid_not_served: r.add(Gauge::new("x402_router_payments_paid_not_served", "Payments settled in the last 24 h whose call was not served (see /audit/payments?status=paid_not_served)")?)?,
             stuck_intents: r.add(Gauge::new("x402_router_payments_stuck", "Payment intents still signed/unknown/unconfirmed 15 minutes after their last update")?)?,
+            channels_stopped: r.add(Gauge::new("x402_router_batch_channels_stopped", "Batch-settlement channels the router stopped signing on: their server contradicted its records or claimed more than charged")?)?,
             budget_used: r.add(GaugeVec::new(Opts::new("x402_router_agent_budget_used_ratio", "Share of a budget spent or reserved: budget=24h, month, 7d or lifetime per agent, budget=wallet for the wallet-wide daily cap (agent_id empty)"), &["agent_id", "budget"])?)?,
             cache_rejected: r.add(IntCounter::new("x402_router_cache_entries_rejected_total", "Redis idempotency entries ignored because their MAC did not verify (forged, corrupt, of another key)")?)?,
             idempotency: r.counters("x402_router_idempotency_outcomes_total", "Idempotency decisions by outcome", &["outcome"])?,

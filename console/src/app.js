@@ -7,6 +7,7 @@ import { shortAddress } from './amount.js';
 import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
 import { renderApprovals } from './approvals.js';
+import { renderChannels } from './channels.js';
 import { renderEvents } from './events.js';
 
 const TOKEN_KEY = 'x402-router.operator-token';
@@ -458,11 +459,12 @@ function route() {
     renderReceipt(hash.slice('receipt/'.length)).catch(showError);
     return;
   }
-  const view = ['overview', 'payments', 'queues', 'approvals', 'agents', 'events'].includes(hash) ? hash : 'overview';
+  const view = ['overview', 'payments', 'queues', 'approvals', 'channels', 'agents', 'events'].includes(hash) ? hash : 'overview';
   if (view !== 'agents') clearKey(); // a new key is shown once, never kept
   show(view);
   if (view === 'queues') renderQueues().catch(showError);
   else if (view === 'approvals') renderApprovals().catch(showError);
+  else if (view === 'channels') renderChannels().catch(showError);
   else if (view === 'agents') renderAgents().catch(showError);
   else if (view === 'events') renderEvents().catch(showError);
   else render();

@@ -36,6 +36,9 @@ pub enum AdminError {
     NoRandomness(getrandom::Error),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
+    /// A batch-settlement channel's chain could not be read, or the wallet's transaction failed.
+    #[error(transparent)]
+    Channel(#[from] crate::relay::pay::batch::channel::ChannelError),
 }
 
 /// Most entries in an allowlist.
@@ -432,6 +435,7 @@ pub async fn reconcile(
 pub mod approvals;
 mod caps;
 mod change_doc;
+pub mod channels;
 mod settings;
 
 pub use settings::{

@@ -59,6 +59,8 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
     .bind::<BigInt, _>(STUCK_AFTER_SECS)
     .get_result(conn)
     .await?;
+    let stopped: Count =
+        diesel::sql_query("SELECT count(*) AS n FROM batch_lanes WHERE stopped IS NOT NULL").get_result(conn).await?;
     let budgets = budget_uses(conn).await?;
     let mut recoveries = Vec::new();
     for kind in [RecoveryKind::Recovered, RecoveryKind::Reaccessed, RecoveryKind::Lost] {
@@ -89,6 +91,7 @@ pub async fn refresh(conn: &mut AsyncPgConnection, metrics: &Metrics) -> diesel:
         metrics.recovery_outcomes.with_label_values(&[kind.as_str()]).set(n);
     }
     metrics.stuck_intents.set(stuck.n as f64);
+    metrics.channels_stopped.set(stopped.n as f64);
     set_budgets(metrics, budgets);
     Ok(())
 }

@@ -128,5 +128,11 @@ diesel::table! {
         stopped -> Nullable<Text>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        state -> Text,
+        claimed -> Nullable<Numeric>,
+        balance -> Nullable<Numeric>,
+        refunded -> Numeric,
+        url -> Nullable<Text>,
+        withdraw_after -> Nullable<Int8>,
     }
 }

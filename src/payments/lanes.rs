@@ -67,6 +67,9 @@ pub struct LaneStep {
     pub voucher: Value,
     /// A deposit signed with the voucher: its amount and authorization.
     pub deposit: Option<(Amount, Value)>,
+    /// Where the channel's server is paid (scheme, host, port, path), asked for a cooperative
+    /// refund when the channel is closed; `None`: not an HTTP upstream (kept as it was).
+    pub url: Option<String>,
 }
 
 /// Holds a free lane of `key` for the payment `payment` (a new lane, with `salt` and
@@ -97,7 +100,7 @@ pub async fn hold(
             "UPDATE batch_lanes SET in_flight = $7, in_flight_at = now(), updated_at = now() \
               WHERE id = (SELECT l.id FROM batch_lanes l \
                            WHERE l.wallet = $1 AND l.pay_to = $2 AND l.network = $3 AND l.asset = $4 \
-                             AND l.receiver_authorizer = $5 AND l.withdraw_delay = $6 AND l.stopped IS NULL \
+                             AND l.receiver_authorizer = $5 AND l.withdraw_delay = $6 AND l.stopped IS NULL AND l.state = 'open' \
                              AND (l.in_flight IS NULL OR (l.in_flight_at < now() - interval '1 minute' \
                                   AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = l.in_flight))) \
                            ORDER BY l.created_at LIMIT 1 FOR UPDATE SKIP LOCKED) \
@@ -136,7 +139,7 @@ async fn open_lane(
     }
     let count: Count = diesel::sql_query(
         "SELECT count(*) AS n FROM batch_lanes WHERE wallet = $1 AND pay_to = $2 AND network = $3 \
-        AND asset = $4 AND receiver_authorizer = $5 AND withdraw_delay = $6 AND stopped IS NULL",
+        AND asset = $4 AND receiver_authorizer = $5 AND withdraw_delay = $6 AND stopped IS NULL AND state = 'open'",
     )
     .bind::<Text, _>(&key.wallet)
     .bind::<Text, _>(&key.pay_to)
@@ -170,7 +173,8 @@ async fn open_lane(
 }
 
 /// Writes `step` on its lane, held by `payment`, if the lane's ceiling is still the one the
-/// voucher was signed over. `false`: it moved (nothing written; the caller rolls back).
+/// voucher was signed over and the lane is still open. `false`: it moved, or the operator is
+/// closing the channel (nothing written; the caller rolls back: the voucher never leaves).
 ///
 /// # Errors
 /// Database errors.
@@ -181,9 +185,10 @@ pub async fn apply(conn: &mut AsyncPgConnection, payment: Uuid, step: &LaneStep)
     };
     let n = diesel::sql_query(
         "UPDATE batch_lanes SET signed_ceiling = $4::numeric, voucher = $5, \
-                deposited = deposited + $6::numeric, deposit = COALESCE($7, deposit), updated_at = now() \
+                deposited = deposited + $6::numeric, deposit = COALESCE($7, deposit), url = COALESCE($8, url), \
+                updated_at = now() \
           WHERE id = $1 AND in_flight = $2 AND signed_ceiling = $3::numeric AND stopped IS NULL \
-            AND $4::numeric >= signed_ceiling",
+            AND state = 'open' AND $4::numeric >= signed_ceiling",
     )
     .bind::<SqlUuid, _>(step.lane)
     .bind::<SqlUuid, _>(payment)
@@ -192,6 +197,7 @@ pub async fn apply(conn: &mut AsyncPgConnection, payment: Uuid, step: &LaneStep)
     .bind::<Jsonb, _>(&step.voucher)
     .bind::<Text, _>(deposit_amount)
     .bind::<Nullable<Jsonb>, _>(deposit)
+    .bind::<Nullable<Text>, _>(step.url.as_deref())
     .execute(conn)
     .await?;
     Ok(n == 1)
@@ -263,11 +269,11 @@ pub async fn by_channel(conn: &mut AsyncPgConnection, channel_id: &str) -> diese
 }
 
 /// The wallet's money locked in channels: what every lane holds deposited and the server has
-/// not charged (refunded or withdrawn money leaves `deposited`). A voucher in flight counts
-/// here and as its payment's reservation until its answer records the charge: counted twice
-/// for that moment, never missed (fail closed).
-pub(crate) const LOCKED_SQL: &str =
-    "SELECT COALESCE(sum(GREATEST(deposited - charged, 0)), 0) AS locked FROM batch_lanes";
+/// not charged, less what came back (refunded or withdrawn); a closed lane locks nothing. A
+/// voucher in flight counts there and as its payment's reservation until its answer records
+/// the charge: counted twice for that moment, never missed (fail closed).
+pub(crate) const LOCKED_SQL: &str = "SELECT COALESCE(sum(GREATEST(deposited - refunded - charged, 0)), 0) AS locked \
+                                       FROM batch_lanes WHERE state <> 'closed'";
 
 /// [`LOCKED_SQL`]: what the wallet-wide cap counts beside the rolling 24 h of payments.
 ///

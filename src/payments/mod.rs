@@ -5,6 +5,7 @@
 //! A row is written (status `signed`) *before* the paid request leaves, and finalised in the
 //! same transaction as the call's receipt and idempotency transition.
 
+pub mod channels;
 pub mod hosts;
 pub mod kept;
 pub mod lanes;

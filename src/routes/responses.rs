@@ -14,6 +14,17 @@ fn error(code: Code, description: &str) -> ResponseBuilder {
     ResponseBuilder::new().description(description).content("application/json", content)
 }
 
+/// An answer whose body is the `Error_<code>` schema of one of `codes`.
+fn either(codes: [Code; 2], description: &str) -> ResponseBuilder {
+    let mut one_of = utoipa::openapi::schema::OneOfBuilder::new();
+    for code in codes {
+        one_of = one_of.item(Ref::from_schema_name(format!("Error_{}", code.as_str())));
+    }
+    let schema = RefOr::T(utoipa::openapi::Schema::OneOf(one_of.build()));
+    let content = ContentBuilder::new().schema(Some(schema)).build();
+    ResponseBuilder::new().description(description).content("application/json", content)
+}
+
 macro_rules! shared {
     ($($(#[$doc:meta])* $name:ident => $build:expr;)*) => {$(
         $(#[$doc])*
@@ -35,6 +46,11 @@ shared! {
     ForbiddenAgentKey => error(Code::OperatorOnly, "An agent key was presented to the operator API.");
     /// 404 of the audit API (also when it is disabled).
     AuditDisabledOrNotFound => error(Code::NotFound, "Not found.");
+    /// 503 `database_unavailable`, or `payment_network_unavailable` for a channel's chain.
+    ChainUnavailable => either(
+        [Code::DatabaseUnavailable, Code::PaymentNetworkUnavailable],
+        "Postgres unreachable (`database_unavailable`, with `Retry-After: 1`), or the channel's chain cannot be read now (`payment_network_unavailable`); the channel is left as it was (or closing); retry.",
+    );
     /// 404.
     NotFound => error(Code::NotFound, "Not found.");
     /// 400 for a query parameter.

@@ -507,7 +507,7 @@ async fn reconcile_settles_used_stuck_intents_expires_unused_ones_and_spares_liv
         report,
         json!({"checked": 2, "settled": 0, "settled_response_lost": 1, "expired": 1, "pending": 0, "errors": 0,
                "recovered": 0, "reaccessed": 0, "recovery_lost": 0, "resends": 0, "recovery_deferred": 0,
-               "charges_proven": 0})
+               "charges_proven": 0, "channels_checked": 0, "channels_flagged": 0})
     );
     for (key, status) in [(&used, "settled_response_lost"), (&expired, "expired"), (&live, "signed")] {
         let sql = format!("SELECT status AS t FROM payments WHERE idempotency_key = '{key}'");

@@ -13,6 +13,7 @@ mod batch;
 mod batch_settlement;
 mod caps;
 mod chain_index;
+mod channels;
 mod cli;
 mod concurrency;
 mod console;

@@ -518,6 +518,22 @@ async fn every_endpoint_answers_as_the_document_says() {
     assert_eq!((status, env["code"].as_str()), (403, Some("approval_denied")), "{env}");
     exec(&app.db, &format!("UPDATE agents SET approval_above = NULL WHERE id = '{}'", agent.id)).await;
 
+    // Batch-settlement channels: the list, and a closed one closed again (nothing to do on-chain).
+    assert_eq!(c.call("GET", "/admin/channels", "/admin/channels", Some(&viewer), None).await.0, 200);
+    let lane = Uuid::new_v4();
+    exec(
+        &app.db,
+        &format!(
+            "INSERT INTO batch_lanes (id, wallet, pay_to, network, asset, receiver_authorizer, withdraw_delay, salt, \
+                                      channel_id, state) \
+             VALUES ('{lane}', '0x01', '0x02', 'eip155:84532', '0x03', '0x04', 900, '0x05', '0x{lane}', 'closed')"
+        ),
+    )
+    .await;
+    let close = "/admin/channels/{id}/close";
+    assert_eq!(c.call("POST", close, &format!("/admin/channels/{lane}/close"), Some(&admin), None).await.0, 200);
+    assert_eq!(c.call("POST", close, &format!("/admin/channels/{nobody}/close"), Some(&admin), None).await.0, 404);
+
     // Credentials, endpoint by endpoint: none (401), an agent key on the operator API (403),
     // a viewer's token on what changes (403).
     for (method, template, _) in ROUTES {

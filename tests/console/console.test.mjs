@@ -952,6 +952,27 @@ await scenario('approvals: the queue shows held payments with their terms and sp
   await until('every approval listed', async () => (await rows.count()) >= 2);
 });
 
+await scenario('channels: the wallet\'s batch-settlement channels are listed with their amounts; an admin closes one', async (open) => {
+  // scripts/console-test recorded one open channel with nothing in it on-chain (X402_TEST_CHANNEL).
+  const { page } = await open();
+  await signIn(page);
+  await nav(page, 'Channels').click();
+  const row = page.locator('#channels-body tr[data-id]').filter({ hasText: '0x9965' });
+  await row.first().waitFor({ timeout: WAIT });
+  const cells = row.first().locator('td');
+  assert((await cells.nth(0).textContent()).length > 0, 'the network');
+  assert(/USDC/.test(await cells.nth(3).textContent()), `deposited in USDC: ${await row.first().textContent()}`);
+  // Claimed on-chain: `not read` until a reconcile (an earlier scenario runs one) or a close.
+  assert(/^(not read|0(\.0+)? USDC)$/.test(await cells.nth(6).textContent()), `claimed: ${await cells.nth(6).textContent()}`);
+  assert((await row.first().locator('td.state').textContent()).startsWith('open'), 'open');
+  await page.screenshot({ path: `${SHOTS}/channels-open.png`, fullPage: true });
+  await row.first().getByRole('button', { name: /^Close channel/ }).click();
+  await page.locator('#channels-body td.state').getByText('closed').waitFor({ timeout: WAIT });
+  await page.screenshot({ path: `${SHOTS}/channels-closed.png`, fullPage: true });
+  const listed = await (await fetch(`${ROUTER}/admin/channels`, { headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } })).json();
+  assert(listed.channels.some((c) => c.state === 'closed' && c.claimed === '0'), `closed: ${JSON.stringify(listed)}`);
+});
+
 await browser.close();
 const failed = results.filter(([, e]) => e).length;
 console.log(`${results.length - failed} passed, ${failed} failed`);

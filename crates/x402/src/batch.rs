@@ -66,10 +66,14 @@ sol! {
         bytes32 nonce;
     }
 
-    /// The settlement contract's reads.
+    /// The settlement contract's reads, and the payer's timed withdrawal (the one transaction
+    /// the router's wallet sends to it).
     #[sol(rpc)]
     interface IBatchSettlement {
         function channels(bytes32 channelId) external view returns (uint128 balance, uint128 totalClaimed);
+        function pendingWithdrawals(bytes32 channelId) external view returns (uint128 amount, uint40 initiatedAt);
+        function initiateWithdraw(ChannelConfig config, uint128 amount) external;
+        function finalizeWithdraw(ChannelConfig config) external;
     }
 }
 
@@ -264,6 +268,21 @@ pub fn sign_deposit(
         valid_before: terms.valid_before,
         nonce,
         signature: alloy::primitives::hex::encode_prefixed(sig.as_bytes()),
+    })
+}
+
+/// The payload of a cooperative refund (`type: "refund"`): a voucher at the server's charged
+/// total (never above a ceiling already signed) asks it to claim that and return the rest.
+#[must_use]
+pub fn refund_payload_json(config: &ChannelConfig, voucher: &SignedVoucher) -> Value {
+    json!({
+        "type": "refund",
+        "channelConfig": config_json(config),
+        "voucher": {
+            "channelId": voucher.channel_id.to_string(),
+            "maxClaimableAmount": voucher.max_claimable.to_string(),
+            "signature": voucher.signature,
+        },
     })
 }
 

@@ -409,6 +409,24 @@ impl Chain {
         }
     }
 
+    /// The batch-settlement channel `channel_id`'s pending withdrawal on `network`:
+    /// `(amount, initiatedAt)`, `initiatedAt` zero when none is pending.
+    ///
+    /// # Errors
+    /// As [`Self::batch_channel`].
+    pub async fn batch_withdrawal(&self, network: Network, channel_id: B256) -> Result<(U256, u64), ChainError> {
+        let endpoint = self.endpoint(network)?;
+        let settlement = crate::batch::IBatchSettlement::new(crate::batch::SETTLEMENT, &endpoint.provider);
+        let call = settlement.pendingWithdrawals(channel_id);
+        match self.bounded(endpoint, network, call.call()).await? {
+            Ok(r) => Ok((U256::from(r.amount), r.initiatedAt.to::<u64>())),
+            Err(alloy::contract::Error::ZeroData(..)) => {
+                Err(ChainError::NoContract { network, address: crate::batch::SETTLEMENT })
+            }
+            Err(e) => Err(endpoint.rpc_error(network, &e)),
+        }
+    }
+
     fn endpoint(&self, network: Network) -> Result<&Endpoint, ChainError> {
         self.inner.endpoints.get(&network).ok_or(ChainError::UnknownNetwork(network))
     }

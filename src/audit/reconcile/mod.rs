@@ -60,6 +60,7 @@
 //!   with nothing to re-send is only recorded, once); each payment's re-sends are bounded by
 //!   [`crate::recovery::MAX_SENDS`] and [`PER_PAYMENT`].
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use alloy::signers::local::PrivateKeySigner;
@@ -78,6 +79,7 @@ use crate::faults::{self, Point};
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
+use crate::relay::pay::batch::channel as batch_channel;
 use crate::relay::pay::registry;
 use crate::relay::pay::scheme::{Chains, RowRef, Verdict};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
@@ -100,6 +102,7 @@ impl From<&str> for Unreadable {
     }
 }
 
+mod channels;
 /// Intents read per batch.
 mod lost;
 
@@ -186,6 +189,10 @@ pub struct Report {
     /// Spent `upto` payments whose charge was read from their settling transaction this run
     /// (an ending that could not read it had left the signed maximum charged).
     pub charges_proven: u64,
+    /// Batch-settlement channels read on-chain this run.
+    pub channels_checked: u64,
+    /// Channels found claimed beyond the router's records this run (stopped, alerted).
+    pub channels_flagged: u64,
 }
 
 #[derive(Debug, QueryableByName)]
@@ -299,7 +306,9 @@ pub async fn run(
 ) -> QueryResult<Report> {
     let mut report = Report::default();
     let chains = Chains { evm: chain, solana: settings.solana.as_deref() };
-    decide_all(conn, &chains, settings, &mut report).await?;
+    // Every channel when reconciling everything; one payment's run reads only its own.
+    let lanes = if settings.only.is_none() { channels::pass(conn, chain, &mut report).await? } else { HashMap::new() };
+    decide_all(conn, (&chains, &lanes), settings, &mut report).await?;
     prove_charges(conn, &chains, &mut report).await?;
     if let Some(r) = recovering {
         lost::recover_lost(conn, &chains, r, &mut report).await?;
@@ -310,7 +319,7 @@ pub async fn run(
 /// The first pass: every eligible intent's status, from the chain.
 async fn decide_all(
     conn: &mut AsyncPgConnection,
-    chains: &Chains<'_>,
+    (chains, lanes): (&Chains<'_>, &Lanes),
     settings: &Settings,
     report: &mut Report,
 ) -> QueryResult<()> {
@@ -323,7 +332,7 @@ async fn decide_all(
         after = Some(Cursor { created_at: last.created_at, id: last.id });
         for c in &batch {
             report.checked += 1;
-            decide_one(conn, chains, settings, c, report).await?;
+            decide_one(conn, (chains, lanes), settings, c, report).await?;
         }
         if (batch.len() as i64) < BATCH {
             return Ok(());
@@ -334,12 +343,12 @@ async fn decide_all(
 /// Reads the chain's verdict on one intent and writes the status it moves to, if any.
 async fn decide_one(
     conn: &mut AsyncPgConnection,
-    chains: &Chains<'_>,
+    (chains, lanes): (&Chains<'_>, &Lanes),
     settings: &Settings,
     c: &Candidate,
     report: &mut Report,
 ) -> QueryResult<()> {
-    let verdict = match registry::verdict(chains, c.row()).await {
+    let verdict = match registry::verdict(chains, c.row()).await.and_then(|v| channel_verdict(v, c, lanes)) {
         Ok(v) => v,
         Err(e) => {
             report.errors += 1;
@@ -425,6 +434,21 @@ async fn prove_charges(conn: &mut AsyncPgConnection, chains: &Chains<'_>, report
         if (batch.len() as i64) < BATCH {
             return Ok(());
         }
+    }
+}
+
+/// What each lane's channel showed this run.
+type Lanes = HashMap<Uuid, channels::Seen>;
+
+/// A batch-settlement voucher's verdict from its channel's reading (`channels`); other
+/// schemes' verdicts pass through.
+fn channel_verdict(v: Verdict, c: &Candidate, lanes: &Lanes) -> Result<Verdict, crate::relay::pay::scheme::Unread> {
+    let seen = batch_channel::lane_of(&c.signed_authorization).and_then(|l| lanes.get(&l));
+    match (v, seen) {
+        (Verdict::MayLand, Some(seen)) if c.scheme == crate::x402::batch::SCHEME => {
+            batch_channel::voucher_verdict(&c.signed_authorization, seen.claimed, seen.is_final)
+        }
+        (v, _) => Ok(v),
     }
 }
 

@@ -26,7 +26,7 @@
 mod agent;
 mod ahead;
 mod approval;
-mod batch;
+pub mod batch;
 pub(crate) mod call;
 mod evm;
 mod exchange;

@@ -64,6 +64,8 @@ use crate::mcp::policy::{Next, classify};
         super::approvals::list,
         super::approvals::approve,
         super::approvals::deny,
+        super::channels::list,
+        super::channels::close,
         super::operators::create,
         super::operators::list,
         super::operators::revoke,
@@ -111,6 +113,7 @@ use crate::mcp::policy::{Next, classify};
         responses::LastAdmin,
         responses::ApprovalDecided,
         responses::AuthThrottled,
+        responses::ChainUnavailable,
     )),
     modifiers(&EmptyBodyAllowed)
 )]

@@ -15,6 +15,8 @@
 //! router's records stops the lane (an operator event).
 
 mod answer;
+pub mod channel;
+pub mod close;
 mod sign;
 mod terms;
 

@@ -353,6 +353,7 @@ fn finish(
             }
             None => None,
         },
+        url: refund_url(&pc.call.upstream),
     };
     let now = now_unix();
     let columns = Columns {
@@ -367,4 +368,18 @@ fn finish(
     };
     let attempt = Attempt { id, version: t.version, nonce: nonce.to_string(), signed, header: (name, value) };
     Ok(Signing { attempt, columns, exact, lane: Some(step) })
+}
+
+/// Where a channel's server is asked for a cooperative refund: the paid URL without its query,
+/// fragment or credentials (they may carry the agent's secrets); `None` for an MCP upstream.
+fn refund_url(req: &crate::upstream::UpstreamRequest) -> Option<String> {
+    if req.protocol != crate::upstream::Protocol::Http {
+        return None;
+    }
+    let mut url = req.url.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    url.set_username("").ok()?;
+    url.set_password(None).ok()?;
+    Some(url.to_string())
 }
