@@ -156,7 +156,8 @@ pub async fn threshold(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryRes
     store::threshold(conn, agent_id).await
 }
 
-/// Decides whether a payment of `terms` for `call` may be signed now, opening a pending
+/// Decides whether a payment of `terms` (counting `charge` against the agent's threshold: its
+/// amount, or with a budget currency its budget units) for `call` may be signed now, opening a pending
 /// approval (expiring after `ttl`) when it needs one and has none for these terms.
 ///
 /// # Errors
@@ -164,11 +165,12 @@ pub async fn threshold(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryRes
 pub async fn gate(
     conn: &mut AsyncPgConnection,
     call: CallRef<'_>,
-    terms: &Terms,
+    (terms, charge): (&Terms, Option<Amount>),
     ttl: std::time::Duration,
 ) -> QueryResult<Gate> {
+    // `charge`: what the terms count in budget units (`None`: too large to count: held).
     match store::threshold(conn, call.agent_id).await? {
-        Some(limit) if terms.amount > limit => {}
+        Some(limit) if charge.is_none_or(|c| c > limit) => {}
         _ => return Ok(Gate::Clear),
     }
     let latest = store::latest(conn, call.agent_id, call.key).await?;
