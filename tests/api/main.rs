@@ -15,6 +15,7 @@ mod caps;
 mod chain_index;
 mod cli;
 mod concurrency;
+mod decimals;
 mod console;
 mod deployment;
 mod discovery;

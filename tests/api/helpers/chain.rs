@@ -85,6 +85,8 @@ pub struct Devnet {
     /// The chain id anvil runs with (the router's network is `eip155:<chain_id>`).
     pub chain_id: u64,
     pub token: Address,
+    /// TestToken18: TestToken with 18 decimals (the same value, 10^21, minted to the router).
+    pub token18: Address,
     /// PlainToken: an ERC-20 without EIP-3009 (1000 minted to the router, Permit2 approved).
     pub plain_token: Address,
     /// PermitToken: an ERC-20 with EIP-2612 and without EIP-3009 (1000 minted to the router,
@@ -118,41 +120,24 @@ impl Devnet {
         assert!(deploy.status.success(), "deploy failed: {}", String::from_utf8_lossy(&deploy.stderr));
         let line: Value = serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
+        let token18 = Address::from_str(line["token18"].as_str().unwrap()).unwrap();
         let plain_token = Address::from_str(line["plain_token"].as_str().unwrap()).unwrap();
         let permit_token = Address::from_str(line["permit_token"].as_str().unwrap()).unwrap();
 
-        let mut server = Command::new(upstream_bin())
-            .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
-            .args(["--plain-token", &plain_token.to_string()])
-            .args(["--permit-token", &permit_token.to_string()])
-            .args([
-                "--pay-to",
-                &PAY_TO.to_string(),
-                "--facilitator-key",
-                FACILITATOR_KEY,
-                "--price",
-                &PRICE.to_string(),
-                "--network",
-                &format!("eip155:{chain_id}"),
-                "--network-v1",
-                x402_router::x402::Network::from_chain_id(chain_id).unwrap().v1_name().unwrap_or("local-test-chain"),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdout = server.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
-        let listening: Value = serde_json::from_str(&first).unwrap();
-        let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
-        // Keep draining stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let extra = [
+            "--plain-token".to_owned(),
+            plain_token.to_string(),
+            "--permit-token".to_owned(),
+            permit_token.to_string(),
+            "--price".to_owned(),
+            PRICE.to_string(),
+        ];
+        let (server, upstream) = serve_upstream(&rpc_url, chain_id, token, &extra).await;
         Self {
             rpc_url,
             chain_id,
             token,
+            token18,
             plain_token,
             permit_token,
             upstream,
@@ -160,6 +145,14 @@ impl Devnet {
             server: Some(server),
             provider,
         }
+    }
+
+    /// Another test upstream on this chain asking `price` of `token` on every paid route
+    /// (killed when dropped): its base URL.
+    pub async fn upstream_of(&self, token: Address, price: U256) -> SecondUpstream {
+        let extra = ["--price".to_owned(), price.to_string()];
+        let (child, url) = serve_upstream(&self.rpc_url, self.chain_id, token, &extra).await;
+        SecondUpstream { url, _child: child }
     }
 
     /// Router options that pay on this chain with this token.
@@ -242,6 +235,49 @@ impl Devnet {
             let _ = a.kill().await;
         }
     }
+}
+
+/// A test upstream besides the devnet's own ([`Devnet::upstream_of`]).
+pub struct SecondUpstream {
+    pub url: String,
+    _child: Child,
+}
+
+impl SecondUpstream {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+}
+
+/// Starts `x402-test-upstream serve` on `chain_id` asking payment in `token`, with `extra`
+/// flags: the process (killed when dropped) and its base URL, once it listens.
+async fn serve_upstream(rpc_url: &str, chain_id: u64, token: Address, extra: &[String]) -> (Child, String) {
+    let mut server = Command::new(upstream_bin())
+        .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", rpc_url, "--token", &token.to_string()])
+        .args(extra)
+        .args([
+            "--pay-to",
+            &PAY_TO.to_string(),
+            "--facilitator-key",
+            FACILITATOR_KEY,
+            "--network",
+            &format!("eip155:{chain_id}"),
+            "--network-v1",
+            x402_router::x402::Network::from_chain_id(chain_id).unwrap().v1_name().unwrap_or("local-test-chain"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let listening: Value = serde_json::from_str(&first).unwrap();
+    let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
+    // Keep draining stdout so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (server, upstream)
 }
 
 impl Drop for Devnet {

@@ -1,0 +1,136 @@
+//! Budgets across assets of different decimals (issue 42, item 5): with a budget currency,
+//! USDC (6 decimals) and an 18-decimal stablecoin share one budget exactly, each payment
+//! counted at its asset's value and rounded up against the spender. Raced for real, counted
+//! on-chain in each token.
+
+use std::sync::Arc;
+
+use alloy::primitives::U256;
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// 0.01 of the 18-decimal token: the same value as `PRICE` of USDC.
+fn price18() -> U256 {
+    U256::from(10u64).pow(U256::from(16u8))
+}
+
+/// A router paying USDC and the 18-decimal token on `chain`, budgets counted in USD of 6
+/// decimals, both tokens worth 1.
+async fn budget_app(chain: &Devnet) -> TestApp {
+    let network = format!("eip155:{}", chain.chain_id);
+    let (usdc, t18) = (chain.token, chain.token18);
+    let mut extra: Vec<(String, String)> =
+        chain.router_extra().into_iter().filter(|(k, _)| k != "x402-assets").collect();
+    extra.push(("x402-assets".into(), format!("{network}={usdc}@6,{network}={t18}@18")));
+    extra.push(("budget-currency".into(), "USD".into()));
+    extra.push(("x402-asset-values".into(), format!("{network}={usdc}=1,{network}={t18}=1")));
+    spawn_app_with(AppOptions { acquire_timeout_ms: 10_000, extra, ..Default::default() }).await
+}
+
+async fn set(app: &TestApp, assignments: &str) {
+    exec(&app.db, &format!("UPDATE agents SET {assignments} WHERE id = '{}'", app.agent.id)).await;
+}
+
+/// Fires every body at once, each with a fresh key: (status, body) of each.
+async fn race(app: &Arc<TestApp>, bodies: Vec<Value>) -> Vec<(u16, Value)> {
+    join_all(bodies.into_iter().map(|body| {
+        let app = Arc::clone(app);
+        async move {
+            let resp = app.route(&new_key(), &body).await;
+            (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+        }
+    }))
+    .await
+}
+
+fn settled(results: &[(u16, Value)]) -> usize {
+    results.iter().filter(|(s, b)| *s == 200 && b["payment"]["status"] == "settled").count()
+}
+
+fn over_budget(results: &[(u16, Value)]) -> usize {
+    results.iter().filter(|(s, b)| *s == 402 && b["code"] == "payment_over_budget").count()
+}
+
+async fn spend(app: &TestApp) -> x402_router::payments::Spend {
+    x402_router::payments::store::agent_spend(&mut app.db.conn().await, app.agent.id, false).await.unwrap().unwrap()
+}
+
+#[actix_web::test]
+async fn usdc_and_an_18_decimal_token_share_one_budget_raced_and_never_pay_above_it() {
+    let chain = Devnet::start().await;
+    let other = chain.upstream_of(chain.token18, price18()).await;
+    let app = Arc::new(budget_app(&chain).await);
+    // Five prices of 0.01 USD, whichever token pays them.
+    set(&app, &format!("daily_budget = {}", 5 * PRICE)).await;
+    let (usdc_before, t18_before) =
+        (chain.balance_in(chain.token, PAY_TO).await, chain.balance_in(chain.token18, PAY_TO).await);
+    let usdc_body = json!({"url": chain.url("/v2/weather"), "max_amount": PRICE.to_string()});
+    let t18_body = json!({"url": other.url("/v2/weather"), "max_amount": PRICE.to_string()});
+    let bodies = (0..24).map(|i| if i % 2 == 0 { usdc_body.clone() } else { t18_body.clone() }).collect();
+    let results = race(&app, bodies).await;
+    let statuses: Vec<u16> = results.iter().map(|r| r.0).collect();
+    assert_eq!(settled(&results), 5, "{statuses:?}");
+    assert_eq!(over_budget(&results), 19, "{statuses:?}");
+    // Counted on-chain, in each token's own units.
+    let usdc_moved = chain.balance_in(chain.token, PAY_TO).await - usdc_before;
+    let t18_moved = chain.balance_in(chain.token18, PAY_TO).await - t18_before;
+    assert_eq!(usdc_moved % U256::from(PRICE), U256::ZERO);
+    assert_eq!(t18_moved % price18(), U256::ZERO);
+    let paid = usdc_moved / U256::from(PRICE) + t18_moved / price18();
+    assert_eq!(paid, U256::from(5u8), "usdc {usdc_moved}, 18-decimal {t18_moved}");
+    assert!(t18_moved > U256::ZERO && usdc_moved > U256::ZERO, "both tokens paid: {usdc_moved} {t18_moved}");
+    let spend = spend(&app).await;
+    assert_eq!((spend.settled_24h.as_str(), spend.remaining_24h.as_deref()), ("50000", Some("0")));
+    // The well-known description states the budget unit.
+    let described: Value =
+        app.client.get(format!("{}/.well-known/x402-router", app.address)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(described["unit"], json!({"decimals": 6, "symbol": "USD"}));
+}
+
+#[actix_web::test]
+async fn tiny_18_decimal_payments_are_rounded_against_the_spender_never_free() {
+    let chain = Devnet::start().await;
+    // One wei of the 18-decimal token: 10^-12 of a budget unit, counted as one whole unit.
+    let other = chain.upstream_of(chain.token18, U256::from(1u8)).await;
+    let app = Arc::new(budget_app(&chain).await);
+    set(&app, "daily_budget = 3").await;
+    let before = chain.balance_in(chain.token18, PAY_TO).await;
+    let body = json!({"url": other.url("/v2/weather"), "max_amount": "1"});
+    let results = race(&app, vec![body.clone(); 12]).await;
+    let statuses: Vec<u16> = results.iter().map(|r| r.0).collect();
+    assert_eq!(settled(&results), 3, "{statuses:?}");
+    assert_eq!(over_budget(&results), 9, "{statuses:?}");
+    assert_eq!(chain.balance_in(chain.token18, PAY_TO).await - before, U256::from(3u8));
+    assert_eq!(spend(&app).await.remaining_24h.as_deref(), Some("0"));
+    // A max_amount of 0 budget units pays nothing, however small the price.
+    let resp = app.route(&new_key(), &json!({"url": other.url("/v2/weather"), "max_amount": "0"})).await;
+    assert_eq!(resp.status(), 402);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_over_max_amount");
+}
+
+#[actix_web::test]
+async fn the_per_call_cap_and_max_amount_read_in_budget_units() {
+    let chain = Devnet::start().await;
+    // 0.01 USD and one wei: 10001 budget units once rounded up.
+    let dear = chain.upstream_of(chain.token18, price18() + U256::from(1u8)).await;
+    let fair = chain.upstream_of(chain.token18, price18()).await;
+    let app = budget_app(&chain).await;
+    set(&app, &format!("max_per_call = {PRICE}")).await;
+    let body = |u: &SecondUpstream| json!({"url": u.url("/v2/weather"), "max_amount": "20000"});
+    let resp = app.route(&new_key(), &body(&dear)).await;
+    assert_eq!(resp.status(), 402);
+    let refused: Value = resp.json().await.unwrap();
+    assert_eq!(refused["code"], "payment_over_budget", "{refused}");
+    let resp = app.route(&new_key(), &body(&fair)).await;
+    assert_eq!(resp.status(), 200);
+    // max_amount counts budget units: 10000 pays 10^16 atomic units of the 18-decimal token.
+    set(&app, "max_per_call = NULL").await;
+    let exact = json!({"url": fair.url("/v2/weather"), "max_amount": PRICE.to_string()});
+    assert_eq!(app.route(&new_key(), &exact).await.status(), 200);
+    let under = json!({"url": dear.url("/v2/weather"), "max_amount": PRICE.to_string()});
+    let resp = app.route(&new_key(), &under).await;
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_over_max_amount");
+    assert_eq!(chain.balance_in(chain.token18, PAY_TO).await, price18() * U256::from(2u8));
+}
