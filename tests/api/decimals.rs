@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use alloy::primitives::U256;
 use futures_util::future::join_all;
+use proptest::prelude::*;
 use serde_json::{Value, json};
+use x402_router::money::{Amount, Rate};
 
 use crate::helpers::*;
 
@@ -133,4 +135,80 @@ async fn the_per_call_cap_and_max_amount_read_in_budget_units() {
     let resp = app.route(&new_key(), &under).await;
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_over_max_amount");
     assert_eq!(chain.balance_in(chain.token18, PAY_TO).await, price18() * U256::from(2u8));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The conversion, as properties: Rust's `Rate::charge` and the ledger's SQL (`usage::CHARGE`).
+
+/// Amounts up to 10^30 (beyond any real price), values as fractions, decimals 0 to 36.
+fn case() -> impl Strategy<Value = (u128, u64, u64, u8, u8)> {
+    (0u128..10u128.pow(30), 1u64..1_000_000, 1u64..1_000_000, 0u8..=36, 0u8..=36)
+}
+
+fn rate_of(num: u64, den: u64, asset: u8, budget: u8) -> Rate {
+    Rate::of_asset(Rate::new(U256::from(num), U256::from(den)).unwrap(), asset, budget).unwrap()
+}
+
+proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 3000, failure_persistence: None, ..Default::default() })]
+
+    /// A charge is never less than the exact value, and less than one budget unit more.
+    #[test]
+    fn a_charge_rounds_up_by_less_than_one_unit((a, num, den, asset, budget) in case()) {
+        let rate = rate_of(num, den, asset, budget);
+        let charge = rate.charge(Amount::from_u256(U256::from(a))).unwrap().as_u256();
+        let exact = U256::from(a) * rate.num();
+        prop_assert!(charge * rate.den() >= exact);
+        prop_assert!(charge * rate.den() < exact + rate.den());
+        prop_assert_eq!(charge.is_zero(), a == 0, "nothing is free but nothing");
+    }
+
+    /// Splitting a payment never makes it cheaper, and what `most_for` allows fits the budget.
+    #[test]
+    fn splitting_never_pays_less((a, num, den, asset, budget) in case(), b in 0u128..10u128.pow(30), left in 0u64..u64::MAX) {
+        let rate = rate_of(num, den, asset, budget);
+        let c = |x: U256| rate.charge(Amount::from_u256(x)).unwrap().as_u256();
+        prop_assert!(c(U256::from(a)) + c(U256::from(b)) >= c(U256::from(a) + U256::from(b)));
+        prop_assert!(c(U256::from(a)) <= c(U256::from(a) + U256::from(b)), "monotonic");
+        let most = rate.most_for(Amount::from(left)).as_u256();
+        prop_assert!(c(most) <= U256::from(left));
+        prop_assert!(c(most + U256::from(1u8)) > U256::from(left));
+    }
+}
+
+#[actix_web::test]
+async fn the_ledgers_sql_charge_is_rusts_charge() {
+    use diesel::sql_types::{Array, Text};
+    use diesel_async::RunQueryDsl;
+    use proptest::strategy::ValueTree;
+    #[derive(diesel::QueryableByName)]
+    struct Charged {
+        #[diesel(sql_type = Text)]
+        charge: String,
+    }
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let cases = proptest::collection::vec(case(), 500).new_tree(&mut runner).unwrap().current();
+    let rates: Vec<Rate> = cases.iter().map(|&(_, n, d, asset, budget)| rate_of(n, d, asset, budget)).collect();
+    let text = |f: &dyn Fn(usize) -> String| (0..cases.len()).map(f).collect::<Vec<String>>();
+    let amounts = text(&|i| cases[i].0.to_string());
+    let nums = text(&|i| rates[i].num().to_string());
+    let dens = text(&|i| rates[i].den().to_string());
+    let db = TestDb::new().await;
+    let sql = format!(
+        "SELECT {}::text AS charge FROM unnest($1::text[]::numeric[], $2::text[]::numeric[], $3::text[]::numeric[]) \
+           WITH ORDINALITY AS p(amount, budget_num, budget_den, i) ORDER BY i",
+        x402_router::payments::usage::CHARGE
+    );
+    let charged: Vec<Charged> = diesel::sql_query(sql)
+        .bind::<Array<Text>, _>(&amounts)
+        .bind::<Array<Text>, _>(&nums)
+        .bind::<Array<Text>, _>(&dens)
+        .load(&mut db.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(charged.len(), cases.len());
+    for (i, got) in charged.iter().enumerate() {
+        let want = rates[i].charge(Amount::from_u256(U256::from(cases[i].0))).unwrap();
+        assert_eq!(got.charge, want.to_string(), "{:?} at {}", cases[i], rates[i]);
+    }
 }
