@@ -212,3 +212,31 @@ async fn the_ledgers_sql_charge_is_rusts_charge() {
         assert_eq!(got.charge, want.to_string(), "{:?} at {}", cases[i], rates[i]);
     }
 }
+
+/// The configuration as `serve` reads it: mixed decimals are refused without a budget
+/// currency (as before), accepted with one, and a budget currency refuses what it cannot count
+/// yet (batch-settlement channels, Solana).
+#[test]
+fn start_up_refuses_mixed_decimals_unless_budgets_have_a_currency() {
+    use clap::Parser;
+    use x402_router::cli::{Cli, Command};
+    let (usdc, t18) = ("0x00000000000000000000000000000000000000aa", "0x00000000000000000000000000000000000000bb");
+    let read = |extra: &[(&str, String)]| {
+        let mut options = AppOptions::default();
+        options.extra = vec![("x402-rpc-urls".into(), "eip155:84532=http://127.0.0.1:1".into())];
+        options.extra.push(("x402-assets".into(), format!("eip155:84532={usdc}@6,eip155:84532={t18}@18")));
+        options.extra.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        let args = serve_args(&options, "postgres://postgres@127.0.0.1/none", "p", "127.0.0.1:0");
+        let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else { panic!("not serve") };
+        x402_router::config::Config::from_args(&serve).map(|c| c.payments.budget).map_err(|e| e.to_string())
+    };
+    let e = read(&[]).unwrap_err();
+    assert!(e.contains("mixes assets of different units") && e.contains("BUDGET_CURRENCY"), "{e}");
+    let values = format!("eip155:84532={usdc}=1,eip155:84532={t18}=1");
+    let budget = read(&[("budget-currency", "USD".into()), ("x402-asset-values", values.clone())]).unwrap().unwrap();
+    assert_eq!((budget.currency.as_str(), budget.decimals, budget.values.len()), ("USD", 6, 2));
+    let e = read(&[("budget-currency", "USD".into())]).unwrap_err();
+    assert!(e.contains("X402_ASSET_VALUES") && e.contains("give the value"), "{e}");
+    let batch = [("budget-currency", "USD".into()), ("x402-asset-values", values), ("x402-schemes", "batch-settlement".into())];
+    assert!(read(&batch).unwrap_err().contains("batch-settlement"));
+}
