@@ -388,8 +388,8 @@ impl Config {
         };
         let symbols = symbols::built_in_symbols(&assets);
         let ws_urls = parse::parse_ws_urls(&args.x402_ws_urls, &rpc_urls)?;
-        let budget = budget::parse(&args.budget_currency, &args.budget_decimals, &args.x402_asset_values, &assets)?;
         let payments = PaymentConfig {
+            budget: budget::parse(&args.budget_currency, &args.budget_decimals, &args.x402_asset_values, &assets)?,
             ws_urls,
             index_lookback_blocks: parse_num("X402_INDEX_LOOKBACK_BLOCKS", &args.x402_index_lookback_blocks)?,
             rpc_urls,
@@ -400,7 +400,6 @@ impl Config {
             permit2_only,
             symbols,
             batch: parse::parse_batch(args)?,
-            budget,
         };
         payments.check_one_unit()?;
         let unit = payments.decimals.values().next().copied();
