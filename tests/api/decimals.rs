@@ -237,6 +237,7 @@ fn start_up_refuses_mixed_decimals_unless_budgets_have_a_currency() {
     assert_eq!((budget.currency.as_str(), budget.decimals, budget.values.len()), ("USD", 6, 2));
     let e = read(&[("budget-currency", "USD".into())]).unwrap_err();
     assert!(e.contains("X402_ASSET_VALUES") && e.contains("give the value"), "{e}");
-    let batch = [("budget-currency", "USD".into()), ("x402-asset-values", values), ("x402-schemes", "batch-settlement".into())];
+    let batch =
+        [("budget-currency", "USD".into()), ("x402-asset-values", values), ("x402-schemes", "batch-settlement".into())];
     assert!(read(&batch).unwrap_err().contains("batch-settlement"));
 }

@@ -207,7 +207,10 @@ pub fn check(
 /// `max_amount` or the agent's limit.
 fn over_limits(charge: Option<Amount>, max_amount: Amount, agent_limit: Option<Amount>) -> Option<RejectReason> {
     let Some(amount) = charge else {
-        return Some(RejectReason::OverMaxAmount { amount: Amount::from_u256(alloy::primitives::U256::MAX), max_amount });
+        return Some(RejectReason::OverMaxAmount {
+            amount: Amount::from_u256(alloy::primitives::U256::MAX),
+            max_amount,
+        });
     };
     if amount > max_amount {
         Some(RejectReason::OverMaxAmount { amount, max_amount })

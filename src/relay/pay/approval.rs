@@ -38,7 +38,12 @@ impl PaidCall<'_> {
     /// What `amount` of `asset` on `network` (CAIP-2, as the ledger writes them) counts against
     /// the agent's caps: the amount itself without a budget currency; with one, its budget
     /// units, rounded up (`None`: the asset has no value, or too large).
-    pub(super) fn charge_of(&self, network: &str, asset: &str, amount: crate::money::Amount) -> Option<crate::money::Amount> {
+    pub(super) fn charge_of(
+        &self,
+        network: &str,
+        asset: &str,
+        amount: crate::money::Amount,
+    ) -> Option<crate::money::Amount> {
         use std::str::FromStr;
         let supported = &self.state.supported;
         if supported.budget_decimals().is_none() {
