@@ -135,6 +135,13 @@ async fn the_per_call_cap_and_max_amount_read_in_budget_units() {
     let resp = app.route(&new_key(), &under).await;
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "payment_over_max_amount");
     assert_eq!(chain.balance_in(chain.token18, PAY_TO).await, price18() * U256::from(2u8));
+    // The approval threshold too: 10000 budget units pass it, 10001 wait for an operator.
+    set(&app, &format!("approval_above = {PRICE}")).await;
+    assert_eq!(app.route(&new_key(), &body(&fair)).await.status(), 200);
+    let resp = app.route(&new_key(), &body(&dear)).await;
+    let held: Value = resp.json().await.unwrap();
+    assert_eq!(held["code"], "approval_pending", "{held}");
+    assert_eq!(chain.balance_in(chain.token18, PAY_TO).await, price18() * U256::from(3u8));
 }
 
 // ---------------------------------------------------------------------------------------------

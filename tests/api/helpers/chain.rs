@@ -28,6 +28,15 @@ sol! {
 
 /// anvil #0: deployer and facilitator (pays gas).
 pub const FACILITATOR_KEY: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+/// anvil #5 to #9: facilitators of further test upstreams on one chain ([`Devnet::upstream_of`]),
+/// one each, so that no two processes send transactions from one account (nonce races).
+const MORE_FACILITATOR_KEYS: [&str; 5] = [
+    "0x8b3a350cf5c34c9194ca85829a2df0ec3153be0318b5e2d3348e872092edffba",
+    "0x92db14e403b83dfe3df233f83dfa3a0d7096f21ca9b0d6d6b8d88b2b4ec1564e",
+    "0x4bbbf85ce3377467afe5d46f804f221813b2bb87f24d81f60f1fcdbf7cbf4356",
+    "0xdbda1821b80551c9d65939329250298aa3472ba22feea921c0cf5d620ea67b97",
+    "0x2a871d0798f97d79848a013d4936a73bf4cc922c825d33c1cf7073dff6d409c6",
+];
 /// anvil #1: the router's wallet in tests (see `ROUTER_KEY`).
 pub const ROUTER_ADDRESS: Address = address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8");
 /// anvil #2: the upstream's payTo.
@@ -97,6 +106,8 @@ pub struct Devnet {
     anvil: Option<Child>,
     server: Option<Child>,
     provider: RootProvider,
+    /// Further upstreams started ([`Devnet::upstream_of`]): picks each one's facilitator.
+    more_upstreams: std::sync::atomic::AtomicUsize,
 }
 
 impl Devnet {
@@ -132,7 +143,7 @@ impl Devnet {
             "--price".to_owned(),
             PRICE.to_string(),
         ];
-        let (server, upstream) = serve_upstream(&rpc_url, chain_id, token, &extra).await;
+        let (server, upstream) = serve_upstream(&rpc_url, chain_id, (token, FACILITATOR_KEY), &extra).await;
         Self {
             rpc_url,
             chain_id,
@@ -144,14 +155,17 @@ impl Devnet {
             anvil: Some(anvil),
             server: Some(server),
             provider,
+            more_upstreams: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
     /// Another test upstream on this chain asking `price` of `token` on every paid route
-    /// (killed when dropped): its base URL.
+    /// (killed when dropped), settling from an account of its own (at most five per chain).
     pub async fn upstream_of(&self, token: Address, price: U256) -> SecondUpstream {
         let extra = ["--price".to_owned(), price.to_string()];
-        let (child, url) = serve_upstream(&self.rpc_url, self.chain_id, token, &extra).await;
+        let n = self.more_upstreams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let key = MORE_FACILITATOR_KEYS[n];
+        let (child, url) = serve_upstream(&self.rpc_url, self.chain_id, (token, key), &extra).await;
         SecondUpstream { url, _child: child }
     }
 
@@ -249,9 +263,15 @@ impl SecondUpstream {
     }
 }
 
-/// Starts `x402-test-upstream serve` on `chain_id` asking payment in `token`, with `extra`
-/// flags: the process (killed when dropped) and its base URL, once it listens.
-async fn serve_upstream(rpc_url: &str, chain_id: u64, token: Address, extra: &[String]) -> (Child, String) {
+/// Starts `x402-test-upstream serve` on `chain_id` asking payment in `token`, settling with
+/// `facilitator`'s key, with `extra` flags: the process (killed when dropped) and its base URL,
+/// once it listens.
+async fn serve_upstream(
+    rpc_url: &str,
+    chain_id: u64,
+    (token, facilitator): (Address, &str),
+    extra: &[String],
+) -> (Child, String) {
     let mut server = Command::new(upstream_bin())
         .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", rpc_url, "--token", &token.to_string()])
         .args(extra)
@@ -259,7 +279,7 @@ async fn serve_upstream(rpc_url: &str, chain_id: u64, token: Address, extra: &[S
             "--pay-to",
             &PAY_TO.to_string(),
             "--facilitator-key",
-            FACILITATOR_KEY,
+            facilitator,
             "--network",
             &format!("eip155:{chain_id}"),
             "--network-v1",
