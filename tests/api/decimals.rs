@@ -229,10 +229,12 @@ fn start_up_refuses_mixed_decimals_unless_budgets_have_a_currency() {
     use x402_router::cli::{Cli, Command};
     let (usdc, t18) = ("0x00000000000000000000000000000000000000aa", "0x00000000000000000000000000000000000000bb");
     let read = |extra: &[(&str, String)]| {
-        let mut options = AppOptions::default();
-        options.extra = vec![("x402-rpc-urls".into(), "eip155:84532=http://127.0.0.1:1".into())];
-        options.extra.push(("x402-assets".into(), format!("eip155:84532={usdc}@6,eip155:84532={t18}@18")));
-        options.extra.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        let mut given = vec![
+            ("x402-rpc-urls".to_owned(), "eip155:84532=http://127.0.0.1:1".to_owned()),
+            ("x402-assets".to_owned(), format!("eip155:84532={usdc}@6,eip155:84532={t18}@18")),
+        ];
+        given.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        let options = AppOptions { extra: given, ..Default::default() };
         let args = serve_args(&options, "postgres://postgres@127.0.0.1/none", "p", "127.0.0.1:0");
         let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else { panic!("not serve") };
         x402_router::config::Config::from_args(&serve).map(|c| c.payments.budget).map_err(|e| e.to_string())

@@ -213,12 +213,9 @@ fn over_limits(charge: Option<Amount>, max_amount: Amount, agent_limit: Option<A
         });
     };
     if amount > max_amount {
-        Some(RejectReason::OverMaxAmount { amount, max_amount })
-    } else if let Some(limit) = agent_limit.filter(|&limit| amount > limit) {
-        Some(RejectReason::OverAgentLimit { amount, limit })
-    } else {
-        None
+        return Some(RejectReason::OverMaxAmount { amount, max_amount });
     }
+    agent_limit.filter(|&limit| amount > limit).map(|limit| RejectReason::OverAgentLimit { amount, limit })
 }
 
 /// Picks the cheapest payable option of `accepts` (ties: earliest), or says why there is none.
