@@ -12,7 +12,11 @@ contract TestToken {
 
     string public constant name = "USD Coin";
     string public constant symbol = "USDC";
-    uint8 public constant decimals = 6;
+
+    /// @notice 6, as USDC's (`TestToken18` overrides it: a second stablecoin of 18 decimals).
+    function decimals() public pure virtual returns (uint8) {
+        return 6;
+    }
     /// @notice EIP-712 domain version, exposed like USDC's `version()`.
     string public constant version = "2";
 

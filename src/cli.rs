@@ -127,6 +127,18 @@ pub struct ServeArgs {
     /// (USDC on mainnet and devnet when none is given).
     #[arg(long, env = "X402_ASSETS", default_value = "")]
     pub x402_assets: String,
+    /// The currency agents' caps and budgets are counted in when the assets have different
+    /// decimals (e.g. `USD`); empty: budgets are atomic units of the one unit every asset shares.
+    #[arg(long, env = "BUDGET_CURRENCY", default_value = "")]
+    pub budget_currency: String,
+    /// Decimals of the budget currency's atomic unit (with `BUDGET_CURRENCY`).
+    #[arg(long, env = "BUDGET_DECIMALS", default_value = "6")]
+    pub budget_decimals: String,
+    /// With `BUDGET_CURRENCY`: what one whole token of each asset is worth in it,
+    /// `eip155:84532=0x…=1,eip155:1=0x…=123/100` (whole numbers or fractions; Circle's USDC: 1
+    /// when not given; every other asset must be given).
+    #[arg(long, env = "X402_ASSET_VALUES", default_value = "")]
+    pub x402_asset_values: String,
     /// Timeout of each chain RPC call, in ms.
     #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
     pub x402_rpc_timeout_ms: String,

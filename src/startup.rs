@@ -251,9 +251,12 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     };
     let chain = Chain::with_metrics(payments.rpc_urls.clone(), payments.rpc_timeout, rpc_metrics);
     let assets = payments.assets.iter().flat_map(|(n, list)| list.iter().map(|a| (*n, *a)));
-    let supported = Supported::new(payments.rpc_urls.keys().copied(), assets)
+    let mut supported = Supported::new(payments.rpc_urls.keys().copied(), assets)
         .with_decimals(payments.decimals.clone())
         .with_permit2_only(payments.permit2_only.iter().copied());
+    if let Some(budget) = &payments.budget {
+        supported = supported.with_budget(budget.decimals, budget.values.clone());
+    }
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
     let terms = Arc::new(crate::terms::Terms::new(config.requirements_cache));
     let solana = match config.solana.clone() {

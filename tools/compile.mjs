@@ -19,6 +19,7 @@ const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const fixturesDir = join(repoRoot, 'tests', 'fixtures');
 const contracts = [
   'TestToken',
+  'TestToken18',
   'PlainToken',
   'PermitToken',
   'Multicall',

@@ -156,21 +156,23 @@ pub async fn threshold(conn: &mut AsyncPgConnection, agent_id: Uuid) -> QueryRes
     store::threshold(conn, agent_id).await
 }
 
-/// Decides whether a payment of `terms` for `call` may be signed now, given the agent's
-/// `threshold` (its `approval_above`, read with its limits), opening a pending approval
-/// (expiring after `ttl`) when it needs one and has none for these terms.
+/// Decides whether a payment of `terms` (counting `charge` against the agent's `threshold`,
+/// its `approval_above` read with its limits: the amount, or with a budget currency its budget
+/// units) for `call` may be signed now, opening a pending approval (expiring after `ttl`) when
+/// it needs one and has none for these terms.
 ///
 /// # Errors
 /// Database errors.
 pub async fn gate(
     conn: &mut AsyncPgConnection,
     call: CallRef<'_>,
-    terms: &Terms,
+    (terms, charge): (&Terms, Option<Amount>),
     threshold: Option<Amount>,
     ttl: std::time::Duration,
 ) -> QueryResult<Gate> {
+    // `charge`: what the terms count in budget units (`None`: too large to count: held).
     match threshold {
-        Some(limit) if terms.amount > limit => {}
+        Some(limit) if charge.is_none_or(|c| c > limit) => {}
         _ => return Ok(Gate::Clear),
     }
     let latest = store::latest(conn, call.agent_id, call.key).await?;

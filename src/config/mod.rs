@@ -18,6 +18,7 @@ use crate::cli::{DatabaseArgs, KeyArgs, ServeArgs, UpstreamArgs};
 pub use crate::idempotency::IdempotencyTiming;
 use crate::x402::Network;
 
+pub mod budget;
 pub mod discovery;
 mod parse;
 pub mod secrets;
@@ -210,6 +211,9 @@ pub struct PaymentConfig {
     pub max_auth_secs: u64,
     /// Paying with x402 `batch-settlement` channels (`X402_SCHEMES` names it); `None`: off.
     pub batch: Option<BatchConfig>,
+    /// The budget currency (`BUDGET_CURRENCY`): assets of different decimals share budgets
+    /// counted in it; `None`: every asset shares one unit (checked by [`Self::check_one_unit`]).
+    pub budget: Option<budget::BudgetConfig>,
 }
 
 /// The operator's bounds on batch-settlement channels (`X402_BATCH_*`).
@@ -233,6 +237,9 @@ impl PaymentConfig {
     /// # Errors
     /// [`ConfigError`] naming two assets of different decimals.
     pub fn check_one_unit(&self) -> Result<(), ConfigError> {
+        if self.budget.is_some() {
+            return Ok(()); // budgets are counted in the budget currency
+        }
         let mut first: Option<(&(Network, Address), u8)> = None;
         for (asset, d) in &self.decimals {
             match first {
@@ -242,7 +249,8 @@ impl PaymentConfig {
                         "X402_ASSETS",
                         format!(
                             "mixes assets of different units: {}={} has {d0} decimals, {}={} has {d}; agents' caps \
-                             and budgets are in atomic units, so one budget cannot span them (run one router per unit)",
+                             and budgets are in atomic units, so one budget cannot span them (set BUDGET_CURRENCY \
+                             and X402_ASSET_VALUES, or run one router per unit)",
                             a.0, a.1, asset.0, asset.1
                         ),
                     ));
@@ -381,6 +389,7 @@ impl Config {
         let symbols = symbols::built_in_symbols(&assets);
         let ws_urls = parse::parse_ws_urls(&args.x402_ws_urls, &rpc_urls)?;
         let payments = PaymentConfig {
+            budget: budget::parse(&args.budget_currency, &args.budget_decimals, &args.x402_asset_values, &assets)?,
             ws_urls,
             index_lookback_blocks: parse_num("X402_INDEX_LOOKBACK_BLOCKS", &args.x402_index_lookback_blocks)?,
             rpc_urls,
@@ -395,6 +404,7 @@ impl Config {
         payments.check_one_unit()?;
         let unit = payments.decimals.values().next().copied();
         let solana = solana::config(&args.x402_rpc_urls, &args.x402_assets, &args.solana, unit)?;
+        budget::only_exact_on_evm(payments.budget.as_ref(), payments.batch.is_some(), solana.is_some())?;
         Ok(Self {
             database,
             redis_url: Secret::new(redis_url.to_owned()),

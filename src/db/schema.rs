@@ -56,7 +56,8 @@ diesel::joinable!(receipts -> agents (agent_id));
 // reads or writes it: `payments::IN_WINDOW_24H`, `payments::store`), nor are the clear columns
 // that rows written before secrets were sealed still hold until `secrets::sweep` seals them
 // (`header_value`, `requirement_json`, `context_json`, `request_headers`, `request_body`:
-// raw SQL in `payments::kept` only). diesel's limit is 32 columns.
+// raw SQL in `payments::kept` only), nor `budget_num`/`budget_den` (raw SQL in `payments::usage`
+// and `payments::store` only). diesel's limit is 32 columns.
 diesel::table! {
     payments (agent_id, id) {
         id -> Uuid,

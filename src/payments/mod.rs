@@ -119,6 +119,12 @@ pub const IN_WINDOW_24H: &str = "GREATEST(p.signed_at, to_timestamp(p.valid_befo
 /// what a month budget counts as spent.
 pub const IN_MONTH: &str = "p.signed_at >= date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'";
 
+/// What `amount` of an asset counts against budgets and caps: with a budget `rate`, its
+/// charge in budget units (rounded up); without, the amount itself. `None`: too large.
+pub fn charge(rate: Option<crate::money::Rate>, amount: crate::money::Amount) -> Option<crate::money::Amount> {
+    rate.map_or(Some(amount), |r| r.charge(amount))
+}
+
 /// SQL list of `statuses`, e.g. `('a', 'b')`, for queries built from the enum.
 pub fn sql_list(statuses: impl IntoIterator<Item = PaymentStatus>) -> String {
     let names: Vec<String> = statuses.into_iter().map(|s| format!("'{}'", s.as_str())).collect();

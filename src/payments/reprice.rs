@@ -50,7 +50,12 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
             Ok(spend) => spend,
             Err(refusal) => return Ok(Reservation::Refused(refusal)),
         };
-        let more = Amount::from_u256(r.amount.as_u256().saturating_sub(r.first_amount.as_u256()));
+        // What the larger amount counts more than the first, at the intent's recorded rate.
+        let rate = super::store::stored_rate(c, r.agent_id, r.id).await?;
+        let (Some(now), Some(first)) = (super::charge(rate, r.amount), super::charge(rate, r.first_amount)) else {
+            return Ok(Reservation::Refused(super::store::uncountable(r.amount)));
+        };
+        let more = Amount::from_u256(now.as_u256().saturating_sub(first.as_u256()));
         if let Some(refusal) =
             super::limits::check_reservation(c, &spend, more, r.pay_to, super::limits::WalletDraw::Price).await?
         {

@@ -41,14 +41,15 @@ fn spend_sql(host: &str) -> String {
          (SELECT s.blocked_pay_to FROM router_settings s WHERE s.id) AS wallet_blocked_pay_to"
     );
     let more_from = format!(
-        "LATERAL (SELECT COALESCE(sum(p.amount), 0) AS settled FROM payments p \
+        "LATERAL (SELECT COALESCE(sum({charge}), 0) AS settled FROM payments p \
                    WHERE a.lifetime_budget IS NOT NULL AND p.agent_id = a.id AND {spent_ever}) l, \
          LATERAL (SELECT jsonb_object_agg(g.host, g.used::text) AS used \
-                    FROM (SELECT COALESCE(p.upstream_host, '') AS host, sum(p.amount) AS used FROM payments p \
+                    FROM (SELECT COALESCE(p.upstream_host, '') AS host, sum({charge}) AS used FROM payments p \
                            WHERE a.host_budgets IS NOT NULL AND p.agent_id = a.id AND {in_day} \
                            GROUP BY 1) g) h",
         spent_ever = spent_ever(),
         in_day = in_day(),
+        charge = super::usage::CHARGE,
     );
     format!(
         "SELECT a.id AS agent_id, a.disabled, a.max_per_call::text AS max_per_call, a.daily_budget::text AS daily_budget, \

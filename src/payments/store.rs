@@ -17,7 +17,7 @@ use super::sealed::{Kept, Sealed};
 pub use super::spend::{agent_spend, agent_spend_at, lock_for_reservation};
 use crate::db::schema::payments;
 use crate::db::{PrepareExt, storable};
-use crate::money::Amount;
+use crate::money::{Amount, Rate};
 
 /// A payment intent as stored.
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -77,6 +77,9 @@ pub struct NewPayment<'a> {
     pub network: &'a str,
     pub asset: &'a str,
     pub amount: Amount,
+    /// With a budget currency: budget units per atomic unit of the asset (recorded with the
+    /// intent, what every budget counts it at); `None`: one budget unit each, as without.
+    pub rate: Option<Rate>,
     pub pay_to: &'a str,
     pub payer: &'a str,
     /// The upstream host of the paid call (`hosts::key`): what its host budgets count.
@@ -113,9 +116,9 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
                                pay_to, payer, nonce, valid_after, valid_before, requirement, context, \
                                signed_authorization, header_name, status, request_hash, request_method, \
                                request_url, advertised_extensions, sealed, sealed_key_id, charge_proven, \
-                               upstream_host) \
+                               upstream_host, budget_num, budget_den) \
          SELECT $1, $2, $3, $5, $6, $7, $8, $9::numeric, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
-                $20, $21, $22, $23, $24, $25, $6 <> 'upto', $26 \
+                $20, $21, $22, $23, $24, $25, $6 <> 'upto', $26, $27::numeric, $28::numeric \
           WHERE EXISTS (SELECT 1 FROM owner) \
          ON CONFLICT DO NOTHING",
     )
@@ -145,6 +148,8 @@ pub async fn insert_signed(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> 
     .bind::<Bytea, _>(&p.kept.sealed.bytes)
     .bind::<Text, _>(&p.kept.sealed.key_id)
     .bind::<Text, _>(p.upstream_host)
+    .bind::<Nullable<Text>, _>(p.rate.map(|r| r.num().to_string()))
+    .bind::<Nullable<Text>, _>(p.rate.map(|r| r.den().to_string()))
     .prepared()
     .execute(conn)
     .await?;
@@ -176,7 +181,10 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         // A new authorization is a new payment: never while paused. One that replaces an
         // `expired` intent (which released its reservation) must fit every limit again.
         if current.as_ref().is_some_and(|p| p.status == PaymentStatus::Expired) {
-            if let Some(refusal) = super::limits::check_reservation(c, &spend, r.amount, r.pay_to, WalletDraw::Price).await? {
+            let Some(charge) = super::charge(stored_rate(c, r.agent_id, r.id).await?, r.amount) else {
+                return Ok(Reservation::Refused(uncountable(r.amount)));
+            };
+            if let Some(refusal) = super::limits::check_reservation(c, &spend, charge, r.pay_to, WalletDraw::Price).await? {
                 return Ok(Reservation::Refused(refusal));
             }
         } else if super::limits::settings(c, false).await?.paused {
@@ -214,6 +222,40 @@ pub async fn resign(conn: &mut AsyncPgConnection, r: &Resign<'_>) -> QueryResult
         Ok(if n == 1 { Reservation::Reserved } else { Reservation::Fenced })
     })
     .await
+}
+
+/// The refusal of an amount too large to be counted in budget units.
+pub(super) fn uncountable(amount: Amount) -> Refusal {
+    Refusal::OverBudget(format!("the price {amount} is too large to be counted against the agent's budgets"))
+}
+
+/// The budget rate recorded with the intent `id` (`None`: none, it counts its amount).
+///
+/// # Errors
+/// Database errors; a stored rate that cannot be read (the CHECK constraints forbid it).
+pub async fn stored_rate(conn: &mut AsyncPgConnection, agent_id: Uuid, id: Uuid) -> QueryResult<Option<Rate>> {
+    #[derive(QueryableByName)]
+    struct Stored {
+        #[diesel(sql_type = Nullable<Text>)]
+        num: Option<String>,
+        #[diesel(sql_type = Nullable<Text>)]
+        den: Option<String>,
+    }
+    let row: Option<Stored> = diesel::sql_query(
+        "SELECT budget_num::text AS num, budget_den::text AS den FROM payments WHERE agent_id = $1 AND id = $2",
+    )
+    .bind::<SqlUuid, _>(agent_id)
+    .bind::<SqlUuid, _>(id)
+    .prepared()
+    .get_result(conn)
+    .await
+    .optional()?;
+    let Some(Stored { num: Some(num), den: Some(den) }) = row else { return Ok(None) };
+    let part = |v: &str| Amount::parse(v).map(Amount::as_u256);
+    match (part(&num), part(&den)) {
+        (Ok(n), Ok(d)) => Rate::new(n, d).map(Some).map_err(|e| diesel::result::Error::DeserializationError(e.into())),
+        _ => Err(diesel::result::Error::DeserializationError("an unreadable budget rate".into())),
+    }
 }
 
 /// A new signature for an existing intent.
@@ -314,7 +356,10 @@ pub async fn reserve(conn: &mut AsyncPgConnection, p: &NewPayment<'_>) -> QueryR
         let draw = p
             .lane
             .map_or(WalletDraw::Price, |l| WalletDraw::Deposit(l.deposit.as_ref().map_or(Amount::ZERO, |(d, _)| *d)));
-        if let Some(refusal) = super::limits::check_reservation(c, &spend, p.amount, p.pay_to, draw).await? {
+        let Some(charge) = super::charge(p.rate, p.amount) else {
+            return Ok(Reservation::Refused(uncountable(p.amount)));
+        };
+        if let Some(refusal) = super::limits::check_reservation(c, &spend, charge, p.pay_to, draw).await? {
             return Ok(Reservation::Refused(refusal));
         }
         if !insert_signed(c, p).await? {

@@ -60,9 +60,15 @@ pub fn in_month() -> String {
     )
 }
 
-/// `COALESCE(sum(p.amount) FILTER (WHERE cond), 0)`.
+/// What a payment `p` counts against budgets, in budget units: its amount, or with a budget
+/// currency its amount at the rate recorded at its reservation, rounded up (`money::Rate::charge`,
+/// exact: numeric integer division). Every budget sum is of this.
+pub const CHARGE: &str = "(CASE WHEN p.budget_den IS NULL THEN p.amount \
+                          ELSE div(p.amount * p.budget_num + p.budget_den - 1, p.budget_den) END)";
+
+/// `COALESCE(sum(charge) FILTER (WHERE cond), 0)` ([`CHARGE`]).
 pub fn sum_where(cond: &str) -> String {
-    format!("COALESCE(sum(p.amount) FILTER (WHERE {cond}), 0)")
+    format!("COALESCE(sum({CHARGE}) FILTER (WHERE {cond}), 0)")
 }
 
 /// SQL condition (on a `payments p` row) for "in the rolling 7-day window": the rule of

@@ -183,8 +183,9 @@ pub struct RouterDescription {
     /// Every network with a payable asset.
     pub networks: Vec<NetworkDescription>,
     /// The unit of every amount the router keeps (prices, caps, budgets): the decimals that
-    /// every payable asset shares, and their symbol when they all have the same one. `null`
-    /// when the router pays with nothing.
+    /// every payable asset shares, and their symbol when they all have the same one; with a
+    /// budget currency (`BUDGET_CURRENCY`), its decimals and name. `null` when the router pays
+    /// with nothing.
     #[schema(required = true)]
     pub unit: Option<UnitDescription>,
 }
@@ -194,7 +195,8 @@ pub struct RouterDescription {
 pub struct UnitDescription {
     /// An amount of `10^decimals` atomic units is one token.
     pub decimals: u8,
-    /// The symbol of every payable asset, when they share one (e.g. `USDC`); else `null`.
+    /// The symbol of every payable asset, when they share one (e.g. `USDC`), or the budget
+    /// currency (e.g. `USD`); else `null`.
     #[schema(required = true)]
     pub symbol: Option<String>,
 }
@@ -237,8 +239,8 @@ fn describe(state: &AppState) -> RouterDescription {
     let mut networks: std::collections::BTreeMap<_, Vec<AssetDescription>> = std::collections::BTreeMap::new();
     for (network, asset) in supported.payable_assets() {
         let decimals = supported.decimals(network, asset);
-        let Some(decimals) = decimals.filter(|_| unit.is_some() && decimals == unit) else {
-            continue; // never paid: its decimals are unknown or not the router's unit
+        let Some(decimals) = decimals.filter(|_| supported.rate(network, asset).is_some()) else {
+            continue; // never paid: its decimals are unknown, not the router's unit, or it has no value
         };
         let eip3009 = !supported.is_permit2_only(network, asset);
         let methods = if eip3009 {
@@ -288,7 +290,11 @@ fn describe(state: &AppState) -> RouterDescription {
         .into_iter()
         .filter(|m| assets().any(|a| a.asset_transfer_methods.contains(m)))
         .collect();
-    let unit = unit_of(assets());
+    // With a budget currency, amounts the router keeps (caps, budgets) are counted in it.
+    let unit = match &state.config.payments.budget {
+        Some(b) => Some(UnitDescription { decimals: b.decimals, symbol: Some(b.currency.clone()) }),
+        None => unit_of(assets()),
+    };
     RouterDescription {
         name: "x402-router",
         version: env!("CARGO_PKG_VERSION"),

@@ -17,6 +17,7 @@ mod channels;
 mod cli;
 mod concurrency;
 mod console;
+mod decimals;
 mod deployment;
 mod discovery;
 mod failover;

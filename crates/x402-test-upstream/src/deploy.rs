@@ -1,8 +1,10 @@
-//! `deploy`: TestToken and PlainToken (an ERC-20 without EIP-3009) from the embedded fixtures;
+//! `deploy`: TestToken, TestToken18 (18 decimals; minted 10^12 times each `--mint` amount, the
+//! same value) and PlainToken (an ERC-20 without EIP-3009) from the embedded fixtures;
 //! Multicall3, Permit2, the two x402 Permit2 proxies and the x402 batch-settlement channel
 //! contract with its two deposit collectors via `anvil_setCode` at their canonical addresses; then mints both tokens, and approves Permit2 for both from each
 //! `--approve-permit2` key.
-//! Prints one JSON line `{"token": "0x…", "plain_token": "0x…", "chain_id": N}` on stdout.
+//! Prints one JSON line `{"token": "0x…", "token18": "0x…", "plain_token": "0x…", "chain_id": N}`
+//! on stdout.
 
 use std::io::Write;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use crate::fixtures;
 #[derive(serde::Serialize)]
 struct Deployed {
     token: String,
+    token18: String,
     plain_token: String,
     permit_token: String,
     chain_id: u64,
@@ -34,6 +37,8 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
 
     let token = deploy(&chain, fixtures::test_token_creation_code()?, "TestToken").await?;
     tracing::info!(%token, chain_id, deployer = %chain.sender(), "TestToken deployed");
+    let token18 = deploy(&chain, fixtures::test_token18_creation_code()?, "TestToken18").await?;
+    tracing::info!(%token18, "TestToken18 (18 decimals) deployed");
     let plain_token = deploy(&chain, fixtures::plain_token_creation_code()?, "PlainToken").await?;
     tracing::info!(%plain_token, "PlainToken (no EIP-3009) deployed");
     let permit_token = deploy(&chain, fixtures::permit_token_creation_code()?, "PermitToken").await?;
@@ -79,21 +84,11 @@ pub async fn run(args: DeployArgs) -> anyhow::Result<()> {
         }
     }
 
-    // PermitToken is minted but never approved for Permit2: its payers grant the allowance by
-    // an EIP-2612 permit (gas sponsoring).
-    for mint in &args.mints {
-        let call = ITestToken::mintCall { to: mint.to, value: mint.amount.0 };
-        chain
-            .send_and_confirm(
-                TransactionRequest::default().with_to(permit_token).with_input(call.abi_encode()),
-                MINE_TIMEOUT,
-            )
-            .await
-            .with_context(|| format!("minting {} of {permit_token} to {}", mint.amount, mint.to))?;
-    }
+    mint_unapproved(&chain, &args.mints, permit_token, token18).await?;
 
     let line = serde_json::to_string(&Deployed {
         token: token.to_checksum(None),
+        token18: token18.to_checksum(None),
         plain_token: plain_token.to_checksum(None),
         permit_token: permit_token.to_checksum(None),
         chain_id,
@@ -118,4 +113,30 @@ async fn deploy(
         bail!("the deployment receipt {} of {name} has no contract address", receipt.transaction_hash);
     };
     Ok(address)
+}
+
+/// Mints PermitToken and TestToken18 to every `--mint` recipient, approving nothing:
+/// PermitToken's payers grant the allowance by an EIP-2612 permit (gas sponsoring), and
+/// TestToken18 is paid with EIP-3009. TestToken18 gets the same value as TestToken.
+async fn mint_unapproved(
+    chain: &Chain,
+    mints: &[crate::cli::Mint],
+    permit_token: alloy::primitives::Address,
+    token18: alloy::primitives::Address,
+) -> anyhow::Result<()> {
+    let scale = alloy::primitives::U256::from(10u64.pow(12));
+    for (asset, factor) in [(permit_token, alloy::primitives::U256::from(1u8)), (token18, scale)] {
+        for mint in mints {
+            let value = mint.amount.0.saturating_mul(factor);
+            let call = ITestToken::mintCall { to: mint.to, value };
+            chain
+                .send_and_confirm(
+                    TransactionRequest::default().with_to(asset).with_input(call.abi_encode()),
+                    MINE_TIMEOUT,
+                )
+                .await
+                .with_context(|| format!("minting {value} of {asset} to {}", mint.to))?;
+        }
+    }
+    Ok(())
 }

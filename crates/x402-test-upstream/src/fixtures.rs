@@ -8,6 +8,8 @@ use serde::Deserialize;
 pub const MULTICALL3: Address = address!("0xcA11bde05977b3631167028862bE2a173976CA11");
 
 const TEST_TOKEN_JSON: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/TestToken.json"));
+const TEST_TOKEN18_JSON: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/TestToken18.json"));
 const PLAIN_TOKEN_JSON: &str =
     include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/PlainToken.json"));
 const PERMIT_TOKEN_JSON: &str =
@@ -66,6 +68,14 @@ pub fn test_token_creation_code() -> Result<Bytes, FixtureError> {
     artifact("TestToken.json", TEST_TOKEN_JSON).map(|a| a.bytecode)
 }
 
+/// Creation code of TestToken18, TestToken with 18 decimals (no constructor arguments).
+///
+/// # Errors
+/// A fixture that does not parse.
+pub fn test_token18_creation_code() -> Result<Bytes, FixtureError> {
+    artifact("TestToken18.json", TEST_TOKEN18_JSON).map(|a| a.bytecode)
+}
+
 /// Creation code of PermitToken, an ERC-20 with EIP-2612 `permit` and without EIP-3009 (no
 /// constructor arguments).
 ///
@@ -119,6 +129,7 @@ mod tests {
     #[test]
     fn embedded_fixtures_parse() {
         assert!(test_token_creation_code().unwrap().len() > 100);
+        assert!(test_token18_creation_code().unwrap().len() > 100);
         assert!(plain_token_creation_code().unwrap().len() > 100);
         assert!(multicall_runtime_code().unwrap().len() > 100);
         assert!(permit2_runtime_codes().unwrap().iter().all(|(_, code)| code.len() > 100));

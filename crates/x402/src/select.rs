@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use alloy::primitives::Address;
 
-use crate::money::Amount;
+use crate::money::{Amount, Rate};
 
 use super::network::Network;
 pub use super::rejection::{OptionRejection, RejectReason, Rejection};
@@ -35,13 +35,19 @@ pub const UPTO: &str = super::permit2::UPTO;
 /// Amounts (prices, `max_amount`, caps, budgets) are compared as atomic units only between
 /// assets of the same decimals: an asset whose decimals are unknown, or differ from the
 /// router's unit (the decimals every configured asset shares, see
-/// `config::PaymentConfig::check_one_unit`), is never paid.
+/// `config::PaymentConfig::check_one_unit`), is never paid. With a budget currency
+/// ([`Supported::with_budget`]) every asset of known decimals and value is paid, its prices
+/// counted in budget units ([`Supported::rate`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Supported {
     networks: BTreeSet<Network>,
     assets: BTreeSet<(Network, Address)>,
     decimals: BTreeMap<(Network, Address), u8>,
     permit2_only: BTreeSet<(Network, Address)>,
+    /// The budget currency's decimals, when one is configured (`BUDGET_CURRENCY`).
+    budget_decimals: Option<u8>,
+    /// With a budget currency: what one whole token of each asset is worth in it.
+    values: BTreeMap<(Network, Address), Rate>,
 }
 
 impl Supported {
@@ -56,7 +62,41 @@ impl Supported {
             assets: assets.into_iter().collect(),
             decimals: BTreeMap::new(),
             permit2_only: BTreeSet::new(),
+            budget_decimals: None,
+            values: BTreeMap::new(),
         }
+    }
+
+    /// Counts budgets in a budget currency of `decimals`, each asset's whole token worth
+    /// `values` of it: assets of different decimals then share one budget. An asset without
+    /// a value (or without known decimals) is never paid.
+    #[must_use]
+    pub fn with_budget(mut self, decimals: u8, values: impl IntoIterator<Item = ((Network, Address), Rate)>) -> Self {
+        self.budget_decimals = Some(decimals);
+        self.values.extend(values);
+        self
+    }
+
+    /// The budget currency's decimals, when one is configured.
+    pub fn budget_decimals(&self) -> Option<u8> {
+        self.budget_decimals
+    }
+
+    /// How many budget units one atomic unit of `asset` counts: with a budget currency, its
+    /// value over its decimals; without one, one for an asset in the router's unit. `None`:
+    /// the asset is never paid (no value, unknown decimals, or outside the one unit).
+    pub fn rate(&self, network: Network, asset: Address) -> Option<Rate> {
+        let decimals = self.decimals(network, asset)?;
+        match self.budget_decimals {
+            Some(budget) => Rate::of_asset(*self.values.get(&(network, asset))?, decimals, budget).ok(),
+            None => (self.unit() == Some(decimals)).then_some(Rate::ONE),
+        }
+    }
+
+    /// What `amount` of `asset` counts against budgets, caps and `max_amount` (rounded up);
+    /// `None`: never paid ([`Self::rate`]), or too large.
+    pub fn charge(&self, network: Network, asset: Address, amount: Amount) -> Option<Amount> {
+        self.rate(network, asset)?.charge(amount)
     }
 
     /// Records the assets without EIP-3009 (`X402_ASSETS` `+permit2`): paid only via
@@ -145,7 +185,7 @@ pub fn check(
         RejectReason::UnsupportedNetwork(requirement.network_raw().to_owned())
     } else if !supported.allows_asset(network, requirement.asset()) {
         RejectReason::UnsupportedAsset { network, asset: requirement.asset() }
-    } else if supported.unit().is_none() || supported.decimals(network, requirement.asset()) != supported.unit() {
+    } else if supported.rate(network, requirement.asset()).is_none() {
         RejectReason::UnknownUnit { network, asset: requirement.asset() }
     } else if permit2 == Some(false) && supported.is_permit2_only(network, requirement.asset()) {
         RejectReason::NoEip3009 { network, asset: requirement.asset() }
@@ -157,14 +197,25 @@ pub fn check(
         RejectReason::ZeroAmount
     } else if requirement.max_timeout_seconds() == 0 {
         RejectReason::ZeroTimeout
-    } else if amount > max_amount {
-        RejectReason::OverMaxAmount { amount, max_amount }
-    } else if let Some(limit) = agent_limit.filter(|&limit| amount > limit) {
-        RejectReason::OverAgentLimit { amount, limit }
     } else {
-        return None;
+        return over_limits(supported.charge(network, requirement.asset(), amount), max_amount, agent_limit);
     };
     Some(reason)
+}
+
+/// Whether a price that counts `charge` (budget units; `None`: too large to count) is over
+/// `max_amount` or the agent's limit.
+fn over_limits(charge: Option<Amount>, max_amount: Amount, agent_limit: Option<Amount>) -> Option<RejectReason> {
+    let Some(amount) = charge else {
+        return Some(RejectReason::OverMaxAmount {
+            amount: Amount::from_u256(alloy::primitives::U256::MAX),
+            max_amount,
+        });
+    };
+    if amount > max_amount {
+        return Some(RejectReason::OverMaxAmount { amount, max_amount });
+    }
+    agent_limit.filter(|&limit| amount > limit).map(|limit| RejectReason::OverAgentLimit { amount, limit })
 }
 
 /// Picks the cheapest payable option of `accepts` (ties: earliest), or says why there is none.
@@ -186,10 +237,9 @@ pub fn select<'a>(
         match check(requirement, supported, max_amount, agent_limit) {
             Some(reason) => options.push(OptionRejection { index: requirement.index(), reason }),
             None => {
-                // Every payable option is in the router's unit (see `check`), so atomic
-                // units compare directly.
-                let cheaper =
-                    best.is_none_or(|b| (requirement.amount(), requirement.index()) < (b.amount(), b.index()));
+                // Every payable option has a rate (see `check`): compared by what each counts.
+                let cost = |r: &Requirement| supported.charge(r.network(), r.asset(), r.amount());
+                let cheaper = best.is_none_or(|b| (cost(requirement), requirement.index()) < (cost(b), b.index()));
                 if cheaper {
                     best = Some(requirement);
                 }
@@ -262,6 +312,32 @@ mod tests {
         assert!(select(&accepts, &unknown, amount(50_000), None).is_err());
         // One unit: payable.
         assert_eq!(select(&accepts, &supported(), amount(50_000), None).unwrap().amount(), amount(10_000));
+    }
+
+    #[test]
+    fn with_a_budget_currency_assets_of_other_decimals_compare_by_what_they_count() {
+        let (base, sepolia) = ((Network::BASE, USDC_BASE), (Network::BASE_SEPOLIA, USDC_SEPOLIA));
+        let one = Rate::ONE;
+        // USDC_BASE stands for an 18-decimal stablecoin here.
+        let mixed = supported().with_decimals([(base, 18)]).with_budget(6, [(base, one), (sepolia, one)]);
+        // 0.009 of the 18-decimal token is cheaper than 0.01 USDC, although its atomic amount is larger.
+        let accepts = parse(vec![
+            entry("eip155:84532", USDC_SEPOLIA, "10000"),
+            entry("eip155:8453", USDC_BASE, "9000000000000000"),
+        ]);
+        assert_eq!(select(&accepts, &mixed, amount(50_000), None).unwrap().index(), 1);
+        // max_amount and the agent's limit are budget units: 9000 counts, not 9·10^15.
+        assert!(select(&accepts[1..], &mixed, amount(9_000), Some(amount(9_000))).is_ok());
+        let over = select(&accepts[1..], &mixed, amount(50_000), Some(amount(8_999))).unwrap_err();
+        assert!(over.is_over_budget(), "{over}");
+        // One wei counts one budget unit (rounded against the spender).
+        let tiny = parse(vec![entry("eip155:8453", USDC_BASE, "1")]);
+        assert!(select(&tiny, &mixed, amount(0), None).is_err());
+        assert!(select(&tiny, &mixed, amount(1), None).is_ok());
+        // An asset without a value is never paid.
+        let no_value = supported().with_decimals([(base, 18)]).with_budget(6, [(sepolia, one)]);
+        let rejection = select(&accepts[1..], &no_value, amount(u64::MAX), None).unwrap_err();
+        assert!(matches!(rejection.options[0].reason, RejectReason::UnknownUnit { .. }), "{rejection}");
     }
 
     fn entry(network: &str, asset: Address, amount: &str) -> Value {

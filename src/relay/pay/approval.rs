@@ -20,8 +20,9 @@ impl PaidCall<'_> {
             shown_url: &shown,
         };
         let threshold = self.threshold().await?;
+        let charge = self.charge_of(&terms.network, &terms.asset, terms.amount);
         let ttl = self.state.config.approval_ttl;
-        let gate = approvals::gate(&mut *self.db().await?, call, terms, threshold, ttl).await?;
+        let gate = approvals::gate(&mut *self.db().await?, call, (terms, charge), threshold, ttl).await?;
         match gate {
             Gate::Clear => Ok(()),
             Gate::Held(held) => {
@@ -33,6 +34,24 @@ impl PaidCall<'_> {
             }
             Gate::KeyReused => Err(Error::KeyReused),
         }
+    }
+
+    /// What `amount` of `asset` on `network` (CAIP-2, as the ledger writes them) counts against
+    /// the agent's caps: the amount itself without a budget currency; with one, its budget
+    /// units, rounded up (`None`: the asset has no value, or too large).
+    pub(super) fn charge_of(
+        &self,
+        network: &str,
+        asset: &str,
+        amount: crate::money::Amount,
+    ) -> Option<crate::money::Amount> {
+        use std::str::FromStr;
+        let supported = &self.state.supported;
+        if supported.budget_decimals().is_none() {
+            return Some(amount);
+        }
+        let network = crate::x402::Network::from_str(network).ok()?;
+        supported.charge(network, alloy::primitives::Address::from_str(asset).ok()?, amount)
     }
 
     /// Whether the agent has an approval threshold (then no payment is made ahead on known

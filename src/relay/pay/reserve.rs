@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::call::PaidCall;
 use super::scheme::{Resigned, Signing, stored};
 use crate::faults::Point;
-use crate::money::Amount;
+use crate::money::{Amount, Rate};
 use crate::payments::limits::Refusal;
 use crate::payments::reprice::{Repriced, reprice};
 use crate::payments::sealed::{Exact, Kept, Sealed};
@@ -40,6 +40,10 @@ impl PaidCall<'_> {
     /// [`Error::Superseded`] when the lease was lost; database errors.
     pub(super) async fn reserve<S: serde::Serialize>(&self, signing: &Signing<S>) -> Result<Option<Refusal>, Error> {
         let (own, attempt, c) = (self.own, &signing.attempt, &signing.columns);
+        let rate = match budget_rate(&self.state.supported, &c.network, &c.asset) {
+            Ok(rate) => rate,
+            Err(refusal) => return Ok(Some(refusal)),
+        };
         let authorization = stored(&attempt.signed)?;
         let kept = self.keep(attempt.id, &signing.exact)?;
         let row = store::NewPayment {
@@ -54,6 +58,7 @@ impl PaidCall<'_> {
             network: &c.network,
             asset: &c.asset,
             amount: c.amount,
+            rate,
             pay_to: &c.pay_to,
             payer: &c.payer,
             upstream_host: &self.call.upstream_host(),
@@ -155,6 +160,22 @@ pub(in crate::relay::pay) async fn record_charge(
     if let Err(e) = written {
         tracing::warn!(agent_id = %agent_id, error = %e, "could not lower a reservation to what moved");
     }
+}
+
+/// The budget rate an intent of `asset` on `network` (as the ledger writes them) is recorded
+/// with: `None` without a budget currency (it counts its amount); with one, the asset's rate,
+/// or a refusal when it has none (fail closed: a payment that cannot be counted is not made).
+fn budget_rate(supported: &crate::x402::Supported, network: &str, asset: &str) -> Result<Option<Rate>, Refusal> {
+    use std::str::FromStr;
+    if supported.budget_decimals().is_none() {
+        return Ok(None);
+    }
+    let parsed = (crate::x402::Network::from_str(network).ok(), alloy::primitives::Address::from_str(asset).ok());
+    match parsed {
+        (Some(n), Some(a)) => supported.rate(n, a).map(Some),
+        _ => None,
+    }
+    .ok_or_else(|| Refusal::OverBudget(format!("the asset {asset} on {network} has no value in the budget currency")))
 }
 
 fn fenced(reservation: Reservation) -> Result<Option<Refusal>, Error> {

@@ -28,6 +28,15 @@ sol! {
 
 /// anvil #0: deployer and facilitator (pays gas).
 pub const FACILITATOR_KEY: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+/// anvil #5 to #9: facilitators of further test upstreams on one chain ([`Devnet::upstream_of`]),
+/// one each, so that no two processes send transactions from one account (nonce races).
+const MORE_FACILITATOR_KEYS: [&str; 5] = [
+    "0x8b3a350cf5c34c9194ca85829a2df0ec3153be0318b5e2d3348e872092edffba",
+    "0x92db14e403b83dfe3df233f83dfa3a0d7096f21ca9b0d6d6b8d88b2b4ec1564e",
+    "0x4bbbf85ce3377467afe5d46f804f221813b2bb87f24d81f60f1fcdbf7cbf4356",
+    "0xdbda1821b80551c9d65939329250298aa3472ba22feea921c0cf5d620ea67b97",
+    "0x2a871d0798f97d79848a013d4936a73bf4cc922c825d33c1cf7073dff6d409c6",
+];
 /// anvil #1: the router's wallet in tests (see `ROUTER_KEY`).
 pub const ROUTER_ADDRESS: Address = address!("0x70997970C51812dc3A010C7d01b50e0d17dc79C8");
 /// anvil #2: the upstream's payTo.
@@ -85,6 +94,8 @@ pub struct Devnet {
     /// The chain id anvil runs with (the router's network is `eip155:<chain_id>`).
     pub chain_id: u64,
     pub token: Address,
+    /// TestToken18: TestToken with 18 decimals (the same value, 10^21, minted to the router).
+    pub token18: Address,
     /// PlainToken: an ERC-20 without EIP-3009 (1000 minted to the router, Permit2 approved).
     pub plain_token: Address,
     /// PermitToken: an ERC-20 with EIP-2612 and without EIP-3009 (1000 minted to the router,
@@ -95,6 +106,8 @@ pub struct Devnet {
     anvil: Option<Child>,
     server: Option<Child>,
     provider: RootProvider,
+    /// Further upstreams started ([`Devnet::upstream_of`]): picks each one's facilitator.
+    more_upstreams: std::sync::atomic::AtomicUsize,
 }
 
 impl Devnet {
@@ -118,48 +131,42 @@ impl Devnet {
         assert!(deploy.status.success(), "deploy failed: {}", String::from_utf8_lossy(&deploy.stderr));
         let line: Value = serde_json::from_slice(&deploy.stdout).expect("deploy prints one JSON line");
         let token = Address::from_str(line["token"].as_str().unwrap()).unwrap();
+        let token18 = Address::from_str(line["token18"].as_str().unwrap()).unwrap();
         let plain_token = Address::from_str(line["plain_token"].as_str().unwrap()).unwrap();
         let permit_token = Address::from_str(line["permit_token"].as_str().unwrap()).unwrap();
 
-        let mut server = Command::new(upstream_bin())
-            .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", &rpc_url, "--token", &token.to_string()])
-            .args(["--plain-token", &plain_token.to_string()])
-            .args(["--permit-token", &permit_token.to_string()])
-            .args([
-                "--pay-to",
-                &PAY_TO.to_string(),
-                "--facilitator-key",
-                FACILITATOR_KEY,
-                "--price",
-                &PRICE.to_string(),
-                "--network",
-                &format!("eip155:{chain_id}"),
-                "--network-v1",
-                x402_router::x402::Network::from_chain_id(chain_id).unwrap().v1_name().unwrap_or("local-test-chain"),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdout = server.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
-        let listening: Value = serde_json::from_str(&first).unwrap();
-        let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
-        // Keep draining stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let extra = [
+            "--plain-token".to_owned(),
+            plain_token.to_string(),
+            "--permit-token".to_owned(),
+            permit_token.to_string(),
+            "--price".to_owned(),
+            PRICE.to_string(),
+        ];
+        let (server, upstream) = serve_upstream(&rpc_url, chain_id, (token, FACILITATOR_KEY), &extra).await;
         Self {
             rpc_url,
             chain_id,
             token,
+            token18,
             plain_token,
             permit_token,
             upstream,
             anvil: Some(anvil),
             server: Some(server),
             provider,
+            more_upstreams: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Another test upstream on this chain asking `price` of `token` on every paid route
+    /// (killed when dropped), settling from an account of its own (at most five per chain).
+    pub async fn upstream_of(&self, token: Address, price: U256) -> SecondUpstream {
+        let extra = ["--price".to_owned(), price.to_string()];
+        let n = self.more_upstreams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let key = MORE_FACILITATOR_KEYS[n];
+        let (child, url) = serve_upstream(&self.rpc_url, self.chain_id, (token, key), &extra).await;
+        SecondUpstream { url, _child: child }
     }
 
     /// Router options that pay on this chain with this token.
@@ -242,6 +249,55 @@ impl Devnet {
             let _ = a.kill().await;
         }
     }
+}
+
+/// A test upstream besides the devnet's own ([`Devnet::upstream_of`]).
+pub struct SecondUpstream {
+    pub url: String,
+    _child: Child,
+}
+
+impl SecondUpstream {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+}
+
+/// Starts `x402-test-upstream serve` on `chain_id` asking payment in `token`, settling with
+/// `facilitator`'s key, with `extra` flags: the process (killed when dropped) and its base URL,
+/// once it listens.
+async fn serve_upstream(
+    rpc_url: &str,
+    chain_id: u64,
+    (token, facilitator): (Address, &str),
+    extra: &[String],
+) -> (Child, String) {
+    let mut server = Command::new(upstream_bin())
+        .args(["serve", "--bind", "127.0.0.1:0", "--rpc-url", rpc_url, "--token", &token.to_string()])
+        .args(extra)
+        .args([
+            "--pay-to",
+            &PAY_TO.to_string(),
+            "--facilitator-key",
+            facilitator,
+            "--network",
+            &format!("eip155:{chain_id}"),
+            "--network-v1",
+            x402_router::x402::Network::from_chain_id(chain_id).unwrap().v1_name().unwrap_or("local-test-chain"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let listening: Value = serde_json::from_str(&first).unwrap();
+    let upstream = format!("http://{}", listening["listening"].as_str().unwrap());
+    // Keep draining stdout so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (server, upstream)
 }
 
 impl Drop for Devnet {

@@ -19,8 +19,8 @@ pub mod upstream;
 
 pub use app::*;
 pub use chain::{
-    BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, crash_after_signing, paid_app_with, reconcile_now, router_nonce,
-    settle_kept,
+    BareAnvil, Devnet, PAY_TO, PRICE, ROUTER_ADDRESS, SecondUpstream, crash_after_signing, paid_app_with,
+    reconcile_now, router_nonce, settle_kept,
 };
 pub use db::TestDb;
 pub use freeze::{freeze_at, hold_at};

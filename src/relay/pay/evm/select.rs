@@ -49,17 +49,18 @@ pub(super) async fn choose(
 }
 
 /// Why a recorded intent of `requirement` may no longer be sent: its asset is no longer
-/// configured (or not in the router's unit), or its amount is over the agent's current
-/// per-call cap.
+/// configured (or not in the router's unit, or without a value in the budget currency), or
+/// what it counts is over the agent's current per-call cap.
 pub(super) fn still_payable(pc: &PaidCall<'_>, requirement: &Requirement, spend: &Spend) -> Option<Declined> {
     let supported = &pc.state.supported;
     let (network, asset) = (requirement.network(), requirement.asset());
-    let unit_ok = supported.unit().is_some() && supported.decimals(network, asset) == supported.unit();
-    if !supported.allows_asset(network, asset) || !unit_ok {
+    // What it counts against the cap (budget units; its amount without a budget currency).
+    let charge = supported.charge(network, asset, requirement.amount());
+    let Some(charge) = charge.filter(|_| supported.allows_asset(network, asset)) else {
         return Some((
             Code::PaymentUnsupported,
             format!("asset {asset} on {network} is no longer configured for payments"),
         ));
-    }
-    agent::over_cap(spend, requirement.amount())
+    };
+    agent::over_cap(spend, charge)
 }
