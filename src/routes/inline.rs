@@ -128,6 +128,8 @@ errors! {
     PayloadTooLarge => [PayloadTooLarge];
     /// 429.
     RateLimited => [RateLimited];
+    /// 409 of a confirmation of a proposed change (the two-person rule).
+    ChangeConflict => [ChangeStale, ChangeDecided];
     /// 503 of `/route`.
     RouteUnavailable => [DatabaseUnavailable, PaymentNetworkUnavailable, PaymentsPaused];
 }

@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod approvals;
 mod audit;
+mod changes;
 mod console;
 mod discovery;
 mod health;
@@ -71,6 +72,9 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::GET, "/admin/approvals", |r| r.to(approvals::list)),
     (Method::POST, "/admin/approvals/{id}/approve", |r| r.to(approvals::approve)),
     (Method::POST, "/admin/approvals/{id}/deny", |r| r.to(approvals::deny)),
+    (Method::GET, "/admin/changes", |r| r.to(changes::list)),
+    (Method::POST, "/admin/changes/{id}/confirm", |r| r.to(changes::confirm)),
+    (Method::POST, "/admin/changes/{id}/reject", |r| r.to(changes::reject)),
     // Operator tokens: admins only, listing included.
     (Method::POST, "/admin/operators", |r| r.to(operators::create)),
     (Method::GET, "/admin/operators", |r| r.to(operators::list)),

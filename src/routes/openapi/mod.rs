@@ -64,6 +64,9 @@ use crate::mcp::policy::{Next, classify};
         super::approvals::list,
         super::approvals::approve,
         super::approvals::deny,
+        super::changes::list,
+        super::changes::confirm,
+        super::changes::reject,
         super::operators::create,
         super::operators::list,
         super::operators::revoke,
@@ -110,6 +113,8 @@ use crate::mcp::policy::{Next, classify};
         responses::BodyTooLarge,
         responses::LastAdmin,
         responses::ApprovalDecided,
+        responses::OwnChange,
+        responses::ChangeDecided,
         responses::AuthThrottled,
     )),
     modifiers(&EmptyBodyAllowed)
