@@ -44,5 +44,6 @@ mod stalls;
 mod stops;
 mod structure;
 mod terms;
+mod two_person;
 mod traces;
 mod validation;
