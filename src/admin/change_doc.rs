@@ -115,7 +115,9 @@ impl AgentChange {
         put(&mut out, "week_budget", amount(&self.week_budget).as_ref());
         put(&mut out, "lifetime_budget", amount(&self.lifetime_budget).as_ref());
         let hosts = self.host_budgets.as_ref().map(|h| {
-            h.as_ref().map(|h| h.iter().map(|(p, a)| (p.clone(), a.to_string())).collect::<std::collections::BTreeMap<_, _>>())
+            h.as_ref().map(|h| {
+                h.iter().map(|(p, a)| (p.clone(), a.to_string())).collect::<std::collections::BTreeMap<_, _>>()
+            })
         });
         put(&mut out, "host_budgets", hosts.as_ref());
         put(&mut out, "blocked_pay_to", self.blocked_pay_to.as_ref());

@@ -465,8 +465,8 @@ mod change_doc;
 pub mod proposals;
 mod settings;
 
-pub use proposals::{Done, Proposal, Rule};
 use proposals::Gate;
+pub use proposals::{Done, Proposal, Rule};
 
 pub use settings::{
     PauseRequest, RouterSettings, SettingsChange, SettingsPatch, parse_settings, set_paused, settings, update_settings,

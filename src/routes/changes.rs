@@ -12,8 +12,7 @@ use crate::audit::{BadQuery, Params};
 use crate::auth::{Admin, Viewer};
 use crate::error::{ApiError, PoolConn};
 use crate::routes::responses::{
-    AdminOnly, BadQuery as BadQueryAnswer, ChangeDecided, ForbiddenAgentKey, NotFound, OwnChange, Unauthorized,
-    Unavailable,
+    AdminOnly, BadQuery as BadQueryAnswer, ChangeDecided, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable,
 };
 use crate::state::AppState;
 
@@ -63,7 +62,8 @@ pub async fn list(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Re
     responses(
         (status = 200, description = "The change, confirmed and applied.", body = Proposal),
         (status = 401, response = Unauthorized),
-        (status = 403, response = OwnChange),
+        (status = 403, description = "A viewer's token or an agent key (`operator_only`), or the change's own proposer (`own_change`); nothing changed.",
+            body = inline(crate::routes::inline::ConfirmForbidden)),
         (status = 404, response = NotFound),
         (status = 409, description = "Already confirmed, rejected or expired (`change_decided`), or the agent or settings changed since the proposal (`change_stale`); nothing changed.",
             body = inline(crate::routes::inline::ChangeConflict)),

@@ -52,8 +52,6 @@ shared! {
     BodyTooLarge => error(Code::PayloadTooLarge, "The request body is larger than the endpoint takes; nothing changed.");
     /// 409 `approval_decided`.
     ApprovalDecided => error(Code::ApprovalDecided, "Already decided (by another operator, or twice) or expired (`approval_decided`, with `approval`); nothing changed.");
-    /// 403 `own_change`.
-    OwnChange => error(Code::OwnChange, "The proposer of a change cannot confirm it (`own_change`); another admin must. Nothing changed.");
     /// 409 `change_decided`.
     ChangeDecided => error(Code::ChangeDecided, "Already confirmed, rejected or expired (`change_decided`); nothing changed.");
     /// 409 `last_admin`.

@@ -44,6 +44,6 @@ mod stalls;
 mod stops;
 mod structure;
 mod terms;
-mod two_person;
 mod traces;
+mod two_person;
 mod validation;

@@ -85,11 +85,18 @@ async fn a_raise_waits_for_a_second_admin_and_spends_nothing_until_then() {
     assert_eq!((p["kind"].as_str(), p["proposed_by"].as_str()), (Some("agent.update"), Some("ada")), "{p}");
     assert_eq!(p["target"], agent.id.to_string());
     let daily = p["fields"].as_array().unwrap().iter().find(|f| f["field"] == "daily_budget").unwrap();
-    assert_eq!(daily, &json!({"field": "daily_budget", "before": (PRICE - 1).to_string(), "after": "1000000", "raises": true}));
+    assert_eq!(
+        daily,
+        &json!({"field": "daily_budget", "before": (PRICE - 1).to_string(), "after": "1000000", "raises": true})
+    );
     let name = p["fields"].as_array().unwrap().iter().find(|f| f["field"] == "name").unwrap();
     assert_eq!(name["raises"], false);
     let a = agent_json(&app, &viewer, agent.id).await;
-    assert_eq!((a["daily_budget"].as_str(), a["name"].as_str()), (Some("9999"), Some("test-agent")), "nothing applied: {a}");
+    assert_eq!(
+        (a["daily_budget"].as_str(), a["name"].as_str()),
+        (Some("9999"), Some("test-agent")),
+        "nothing applied: {a}"
+    );
 
     // While it waits, the agent's payment is refused by the old budget: nothing moves on-chain.
     let before = chain.balance(PAY_TO).await;
@@ -102,7 +109,10 @@ async fn a_raise_waits_for_a_second_admin_and_spends_nothing_until_then() {
     let (status, list) = call(&app, &viewer, "GET", "/admin/changes", None).await;
     assert_eq!(status, 200, "{list}");
     assert_eq!(list["require_second_admin"], true);
-    assert_eq!(list["changes"].as_array().unwrap().iter().map(|c| c["id"].as_str()).collect::<Vec<_>>(), [Some(id.as_str())]);
+    assert_eq!(
+        list["changes"].as_array().unwrap().iter().map(|c| c["id"].as_str()).collect::<Vec<_>>(),
+        [Some(id.as_str())]
+    );
     for what in ["confirm", "reject"] {
         let (status, body) = decide(&app, &viewer, &id, what).await;
         assert_eq!((status, body["code"].as_str()), (403, Some("operator_only")), "{body}");
@@ -115,7 +125,11 @@ async fn a_raise_waits_for_a_second_admin_and_spends_nothing_until_then() {
 
     // Bob confirms: exactly the proposed values apply, once.
     let (status, confirmed) = decide(&app, &bob, &id, "confirm").await;
-    assert_eq!((status, confirmed["state"].as_str(), confirmed["decided_by"].as_str()), (200, Some("confirmed"), Some("bob")), "{confirmed}");
+    assert_eq!(
+        (status, confirmed["state"].as_str(), confirmed["decided_by"].as_str()),
+        (200, Some("confirmed"), Some("bob")),
+        "{confirmed}"
+    );
     let a = agent_json(&app, &viewer, agent.id).await;
     assert_eq!((a["daily_budget"].as_str(), a["name"].as_str()), (Some("1000000"), Some("bot")), "{a}");
     let (status, again) = decide(&app, &bob, &id, "confirm").await;
@@ -134,11 +148,14 @@ async fn what_raises_is_proposed_what_lowers_or_stops_applies_at_once() {
     let app = spawn_app_with(ruled(vec![])).await;
     let (ada, bob) = (admin(&app, "ada").await, admin(&app, "bob").await);
     let agent = app.agent.clone();
-    exec(&app.db, &format!(
-        "UPDATE agents SET max_per_call = 100, daily_budget = 1000, allowed_hosts = '{{a.example.com}}', \
+    exec(
+        &app.db,
+        &format!(
+            "UPDATE agents SET max_per_call = 100, daily_budget = 1000, allowed_hosts = '{{a.example.com}}', \
            blocked_pay_to = '{{0x00000000000000000000000000000000000000aa}}', approval_above = 50 WHERE id = '{}'",
-        agent.id
-    ))
+            agent.id
+        ),
+    )
     .await;
     for lowering in [
         json!({"max_per_call": "90"}),
@@ -166,7 +183,11 @@ async fn what_raises_is_proposed_what_lowers_or_stops_applies_at_once() {
         assert_eq!(answer.0, 202, "{raising}: {}", answer.1);
     }
     let a = agent_json(&app, &ada, agent.id).await;
-    assert_eq!((a["max_per_call"].as_str(), a["daily_budget"].as_str()), (Some("90"), Some("900")), "the mixed change's lowering waits too: {a}");
+    assert_eq!(
+        (a["max_per_call"].as_str(), a["daily_budget"].as_str()),
+        (Some("90"), Some("900")),
+        "the mixed change's lowering waits too: {a}"
+    );
 
     // Disable at once, enable proposed; pause at once, resume proposed.
     assert_eq!(call(&app, &ada, "POST", &format!("/admin/agents/{}/disable", agent.id), None).await.0, 200);
@@ -200,7 +221,10 @@ async fn what_raises_is_proposed_what_lowers_or_stops_applies_at_once() {
     assert_eq!(status, 201, "{made}");
     assert_eq!(made["agent"]["disabled"], true);
     assert_eq!(made["enable_change"]["kind"], "agent.enable");
-    let new = Agent { id: made["agent"]["agent_id"].as_str().unwrap().parse().unwrap(), key: made["api_key"].as_str().unwrap().into() };
+    let new = Agent {
+        id: made["agent"]["agent_id"].as_str().unwrap().parse().unwrap(),
+        key: made["api_key"].as_str().unwrap().into(),
+    };
     let up = TestUpstream::start().await;
     let refused = app.route_as(&new, &new_key(), &json!({"url": up.url("/ok")})).await;
     assert_eq!(refused.status(), 403);
@@ -219,14 +243,19 @@ async fn a_confirmation_never_overwrites_a_change_that_landed_in_between() {
     let app = spawn_app_with(ruled(vec![])).await;
     let (ada, bob, cy) = (admin(&app, "ada").await, admin(&app, "bob").await, admin(&app, "cy").await);
     let agent = app.agent.clone();
-    exec(&app.db, &format!("UPDATE agents SET daily_budget = 1000, month_budget = 10000 WHERE id = '{}'", agent.id)).await;
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 1000, month_budget = 10000 WHERE id = '{}'", agent.id))
+        .await;
     // Ada proposes a raise; Bob then lowers the month budget at once (an incident).
     let raise = proposed(&patch(&app, &ada, &agent, json!({"daily_budget": "5000"})).await);
     assert_eq!(patch(&app, &bob, &agent, json!({"month_budget": "100"})).await.0, 200);
     let (status, body) = decide(&app, &cy, &raise, "confirm").await;
     assert_eq!((status, body["code"].as_str()), (409, Some("change_stale")), "{body}");
     let a = agent_json(&app, &cy, agent.id).await;
-    assert_eq!((a["daily_budget"].as_str(), a["month_budget"].as_str()), (Some("1000"), Some("100")), "nothing written: {a}");
+    assert_eq!(
+        (a["daily_budget"].as_str(), a["month_budget"].as_str()),
+        (Some("1000"), Some("100")),
+        "nothing written: {a}"
+    );
     // Still pending (stale): it can be rejected, then never confirmed.
     assert_eq!(decide(&app, &ada, &raise, "reject").await.1["state"], "rejected");
     assert_eq!(decide(&app, &cy, &raise, "confirm").await.1["code"], "change_decided");
@@ -248,7 +277,8 @@ async fn a_confirmation_never_overwrites_a_change_that_landed_in_between() {
         at("expires_at") - at("created_at")
     };
     assert_eq!(ttl.num_seconds(), 7200);
-    exec(&app.db, &format!("UPDATE proposed_changes SET expires_at = now() - interval '1 second' WHERE id = '{late}'")).await;
+    exec(&app.db, &format!("UPDATE proposed_changes SET expires_at = now() - interval '1 second' WHERE id = '{late}'"))
+        .await;
     assert_eq!(decide(&app, &bob, &late, "confirm").await.1["code"], "change_decided");
     let (_, expired) = call(&app, &ada, "GET", "/admin/changes?state=expired", None).await;
     assert_eq!(expired["changes"][0]["id"], late.as_str(), "{expired}");
@@ -279,7 +309,11 @@ async fn admins_confirming_at_once_apply_each_change_once() {
     }
     let log = actions(&app).await;
     let count = |what: &str| log.iter().filter(|(a, _)| a == what).count();
-    assert_eq!((count("change.propose"), count("change.confirm"), count("agent.update")), (rounds, rounds, rounds), "{log:?}");
+    assert_eq!(
+        (count("change.propose"), count("change.confirm"), count("agent.update")),
+        (rounds, rounds, rounds),
+        "{log:?}"
+    );
 }
 
 #[actix_web::test]

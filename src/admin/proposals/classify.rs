@@ -42,8 +42,15 @@ enum Shape {
 
 fn shape(field: &str) -> Option<Shape> {
     Some(match field {
-        "max_per_call" | "daily_budget" | "month_budget" | "week_budget" | "lifetime_budget" | "approval_above"
-        | "calls_per_minute" | "payments_per_minute" | "wallet_daily_cap" => Shape::Cap,
+        "max_per_call"
+        | "daily_budget"
+        | "month_budget"
+        | "week_budget"
+        | "lifetime_budget"
+        | "approval_above"
+        | "calls_per_minute"
+        | "payments_per_minute"
+        | "wallet_daily_cap" => Shape::Cap,
         "allowed_hosts" | "allowed_pay_to" => Shape::Allow,
         "blocked_pay_to" => Shape::Block,
         "host_budgets" => Shape::HostBudgets,
@@ -190,7 +197,14 @@ mod tests {
         let now = json!({"name": "bot", "daily_budget": "100", "settled_24h": "7", "disabled": false});
         let change = json!({"name": "robot", "daily_budget": "200"});
         let f = fields(&now, change.as_object().unwrap());
-        assert_eq!(f.iter().map(|f| (f.field.as_str(), f.raises)).collect::<Vec<_>>(), [("daily_budget", true), ("name", false)]);
-        assert_eq!(base(&now), json!({"name": "bot", "daily_budget": "100", "disabled": false}), "usage is not watched");
+        assert_eq!(
+            f.iter().map(|f| (f.field.as_str(), f.raises)).collect::<Vec<_>>(),
+            [("daily_budget", true), ("name", false)]
+        );
+        assert_eq!(
+            base(&now),
+            json!({"name": "bot", "daily_budget": "100", "disabled": false}),
+            "usage is not watched"
+        );
     }
 }

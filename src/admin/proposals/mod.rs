@@ -181,7 +181,8 @@ struct Row {
 impl Row {
     /// The proposal and the watched values it was proposed against.
     fn into_proposal(self) -> QueryResult<(Proposal, Value)> {
-        let broken = |what: &str| diesel::result::Error::DeserializationError(format!("proposed_changes.{what}").into());
+        let broken =
+            |what: &str| diesel::result::Error::DeserializationError(format!("proposed_changes.{what}").into());
         let kind = ChangeKind::parse(&self.kind).ok_or_else(|| broken("kind"))?;
         let state = ProposalState::parse(&self.state).ok_or_else(|| broken("state"))?;
         let fields: Vec<FieldChange> = serde_json::from_value(self.fields).map_err(|_| broken("fields"))?;
@@ -405,7 +406,14 @@ pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> R
             }
             ChangeKind::SettingsUpdate => {
                 let patch = super::parse_settings(&proposal.change).map_err(|_| bad("values"))?;
-                super::settings::settings_change(c, actor, "settings.update", super::settings::SettingsWrite::Patch(&patch), gate).await?;
+                super::settings::settings_change(
+                    c,
+                    actor,
+                    "settings.update",
+                    super::settings::SettingsWrite::Patch(&patch),
+                    gate,
+                )
+                .await?;
             }
             ChangeKind::PaymentsResume => {
                 let write = super::settings::SettingsWrite::Paused { paused: false, unpaid: false };

@@ -113,7 +113,6 @@ use crate::mcp::policy::{Next, classify};
         responses::BodyTooLarge,
         responses::LastAdmin,
         responses::ApprovalDecided,
-        responses::OwnChange,
         responses::ChangeDecided,
         responses::AuthThrottled,
     )),
