@@ -118,6 +118,12 @@ const APPROVAL_PENDING: &str = "HTTP 202: the price is above the agent's `approv
 const APPROVAL_EXPIRED: &str = "No operator decided on the payment within `APPROVAL_TTL` (`approval`); nothing was signed or paid. A new key asks again.";
 /// [`Code::ApprovalDecided`]'s description.
 const APPROVAL_DECIDED: &str = "The approval was already decided (by another operator, or twice) or has expired; nothing changed. `approval` shows its state.";
+/// [`Code::OwnChange`]'s description.
+const OWN_CHANGE: &str = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a change is confirmed by an admin other than the one who proposed it; nothing changed.";
+/// [`Code::ChangeStale`]'s description.
+const CHANGE_STALE: &str = "What the proposed change would apply to (the agent's limits, or the settings) changed since it was proposed; nothing was written. Reject it and propose again against the current values.";
+/// [`Code::ChangeDecided`]'s description.
+const CHANGE_DECIDED: &str = "The proposed change was already confirmed or rejected (by another admin, or twice), or has expired (`CHANGE_TTL`); nothing changed.";
 /// [`Code::Permit2AllowanceRequired`]'s description.
 const PERMIT2_ALLOWANCE_REQUIRED: &str = "The upstream answered 412 (or 402) `permit2_allowance_required`: it takes payment only from a wallet that approved Uniswap Permit2 for the token, and the router's wallet has not. Nothing moved (`payment.status` `rejected` after the chain check). An operator runs `x402-router wallet approve-permit2 --network <caip2> --asset <token>`. (the signed authorization stays reserved until reconcile sees it expire unused)";
 /// [`Code::AlreadyPaid`]'s description.
@@ -316,15 +322,7 @@ impl Code {
                 "An operator denied the payment (`approval`); nothing was signed or paid. A new key asks again."
             }
             Self::ApprovalExpired => APPROVAL_EXPIRED,
-            Self::OwnChange => {
-                "Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a change is confirmed by an admin other than the one who proposed it; nothing changed."
-            }
-            Self::ChangeStale => {
-                "What the proposed change would apply to (the agent's limits, or the settings) changed since it was proposed; nothing was written. Reject it and propose again against the current values."
-            }
-            Self::ChangeDecided => {
-                "The proposed change was already confirmed or rejected (by another admin, or twice), or has expired (`CHANGE_TTL`); nothing changed."
-            }
+            Self::OwnChange | Self::ChangeStale | Self::ChangeDecided => self.two_person_description(),
             Self::PaymentOverMaxAmount => {
                 "The price is above the call's `max_amount` (or no `max_amount` was given). Nothing was signed. The key is completed."
             }
@@ -356,6 +354,15 @@ impl Code {
             Self::PaymentUnknown => PAYMENT_UNKNOWN,
             Self::AlreadyPaid => ALREADY_PAID,
             Self::Permit2AllowanceRequired => PERMIT2_ALLOWANCE_REQUIRED,
+        }
+    }
+
+    /// The descriptions of the two-person rule's codes.
+    fn two_person_description(self) -> &'static str {
+        match self {
+            Self::OwnChange => OWN_CHANGE,
+            Self::ChangeStale => CHANGE_STALE,
+            _ => CHANGE_DECIDED,
         }
     }
 

@@ -383,6 +383,26 @@ async fn changed(
     .await
 }
 
+/// Applies a confirmed proposal of the settings (`proposals::confirm`, inside its
+/// transaction) through the settings' one writer.
+async fn confirmed_settings(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    kind: proposals::ChangeKind,
+    change: &Value,
+    gate: Gate<'_>,
+) -> Result<(), AdminError> {
+    let patch;
+    let write = match kind {
+        proposals::ChangeKind::PaymentsResume => settings::SettingsWrite::Paused { paused: false, unpaid: false },
+        _ => {
+            patch = parse_settings(change).map_err(|_| Invalid("the stored change's values are unreadable".into()))?;
+            settings::SettingsWrite::Patch(&patch)
+        }
+    };
+    settings::settings_change(conn, actor, kind.as_str(), write, gate).await.map(|_| ())
+}
+
 /// Writes the fields `change` holds.
 async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &AgentChange) -> QueryResult<usize> {
     caps::apply(conn, id, change).await?;

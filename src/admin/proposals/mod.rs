@@ -404,20 +404,8 @@ pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> R
                 };
                 super::changed(c, actor, agent, proposal.kind.as_str(), write, gate).await?;
             }
-            ChangeKind::SettingsUpdate => {
-                let patch = super::parse_settings(&proposal.change).map_err(|_| bad("values"))?;
-                super::settings::settings_change(
-                    c,
-                    actor,
-                    "settings.update",
-                    super::settings::SettingsWrite::Patch(&patch),
-                    gate,
-                )
-                .await?;
-            }
-            ChangeKind::PaymentsResume => {
-                let write = super::settings::SettingsWrite::Paused { paused: false, unpaid: false };
-                super::settings::settings_change(c, actor, "payments.resume", write, gate).await?;
+            ChangeKind::SettingsUpdate | ChangeKind::PaymentsResume => {
+                super::confirmed_settings(c, actor, proposal.kind, &proposal.change, gate).await?;
             }
         }
         let after = serde_json::to_value(&proposal).ok();
