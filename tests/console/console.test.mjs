@@ -107,8 +107,8 @@ async function openPage(viewport = LAPTOP) {
   return { context, page, problems, urls };
 }
 
-async function signIn(page, token = OPERATOR_TOKEN) {
-  await page.goto(`${ROUTER}/console`);
+async function signIn(page, token = OPERATOR_TOKEN, base = ROUTER) {
+  await page.goto(`${base}/console`);
   await page.getByLabel('Operator token').fill(token);
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
@@ -950,6 +950,54 @@ await scenario('approvals: the queue shows held payments with their terms and sp
   // Every state: the two decided ones are still listed.
   await page.getByLabel('Show').selectOption('');
   await until('every approval listed', async () => (await rows.count()) >= 2);
+});
+
+await scenario('pending changes: a raise waits for a second admin; its proposer cannot confirm it, another admin does', async (open) => {
+  const RULED = env('X402_RULED_ROUTER_URL');
+  const req = async (base, token, path, method = 'GET', body = undefined) => {
+    const headers = { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' };
+    const resp = await fetch(`${base}${path}`, { method, headers, body: body && JSON.stringify(body) });
+    return { status: resp.status, body: await resp.json() };
+  };
+  const second = await req(ROUTER, OPERATOR_TOKEN, '/admin/operators', 'POST', { name: `second-admin-${process.pid}`, role: 'admin' });
+  assert(second.status === 201, `second admin: ${JSON.stringify(second)}`);
+  const made = await req(RULED, OPERATOR_TOKEN, '/admin/agents', 'POST', { name: 'changes-bot', daily_budget: '1000000' });
+  assert(made.status === 201 && made.body.agent.disabled === true && made.body.enable_change?.kind === 'agent.enable',
+    `a new agent is created disabled, its enabling proposed: ${JSON.stringify(made)}`);
+  const id = made.body.agent.agent_id;
+  const raise = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`, 'PATCH', { daily_budget: '5000000' });
+  assert(raise.status === 202 && raise.body.state === 'pending', `raise: ${JSON.stringify(raise)}`);
+
+  // The proposer (the bootstrap token) sees both, and cannot confirm them.
+  const { page } = await open();
+  await signIn(page, OPERATOR_TOKEN, RULED);
+  await nav(page, 'Pending changes').click();
+  const mine = page.locator('#changes-body tr[data-id]').filter({ hasText: 'changes-bot' });
+  await until('the two proposals listed', async () => (await mine.count()) >= 2);
+  const raiseRow = mine.filter({ hasText: 'agent.update' });
+  const fields = await raiseRow.locator('td').nth(2).textContent();
+  assert(/daily_budget: 1(\.00)? USDC → 5(\.00)? USDC/.test(fields), `amounts in the router's unit: ${fields}`);
+  assert(await raiseRow.getByRole('button', { name: /^Confirm change/ }).isDisabled(), 'the proposer cannot confirm');
+  assert(await raiseRow.getByRole('button', { name: /^Reject change/ }).isEnabled(), 'the proposer may withdraw');
+  assert((await page.locator('#changes-rule').textContent()).includes('second admin'), 'the rule is shown');
+  await page.screenshot({ path: `${SHOTS}/changes-proposer.png`, fullPage: true });
+
+  // Another admin confirms the raise and rejects the enabling.
+  const other = await open();
+  await signIn(other.page, second.body.token, RULED);
+  await nav(other.page, 'Pending changes').click();
+  const theirs = other.page.locator('#changes-body tr[data-id]').filter({ hasText: 'changes-bot' });
+  await until('the two proposals listed', async () => (await theirs.count()) >= 2);
+  const toConfirm = theirs.filter({ hasText: 'agent.update' });
+  await toConfirm.getByRole('button', { name: /^Confirm change/ }).click();
+  await toConfirm.locator('td.state').getByText('confirmed').waitFor({ timeout: WAIT });
+  const toReject = theirs.filter({ hasText: 'agent.enable' });
+  await toReject.getByRole('button', { name: /^Reject change/ }).click();
+  await toReject.locator('td.state').getByText('rejected').waitFor({ timeout: WAIT });
+  await other.page.screenshot({ path: `${SHOTS}/changes-decided.png`, fullPage: true });
+  const agent = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`);
+  assert(agent.body.daily_budget === '5000000' && agent.body.disabled === true, `applied: ${JSON.stringify(agent.body)}`);
+  await noSidewaysScroll(other.page, 'pending changes');
 });
 
 await browser.close();
