@@ -1,4 +1,4 @@
--- The two-person rule (issue 42, item 2; docs/DESIGN.md §8): with REQUIRE_SECOND_ADMIN, an
+-- The two-person rule (issue 42, item 2; docs/DESIGN.md §3): with REQUIRE_SECOND_ADMIN, an
 -- admin change that raises spending power is recorded here as proposed and applied only when
 -- a different admin confirms it.
 --   kind        agent.update | agent.enable | settings.update | payments.resume

@@ -1,4 +1,4 @@
-//! Which changes raise spending power (docs/DESIGN.md §8, "The two-person rule"): a field's
+//! Which changes raise spending power (docs/DESIGN.md §3, "The two-person rule"): a field's
 //! value before and after, both in the API's JSON form, decide. Unknown fields raise (fail
 //! closed), so a limit added later is held for a second admin until it is classified here.
 

@@ -1,4 +1,4 @@
-//! The two-person rule (issue 42, item 2; docs/DESIGN.md §8): with `REQUIRE_SECOND_ADMIN`, an
+//! The two-person rule (issue 42, item 2; docs/DESIGN.md §3): with `REQUIRE_SECOND_ADMIN`, an
 //! admin change that raises spending power ([`classify::raises`]) is recorded as proposed
 //! (`proposed_changes`) inside the change's own transaction, under the changed thing's lock,
 //! and takes effect only when a *different* admin confirms it; lowering limits, disabling and
