@@ -51,13 +51,12 @@ function changeRow(p, names) {
   const target = p.target === 'settings' ? 'wallet settings' : (names.get(p.target) ?? p.target);
   const actions = el('td', {});
   if (p.state === 'pending') actions.append(decision(p, 'confirm', err, row), ' ', decision(p, 'reject', err, row), ' ');
-  if (p.state === 'pending' && mine(p)) actions.append(el('span', { class: 'muted', text: 'yours: another admin confirms it ' }));
   actions.append(err);
   row.append(
     el('td', { text: target, title: p.target }),
-    el('td', { class: 'mono', text: p.kind }),
+    el('td', { class: 'mono kind', text: p.kind }),
     el('td', {}, fieldsEl(p)),
-    el('td', { text: p.proposed_by, title: p.proposed_by_id ?? 'bootstrap token' }),
+    el('td', { text: mine(p) ? `${p.proposed_by} (you: another admin confirms)` : p.proposed_by, title: p.proposed_by_id ?? 'bootstrap token' }),
     el('td', { text: new Date(p.expires_at).toLocaleString() }),
     el('td', { class: 'state', text: p.state }),
     actions,

@@ -980,7 +980,9 @@ await scenario('pending changes: a raise waits for a second admin; its proposer 
   assert(await raiseRow.getByRole('button', { name: /^Confirm change/ }).isDisabled(), 'the proposer cannot confirm');
   assert(await raiseRow.getByRole('button', { name: /^Reject change/ }).isEnabled(), 'the proposer may withdraw');
   assert((await page.locator('#changes-rule').textContent()).includes('second admin'), 'the rule is shown');
+  assert((await raiseRow.locator('td').nth(3).textContent()).includes('(you'), 'the proposer is told it is theirs');
   await page.screenshot({ path: `${SHOTS}/changes-proposer.png`, fullPage: true });
+  await noSidewaysScroll(page, 'pending changes (proposer)');
 
   // Another admin confirms the raise and rejects the enabling.
   const other = await open();
