@@ -41,6 +41,12 @@ function decision(p, what, err, row) {
     const decided = await api(`/admin/changes/${p.id}/${what}`, { method: 'POST' });
     row.querySelector('.state').textContent = decided.state;
     for (const x of row.querySelectorAll('button')) x.remove();
+    if (decided.token) {
+      // A new admin's token: shown this once, to the admin who agreed to it.
+      const input = el('input', { readonly: true, class: 'mono', 'aria-label': `Token of the new admin ${p.change.name}`, spellcheck: 'false' });
+      input.value = decided.token;
+      row.lastChild.prepend(el('span', { text: 'New admin token, shown once: ' }), input, ' ');
+    }
   }));
   return b;
 }
@@ -48,7 +54,8 @@ function decision(p, what, err, row) {
 function changeRow(p, names) {
   const err = el('span', { class: 'error', role: 'alert' });
   const row = el('tr', { 'data-id': p.id });
-  const target = p.target === 'settings' ? 'wallet settings' : (names.get(p.target) ?? p.target);
+  const target = { settings: 'wallet settings', operators: `new operator ${p.change.name ?? ''}` }[p.target]
+    ?? names.get(p.target) ?? p.target;
   const actions = el('td', {});
   if (p.state === 'pending') actions.append(decision(p, 'confirm', err, row), ' ', decision(p, 'reject', err, row), ' ');
   actions.append(err);

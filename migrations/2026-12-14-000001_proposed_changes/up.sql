@@ -1,8 +1,8 @@
 -- The two-person rule (issue 42, item 2; docs/DESIGN.md §3): with REQUIRE_SECOND_ADMIN, an
 -- admin change that raises spending power is recorded here as proposed and applied only when
 -- a different admin confirms it.
---   kind        agent.update | agent.enable | settings.update | payments.resume
---   target      the agent's id, or 'settings'
+--   kind        agent.update | agent.enable | settings.update | payments.resume | operator.create
+--   target      the agent's id, 'settings', or 'operators' (a new admin operator)
 --   change      the proposed values, in the request's wire form (applied exactly at confirm)
 --   fields      what would change, field by field: [{field, before, after}]
 --   base        the target's limits when proposed; a confirm that finds them changed refuses
@@ -10,7 +10,7 @@
 --   'pending' past expires_at reads as expired (the database's clock decides).
 CREATE TABLE proposed_changes (
     id UUID PRIMARY KEY,
-    kind TEXT NOT NULL CHECK (kind IN ('agent.update', 'agent.enable', 'settings.update', 'payments.resume')),
+    kind TEXT NOT NULL CHECK (kind IN ('agent.update', 'agent.enable', 'settings.update', 'payments.resume', 'operator.create')),
     target TEXT NOT NULL,
     change JSONB NOT NULL,
     fields JSONB NOT NULL,

@@ -403,6 +403,22 @@ async fn confirmed_settings(
     settings::settings_change(conn, actor, kind.as_str(), write, gate).await.map(|_| ())
 }
 
+/// Creates the admin operator of a confirmed proposal (`proposals::confirm`, inside its
+/// transaction): its token, shown once to the confirming admin.
+async fn confirmed_operator(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    new: &crate::operators::manage::NewOperator,
+) -> Result<String, AdminError> {
+    use crate::operators::manage::{self, OperatorError};
+    match manage::create(conn, actor, new).await {
+        Ok((_, token)) => Ok(token),
+        Err(OperatorError::NoRandomness(e)) => Err(AdminError::NoRandomness(e)),
+        Err(OperatorError::Database(e)) => Err(AdminError::Database(e)),
+        Err(e) => Err(Invalid(e.to_string()).into()),
+    }
+}
+
 /// Writes the fields `change` holds.
 async fn apply(conn: &mut AsyncPgConnection, id: Uuid, change: &AgentChange) -> QueryResult<usize> {
     caps::apply(conn, id, change).await?;

@@ -60,7 +60,7 @@ pub async fn list(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Re
     security(("operatorToken" = [])),
     params(("id" = Uuid, Path, description = "The change's id (not a uuid: 404).")),
     responses(
-        (status = 200, description = "The change, confirmed and applied.", body = Proposal),
+        (status = 200, description = "The change, confirmed and applied (a new admin operator: with its `token`, shown this once).", body = proposals::Confirmed),
         (status = 401, response = Unauthorized),
         (status = 403, description = "A viewer's token or an agent key (`operator_only`), or the change's own proposer (`own_change`); nothing changed.",
             body = inline(crate::routes::inline::ConfirmForbidden)),

@@ -211,6 +211,12 @@ async fn two_person(spec: &Spec, app: &TestApp, ada: &str, nobody: Uuid) {
     assert_eq!(status, 202, "{p}");
     let id = p["id"].as_str().unwrap();
     assert_eq!(c.call("POST", reject, &format!("/admin/changes/{id}/reject"), Some(ada), None).await.0, 200);
+    let ops = "/admin/operators";
+    let (status, p) = c.call("POST", ops, ops, Some(ada), Some(json!({"name": "carol", "role": "admin"}))).await;
+    assert_eq!(status, 202, "{p}");
+    let id = p["id"].as_str().unwrap();
+    let (status, confirmed) = c.call("POST", confirm, &format!("/admin/changes/{id}/confirm"), Some(&bob), None).await;
+    assert!(status == 200 && confirmed["token"].is_string(), "{confirmed}");
     let settings = "/admin/settings";
     assert_eq!(c.call("PATCH", settings, settings, Some(ada), Some(json!({"wallet_daily_cap": "1"}))).await.0, 200);
     assert_eq!(c.call("PATCH", settings, settings, Some(ada), Some(json!({"wallet_daily_cap": null}))).await.0, 202);

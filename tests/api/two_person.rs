@@ -335,3 +335,31 @@ async fn with_the_rule_off_every_change_applies_at_once() {
     let a = agent_json(&app, &ada, agent.id).await;
     assert_eq!((a["daily_budget"].as_str(), a["disabled"].as_bool()), (None, Some(false)), "{a}");
 }
+
+#[actix_web::test]
+async fn a_lone_admin_cannot_mint_a_second_admin_to_confirm_their_own_raise() {
+    let app = spawn_app_with(ruled(vec![])).await;
+    let (ada, bob) = (admin(&app, "ada").await, admin(&app, "bob").await);
+    let agent = app.agent.clone();
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 10 WHERE id = '{}'", agent.id)).await;
+    let raise = proposed(&patch(&app, &ada, &agent, json!({"daily_budget": "1000000"})).await);
+    // Ada asks for a second admin token: proposed, no token, nothing created.
+    let sock =
+        call(&app, &ada, "POST", "/admin/operators", Some(json!({"name": "sock-puppet", "role": "admin"}))).await;
+    let sock_id = proposed(&sock);
+    assert_eq!(sock.1["kind"], "operator.create");
+    assert!(sock.1.get("token").is_none(), "{}", sock.1);
+    let (_, listed) = call(&app, &ada, "GET", "/admin/operators", None).await;
+    assert!(!listed.to_string().contains("sock-puppet"), "created before a second admin agreed: {listed}");
+    assert_eq!(decide(&app, &ada, &sock_id, "confirm").await.1["code"], "own_change");
+    assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "10", "the raise still waits");
+    // A viewer is not a vote: created at once.
+    let viewer = call(&app, &ada, "POST", "/admin/operators", Some(json!({"name": "watcher", "role": "viewer"}))).await;
+    assert_eq!(viewer.0, 201, "{}", viewer.1);
+    // Bob agrees to a new admin: he receives its token, which then counts as another admin.
+    let (status, confirmed) = decide(&app, &bob, &sock_id, "confirm").await;
+    assert_eq!((status, confirmed["state"].as_str()), (200, Some("confirmed")), "{confirmed}");
+    let carol = confirmed["token"].as_str().unwrap().to_owned();
+    assert_eq!(decide(&app, &carol, &raise, "confirm").await.0, 200);
+    assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "1000000");
+}

@@ -967,6 +967,9 @@ await scenario('pending changes: a raise waits for a second admin; its proposer 
   const id = made.body.agent.agent_id;
   const raise = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`, 'PATCH', { daily_budget: '5000000' });
   assert(raise.status === 202 && raise.body.state === 'pending', `raise: ${JSON.stringify(raise)}`);
+  const third = `third-admin-${process.pid}`;
+  const minted = await req(RULED, OPERATOR_TOKEN, '/admin/operators', 'POST', { name: third, role: 'admin' });
+  assert(minted.status === 202 && !minted.body.token, `a new admin is proposed, no token yet: ${JSON.stringify(minted)}`);
 
   // The proposer (the bootstrap token) sees both, and cannot confirm them.
   const { page } = await open();
@@ -996,6 +999,12 @@ await scenario('pending changes: a raise waits for a second admin; its proposer 
   const toReject = theirs.filter({ hasText: 'agent.enable' });
   await toReject.getByRole('button', { name: /^Reject change/ }).click();
   await toReject.locator('td.state').getByText('rejected').waitFor({ timeout: WAIT });
+  // A new admin: the confirming admin receives its token, once.
+  const newAdmin = other.page.locator('#changes-body tr[data-id]').filter({ hasText: third });
+  await newAdmin.getByRole('button', { name: /^Confirm change/ }).click();
+  const shown = newAdmin.getByLabel(`Token of the new admin ${third}`);
+  await shown.waitFor({ timeout: WAIT });
+  assert((await shown.inputValue()).startsWith('x4o_'), 'the new token is shown');
   await other.page.screenshot({ path: `${SHOTS}/changes-decided.png`, fullPage: true });
   const agent = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`);
   assert(agent.body.daily_budget === '5000000' && agent.body.disabled === true, `applied: ${JSON.stringify(agent.body)}`);

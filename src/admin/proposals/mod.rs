@@ -26,7 +26,8 @@ use uuid::Uuid;
 pub use classify::FieldChange;
 
 use super::{AdminError, Invalid};
-use crate::operators::{Actor, events};
+use crate::operators::manage::NewOperator;
+use crate::operators::{Actor, Role, events};
 
 /// The two-person rule of a deployment: `Some(CHANGE_TTL)` with `REQUIRE_SECOND_ADMIN`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,10 +96,15 @@ pub enum ChangeKind {
     /// `DELETE /admin/pause`.
     #[serde(rename = "payments.resume")]
     PaymentsResume,
+    /// `POST /admin/operators` with the `admin` role: a second vote the proposer must not
+    /// mint alone. The confirming admin receives the new token.
+    #[serde(rename = "operator.create")]
+    OperatorCreate,
 }
 
 impl ChangeKind {
-    const ALL: [Self; 4] = [Self::AgentUpdate, Self::AgentEnable, Self::SettingsUpdate, Self::PaymentsResume];
+    const ALL: [Self; 5] =
+        [Self::AgentUpdate, Self::AgentEnable, Self::SettingsUpdate, Self::PaymentsResume, Self::OperatorCreate];
 
     /// The stored name, also the action of the change's operator event.
     pub fn as_str(self) -> &'static str {
@@ -107,6 +113,7 @@ impl ChangeKind {
             Self::AgentEnable => "agent.enable",
             Self::SettingsUpdate => "settings.update",
             Self::PaymentsResume => "payments.resume",
+            Self::OperatorCreate => "operator.create",
         }
     }
 
@@ -120,7 +127,7 @@ impl ChangeKind {
 pub struct Proposal {
     pub id: Uuid,
     pub kind: ChangeKind,
-    /// The agent's id, or `settings`.
+    /// The agent's id, `settings`, or `operators`.
     pub target: String,
     pub state: ProposalState,
     /// The proposed values, as the request gave them (normalized); applied exactly.
@@ -263,6 +270,42 @@ async fn propose(
     Ok(proposal)
 }
 
+/// Under the rule, a new admin operator is proposed (nothing created, no token yet): the
+/// confirming admin creates it and receives its token. `None`: create it now.
+///
+/// # Errors
+/// Database errors.
+pub async fn propose_operator(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    rule: Rule,
+    new: &NewOperator,
+) -> QueryResult<Option<Proposal>> {
+    let Some(ttl) = rule.ttl.filter(|_| new.role == Role::Admin) else { return Ok(None) };
+    let change = serde_json::json!({ "name": new.name, "role": new.role });
+    let fields = [
+        FieldChange { field: "name".into(), before: Value::Null, after: change["name"].clone(), raises: false },
+        FieldChange { field: "role".into(), before: Value::Null, after: change["role"].clone(), raises: true },
+    ];
+    let kind = ChangeKind::OperatorCreate;
+    conn.transaction(async |c| {
+        propose(c, actor, kind, "operators", &change, &fields, &serde_json::json!({}), ttl).await
+    })
+    .await
+    .map(Some)
+}
+
+/// A confirmed change; for a new admin operator, its token (shown this once, to the
+/// confirming admin).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Confirmed {
+    #[serde(flatten)]
+    pub change: Proposal,
+    /// `operator.create`: the new admin's `x4o_…` token, shown this once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
 /// Most proposals one listing returns (newest first).
 pub const MAX_LISTED: i64 = 500;
 
@@ -386,9 +429,10 @@ pub async fn reject(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> Re
 /// # Errors
 /// [`DecideError::NotFound`], [`DecideError::Decided`], [`DecideError::OwnChange`],
 /// [`DecideError::Stale`] (nothing written); database errors.
-pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> Result<Proposal, DecideError> {
+pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> Result<Confirmed, DecideError> {
     conn.transaction::<_, DecideError, _>(async |c| {
         let (proposal, base) = claim(c, actor, id, true).await?;
+        let mut token = None;
         let gate = Gate::Confirmed(&base);
         let bad = |what: &str| DecideError::Admin(Invalid(format!("the stored change's {what} is unreadable")).into());
         match proposal.kind {
@@ -407,10 +451,15 @@ pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> R
             ChangeKind::SettingsUpdate | ChangeKind::PaymentsResume => {
                 super::confirmed_settings(c, actor, proposal.kind, &proposal.change, gate).await?;
             }
+            ChangeKind::OperatorCreate => {
+                let name = proposal.change["name"].as_str().ok_or_else(|| bad("name"))?;
+                let new = NewOperator::new(name, Role::Admin.as_str()).map_err(|_| bad("name"))?;
+                token = Some(super::confirmed_operator(c, actor, &new).await?);
+            }
         }
         let after = serde_json::to_value(&proposal).ok();
         events::record(c, actor, "change.confirm", Some(&id.to_string()), None, after.as_ref()).await?;
-        Ok(proposal)
+        Ok(Confirmed { change: proposal, token })
     })
     .await
 }
