@@ -337,4 +337,12 @@ mod approval_ttl_tests {
             assert!(parse_approval_ttl(bad).unwrap_err().to_string().contains("APPROVAL_TTL"), "{bad}");
         }
     }
+
+    #[test]
+    fn the_two_person_rule_is_off_by_default_and_its_ttl_checked() {
+        assert_eq!(parse_second_admin("false", "24h").unwrap(), None);
+        assert_eq!(parse_second_admin("true", "24h").unwrap(), Some(Duration::from_secs(86_400)));
+        assert!(parse_second_admin("true", "8d").unwrap_err().to_string().contains("CHANGE_TTL"));
+        assert!(parse_second_admin("maybe", "1h").unwrap_err().to_string().contains("REQUIRE_SECOND_ADMIN"));
+    }
 }
