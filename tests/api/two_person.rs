@@ -363,3 +363,18 @@ async fn a_lone_admin_cannot_mint_a_second_admin_to_confirm_their_own_raise() {
     assert_eq!(decide(&app, &carol, &raise, "confirm").await.0, 200);
     assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "1000000");
 }
+
+#[actix_web::test]
+async fn the_bootstrap_token_is_one_admin_too() {
+    const BOOTSTRAP: &str = "bootstrap-token-for-two-person-tests-0123";
+    let app = spawn_app_with(ruled(vec![("operator-token".into(), BOOTSTRAP.into())])).await;
+    let ada = admin(&app, "ada").await;
+    let agent = app.agent.clone();
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 10 WHERE id = '{}'", agent.id)).await;
+    let mine = proposed(&patch(&app, BOOTSTRAP, &agent, json!({"daily_budget": "20"})).await);
+    assert_eq!(decide(&app, BOOTSTRAP, &mine, "confirm").await.1["code"], "own_change");
+    assert_eq!(decide(&app, &ada, &mine, "confirm").await.0, 200);
+    let hers = proposed(&patch(&app, &ada, &agent, json!({"daily_budget": "30"})).await);
+    assert_eq!(decide(&app, BOOTSTRAP, &hers, "confirm").await.0, 200);
+    assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "30");
+}
