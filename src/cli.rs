@@ -221,6 +221,14 @@ pub struct ServeArgs {
     /// `2d`), from 1 s to 7 d.
     #[arg(long, env = "APPROVAL_TTL", default_value = "1h")]
     pub approval_ttl: String,
+    /// The two-person rule: an admin change that raises spending power waits for a second
+    /// admin's confirmation (`/admin/changes`).
+    #[arg(long, env = "REQUIRE_SECOND_ADMIN", default_value = "false")]
+    pub require_second_admin: String,
+    /// How long a proposed change waits for a second admin before it expires: as
+    /// `APPROVAL_TTL`, from 1 s to 7 d.
+    #[arg(long, env = "CHANGE_TTL", default_value = "24h")]
+    pub change_ttl: String,
     /// Pay ahead: remember each upstream's last payment requirements (per agent, method and
     /// URL without query) this many seconds, at most, and pay the next call on its first
     /// request instead of probing unpaid first. 0 turns it off; at most 86400.

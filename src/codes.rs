@@ -69,6 +69,13 @@ pub enum Code {
     /// 409: an operator's decision on an approval already decided (by another operator, or
     /// twice) or expired; nothing changed.
     ApprovalDecided,
+    // The two-person rule (`crate::admin::proposals`), operator API only: nothing changed.
+    /// 403: the proposer of a change tried to confirm it; another admin must.
+    OwnChange,
+    /// 409: what a proposed change would apply to changed since it was proposed.
+    ChangeStale,
+    /// 409: a proposed change already confirmed or rejected (or twice), or expired.
+    ChangeDecided,
     // Outcomes of the routed call (recorded: a retry with the same key replays them).
     /// 402: the price is above the call's `max_amount` (or no `max_amount` was given).
     PaymentOverMaxAmount,
@@ -111,6 +118,12 @@ const APPROVAL_PENDING: &str = "HTTP 202: the price is above the agent's `approv
 const APPROVAL_EXPIRED: &str = "No operator decided on the payment within `APPROVAL_TTL` (`approval`); nothing was signed or paid. A new key asks again.";
 /// [`Code::ApprovalDecided`]'s description.
 const APPROVAL_DECIDED: &str = "The approval was already decided (by another operator, or twice) or has expired; nothing changed. `approval` shows its state.";
+/// [`Code::OwnChange`]'s description.
+const OWN_CHANGE: &str = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a change is confirmed by an admin other than the one who proposed it; nothing changed.";
+/// [`Code::ChangeStale`]'s description.
+const CHANGE_STALE: &str = "What the proposed change would apply to (the agent's limits, or the settings) changed since it was proposed; nothing was written. Reject it and propose again against the current values.";
+/// [`Code::ChangeDecided`]'s description.
+const CHANGE_DECIDED: &str = "The proposed change was already confirmed or rejected (by another admin, or twice), or has expired (`CHANGE_TTL`); nothing changed.";
 /// [`Code::Permit2AllowanceRequired`]'s description.
 const PERMIT2_ALLOWANCE_REQUIRED: &str = "The upstream answered 412 (or 402) `permit2_allowance_required`: it takes payment only from a wallet that approved Uniswap Permit2 for the token, and the router's wallet has not. Nothing moved (`payment.status` `rejected` after the chain check). An operator runs `x402-router wallet approve-permit2 --network <caip2> --asset <token>`. (the signed authorization stays reserved until reconcile sees it expire unused)";
 /// [`Code::AlreadyPaid`]'s description.
@@ -147,6 +160,9 @@ impl Code {
         Code::ApprovalDenied,
         Code::ApprovalExpired,
         Code::ApprovalDecided,
+        Code::OwnChange,
+        Code::ChangeStale,
+        Code::ChangeDecided,
         Code::PaymentOverMaxAmount,
         Code::PaymentOverBudget,
         Code::PaymentNotAllowed,
@@ -187,6 +203,9 @@ impl Code {
             Self::ApprovalDenied => "approval_denied",
             Self::ApprovalExpired => "approval_expired",
             Self::ApprovalDecided => "approval_decided",
+            Self::OwnChange => "own_change",
+            Self::ChangeStale => "change_stale",
+            Self::ChangeDecided => "change_decided",
             Self::PaymentOverMaxAmount => "payment_over_max_amount",
             Self::PaymentOverBudget => "payment_over_budget",
             Self::PaymentNotAllowed => "payment_not_allowed",
@@ -214,7 +233,8 @@ impl Code {
             | Self::OperatorOnly
             | Self::UpstreamNotAllowed
             | Self::ApprovalDenied
-            | Self::ApprovalExpired => &[403],
+            | Self::ApprovalExpired
+            | Self::OwnChange => &[403],
             Self::ApprovalPending => &[202],
             Self::NotFound => &[404],
             Self::IdempotencyKeyReused
@@ -222,7 +242,9 @@ impl Code {
             | Self::Superseded
             | Self::AlreadyPaid
             | Self::LastAdmin
-            | Self::ApprovalDecided => &[409],
+            | Self::ApprovalDecided
+            | Self::ChangeStale
+            | Self::ChangeDecided => &[409],
             Self::RateLimited | Self::AuthThrottled => &[429],
             Self::PaymentsPaused | Self::DatabaseUnavailable | Self::PaymentNetworkUnavailable => &[503],
             // 502: a /route call that reached the upstream but whose answer could not be recorded.
@@ -300,6 +322,7 @@ impl Code {
                 "An operator denied the payment (`approval`); nothing was signed or paid. A new key asks again."
             }
             Self::ApprovalExpired => APPROVAL_EXPIRED,
+            Self::OwnChange | Self::ChangeStale | Self::ChangeDecided => self.two_person_description(),
             Self::PaymentOverMaxAmount => {
                 "The price is above the call's `max_amount` (or no `max_amount` was given). Nothing was signed. The key is completed."
             }
@@ -331,6 +354,15 @@ impl Code {
             Self::PaymentUnknown => PAYMENT_UNKNOWN,
             Self::AlreadyPaid => ALREADY_PAID,
             Self::Permit2AllowanceRequired => PERMIT2_ALLOWANCE_REQUIRED,
+        }
+    }
+
+    /// The descriptions of the two-person rule's codes.
+    fn two_person_description(self) -> &'static str {
+        match self {
+            Self::OwnChange => OWN_CHANGE,
+            Self::ChangeStale => CHANGE_STALE,
+            _ => CHANGE_DECIDED,
         }
     }
 

@@ -114,13 +114,15 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
     match &args.command {
         AgentsCommand::Create { name, limits } => {
             let change = AgentChange::parse(&limits_json(Some(name), limits))?;
-            let (agent, key) = admin::create_agent(&mut conn, &actor, &change).await?;
+            let (agent, key, _) = admin::create_agent(&mut conn, &actor, admin::Rule::OFF, &change).await?;
             println!("{}", json!({ "agent_id": agent.spend.agent_id, "api_key": key, "agent": agent }));
         }
         AgentsCommand::Update { id, name, limits } => {
             let change = AgentChange::parse(&limits_json(name.as_deref(), limits))?;
-            let agent = admin::update_agent(&mut conn, &actor, id_of(id)?, &change).await?;
-            println!("{}", serde_json::to_string(&agent)?);
+            match admin::update_agent(&mut conn, &actor, admin::Rule::OFF, id_of(id)?, &change).await? {
+                admin::Done::Applied(agent) => println!("{}", serde_json::to_string(&agent)?),
+                admin::Done::Proposed(p) => println!("{}", serde_json::to_string(&p)?),
+            }
         }
         AgentsCommand::List => {
             for a in admin::agents(&mut conn).await.context("listing agents")? {
@@ -130,7 +132,7 @@ pub async fn agents(args: &AgentsArgs) -> anyhow::Result<()> {
         AgentsCommand::Disable { id } | AgentsCommand::Enable { id } => {
             let disabled = matches!(args.command, AgentsCommand::Disable { .. });
             let id = id_of(id)?;
-            admin::set_disabled(&mut conn, &actor, id, disabled).await?;
+            admin::set_disabled(&mut conn, &actor, admin::Rule::OFF, id, disabled).await?;
             println!("{}", json!({ "agent_id": id, "disabled": disabled }));
         }
         AgentsCommand::RotateKey { id } => {

@@ -55,6 +55,15 @@ pub enum ApiError {
     /// An operator's decision came too late: the approval was decided or expired.
     #[error("the approval is already {}; nothing changed", .0.state.as_str())]
     ApprovalDecided(Box<crate::approvals::Approval>),
+    /// The two-person rule: the proposer may not confirm their own change.
+    #[error("a change is confirmed by an admin other than the one who proposed it; nothing changed")]
+    OwnChange,
+    /// The two-person rule: the change's target changed since it was proposed.
+    #[error("the agent or settings changed since this change was proposed; nothing changed (propose it again)")]
+    ChangeStale,
+    /// The two-person rule: the proposal was decided or expired.
+    #[error("the change is already {}; nothing changed", .0.state.as_str())]
+    ChangeDecided(Box<crate::admin::Proposal>),
     /// A payment held for an operator's approval: 202 while pending, 403 once denied or
     /// expired; the body carries the `approval`.
     #[error("{message}")]
@@ -102,6 +111,9 @@ impl ApiError {
             Self::Unavailable(_) => Code::DatabaseUnavailable,
             Self::PaymentNetworkUnavailable => Code::PaymentNetworkUnavailable,
             Self::ApprovalDecided(_) => Code::ApprovalDecided,
+            Self::OwnChange => Code::OwnChange,
+            Self::ChangeStale => Code::ChangeStale,
+            Self::ChangeDecided(_) => Code::ChangeDecided,
             Self::Held { held, .. } => match held {
                 crate::approvals::Held::Pending(_) => Code::ApprovalPending,
                 crate::approvals::Held::Denied(_) => Code::ApprovalDenied,
@@ -227,12 +239,26 @@ impl From<crate::admin::AdminError> for ApiError {
             AdminError::Invalid(e) => Self::BadRequest(e.0),
             AdminError::NotFound => Self::NotFound,
             AdminError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
+            AdminError::Stale => Self::ChangeStale,
             AdminError::Database(e) => Self::database(e),
             AdminError::Channel(crate::relay::pay::batch::channel::ChannelError::Chain(e)) => {
                 tracing::warn!(error = %e, "a batch-settlement channel's chain cannot be read");
                 Self::PaymentNetworkUnavailable
             }
             AdminError::Channel(e) => Self::Internal(anyhow::anyhow!("closing a batch-settlement channel: {e}")),
+        }
+    }
+}
+
+impl From<crate::admin::proposals::DecideError> for ApiError {
+    fn from(e: crate::admin::proposals::DecideError) -> Self {
+        use crate::admin::proposals::DecideError;
+        match e {
+            DecideError::NotFound => Self::NotFound,
+            DecideError::Decided(p) => Self::ChangeDecided(p),
+            DecideError::OwnChange => Self::OwnChange,
+            DecideError::Stale => Self::ChangeStale,
+            DecideError::Admin(e) => e.into(),
         }
     }
 }
@@ -288,11 +314,15 @@ impl ResponseError for ApiError {
             Self::UpstreamNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::RateLimited { .. } | Self::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::PaymentsPaused(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Forbidden | Self::OperatorOnly | Self::AdminOnly => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::OperatorOnly | Self::AdminOnly | Self::OwnChange => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::KeyReused | Self::InFlight | Self::Superseded | Self::LastAdmin(_) | Self::ApprovalDecided(_) => {
-                StatusCode::CONFLICT
-            }
+            Self::KeyReused
+            | Self::InFlight
+            | Self::Superseded
+            | Self::LastAdmin(_)
+            | Self::ApprovalDecided(_)
+            | Self::ChangeStale
+            | Self::ChangeDecided(_) => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::PaymentNetworkUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Held { held: crate::approvals::Held::Pending(_), .. } => StatusCode::ACCEPTED,
             Self::Held { .. } => StatusCode::FORBIDDEN,
@@ -373,6 +403,8 @@ mod tests {
             ApiError::PaymentNetworkUnavailable,
             ApiError::Internal(anyhow::anyhow!("x")),
             ApiError::ApprovalDecided(Box::new(approval())),
+            ApiError::OwnChange,
+            ApiError::ChangeStale,
             held(crate::approvals::Held::Pending(Box::new(approval()))),
             held(crate::approvals::Held::Denied(Box::new(approval()))),
             held(crate::approvals::Held::Expired(Box::new(approval()))),

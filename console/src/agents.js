@@ -7,6 +7,7 @@
 // once in #key-box and kept nowhere else (cleared on dismiss, on leaving, on sign-out).
 import { $, act, amountEl, amountText, api, change, el, readAmount, state as session, watchAmount } from './util.js';
 import { formatAmount } from './amount.js';
+import { outcome } from './changes.js';
 
 // [field, label, kind]: kind `amount` (typed in the router's unit), `int`, `list`, or `hosts`
 // (`host=amount, …`, each amount typed in the router's unit).
@@ -237,8 +238,8 @@ function limitsForm(a, err, status) {
     const cancel = el('button', { type: 'button', class: 'secondary', text: 'Cancel' });
     cancel.addEventListener('click', () => { pending.hidden = true; });
     confirm.addEventListener('click', () => act(confirm, err, async () => {
-      await api(`/admin/agents/${encodeURIComponent(id)}`, { method: 'PATCH', body: patch });
-      view.flash = { id, text: `Saved: ${Object.keys(patch).join(', ')}.` };
+      const r = await api(`/admin/agents/${encodeURIComponent(id)}`, { method: 'PATCH', body: patch });
+      view.flash = { id, text: outcome(r, `Saved: ${Object.keys(patch).join(', ')}.`) };
       await renderAgents();
     }));
     pending.replaceChildren(
@@ -261,7 +262,8 @@ function panel(a) {
   }
   const toggle = change(el('button', { type: 'button', text: a.disabled ? 'Enable' : 'Disable', class: a.disabled ? '' : 'danger' }));
   toggle.addEventListener('click', () => act(toggle, err, async () => {
-    await api(`/admin/agents/${encodeURIComponent(id)}/${a.disabled ? 'enable' : 'disable'}`, { method: 'POST' });
+    const r = await api(`/admin/agents/${encodeURIComponent(id)}/${a.disabled ? 'enable' : 'disable'}`, { method: 'POST' });
+    if (r?.kind) view.flash = { id, text: outcome(r, '') };
     await renderAgents();
   }));
   const rotate = change(el('button', { type: 'button', text: 'Rotate key', class: 'danger' }));

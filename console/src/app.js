@@ -8,6 +8,7 @@ import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
 import { renderApprovals } from './approvals.js';
 import { renderChannels } from './channels.js';
+import { outcome, renderChanges } from './changes.js';
 import { renderEvents } from './events.js';
 
 const TOKEN_KEY = 'x402-router.operator-token';
@@ -38,6 +39,7 @@ async function signIn(token) {
   }
   session.role = me.role;
   session.operator = me.name;
+  session.operatorId = me.operator_id ?? null;
   sessionStorage.setItem(TOKEN_KEY, token);
   $('role').textContent = `${me.name} (${me.role})`;
   $('readonly').hidden = isAdmin();
@@ -372,7 +374,7 @@ function initSettings() {
     await api('/admin/pause', { method: 'POST', body: { unpaid: $('pause-unpaid').checked } });
   }).then(refreshSettings).catch(showError));
   $('resume').addEventListener('click', () => act($('resume'), err, async () => {
-    await api('/admin/pause', { method: 'DELETE' });
+    err.textContent = outcome(await api('/admin/pause', { method: 'DELETE' }), '');
   }).then(refreshSettings).catch(showError));
   $('cap').addEventListener('input', () => { $('cap').dataset.touched = '1'; });
   updateCapHint = watchAmount($('cap'), $('cap-hint'));
@@ -386,7 +388,7 @@ function initSettings() {
       return;
     }
     act($('cap-save'), $('cap-error'), async () => {
-      await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } });
+      $('cap-error').textContent = outcome(await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } }), '');
       delete $('cap').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });
@@ -396,7 +398,7 @@ function initSettings() {
     ev.preventDefault();
     const list = $('blocked').value.split(/[\s,]+/).filter(Boolean);
     act($('blocked-save'), $('blocked-error'), async () => {
-      await api('/admin/settings', { method: 'PATCH', body: { blocked_pay_to: list.length ? list : null } });
+      $('blocked-error').textContent = outcome(await api('/admin/settings', { method: 'PATCH', body: { blocked_pay_to: list.length ? list : null } }), '');
       delete $('blocked').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });
@@ -459,12 +461,13 @@ function route() {
     renderReceipt(hash.slice('receipt/'.length)).catch(showError);
     return;
   }
-  const view = ['overview', 'payments', 'queues', 'approvals', 'channels', 'agents', 'events'].includes(hash) ? hash : 'overview';
+  const view = ['overview', 'payments', 'queues', 'approvals', 'channels', 'changes', 'agents', 'events'].includes(hash) ? hash : 'overview';
   if (view !== 'agents') clearKey(); // a new key is shown once, never kept
   show(view);
   if (view === 'queues') renderQueues().catch(showError);
   else if (view === 'approvals') renderApprovals().catch(showError);
   else if (view === 'channels') renderChannels().catch(showError);
+  else if (view === 'changes') renderChanges().catch(showError);
   else if (view === 'agents') renderAgents().catch(showError);
   else if (view === 'events') renderEvents().catch(showError);
   else render();
@@ -479,6 +482,7 @@ function init() {
   });
   $('signout').addEventListener('click', () => signOut());
   $('approvals-state').addEventListener('change', () => renderApprovals().catch(showError));
+  $('changes-state').addEventListener('change', () => renderChanges().catch(showError));
   for (const b of document.querySelectorAll('#nav button')) {
     b.addEventListener('click', () => { location.hash = b.dataset.view; });
   }

@@ -9,6 +9,7 @@ export const state = {
   token: null,
   role: null, // 'viewer' | 'admin', from GET /audit/whoami
   operator: null,
+  operatorId: null, // null: the bootstrap OPERATOR_TOKEN
   signer: null,
   unit: null, // the router's unit { decimals, symbol }: budgets, caps (/.well-known/x402-router)
   assets: new Map(), // `network asset` (asset lowercase) -> { decimals, symbol }

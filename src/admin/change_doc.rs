@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 
+use serde_json::{Map, Value};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 
@@ -92,6 +93,39 @@ pub(super) fn members() -> Vec<(&'static str, Schema)> {
     ]
 }
 
+impl AgentChange {
+    /// The change in its wire form (what [`AgentChange::parse`] reads back to the same
+    /// change): the members it sets, `null` for a removed limit.
+    pub fn to_wire(&self) -> Value {
+        fn put<T: serde::Serialize>(out: &mut Map<String, Value>, name: &str, v: Option<&T>) {
+            if let Some(v) = v {
+                out.insert(name.to_owned(), serde_json::to_value(v).unwrap_or(Value::Null));
+            }
+        }
+        let amount = |a: &Option<Option<crate::money::Amount>>| a.map(|v| v.map(|x| x.to_string()));
+        let mut out = Map::new();
+        put(&mut out, "name", self.name.as_ref());
+        put(&mut out, "max_per_call", amount(&self.max_per_call).as_ref());
+        put(&mut out, "daily_budget", amount(&self.daily_budget).as_ref());
+        put(&mut out, "month_budget", amount(&self.month_budget).as_ref());
+        put(&mut out, "allowed_hosts", self.allowed_hosts.as_ref());
+        put(&mut out, "allowed_pay_to", self.allowed_pay_to.as_ref());
+        put(&mut out, "calls_per_minute", self.calls_per_minute.as_ref());
+        put(&mut out, "payments_per_minute", self.payments_per_minute.as_ref());
+        put(&mut out, "week_budget", amount(&self.week_budget).as_ref());
+        put(&mut out, "lifetime_budget", amount(&self.lifetime_budget).as_ref());
+        let hosts = self.host_budgets.as_ref().map(|h| {
+            h.as_ref().map(|h| {
+                h.iter().map(|(p, a)| (p.clone(), a.to_string())).collect::<std::collections::BTreeMap<_, _>>()
+            })
+        });
+        put(&mut out, "host_budgets", hosts.as_ref());
+        put(&mut out, "blocked_pay_to", self.blocked_pay_to.as_ref());
+        put(&mut out, "approval_above", amount(&self.approval_above).as_ref());
+        Value::Object(out)
+    }
+}
+
 impl utoipa::PartialSchema for AgentChange {
     fn schema() -> RefOr<Schema> {
         let mut object = ObjectBuilder::new()
@@ -130,6 +164,22 @@ mod tests {
             "blocked_pay_to" => json!(["0x1111111111111111111111111111111111111111"]),
             _ => json!("1000"),
         }
+    }
+
+    #[test]
+    fn the_wire_form_parses_back_to_the_same_change() {
+        let all = json!({
+            "name": "bot", "max_per_call": "1", "daily_budget": null, "month_budget": "3",
+            "allowed_hosts": ["API.example.com"], "allowed_pay_to": null, "calls_per_minute": 5, "payments_per_minute": null,
+            "week_budget": "1", "lifetime_budget": null, "host_budgets": {"a.example.com": "7"}, "blocked_pay_to": [],
+            "approval_above": "0",
+        });
+        let change = AgentChange::parse(&all).unwrap();
+        let wire = change.to_wire();
+        assert_eq!(AgentChange::parse(&wire).unwrap(), change);
+        assert_eq!(wire["allowed_hosts"], json!(["api.example.com"]), "normalized");
+        assert_eq!(wire.as_object().unwrap().len(), all.as_object().unwrap().len());
+        assert_eq!(AgentChange::parse(&json!({"daily_budget": "5"})).unwrap().to_wire(), json!({"daily_budget": "5"}));
     }
 
     #[test]

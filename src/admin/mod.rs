@@ -34,6 +34,9 @@ pub enum AdminError {
     NotFound,
     #[error("no randomness for a new key: {0}")]
     NoRandomness(getrandom::Error),
+    /// A confirmed proposal's target changed since it was proposed; nothing written.
+    #[error("the change's target changed since it was proposed")]
+    Stale,
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
     /// A batch-settlement channel's chain could not be read, or the wallet's transaction failed.
@@ -230,33 +233,40 @@ fn view_json(v: &AgentView) -> Value {
 }
 
 /// Creates an agent with `change` (its `name` is required); returns it and its key, shown
-/// this once.
+/// this once. Under the two-person rule the agent is created disabled, with a proposal to
+/// enable it for a second admin.
 ///
 /// # Errors
 /// [`AdminError::Invalid`] without a name; database errors.
 pub async fn create_agent(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
+    rule: Rule,
     change: &AgentChange,
-) -> Result<(AgentView, String), AdminError> {
+) -> Result<(AgentView, String, Option<Proposal>), AdminError> {
     let name = change.name.clone().ok_or_else(|| Invalid("name is required".into()))?;
     let key = generate_api_key().map_err(AdminError::NoRandomness)?;
     let id = Uuid::new_v4();
-    let view = conn
+    let (view, proposal) = conn
         .transaction::<_, AdminError, _>(async |c| {
-            diesel::sql_query("INSERT INTO agents (id, name, api_key_hash) VALUES ($1, $2, $3)")
+            diesel::sql_query("INSERT INTO agents (id, name, api_key_hash, disabled) VALUES ($1, $2, $3, $4)")
                 .bind::<SqlUuid, _>(id)
                 .bind::<Text, _>(&name)
                 .bind::<Text, _>(hash_api_key(&key))
+                .bind::<Bool, _>(rule.ttl.is_some())
                 .execute(c)
                 .await?;
             apply(c, id, change).await?;
             let view = agent(c, id).await?.ok_or(AdminError::NotFound)?;
             events::record(c, actor, "agent.create", Some(&id.to_string()), None, Some(&view_json(&view))).await?;
-            Ok(view)
+            let enable = serde_json::json!({ "disabled": false });
+            let target = ("agent.enable", id.to_string());
+            let proposal =
+                proposals::gate(c, actor, &Gate::Rule(rule), (target.0, &target.1), &view_json(&view), &enable).await?;
+            Ok((view, proposal))
         })
         .await?;
-    Ok((view, key))
+    Ok((view, key, proposal))
 }
 
 /// Changes an agent's name and limits.
@@ -266,13 +276,14 @@ pub async fn create_agent(
 pub async fn update_agent(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
+    rule: Rule,
     id: Uuid,
     change: &AgentChange,
-) -> Result<AgentView, AdminError> {
+) -> Result<Done<AgentView>, AdminError> {
     if change.is_empty() {
         return Err(Invalid("nothing to change: give at least one field".into()).into());
     }
-    changed(conn, actor, id, "agent.update", AgentWrite::Limits(change)).await
+    changed(conn, actor, id, "agent.update", AgentWrite::Limits(change), Gate::Rule(rule)).await
 }
 
 /// Disables (`true`) or enables an agent. A disabled agent's key is refused (403) by every
@@ -283,11 +294,12 @@ pub async fn update_agent(
 pub async fn set_disabled(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
+    rule: Rule,
     id: Uuid,
     disabled: bool,
-) -> Result<AgentView, AdminError> {
+) -> Result<Done<AgentView>, AdminError> {
     let action = if disabled { "agent.disable" } else { "agent.enable" };
-    changed(conn, actor, id, action, AgentWrite::Disabled(disabled)).await
+    changed(conn, actor, id, action, AgentWrite::Disabled(disabled), Gate::Rule(rule)).await
 }
 
 /// Gives an agent a new key; the old one is refused (401) by every router within the auth
@@ -302,8 +314,10 @@ pub async fn rotate_key(
 ) -> Result<(AgentView, String), AdminError> {
     let key = generate_api_key().map_err(AdminError::NoRandomness)?;
     let hash = hash_api_key(&key);
-    let view = changed(conn, actor, id, "agent.rotate_key", AgentWrite::KeyHash(&hash)).await?;
-    Ok((view, key))
+    match changed(conn, actor, id, "agent.rotate_key", AgentWrite::KeyHash(&hash), Gate::Rule(Rule::OFF)).await? {
+        Done::Applied(view) => Ok((view, key)),
+        Done::Proposed(_) => Err(Invalid("a key rotation is never proposed".into()).into()),
+    }
 }
 
 /// What a change of an agent writes.
@@ -313,15 +327,28 @@ enum AgentWrite<'a> {
     KeyHash(&'a str),
 }
 
-/// Runs `write` on agent `id` in one transaction: locks the row, reads it before and after,
-/// and records the event.
+impl AgentWrite<'_> {
+    /// The values it sets, in the API's JSON form (what the two-person rule classifies).
+    fn wire(&self) -> Value {
+        match self {
+            Self::Limits(change) => change.to_wire(),
+            Self::Disabled(disabled) => serde_json::json!({ "disabled": disabled }),
+            Self::KeyHash(_) => serde_json::json!({}),
+        }
+    }
+}
+
+/// Runs `write` on agent `id` in one transaction: locks the row, reads it before, asks the
+/// two-person rule ([`proposals::gate`]: a raising change is proposed instead), writes, reads
+/// it after, and records the event.
 async fn changed(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
     id: Uuid,
     action: &str,
     write: AgentWrite<'_>,
-) -> Result<AgentView, AdminError> {
+    gate: Gate<'_>,
+) -> Result<Done<AgentView>, AdminError> {
     conn.transaction::<_, AdminError, _>(async |c| {
         let locked = diesel::sql_query("SELECT 1 FROM agents WHERE id = $1 FOR NO KEY UPDATE")
             .bind::<SqlUuid, _>(id)
@@ -331,6 +358,10 @@ async fn changed(
             return Err(AdminError::NotFound);
         }
         let before = agent(c, id).await?.ok_or(AdminError::NotFound)?;
+        let (target, now) = (id.to_string(), view_json(&before));
+        if let Some(p) = proposals::gate(c, actor, &gate, (action, &target), &now, &write.wire()).await? {
+            return Ok(Done::Proposed(Box::new(p)));
+        }
         match write {
             AgentWrite::Limits(change) => apply(c, id, change).await?,
             AgentWrite::Disabled(disabled) => {
@@ -349,11 +380,46 @@ async fn changed(
             }
         };
         let after = agent(c, id).await?.ok_or(AdminError::NotFound)?;
-        let target = id.to_string();
-        events::record(c, actor, action, Some(&target), Some(&view_json(&before)), Some(&view_json(&after))).await?;
-        Ok(after)
+        events::record(c, actor, action, Some(&target), Some(&now), Some(&view_json(&after))).await?;
+        Ok(Done::Applied(after))
     })
     .await
+}
+
+/// Applies a confirmed proposal of the settings (`proposals::confirm`, inside its
+/// transaction) through the settings' one writer.
+async fn confirmed_settings(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    kind: proposals::ChangeKind,
+    change: &Value,
+    gate: Gate<'_>,
+) -> Result<(), AdminError> {
+    let patch;
+    let write = match kind {
+        proposals::ChangeKind::PaymentsResume => settings::SettingsWrite::Paused { paused: false, unpaid: false },
+        _ => {
+            patch = parse_settings(change).map_err(|_| Invalid("the stored change's values are unreadable".into()))?;
+            settings::SettingsWrite::Patch(&patch)
+        }
+    };
+    settings::settings_change(conn, actor, kind.as_str(), write, gate).await.map(|_| ())
+}
+
+/// Creates the admin operator of a confirmed proposal (`proposals::confirm`, inside its
+/// transaction): its token, shown once to the confirming admin.
+async fn confirmed_operator(
+    conn: &mut AsyncPgConnection,
+    actor: &Actor,
+    new: &crate::operators::manage::NewOperator,
+) -> Result<String, AdminError> {
+    use crate::operators::manage::{self, OperatorError};
+    match manage::create(conn, actor, new).await {
+        Ok((_, token)) => Ok(token),
+        Err(OperatorError::NoRandomness(e)) => Err(AdminError::NoRandomness(e)),
+        Err(OperatorError::Database(e)) => Err(AdminError::Database(e)),
+        Err(e) => Err(Invalid(e.to_string()).into()),
+    }
 }
 
 /// Writes the fields `change` holds.
@@ -436,7 +502,11 @@ pub mod approvals;
 mod caps;
 mod change_doc;
 pub mod channels;
+pub mod proposals;
 mod settings;
+
+use proposals::Gate;
+pub use proposals::{Done, Proposal, Rule};
 
 pub use settings::{
     PauseRequest, RouterSettings, SettingsChange, SettingsPatch, parse_settings, set_paused, settings, update_settings,

@@ -8,7 +8,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Invalid, amount, list};
+use super::proposals::{self, Done, Gate, Rule};
+use super::{AdminError, Invalid, amount, list};
 use crate::money::Amount;
 use crate::operators::{Actor, events};
 use crate::payments::lanes;
@@ -125,40 +126,71 @@ pub struct PauseRequest {
 pub async fn update_settings(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
+    rule: Rule,
     patch: &SettingsPatch,
-) -> QueryResult<RouterSettings> {
-    settings_change(conn, actor, "settings.update", SettingsWrite::Patch(patch)).await
+) -> Result<Done<RouterSettings>, AdminError> {
+    settings_change(conn, actor, "settings.update", SettingsWrite::Patch(patch), Gate::Rule(rule)).await
 }
 
-/// Pauses every new payment (and, with `unpaid`, every new call); `false`/`false` resumes.
-/// In-flight payments finish.
+/// Pauses every new payment (and, with `unpaid`, every new call); `false`/`false` resumes
+/// (under the two-person rule, a resume of a paused router is proposed). In-flight payments
+/// finish.
 ///
 /// # Errors
 /// Database errors.
 pub async fn set_paused(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
+    rule: Rule,
     paused: bool,
     unpaid: bool,
-) -> QueryResult<RouterSettings> {
+) -> Result<Done<RouterSettings>, AdminError> {
     let action = if paused { "payments.pause" } else { "payments.resume" };
-    settings_change(conn, actor, action, SettingsWrite::Paused { paused, unpaid: paused && unpaid }).await
+    let write = SettingsWrite::Paused { paused, unpaid: paused && unpaid };
+    settings_change(conn, actor, action, write, Gate::Rule(rule)).await
 }
 
 /// What a change of the settings writes.
-enum SettingsWrite<'a> {
+pub(super) enum SettingsWrite<'a> {
     Patch(&'a SettingsPatch),
     Paused { paused: bool, unpaid: bool },
 }
 
-async fn settings_change(
+impl SettingsWrite<'_> {
+    /// The values it sets, in the API's JSON form (what the two-person rule classifies).
+    fn wire(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        match self {
+            Self::Patch(patch) => {
+                if let Some(cap) = patch.wallet_daily_cap {
+                    out.insert("wallet_daily_cap".into(), cap.map_or(Value::Null, |c| Value::String(c.to_string())));
+                }
+                if let Some(blocked) = &patch.blocked_pay_to {
+                    out.insert("blocked_pay_to".into(), serde_json::to_value(blocked).unwrap_or(Value::Null));
+                }
+            }
+            Self::Paused { paused, unpaid } => {
+                out.insert("paused".into(), Value::Bool(*paused));
+                out.insert("pause_unpaid".into(), Value::Bool(*unpaid));
+            }
+        }
+        Value::Object(out)
+    }
+}
+
+pub(super) async fn settings_change(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
     action: &str,
     write: SettingsWrite<'_>,
-) -> QueryResult<RouterSettings> {
-    conn.transaction::<_, diesel::result::Error, _>(async |c| {
+    gate: Gate<'_>,
+) -> Result<Done<RouterSettings>, AdminError> {
+    conn.transaction::<_, AdminError, _>(async |c| {
         let before = limits::settings(c, true).await?;
+        let now = serde_json::to_value(&before).unwrap_or(Value::Null);
+        if let Some(p) = proposals::gate(c, actor, &gate, (action, "settings"), &now, &write.wire()).await? {
+            return Ok(Done::Proposed(Box::new(p)));
+        }
         match write {
             SettingsWrite::Patch(patch) => {
                 let cap = patch.wallet_daily_cap.map(|cap| cap.map(|c| c.to_string()));
@@ -186,11 +218,11 @@ async fn settings_change(
             }
         };
         let after = limits::settings(c, false).await?;
-        let (b, a) = (serde_json::to_value(&before).ok(), serde_json::to_value(&after).ok());
-        events::record(c, actor, action, Some("settings"), b.as_ref(), a.as_ref()).await?;
+        let a = serde_json::to_value(&after).ok();
+        events::record(c, actor, action, Some("settings"), Some(&now), a.as_ref()).await?;
         let used = limits::wallet_used_24h(c).await?;
         let locked = lanes::locked(c).await?;
-        Ok(RouterSettings::new(after, used, locked))
+        Ok(Done::Applied(RouterSettings::new(after, used, locked)))
     })
     .await
 }

@@ -294,6 +294,8 @@ pub struct Config {
     pub mcp_fetch_wait: Duration,
     /// How long a payment held for approval waits for a decision (`APPROVAL_TTL`).
     pub approval_ttl: Duration,
+    /// The two-person rule: `Some(CHANGE_TTL)` with `REQUIRE_SECOND_ADMIN`.
+    pub second_admin: Option<Duration>,
     /// Paying ahead on known terms (`REQUIREMENTS_CACHE_SECONDS`, `_ENTRIES`); `None`: off.
     pub requirements_cache: Option<TermsLimits>,
     /// Paying on Solana networks (`None`: no Solana network has an RPC URL).
@@ -434,6 +436,7 @@ impl Config {
             recover_lost_answers: parse_bool("RECOVER_LOST_ANSWERS", &args.recover_lost_answers)?,
             mcp_fetch_wait: parse_mcp_wait(&args.mcp_fetch_wait_seconds)?,
             approval_ttl: parse::parse_approval_ttl(&args.approval_ttl)?,
+            second_admin: parse::parse_second_admin(&args.require_second_admin, &args.change_ttl)?,
             requirements_cache: parse_requirements_cache(
                 &args.requirements_cache_seconds,
                 &args.requirements_cache_entries,

@@ -44,8 +44,21 @@ pub fn parse_mcp_wait(raw: &str) -> Result<Duration, ConfigError> {
 /// # Errors
 /// A value that does not parse or is out of range, naming the setting.
 pub fn parse_approval_ttl(raw: &str) -> Result<Duration, ConfigError> {
-    let bad =
-        || ConfigError::new("APPROVAL_TTL", "expected a duration from 1s to 7d: `3600`, `90s`, `30m`, `1h`, `2d`");
+    parse_ttl("APPROVAL_TTL", raw)
+}
+
+/// `REQUIRE_SECOND_ADMIN` (a boolean) and `CHANGE_TTL` (as `APPROVAL_TTL`): the TTL of a
+/// proposed change when the rule is on, `None` when off.
+///
+/// # Errors
+/// A value that does not parse or is out of range, naming the setting.
+pub fn parse_second_admin(on: &str, ttl: &str) -> Result<Option<Duration>, ConfigError> {
+    let ttl = parse_ttl("CHANGE_TTL", ttl)?;
+    Ok(parse_bool("REQUIRE_SECOND_ADMIN", on)?.then_some(ttl))
+}
+
+fn parse_ttl(env: &'static str, raw: &str) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::new(env, "expected a duration from 1s to 7d: `3600`, `90s`, `30m`, `1h`, `2d`");
     let raw = raw.trim();
     let (digits, unit) = match raw.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => (&raw[..i], c),
@@ -323,5 +336,13 @@ mod approval_ttl_tests {
         for bad in ["", "0", "0s", "8d", "1.5h", "-1h", "h", "1w", "1hh", "99999999999999999999d"] {
             assert!(parse_approval_ttl(bad).unwrap_err().to_string().contains("APPROVAL_TTL"), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_two_person_rule_is_off_by_default_and_its_ttl_checked() {
+        assert_eq!(parse_second_admin("false", "24h").unwrap(), None);
+        assert_eq!(parse_second_admin("true", "24h").unwrap(), Some(Duration::from_secs(86_400)));
+        assert!(parse_second_admin("true", "8d").unwrap_err().to_string().contains("CHANGE_TTL"));
+        assert!(parse_second_admin("maybe", "1h").unwrap_err().to_string().contains("REQUIRE_SECOND_ADMIN"));
     }
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::admin::AgentChange as AgentChangeBody;
 use crate::admin::AgentView as AdminAgent;
-use crate::admin::{self, AgentChange, Invalid};
+use crate::admin::{self, AgentChange, Invalid, Proposal};
 use crate::audit::reconcile::Report as ReconcileReport;
 use crate::auth::{Admin, Viewer};
 use crate::error::{ApiError, PoolConn};
@@ -45,6 +45,24 @@ pub struct AgentWithKey {
     pub agent: admin::AgentView,
     /// `x4r_…`, shown this once.
     pub api_key: String,
+    /// Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a new agent is created disabled:
+    /// the proposal to enable it, for another admin to confirm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Proposal>)]
+    pub enable_change: Option<admin::Proposal>,
+}
+
+/// The two-person rule of this router.
+fn rule(state: &AppState) -> admin::Rule {
+    admin::Rule { ttl: state.config.second_admin }
+}
+
+/// 200 with the applied result, or 202 with the proposal waiting for a second admin.
+fn done<T: Serialize>(done: admin::Done<T>) -> HttpResponse {
+    match done {
+        admin::Done::Applied(t) => HttpResponse::Ok().json(super::in_name_order(&t)),
+        admin::Done::Proposed(p) => HttpResponse::Accepted().json(super::in_name_order(&*p)),
+    }
 }
 
 fn agent_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -72,8 +90,8 @@ pub async fn create_agent(
 ) -> Result<HttpResponse, ApiError> {
     let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.conn().await?;
-    let (agent, key) = admin::create_agent(&mut conn, &op.actor, &change).await?;
-    Ok(HttpResponse::Created().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
+    let (agent, key, enable_change) = admin::create_agent(&mut conn, &op.actor, rule(&state), &change).await?;
+    Ok(HttpResponse::Created().json(super::in_name_order(&AgentWithKey { agent, api_key: key, enable_change })))
 }
 
 /// GET /admin/agents — every agent with its limits and spend: `{"agents": [...]}`.
@@ -126,6 +144,7 @@ pub async fn show_agent(
     request_body(content = AgentChangeBody, content_type = "application/json"),
     responses(
         (status = 200, description = "The agent after the change.", body = AdminAgent),
+        (status = 202, description = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`), a change that raises spending power: recorded as proposed, not applied; another admin confirms it (`POST /admin/changes/{id}/confirm`).", body = Proposal),
         (status = 400, response = BadInput),
         (status = 401, response = Unauthorized),
         (status = 403, response = AdminOnly),
@@ -141,7 +160,7 @@ pub async fn update_agent(
     let id = agent_id(&id)?;
     let change = AgentChange::parse(&json_body(payload).await?)?;
     let mut conn = state.conn().await?;
-    Ok(HttpResponse::Ok().json(admin::update_agent(&mut conn, &op.actor, id, &change).await?))
+    Ok(done(admin::update_agent(&mut conn, &op.actor, rule(&state), id, &change).await?))
 }
 
 /// POST /admin/agents/{id}/disable
@@ -172,6 +191,7 @@ pub async fn disable_agent(
     params(("id" = Uuid, Path, description = "The agent's id (not a uuid: 404).")),
     responses(
         (status = 200, description = "The agent.", body = AdminAgent),
+        (status = 202, description = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`), a change that raises spending power: recorded as proposed, not applied; another admin confirms it (`POST /admin/changes/{id}/confirm`).", body = Proposal),
         (status = 401, response = Unauthorized),
         (status = 403, response = AdminOnly),
         (status = 404, response = NotFound),
@@ -188,7 +208,7 @@ pub async fn enable_agent(
 async fn set_disabled(state: &AppState, op: &Admin, id: &str, disabled: bool) -> Result<HttpResponse, ApiError> {
     let id = agent_id(id)?;
     let mut conn = state.conn().await?;
-    Ok(HttpResponse::Ok().json(admin::set_disabled(&mut conn, &op.actor, id, disabled).await?))
+    Ok(done(admin::set_disabled(&mut conn, &op.actor, rule(state), id, disabled).await?))
 }
 
 /// POST /admin/agents/{id}/rotate-key — a new key (shown this once); the old one is refused
@@ -213,7 +233,7 @@ pub async fn rotate_key(
     let id = agent_id(&id)?;
     let mut conn = state.conn().await?;
     let (agent, key) = admin::rotate_key(&mut conn, &op.actor, id).await?;
-    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key })))
+    Ok(HttpResponse::Ok().json(super::in_name_order(&AgentWithKey { agent, api_key: key, enable_change: None })))
 }
 
 /// GET /admin/settings — pause state, the wallet-wide daily cap and what it counts, the
@@ -240,6 +260,7 @@ pub async fn settings(state: web::Data<AppState>, _: Viewer) -> Result<HttpRespo
     request_body(content = admin::SettingsChange, content_type = "application/json"),
     responses(
         (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 202, description = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`), a change that raises spending power: recorded as proposed, not applied; another admin confirms it (`POST /admin/changes/{id}/confirm`).", body = Proposal),
         (status = 400, response = BadInput),
         (status = 401, response = Unauthorized),
         (status = 403, response = AdminOnly),
@@ -252,9 +273,7 @@ pub async fn update_settings(
 ) -> Result<HttpResponse, ApiError> {
     let patch = admin::parse_settings(&json_body(payload).await?)?;
     let mut conn = state.conn().await?;
-    Ok(HttpResponse::Ok().json(super::in_name_order(
-        &admin::update_settings(&mut conn, &op.actor, &patch).await.map_err(ApiError::database)?,
-    )))
+    Ok(done(admin::update_settings(&mut conn, &op.actor, rule(&state), &patch).await?))
 }
 
 /// POST /admin/pause — refuses every new payment (503 `payments_paused`); with
@@ -283,9 +302,7 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
         Some(_) => return Err(Invalid("unpaid must be true or false".into()).into()),
     };
     let mut conn = state.conn().await?;
-    Ok(HttpResponse::Ok().json(super::in_name_order(
-        &admin::set_paused(&mut conn, &op.actor, true, unpaid).await.map_err(ApiError::database)?,
-    )))
+    Ok(done(admin::set_paused(&mut conn, &op.actor, rule(&state), true, unpaid).await?))
 }
 
 /// DELETE /admin/pause — resumes payments and calls.
@@ -294,15 +311,14 @@ pub async fn pause(state: web::Data<AppState>, op: Admin, payload: web::Payload)
     security(("operatorToken" = [])),
     responses(
         (status = 200, description = "The settings.", body = admin::RouterSettings),
+        (status = 202, description = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`), a change that raises spending power: recorded as proposed, not applied; another admin confirms it (`POST /admin/changes/{id}/confirm`).", body = Proposal),
         (status = 401, response = Unauthorized),
         (status = 403, response = AdminOnly),
         (status = 503, response = Unavailable),
     ))]
 pub async fn resume(state: web::Data<AppState>, op: Admin) -> Result<HttpResponse, ApiError> {
     let mut conn = state.conn().await?;
-    Ok(HttpResponse::Ok().json(super::in_name_order(
-        &admin::set_paused(&mut conn, &op.actor, false, false).await.map_err(ApiError::database)?,
-    )))
+    Ok(done(admin::set_paused(&mut conn, &op.actor, rule(&state), false, false).await?))
 }
 
 /// POST /admin/reconcile — `{"payment_id": "…"}` for one payment, `{}` for every open one:

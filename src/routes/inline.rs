@@ -128,6 +128,10 @@ errors! {
     PayloadTooLarge => [PayloadTooLarge];
     /// 429.
     RateLimited => [RateLimited];
+    /// 409 of a confirmation of a proposed change (the two-person rule).
+    ChangeConflict => [ChangeStale, ChangeDecided];
+    /// 403 of a confirmation: a viewer's token or an agent key, or the change's proposer.
+    ConfirmForbidden => [OperatorOnly, OwnChange];
     /// 503 of `/route`.
     RouteUnavailable => [DatabaseUnavailable, PaymentNetworkUnavailable, PaymentsPaused];
 }

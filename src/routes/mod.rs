@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod approvals;
 mod audit;
+mod changes;
 mod channels;
 mod console;
 mod discovery;
@@ -74,6 +75,9 @@ pub const ROUTES: &[(Method, &str, Handler)] = &[
     (Method::POST, "/admin/approvals/{id}/deny", |r| r.to(approvals::deny)),
     (Method::GET, "/admin/channels", |r| r.to(channels::list)),
     (Method::POST, "/admin/channels/{id}/close", |r| r.to(channels::close)),
+    (Method::GET, "/admin/changes", |r| r.to(changes::list)),
+    (Method::POST, "/admin/changes/{id}/confirm", |r| r.to(changes::confirm)),
+    (Method::POST, "/admin/changes/{id}/reject", |r| r.to(changes::reject)),
     // Operator tokens: admins only, listing included.
     (Method::POST, "/admin/operators", |r| r.to(operators::create)),
     (Method::GET, "/admin/operators", |r| r.to(operators::list)),

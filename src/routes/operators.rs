@@ -8,6 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::admin::proposals;
 use crate::auth::Admin;
 use crate::error::{ApiError, PoolConn};
 use crate::operators::manage::{self, Bootstrap, NewOperator};
@@ -43,6 +44,7 @@ pub struct OperatorList {
     request_body(content = NewOperator, content_type = "application/json"),
     responses(
         (status = 201, description = "The operator and its token.", body = OperatorWithToken),
+        (status = 202, description = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`), a new admin: proposed, nothing created; the admin who confirms it (`POST /admin/changes/{id}/confirm`) receives its token.", body = proposals::Proposal),
         (status = 400, response = BadInput),
         (status = 401, response = Unauthorized),
         (status = 403, response = AdminOnly),
@@ -52,6 +54,10 @@ pub struct OperatorList {
 pub async fn create(state: web::Data<AppState>, op: Admin, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let new = NewOperator::from_json(&super::read_limited(payload, MAX_BODY).await?)?;
     let mut conn = state.conn().await?;
+    let rule = crate::admin::Rule { ttl: state.config.second_admin };
+    if let Some(p) = proposals::propose_operator(&mut conn, &op.actor, rule, &new).await.map_err(ApiError::database)? {
+        return Ok(HttpResponse::Accepted().json(super::in_name_order(&p)));
+    }
     let (operator, token) = manage::create(&mut conn, &op.actor, &new).await?;
     Ok(HttpResponse::Created().json(super::in_name_order(&OperatorWithToken { operator, token })))
 }

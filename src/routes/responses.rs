@@ -68,6 +68,8 @@ shared! {
     BodyTooLarge => error(Code::PayloadTooLarge, "The request body is larger than the endpoint takes; nothing changed.");
     /// 409 `approval_decided`.
     ApprovalDecided => error(Code::ApprovalDecided, "Already decided (by another operator, or twice) or expired (`approval_decided`, with `approval`); nothing changed.");
+    /// 409 `change_decided`.
+    ChangeDecided => error(Code::ChangeDecided, "Already confirmed, rejected or expired (`change_decided`); nothing changed.");
     /// 409 `last_admin`.
     LastAdmin => error(Code::LastAdmin, "The last live admin, and the router has no bootstrap `OPERATOR_TOKEN` (`last_admin`); nothing changed. Create another admin first.");
     /// 429 `auth_throttled`, with `Retry-After` (every operation that takes an operator token).

@@ -47,4 +47,5 @@ mod stops;
 mod structure;
 mod terms;
 mod traces;
+mod two_person;
 mod validation;

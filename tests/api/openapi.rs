@@ -177,6 +177,55 @@ async fn operator_tokens(c: &Caller<'_>, admin: &str, admin_id: Uuid, viewer: &s
     assert_eq!(c.call("DELETE", one, &format!("/admin/operators/{admin_id}"), Some(admin), None).await.0, 409);
 }
 
+/// `/admin/changes` and the 202 answers of raising changes, on a router with the two-person
+/// rule: a proposal, its list, a confirmation by its proposer (403), by another admin (200),
+/// twice (409), a stale one (409), a rejection, unknown ids (404).
+async fn two_person(spec: &Spec, app: &TestApp, ada: &str, nobody: Uuid) {
+    let extra = vec![("require-second-admin".to_owned(), "true".to_owned())];
+    let ruled = spawn_app_on(app.db.clone(), AppOptions { extra, ..Default::default() }).await;
+    let c = Caller { app: &ruled, spec };
+    let (_, bob) = create_operator(&app.db, "bob", Role::Admin).await;
+    let agent = format!("/admin/agents/{}", ruled.agent.id);
+    let one = "/admin/agents/{id}";
+    exec(&app.db, &format!("UPDATE agents SET daily_budget = 10 WHERE id = '{}'", ruled.agent.id)).await;
+    let (status, p) = c.call("PATCH", one, &agent, Some(ada), Some(json!({"daily_budget": "20"}))).await;
+    assert_eq!(status, 202, "{p}");
+    let changes = "/admin/changes";
+    assert_eq!(c.call("GET", changes, changes, Some(&ruled.viewer_token), None).await.0, 200);
+    assert_eq!(c.call("GET", changes, "/admin/changes?state=maybe", Some(&ruled.viewer_token), None).await.0, 400);
+    let (confirm, reject) = ("/admin/changes/{id}/confirm", "/admin/changes/{id}/reject");
+    let id = p["id"].as_str().unwrap();
+    assert_eq!(c.call("POST", confirm, &format!("/admin/changes/{id}/confirm"), Some(ada), None).await.0, 403);
+    assert_eq!(c.call("POST", confirm, &format!("/admin/changes/{id}/confirm"), Some(&bob), None).await.0, 200);
+    assert_eq!(c.call("POST", confirm, &format!("/admin/changes/{id}/confirm"), Some(&bob), None).await.0, 409);
+    assert_eq!(c.call("POST", reject, &format!("/admin/changes/{id}/reject"), Some(&bob), None).await.0, 409);
+    assert_eq!(c.call("POST", confirm, &format!("/admin/changes/{nobody}/confirm"), Some(&bob), None).await.0, 404);
+    assert_eq!(c.call("POST", reject, &format!("/admin/changes/{nobody}/reject"), Some(&bob), None).await.0, 404);
+    let (_, stale) = c.call("PATCH", one, &agent, Some(ada), Some(json!({"daily_budget": "30"}))).await;
+    assert_eq!(c.call("PATCH", one, &agent, Some(&bob), Some(json!({"month_budget": "5"}))).await.0, 200);
+    let stale = format!("/admin/changes/{}/confirm", stale["id"].as_str().unwrap());
+    assert_eq!(c.call("POST", confirm, &stale, Some(&bob), None).await.1["code"], "change_stale");
+    let enable = format!("{agent}/enable");
+    exec(&app.db, &format!("UPDATE agents SET disabled = true WHERE id = '{}'", ruled.agent.id)).await;
+    let (status, p) = c.call("POST", "/admin/agents/{id}/enable", &enable, Some(ada), None).await;
+    assert_eq!(status, 202, "{p}");
+    let id = p["id"].as_str().unwrap();
+    assert_eq!(c.call("POST", reject, &format!("/admin/changes/{id}/reject"), Some(ada), None).await.0, 200);
+    let ops = "/admin/operators";
+    let (status, p) = c.call("POST", ops, ops, Some(ada), Some(json!({"name": "carol", "role": "admin"}))).await;
+    assert_eq!(status, 202, "{p}");
+    let id = p["id"].as_str().unwrap();
+    let (status, confirmed) = c.call("POST", confirm, &format!("/admin/changes/{id}/confirm"), Some(&bob), None).await;
+    assert!(status == 200 && confirmed["token"].is_string(), "{confirmed}");
+    let settings = "/admin/settings";
+    assert_eq!(c.call("PATCH", settings, settings, Some(ada), Some(json!({"wallet_daily_cap": "1"}))).await.0, 200);
+    assert_eq!(c.call("PATCH", settings, settings, Some(ada), Some(json!({"wallet_daily_cap": null}))).await.0, 202);
+    assert_eq!(c.call("POST", "/admin/pause", "/admin/pause", Some(ada), Some(json!({}))).await.0, 200);
+    assert_eq!(c.call("DELETE", "/admin/pause", "/admin/pause", Some(ada), None).await.0, 202);
+    // Back as the main test found it: not paused, no cap.
+    exec(&app.db, "UPDATE router_settings SET paused = false, pause_unpaid = false, wallet_daily_cap = NULL").await;
+}
+
 /// A request for the endpoint `method template` of ROUTES with a well-formed body and query,
 /// `{id}` standing for `id`.
 fn request(app: &TestApp, m: &str, template: &str, token: Option<&str>, id: Uuid) -> reqwest::RequestBuilder {
@@ -533,6 +582,8 @@ async fn every_endpoint_answers_as_the_document_says() {
     let close = "/admin/channels/{id}/close";
     assert_eq!(c.call("POST", close, &format!("/admin/channels/{lane}/close"), Some(&admin), None).await.0, 200);
     assert_eq!(c.call("POST", close, &format!("/admin/channels/{nobody}/close"), Some(&admin), None).await.0, 404);
+    // The two-person rule, on a second router of the same database with REQUIRE_SECOND_ADMIN.
+    two_person(&spec, &app, &admin, nobody).await;
 
     // Credentials, endpoint by endpoint: none (401), an agent key on the operator API (403),
     // a viewer's token on what changes (403).

@@ -107,8 +107,8 @@ async function openPage(viewport = LAPTOP) {
   return { context, page, problems, urls };
 }
 
-async function signIn(page, token = OPERATOR_TOKEN) {
-  await page.goto(`${ROUTER}/console`);
+async function signIn(page, token = OPERATOR_TOKEN, base = ROUTER) {
+  await page.goto(`${base}/console`);
   await page.getByLabel('Operator token').fill(token);
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
@@ -971,6 +971,65 @@ await scenario('channels: the wallet\'s batch-settlement channels are listed wit
   await page.screenshot({ path: `${SHOTS}/channels-closed.png`, fullPage: true });
   const listed = await (await fetch(`${ROUTER}/admin/channels`, { headers: { Authorization: `Bearer ${OPERATOR_TOKEN}` } })).json();
   assert(listed.channels.some((c) => c.state === 'closed' && c.claimed === '0'), `closed: ${JSON.stringify(listed)}`);
+});
+
+await scenario('pending changes: a raise waits for a second admin; its proposer cannot confirm it, another admin does', async (open) => {
+  const RULED = env('X402_RULED_ROUTER_URL');
+  const req = async (base, token, path, method = 'GET', body = undefined) => {
+    const headers = { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' };
+    const resp = await fetch(`${base}${path}`, { method, headers, body: body && JSON.stringify(body) });
+    return { status: resp.status, body: await resp.json() };
+  };
+  const second = await req(ROUTER, OPERATOR_TOKEN, '/admin/operators', 'POST', { name: `second-admin-${process.pid}`, role: 'admin' });
+  assert(second.status === 201, `second admin: ${JSON.stringify(second)}`);
+  const made = await req(RULED, OPERATOR_TOKEN, '/admin/agents', 'POST', { name: 'changes-bot', daily_budget: '1000000' });
+  assert(made.status === 201 && made.body.agent.disabled === true && made.body.enable_change?.kind === 'agent.enable',
+    `a new agent is created disabled, its enabling proposed: ${JSON.stringify(made)}`);
+  const id = made.body.agent.agent_id;
+  const raise = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`, 'PATCH', { daily_budget: '5000000' });
+  assert(raise.status === 202 && raise.body.state === 'pending', `raise: ${JSON.stringify(raise)}`);
+  const third = `third-admin-${process.pid}`;
+  const minted = await req(RULED, OPERATOR_TOKEN, '/admin/operators', 'POST', { name: third, role: 'admin' });
+  assert(minted.status === 202 && !minted.body.token, `a new admin is proposed, no token yet: ${JSON.stringify(minted)}`);
+
+  // The proposer (the bootstrap token) sees both, and cannot confirm them.
+  const { page } = await open();
+  await signIn(page, OPERATOR_TOKEN, RULED);
+  await nav(page, 'Pending changes').click();
+  const mine = page.locator('#changes-body tr[data-id]').filter({ hasText: 'changes-bot' });
+  await until('the two proposals listed', async () => (await mine.count()) >= 2);
+  const raiseRow = mine.filter({ hasText: 'agent.update' });
+  const fields = await raiseRow.locator('td').nth(2).textContent();
+  assert(/daily_budget: 1(\.00)? USDC → 5(\.00)? USDC/.test(fields), `amounts in the router's unit: ${fields}`);
+  assert(await raiseRow.getByRole('button', { name: /^Confirm change/ }).isDisabled(), 'the proposer cannot confirm');
+  assert(await raiseRow.getByRole('button', { name: /^Reject change/ }).isEnabled(), 'the proposer may withdraw');
+  assert((await page.locator('#changes-rule').textContent()).includes('second admin'), 'the rule is shown');
+  assert((await raiseRow.locator('td').nth(3).textContent()).includes('(you'), 'the proposer is told it is theirs');
+  await page.screenshot({ path: `${SHOTS}/changes-proposer.png`, fullPage: true });
+  await noSidewaysScroll(page, 'pending changes (proposer)');
+
+  // Another admin confirms the raise and rejects the enabling.
+  const other = await open();
+  await signIn(other.page, second.body.token, RULED);
+  await nav(other.page, 'Pending changes').click();
+  const theirs = other.page.locator('#changes-body tr[data-id]').filter({ hasText: 'changes-bot' });
+  await until('the two proposals listed', async () => (await theirs.count()) >= 2);
+  const toConfirm = theirs.filter({ hasText: 'agent.update' });
+  await toConfirm.getByRole('button', { name: /^Confirm change/ }).click();
+  await toConfirm.locator('td.state').getByText('confirmed').waitFor({ timeout: WAIT });
+  const toReject = theirs.filter({ hasText: 'agent.enable' });
+  await toReject.getByRole('button', { name: /^Reject change/ }).click();
+  await toReject.locator('td.state').getByText('rejected').waitFor({ timeout: WAIT });
+  // A new admin: the confirming admin receives its token, once.
+  const newAdmin = other.page.locator('#changes-body tr[data-id]').filter({ hasText: third });
+  await newAdmin.getByRole('button', { name: /^Confirm change/ }).click();
+  const shown = newAdmin.getByLabel(`Token of the new admin ${third}`);
+  await shown.waitFor({ timeout: WAIT });
+  assert((await shown.inputValue()).startsWith('x4o_'), 'the new token is shown');
+  await other.page.screenshot({ path: `${SHOTS}/changes-decided.png`, fullPage: true });
+  const agent = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`);
+  assert(agent.body.daily_budget === '5000000' && agent.body.disabled === true, `applied: ${JSON.stringify(agent.body)}`);
+  await noSidewaysScroll(other.page, 'pending changes');
 });
 
 await browser.close();

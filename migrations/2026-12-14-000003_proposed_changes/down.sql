@@ -1,0 +1,1 @@
+DROP TABLE proposed_changes;
