@@ -383,11 +383,7 @@ impl Config {
         let metrics_addr = metrics_addr(args.metrics_addr.as_deref(), bind)?;
         let upstream = UpstreamConfig::from_args(&args.upstream)?;
         let idempotency = idempotency_timing(args)?;
-        let json_logs = match args.log_format.trim() {
-            "text" => false,
-            "json" => true,
-            _ => return Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
-        };
+        let json_logs = json_logs(&args.log_format)?;
         let symbols = symbols::built_in_symbols(&assets);
         let ws_urls = parse::parse_ws_urls(&args.x402_ws_urls, &rpc_urls)?;
         let payments = PaymentConfig {
@@ -445,6 +441,15 @@ impl Config {
             secrets,
             discovery: DiscoveryConfig::from_args(&args.discovery)?,
         })
+    }
+}
+
+/// `LOG_FORMAT`: `text` (false) or `json` (true).
+fn json_logs(format: &str) -> Result<bool, ConfigError> {
+    match format.trim() {
+        "text" => Ok(false),
+        "json" => Ok(true),
+        _ => Err(ConfigError::new("LOG_FORMAT", "expected `text` or `json`")),
     }
 }
 
