@@ -196,6 +196,26 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
     assert_eq!(received, U256::from(n * PRICE), "the payee received exactly what was charged");
     assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from(deposited));
     assert!(U256::from(deposited) >= received && deposited <= n * PRICE, "deposits {deposited} within the budget");
+    // The channel against the ledger and the chain: the server's highest voucher at most the
+    // recorded ceiling, charged at most what the ledger reserved (still counted against the
+    // agent), the payee paid what was claimed, one counted voucher per key.
+    let channels = official.channels().await.as_array().cloned().unwrap_or_default();
+    let vouchers: Vec<(String, String)> = channels
+        .iter()
+        .map(|c| (c["channelId"].as_str().unwrap().to_owned(), c["signedMaxClaimable"].as_str().unwrap().to_owned()))
+        .collect();
+    let report = invariants::batch::check(&invariants::batch::Target {
+        database_url: &db.url,
+        rpc_url: &chain.rpc_url,
+        token: chain.token,
+        payee: PAY_TO,
+        channels: &channels,
+        vouchers: &vouchers,
+    })
+    .await
+    .unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!(report.reserved, (n * PRICE).to_string(), "every call's voucher stays counted: {report:?}");
 
     let served = finals.iter().filter(|s| **s == 200).count();
     println!(
