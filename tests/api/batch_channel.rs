@@ -154,7 +154,7 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
             status == 200 || (status == 502 && env["payment"]["scheme"] == "batch-settlement"),
             "call {i}: {status} {env}"
         );
-        finals.push(status);
+        finals.push((status, env["code"].as_str().unwrap_or_default().to_owned()));
     }
     // A crashed call's replay is its final answer, byte for byte.
     for (point, _, _, _, key, answer) in &crashed {
@@ -217,10 +217,11 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(report.reserved, (n * PRICE).to_string(), "every call's voucher stays counted: {report:?}");
 
-    let served = finals.iter().filter(|s| **s == 200).count();
+    let served = finals.iter().filter(|(s, _)| *s == 200).count();
+    let failed: Vec<&str> = finals.iter().filter(|(s, _)| *s != 200).map(|(_, c)| c.as_str()).collect();
     println!(
         "batch channel: {n} calls, {} owners crashed mid-voucher ({:?}), {served} answered 200, {} answered 502 \
-         (charged, told so); server charged {}, payee received {received}, deposits {deposited}; {:.1} s",
+         {failed:?}; server charged {}, payee received {received}, deposits {deposited}; {:.1} s",
         crashed.len(),
         crashed.iter().map(|c| c.0).collect::<Vec<_>>(),
         finals.len() - served,
