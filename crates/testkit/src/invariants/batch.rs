@@ -58,35 +58,8 @@ fn amount(v: &Value) -> U256 {
 /// When the database or the RPC cannot be read (not a violation: nothing was decided).
 pub async fn check(t: &Target<'_>) -> anyhow::Result<Report> {
     let mut r = Report::default();
-    let (client, connection) = tokio_postgres::connect(t.database_url, tokio_postgres::NoTls).await?;
-    let conn_task = tokio::spawn(connection);
-    // The router's channels: signed ceiling and deposits.
-    let mut signed: BTreeMap<String, U256> = BTreeMap::new();
-    let mut deposited = U256::ZERO;
-    for row in
-        client.query("SELECT lower(channel_id), signed_ceiling::text, deposited::text FROM batch_lanes", &[]).await?
-    {
-        signed.insert(row.get(0), U256::from_str(row.get::<_, &str>(1))?);
-        deposited += U256::from_str(row.get::<_, &str>(2))?;
-    }
-    r.lanes = signed.len() as u64;
-    r.deposited = deposited.to_string();
-    // What the ledger reserved per channel, and the counted vouchers per (agent, key).
-    let mut reserved: BTreeMap<String, U256> = BTreeMap::new();
-    let mut per_key: BTreeMap<(String, String), u32> = BTreeMap::new();
-    let sql = "SELECT agent_id::text, idempotency_key, lower(signed_authorization->>'channel_id'), amount::text, status \
-                 FROM payments WHERE scheme = 'batch-settlement'";
-    for row in client.query(sql, &[]).await? {
-        r.voucher_rows += 1;
-        if !batch_counted(row.get(4)) {
-            continue;
-        }
-        let channel: Option<String> = row.get(2);
-        *reserved.entry(channel.unwrap_or_default()).or_default() += U256::from_str(row.get::<_, &str>(3))?;
-        *per_key.entry((row.get(0), row.get(1))).or_default() += 1;
-    }
-    drop(client);
-    conn_task.abort();
+    let ledger = read_ledger(t.database_url, &mut r).await?;
+    let (signed, reserved, per_key) = (&ledger.signed, &ledger.reserved, &ledger.per_key);
     let v = &mut r.violations;
     // 1. Every voucher seen, at most its channel's recorded ceiling.
     r.vouchers_seen = t.vouchers.len() as u64;
@@ -138,4 +111,45 @@ pub async fn check(t: &Target<'_>) -> anyhow::Result<Report> {
         v.push(format!("{n} vouchers counted for agent {agent} under key {key:?}"));
     }
     Ok(r)
+}
+
+/// The router's channels and what its ledger reserved on them.
+struct Ledger {
+    /// Signed ceiling per channel id (lower case).
+    signed: BTreeMap<String, U256>,
+    /// Prices of the counted vouchers per channel id.
+    reserved: BTreeMap<String, U256>,
+    /// Counted vouchers per (agent, key).
+    per_key: BTreeMap<(String, String), u32>,
+}
+
+async fn read_ledger(database_url: &str, r: &mut Report) -> anyhow::Result<Ledger> {
+    let (client, connection) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+    let conn_task = tokio::spawn(connection);
+    let mut signed: BTreeMap<String, U256> = BTreeMap::new();
+    let mut deposited = U256::ZERO;
+    for row in
+        client.query("SELECT lower(channel_id), signed_ceiling::text, deposited::text FROM batch_lanes", &[]).await?
+    {
+        signed.insert(row.get(0), U256::from_str(row.get::<_, &str>(1))?);
+        deposited += U256::from_str(row.get::<_, &str>(2))?;
+    }
+    r.lanes = signed.len() as u64;
+    r.deposited = deposited.to_string();
+    let mut reserved: BTreeMap<String, U256> = BTreeMap::new();
+    let mut per_key: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let sql = "SELECT agent_id::text, idempotency_key, lower(signed_authorization->>'channel_id'), amount::text, status \
+                 FROM payments WHERE scheme = 'batch-settlement'";
+    for row in client.query(sql, &[]).await? {
+        r.voucher_rows += 1;
+        if !batch_counted(row.get(4)) {
+            continue;
+        }
+        let channel: Option<String> = row.get(2);
+        *reserved.entry(channel.unwrap_or_default()).or_default() += U256::from_str(row.get::<_, &str>(3))?;
+        *per_key.entry((row.get(0), row.get(1))).or_default() += 1;
+    }
+    drop(client);
+    conn_task.abort();
+    Ok(Ledger { signed, reserved, per_key })
 }
