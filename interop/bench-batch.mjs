@@ -106,12 +106,16 @@ async function measure(call, path, count) {
       firstError ??= String(e?.message ?? e);
     }
   }
-  const upstream = logLines()
-    .slice(from)
-    .map((l) => JSON.parse(l))
-    .filter((l) => l.request?.url?.startsWith(path) && l.request?.["payment-signature (decoded)"] && l.response?.status === 200)
-    .map((l) => l.handled_ms);
-  return { ok: lat.length, errors, first_error: firstError, latency_ms: stats(lat), upstream_ms: stats(upstream) };
+  const seen = logLines().slice(from).map((l) => JSON.parse(l)).filter((l) => l.request?.url?.startsWith(path));
+  const paid = seen.filter((l) => l.request["payment-signature (decoded)"] && l.response?.status === 200);
+  const unpaid = seen.filter((l) => !l.request["payment-signature (decoded)"]);
+  return {
+    ok: lat.length, errors, first_error: firstError, latency_ms: stats(lat),
+    // The server's own time of the paid requests; the unpaid ones (a probe answered 402) apart.
+    upstream_ms: stats(paid.map((l) => l.handled_ms)),
+    unpaid_requests: unpaid.length,
+    unpaid_ms: stats(unpaid.map((l) => l.handled_ms)),
+  };
 }
 
 const clients = {};
