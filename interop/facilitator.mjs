@@ -9,8 +9,10 @@
 // It verifies payments and settles them on a local chain (anvil) with anvil's dev account #0 as
 // the transaction sender. Used by scripts/interop; binds 127.0.0.1 only.
 //
-//   node interop/facilitator.mjs --rpc-url http://127.0.0.1:8545 [--port 0]
-//   (or INTEROP_RPC_URL / INTEROP_FACILITATOR_PORT; port 0 = any free port)
+//   node interop/facilitator.mjs --rpc-url http://127.0.0.1:8545 [--port 0] [--gas-payer-key 0x…]
+//   (or INTEROP_RPC_URL / INTEROP_FACILITATOR_PORT; port 0 = any free port; --gas-payer-key: another
+//   funded dev account's key, when account #0 sends transactions of its own on that chain, as the
+//   project's test upstream does in scripts/chaos)
 //
 // With the official Bazaar extension registered (@x402/extensions/bazaar: BAZAAR advertised in
 // /supported, extractDiscoveryInfo on every verified payment), it keeps an in-memory catalogue
@@ -54,6 +56,7 @@ const { values: opts } = parseArgs({
   options: {
     "rpc-url": { type: "string", default: process.env.INTEROP_RPC_URL },
     port: { type: "string", default: process.env.INTEROP_FACILITATOR_PORT || "0" },
+    "gas-payer-key": { type: "string", default: GAS_PAYER_KEY },
   },
 });
 if (!opts["rpc-url"]) {
@@ -77,7 +80,7 @@ const chain = defineChain({
 });
 const wallet = createWalletClient({
   chain,
-  account: privateKeyToAccount(GAS_PAYER_KEY),
+  account: privateKeyToAccount(opts["gas-payer-key"]),
   transport: http(rpcUrl),
   pollingInterval: 100, // anvil mines at once: don't wait viem's default 4 s for receipts
 }).extend(publicActions);

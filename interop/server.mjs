@@ -34,7 +34,8 @@
 // stdout: first line is one JSON object once listening (and synced with the facilitator):
 //   {"ready":"server","url":"http://127.0.0.1:PORT","pay_to":"0x…","asset":"0x…","routes":[…]}
 // then one JSON line per request to a paid route with the payment headers both ways, decoded,
-// so that a failed interop check can show exactly what the client sent and what it was told.
+// so that a failed interop check can show exactly what the client sent and what it was told, and
+// how long the server took (`handled_ms`); logged when the answer ends or the connection closes.
 import { parseArgs } from "node:util";
 import express from "express";
 import {
@@ -225,6 +226,7 @@ const decodeB64Json = (value) => {
 const paidPaths = new Set(ROUTES.map((r) => r.path));
 function wireLog(req, res, next) {
   if (!paidPaths.has(req.path)) return next();
+  const arrived = process.hrtime.bigint();
   const chunks = [];
   let size = 0;
   const keep = (chunk) => {
@@ -244,7 +246,12 @@ function wireLog(req, res, next) {
     keep(chunk);
     return end(chunk, ...rest);
   };
-  res.on("finish", () => {
+  // Logged once: when the answer is written, or when the connection closes before (a
+  // dropped connection still shows what the payer sent).
+  let logged = false;
+  const log = () => {
+    if (logged) return;
+    logged = true;
     const text = Buffer.concat(chunks).toString("utf8").slice(0, 4096);
     let body;
     try {
@@ -253,6 +260,9 @@ function wireLog(req, res, next) {
       body = text;
     }
     emit({
+      // The server's own time: from the request's arrival to the end of its answer (x402
+      // middleware, facilitator calls and handler included).
+      handled_ms: Number(process.hrtime.bigint() - arrived) / 1e6,
       request: {
         method: req.method,
         url: req.originalUrl,
@@ -272,7 +282,9 @@ function wireLog(req, res, next) {
         body,
       },
     });
-  });
+  };
+  res.on("finish", log);
+  res.on("close", log);
   next();
 }
 

@@ -4,11 +4,15 @@
 //! a few hundred logical operations to a final answer against random routers while a
 //! seeded injector kills, freezes, flushes, restarts, garbage-collects, drops and stalls.
 //! At the end the money invariants are checked from the chain's logs and the ledger.
+//! Some of the load pays the official x402 batch-settlement server (interop/) with vouchers
+//! over payment channels; it claims and settles at the end, and the channels are checked too
+//! (`batch`).
 //!
 //! Bounded: it stops by itself (`--max-seconds`) and stops every process it started.
 
 #![allow(clippy::print_stdout)]
 
+mod batch;
 mod procs;
 
 use std::collections::BTreeMap;
@@ -65,6 +69,9 @@ struct Args {
     pg_bin: PathBuf,
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
+    /// interop/ with its node_modules (the official batch-settlement server and facilitator).
+    #[arg(long)]
+    interop_dir: PathBuf,
     /// Where to write the JSON results.
     #[arg(long)]
     out: PathBuf,
@@ -115,13 +122,16 @@ enum Kind {
     /// Advertises payment-identifier and keeps answers by id (recovery-capable); settles,
     /// then handles for a second, so that faults land while the handler runs.
     PidGet,
+    /// The official batch-settlement server's GET /v2/batch: a voucher on a payment channel.
+    Batch,
 }
 
 impl Kind {
     fn pick(rng: &mut Rng) -> Self {
         match rng.below(100) {
-            0..25 => Self::PaidGet,
-            25..37 => Self::PaidPost,
+            0..17 => Self::PaidGet,
+            17..29 => Self::Batch,
+            29..37 => Self::PaidPost,
             37..52 => Self::FreeGet,
             52..64 => Self::FreePost,
             64..79 => Self::PidGet,
@@ -136,7 +146,11 @@ impl Kind {
     }
     /// The route class of the paid-not-served figures: can the router get a lost answer back?
     fn class(self) -> &'static str {
-        if self == Self::PidGet { "payment_identifier" } else { "plain" }
+        match self {
+            Self::PidGet => "payment_identifier",
+            Self::Batch => "batch_settlement",
+            _ => "plain",
+        }
     }
 }
 
@@ -152,7 +166,7 @@ struct Op {
 }
 
 impl Op {
-    fn generate(seed: u64, id: u64, upstream: &str, agents: usize) -> Self {
+    fn generate(seed: u64, id: u64, (upstream, batch_server): (&str, &str), agents: usize) -> Self {
         let mut rng = Rng::new(seed ^ id.wrapping_mul(0x2545_F491_4F6C_DD1D));
         let kind = Kind::pick(&mut rng);
         let url = |path: &str| format!("{upstream}{path}");
@@ -171,6 +185,7 @@ impl Op {
             Kind::SettleThenDrop => json!({"url": url("/v2/settle-then-drop"), "max_amount": "10000"}),
             Kind::RejectThenSettle => json!({"url": url("/v2/keep-reject"), "max_amount": "10000"}),
             Kind::PidGet => json!({"url": url(&format!("/v2/pid?seconds=1&op={id}")), "max_amount": "10000"}),
+            Kind::Batch => json!({"url": format!("{batch_server}/v2/batch"), "max_amount": batch::PRICE}),
         };
         let agent = usize::try_from(rng.below(agents as u64)).unwrap_or(0);
         let reuse_after_gc = rng.percent(6);
@@ -479,6 +494,8 @@ struct World {
     redis_proxy: Proxy,
     rpc_proxy: Proxy,
     upstream_proxy: Proxy,
+    /// In front of the official batch-settlement server: upstream faults hit it too.
+    batch_proxy: Proxy,
     upstream_direct: String,
     pg_busy: AtomicBool,
     abandon: Duration,
@@ -542,14 +559,20 @@ impl World {
             "drop_postgres" => self.pg_proxy.drop_all(),
             "drop_redis" => self.redis_proxy.drop_all(),
             "drop_rpc" => self.rpc_proxy.drop_all(),
-            "drop_upstream" => self.upstream_proxy.drop_all(),
+            "drop_upstream" => {
+                self.upstream_proxy.drop_all();
+                self.batch_proxy.drop_all();
+            }
             "stall_postgres" | "stall_redis" | "stall_rpc" | "stall_upstream" => {
                 let d = Duration::from_millis(500 + rng.below(2500));
                 match kind {
                     "stall_postgres" => self.pg_proxy.stall(d),
                     "stall_redis" => self.redis_proxy.stall(d),
                     "stall_rpc" => self.rpc_proxy.stall(d),
-                    _ => self.upstream_proxy.stall(d),
+                    _ => {
+                        self.upstream_proxy.stall(d);
+                        self.batch_proxy.stall(d);
+                    }
                 }
             }
             "upstream_settles_kept" => settle_kept(&ctx.client, &self.upstream_direct).await?,
@@ -566,7 +589,7 @@ impl World {
                 r.signal("CONT");
             }
         }
-        for p in [&self.pg_proxy, &self.redis_proxy, &self.rpc_proxy, &self.upstream_proxy] {
+        for p in [&self.pg_proxy, &self.redis_proxy, &self.rpc_proxy, &self.upstream_proxy, &self.batch_proxy] {
             p.clear();
         }
     }
@@ -670,6 +693,10 @@ async fn chaos(
     let redis_proxy = Proxy::start(format!("127.0.0.1:{}", redis.port)).await?;
     let rpc_proxy = Proxy::start(format!("127.0.0.1:{}", chain.rpc_port)).await?;
     let upstream_proxy = Proxy::start(format!("127.0.0.1:{}", chain.upstream_port)).await?;
+    let official = batch::Official::start(&args.interop_dir, &chain.rpc_url(), &chain.token, run_dir)
+        .await
+        .context("the official batch-settlement server")?;
+    let batch_proxy = Proxy::start(format!("127.0.0.1:{}", official.port)).await?;
 
     cli_json(&args.router_bin, &direct_db, &["migrate"], &[]).await?;
     // Two agents: one with room, one whose budget runs out during the run.
@@ -706,6 +733,7 @@ async fn chaos(
             ("x402-assets", format!("eip155:{}={}@6", procs::CHAIN_ID, chain.token)),
             ("workers", "2".into()),
             ("recover-lost-answers", args.recovery.to_string()),
+            ("x402-schemes", "batch-settlement".into()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [format!("--{k}"), v])
@@ -730,6 +758,7 @@ async fn chaos(
         redis_proxy,
         rpc_proxy,
         upstream_proxy,
+        batch_proxy,
         upstream_direct: upstream_direct.clone(),
         pg_busy: AtomicBool::new(false),
         abandon,
@@ -757,11 +786,12 @@ async fn chaos(
     for _ in 0..args.clients {
         let (ctx, next_op, results, upstream) =
             (Arc::clone(&ctx), Arc::clone(&next_op), Arc::clone(&results), upstream_via_proxy.clone());
+        let batch_server = format!("http://127.0.0.1:{}", world.batch_proxy.port);
         let n_agents = agents.len();
         clients.push(tokio::spawn(async move {
             while !ctx.stop_new.load(Ordering::SeqCst) {
                 let id = next_op.fetch_add(1, Ordering::SeqCst);
-                let op = Op::generate(seed, id, &upstream, n_agents);
+                let op = Op::generate(seed, id, (&upstream, &batch_server), n_agents);
                 let r = ctx.run(&op, seed).await;
                 results.lock().await.push(r);
             }
@@ -855,6 +885,10 @@ async fn chaos(
         invariants::check(&invariants::Target { database_url: &direct_db, rpc_url: &rpc_direct, token, payer }).await?;
     let results = std::mem::take(&mut *results.lock().await);
     let mut violations = report.violations.clone();
+    // The batch-settlement server claims and settles; its channels are checked.
+    let (batch_summary, batch_violations) =
+        official.settle_and_check(&ctx.client, (&direct_db, &rpc_direct, &chain.token)).await?;
+    violations.extend(batch_violations);
     violations.extend(ctx.gc_violations.lock().await.iter().cloned());
     if !settled_kept {
         violations.push("the upstream's kept authorizations could not be settled".into());
@@ -936,6 +970,7 @@ async fn chaos(
         "paid_not_served_share": report.paid_not_served as f64 / used as f64,
         "recovery": args.recovery,
         "paid_not_served_by_class": by_class,
+        "batch_settlement": batch_summary,
         "violations": violations,
     });
     std::fs::write(&args.out, serde_json::to_vec_pretty(&summary)?)?;
@@ -983,6 +1018,7 @@ async fn paid_not_served_by_class(
     let mut classes: BTreeMap<&'static str, Class> = BTreeMap::new();
     classes.insert("payment_identifier", Class::default());
     classes.insert("plain", Class::default());
+    classes.insert("batch_settlement", Class::default());
     for r in results {
         let Some(kind) = r.kind.filter(|k| !k.is_free()) else { continue };
         let key = (agents[r.agent].0.clone(), format!("chaos-{seed:x}-{}", r.id));
@@ -1057,6 +1093,19 @@ fn print_table(s: &Value) {
             );
         }
     }
+    let b = &s["batch_settlement"]["report"];
+    println!(
+        "  batch-settlement      {:>6}  voucher rows on {} channel(s), {} vouchers seen by the server; reserved {}, \
+         charged {}, claimed {}, payee received {}, deposited {}",
+        b["voucher_rows"],
+        b["lanes"],
+        b["vouchers_seen"],
+        b["reserved"].as_str().unwrap_or("?"),
+        b["charged"].as_str().unwrap_or("?"),
+        b["claimed"].as_str().unwrap_or("?"),
+        b["payee_received"].as_str().unwrap_or("?"),
+        b["deposited"].as_str().unwrap_or("?")
+    );
     println!("  violations            {:>6}", s["violations"].as_array().map_or(0, Vec::len));
     if let Some(v) = s["violations"].as_array() {
         for line in v.iter().take(20) {

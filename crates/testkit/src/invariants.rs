@@ -9,6 +9,14 @@
 //!    (paid, not served); a row says `settled` only if the chain shows its nonce used;
 //! 5. no key is left `in_flight`;
 //! 6. no agent moved more than its daily budget, no payment exceeds its agent's per-call cap.
+//!
+//! A `batch-settlement` row (a voucher on a payment channel) uses a nonce on-chain only when it
+//! carried the channel's deposit: that deposit's nonce is the one checked (1-3; the money it
+//! moved is locked in the channel, not spent), and its agent is counted the voucher's price
+//! (6) whatever its status says, unless refused, while the server may still claim it. What the
+//! channels' server charged, claimed and paid is checked by [`batch`].
+
+pub mod batch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
@@ -50,8 +58,16 @@ struct Row {
     agent: String,
     key: String,
     request_hash: String,
+    /// What its used nonce moved (a batch-settlement row: its deposit).
     amount: U256,
     status: String,
+    /// A batch-settlement row: the voucher's price (what its agent is charged).
+    batch_price: Option<U256>,
+}
+
+/// Statuses of a batch-settlement row whose voucher the server may have charged.
+pub(crate) fn batch_counted(status: &str) -> bool {
+    !matches!(status, "rejected" | "not_settled" | "expired")
 }
 
 /// Runs every check.
@@ -110,18 +126,34 @@ struct Ledger {
 
 async fn read_ledger(client: &tokio_postgres::Client, report: &mut Report) -> anyhow::Result<Ledger> {
     let mut rows: BTreeMap<B256, Row> = BTreeMap::new();
-    for r in client
-        .query("SELECT agent_id::text, idempotency_key, request_hash, nonce, amount::text, status FROM payments", &[])
-        .await?
-    {
-        let nonce = B256::from_str(r.get::<_, &str>(3))?;
-        let row = Row {
+    let sql = "SELECT agent_id::text, idempotency_key, request_hash, nonce, amount::text, status, scheme, \
+                      signed_authorization->'deposit'->>'nonce', signed_authorization->'deposit'->>'amount' \
+                 FROM payments";
+    for r in client.query(sql, &[]).await? {
+        let mut nonce = B256::from_str(r.get::<_, &str>(3))?;
+        let price = U256::from_str(r.get::<_, &str>(4))?;
+        let mut row = Row {
             agent: r.get(0),
             key: r.get(1),
             request_hash: r.get(2),
-            amount: U256::from_str(r.get::<_, &str>(4))?,
+            amount: price,
             status: r.get(5),
+            batch_price: None,
         };
+        if r.get::<_, &str>(6) == "batch-settlement" {
+            row.batch_price = Some(price);
+            // Its on-chain nonce is its deposit's, if it carried one; else none: keyed apart.
+            match (r.get::<_, Option<&str>>(7), r.get::<_, Option<&str>>(8)) {
+                (Some(n), Some(a)) => {
+                    nonce = B256::from_str(n)?;
+                    row.amount = U256::from_str(a)?;
+                }
+                _ => {
+                    row.amount = U256::ZERO;
+                    nonce = alloy::primitives::keccak256(nonce);
+                }
+            }
+        }
         if rows.insert(nonce, row).is_some() {
             report.violations.push(format!("nonce {nonce} appears on two ledger rows"));
         }
@@ -154,8 +186,12 @@ fn compare(used: &BTreeMap<B256, u32>, moved: U256, ledger: &Ledger, report: &mu
             continue;
         };
         used_amount += row.amount;
-        *moved_by_agent.entry(row.agent.clone()).or_default() += row.amount;
         *used_per_request.entry((row.agent.clone(), row.key.clone(), row.request_hash.clone())).or_default() += 1;
+        if row.batch_price.is_some() {
+            // A deposit: the wallet's money locked in a channel (what was charged: `batch`).
+            continue;
+        }
+        *moved_by_agent.entry(row.agent.clone()).or_default() += row.amount;
         match row.status.as_str() {
             "settled" => {
                 if ledger.receipted.contains(&(nonce.to_string(), row.agent.clone(), row.key.clone())) {
@@ -180,6 +216,13 @@ fn compare(used: &BTreeMap<B256, u32>, moved: U256, ledger: &Ledger, report: &mu
         v.push(format!("money moved {moved} != sum of used authorizations {used_amount}"));
     }
     for (nonce, row) in &ledger.rows {
+        if let Some(price) = row.batch_price {
+            // A voucher the server may have charged counts against its agent.
+            if batch_counted(&row.status) {
+                *moved_by_agent.entry(row.agent.clone()).or_default() += price;
+            }
+            continue;
+        }
         if matches!(row.status.as_str(), "settled" | "settled_response_lost") && !used.contains_key(nonce) {
             v.push(format!("ledger says {} for nonce {nonce}, which the chain never used", row.status));
         }
@@ -207,8 +250,13 @@ async fn check_limits(
         }
         if let Some(c) = cap {
             for (nonce, row) in rows.iter().filter(|(n, row)| row.agent == agent && used.contains_key(*n)) {
-                if row.amount > c {
+                if row.batch_price.is_none() && row.amount > c {
                     v.push(format!("payment {nonce} of {} exceeds agent {agent}'s cap {c}", row.amount));
+                }
+            }
+            for (nonce, row) in rows.iter().filter(|(_, row)| row.agent == agent) {
+                if let Some(price) = row.batch_price.filter(|p| *p > c && batch_counted(&row.status)) {
+                    v.push(format!("voucher {nonce} of {price} exceeds agent {agent}'s cap {c}"));
                 }
             }
         }
