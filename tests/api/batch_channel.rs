@@ -217,6 +217,30 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert_eq!(report.reserved, (n * PRICE).to_string(), "every call's voucher stays counted: {report:?}");
 
+    // One call more, with room for it: the channel takes another deposit (ten prices, the
+    // server's minimum) of which the call charges one. The operator closes the channel: the
+    // server refunds the unclaimed rest, and the wallet has lost exactly what was charged,
+    // counted on-chain.
+    exec(&db, &format!("UPDATE agents SET daily_budget = {} WHERE id = '{}'", (n + 10) * PRICE, agent.id)).await;
+    let (status, _) = until_final(&retrier, &agent, &new_key(), &body).await;
+    assert_eq!(status, 200);
+    let (_, admin) = create_operator(&db, "ada", x402_router::operators::Role::Admin).await;
+    let admin_call = async |method: reqwest::Method, path: &str| -> Value {
+        let url = format!("{}{path}", retrier.address);
+        let resp = retrier.client.request(method, url).bearer_auth(&admin).send().await.unwrap();
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
+        resp.json().await.unwrap()
+    };
+    let listed = admin_call(reqwest::Method::GET, "/admin/channels").await;
+    let id = listed["channels"][0]["id"].as_str().unwrap().to_owned();
+    official.claim_and_settle().await;
+    let closed = admin_call(reqwest::Method::POST, &format!("/admin/channels/{id}/close")).await;
+    assert_eq!((closed["step"].as_str(), closed["channel"]["state"].as_str()), (Some("refunded"), Some("closed")));
+    let (_, _, _, deposited) = lane(&db).await;
+    assert_eq!(closed["channel"]["refunded"], (deposited - (n + 1) * PRICE).to_string(), "{closed}");
+    assert_eq!(chain.balance(PAY_TO).await - payee0, U256::from((n + 1) * PRICE));
+    assert_eq!(chain.balance(ROUTER_ADDRESS).await, router0 - U256::from((n + 1) * PRICE), "the rest came back");
+
     let served = finals.iter().filter(|(s, _)| *s == 200).count();
     let failed: Vec<&str> = finals.iter().filter(|(s, _)| *s != 200).map(|(_, c)| c.as_str()).collect();
     println!(
