@@ -115,6 +115,8 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
             let mut e = chain.router_extra();
             e.push(("x402-schemes".into(), "batch-settlement".into()));
             e.push(("x402-batch-lanes".into(), "1".into()));
+            // Room in the one channel for every call's deposit and the one more below.
+            e.push(("x402-batch-max-deposit".into(), ((n + 10) * PRICE).to_string()));
             e
         },
         hooks,
@@ -222,8 +224,8 @@ async fn calls_on_one_channel_with_owners_crashed_mid_voucher_are_each_charged_o
     // server refunds the unclaimed rest, and the wallet has lost exactly what was charged,
     // counted on-chain.
     exec(&db, &format!("UPDATE agents SET daily_budget = {} WHERE id = '{}'", (n + 10) * PRICE, agent.id)).await;
-    let (status, _) = until_final(&retrier, &agent, &new_key(), &body).await;
-    assert_eq!(status, 200);
+    let (status, bytes) = until_final(&retrier, &agent, &new_key(), &body).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
     let (_, admin) = create_operator(&db, "ada", x402_router::operators::Role::Admin).await;
     let admin_call = async |method: reqwest::Method, path: &str| -> Value {
         let url = format!("{}{path}", retrier.address);
