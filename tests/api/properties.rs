@@ -300,8 +300,9 @@ fn es6_number(x: f64) -> String {
     let sci = format!("{:e}", x.abs());
     let (mantissa, exp) = sci.split_once('e').unwrap();
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let k = digits.len() as i32;
     let n = exp.parse::<i32>().unwrap() + 1;
+    let digits = nearest_of_shortest(x.abs(), digits, n);
+    let k = digits.len() as i32;
     let body = if k <= n && n <= 21 {
         format!("{digits}{}", "0".repeat((n - k) as usize))
     } else if 0 < n && n <= 21 {
@@ -314,6 +315,40 @@ fn es6_number(x: f64) -> String {
         if k == 1 { format!("{digits}e{e}") } else { format!("{}.{}e{e}", &digits[..1], &digits[1..]) }
     };
     format!("{sign}{body}")
+}
+
+/// Among the shortest digit strings that read back as `x` (`digits`, at decimal exponent `n`),
+/// the one closest to `x`'s exact value, the even one on a tie (ECMAScript's Number::toString,
+/// as V8 does it): Rust's shortest form may pick the other neighbour when `x` lies exactly
+/// half-way (e.g. -1267482917736552.25 is "…552.2" in JavaScript).
+fn nearest_of_shortest(x: f64, digits: String, n: i32) -> String {
+    let k = digits.len();
+    // The exact decimal expansion of `x` (an f64 has fewer than 800 significant digits).
+    let exact = format!("{x:.800e}");
+    let (mantissa, exp) = exact.split_once('e').unwrap();
+    if exp.parse::<i32>().unwrap() + 1 != n {
+        return digits; // the shortest form rounded up to the next power of ten
+    }
+    let all: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let (head, rest) = all.split_at(k);
+    let rest = rest.trim_end_matches('0');
+    let floor: u128 = head.parse().unwrap();
+    let pick = match rest {
+        "" => floor,
+        "5" => floor + floor % 2,
+        r if r.as_bytes()[0] >= b'5' => floor + 1,
+        _ => floor,
+    };
+    let candidate = pick.to_string();
+    let reads_back = format!("{candidate}e{}", n - k as i32).parse::<f64>().is_ok_and(|b| b == x);
+    if candidate.len() == k && !candidate.ends_with('0') && reads_back { candidate } else { digits }
+}
+
+#[test]
+fn es6_number_breaks_a_tie_towards_the_even_digit() {
+    // -1267482917736552.25 is exactly half-way between …552.2 and …552.3 (what node prints).
+    assert_eq!(es6_number(-1_267_482_917_736_552.25), "-1267482917736552.2");
+    assert_eq!(serde_jcs::to_string(&serde_json::json!(-1_267_482_917_736_552.25)).unwrap(), "-1267482917736552.2");
 }
 
 type SmallRequest = (&'static str, &'static str, &'static [(&'static str, &'static str)], Doc);
