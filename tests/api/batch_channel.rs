@@ -16,7 +16,6 @@ use alloy::primitives::{Address, U256, address};
 use serde_json::{Value, json};
 use x402_router::faults::Point;
 use x402_router::startup::Hooks;
-use x402_router_testkit::Deadline;
 use x402_router_testkit::wait::let_time_pass;
 
 use crate::helpers::*;
@@ -50,24 +49,6 @@ async fn until_final(app: &TestApp, agent: &Agent, key: &str, body: &Value) -> (
         // lets time pass: the router's Retry-After (at most 250 ms here) before the next attempt.
         let_time_pass(Duration::from_secs(retry_after.unwrap_or(1)).min(Duration::from_millis(250))).await;
     }
-}
-
-/// Ends the crashed owner's open transaction server-side, as the kernel closing its socket does
-/// for a real kill -9 (it is frozen inside it; nobody else is in a transaction).
-async fn end_crashed_transaction(db: &TestDb) {
-    let open = "SELECT count(*) AS n FROM pg_stat_activity \
-                WHERE datname = current_database() AND state = 'idle in transaction'";
-    let mut deadline = Deadline::after(Duration::from_secs(10), "the owner's recording transaction never showed")
-        .every(Duration::from_millis(20));
-    while count(db, open).await == 0 {
-        deadline.next_poll().await.unwrap();
-    }
-    exec(
-        db,
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND state = 'idle in transaction'",
-    )
-    .await;
 }
 
 /// The one lane's signed ceiling, charged total and deposits, and how many lanes there are.

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use x402_router_testkit::Deadline;
 use x402_router_testkit::wait::let_time_pass;
 
 use serde_json::{Value, json};
@@ -62,24 +61,6 @@ async fn until_final(
         let_time_pass(wait).await;
     }
     None
-}
-
-/// Ends the server side of a crashed owner's open transaction, as the kernel closing its
-/// socket does for a real kill -9 (the owner is frozen inside it; nobody else is running).
-async fn end_crashed_transaction(db: &TestDb) {
-    let open = "SELECT count(*) AS n FROM pg_stat_activity \
-                WHERE datname = current_database() AND state = 'idle in transaction'";
-    let mut deadline = Deadline::after(Duration::from_secs(10), "the owner's recording transaction never showed")
-        .every(Duration::from_millis(20));
-    while count(db, open).await == 0 {
-        deadline.next_poll().await.unwrap();
-    }
-    exec(
-        db,
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND state = 'idle in transaction'",
-    )
-    .await;
 }
 
 /// Every point, frozen or crashed in turn, on one chain and one ledger.

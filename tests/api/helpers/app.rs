@@ -429,3 +429,22 @@ pub async fn payment_row(db: &TestDb, key: &str) -> x402_router::payments::store
 pub async fn opened_intent(db: &TestDb, key: &str) -> x402_router::payments::sealed::Opened {
     x402_router::secrets::intent::open(&test_keyring(), &payment_row(db, key).await)
 }
+
+/// Ends the server side of a crashed owner's open transaction, as the kernel closing its
+/// socket does for a real kill -9 (the owner is frozen inside it; nobody else is running).
+pub async fn end_crashed_transaction(db: &TestDb) {
+    let open = "SELECT count(*) AS n FROM pg_stat_activity \
+                WHERE datname = current_database() AND state = 'idle in transaction'";
+    let mut deadline =
+        x402_router_testkit::Deadline::after(Duration::from_secs(10), "the owner's recording transaction never showed")
+            .every(Duration::from_millis(20));
+    while count(db, open).await == 0 {
+        deadline.next_poll().await.unwrap();
+    }
+    exec(
+        db,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND state = 'idle in transaction'",
+    )
+    .await;
+}
