@@ -72,15 +72,17 @@ pub struct LaneStep {
     pub url: Option<String>,
 }
 
-/// Holds a free lane of `key` for the payment `payment` (a new lane, with `salt` and
-/// `channel_id`, when every one is held and fewer than `max_lanes` exist). `None`: every lane
-/// is held (the call waits or is answered "busy").
+/// Holds a free lane of `key` that can pay `price` for the payment `payment` (a new lane, with
+/// `salt` and `channel_id`, when every one is held and fewer than `max_lanes` exist). A lane
+/// whose signed ceiling is above its charged total plus `price` (a voucher the server refused
+/// at a higher price is still out) cannot: its next voucher would sign below a ceiling already
+/// signed. `None`: no lane can (the call waits or is answered "busy").
 ///
 /// # Errors
 /// Database errors.
 pub async fn hold(
     conn: &mut AsyncPgConnection,
-    key: &LaneKey,
+    (key, price): (&LaneKey, Amount),
     payment: Uuid,
     max_lanes: i64,
     new: (&str, &str),
@@ -88,8 +90,13 @@ pub async fn hold(
     let key = key.clone();
     let (salt, channel_id) = (new.0.to_owned(), new.1.to_owned());
     conn.transaction::<_, diesel::result::Error, _>(async move |c| {
-        // One writer per channel key at a time: the count of lanes below is exact.
-        diesel::sql_query("SELECT pg_advisory_xact_lock(hashtextextended($1, 40))")
+        // One writer per channel key at a time: the count of lanes below is exact. A hold
+        // commits without waiting for its WAL flush: lost in a crash of Postgres, it took
+        // nothing with it (no voucher leaves before the intent's synchronous commit, which
+        // flushes the hold too, and which applies only on a lane still held).
+        diesel::sql_query(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 40)), set_config('synchronous_commit', 'off', true)",
+        )
             .bind::<Text, _>(format!(
                 "{}|{}|{}|{}|{}|{}",
                 key.wallet, key.pay_to, key.network, key.asset, key.receiver_authorizer, key.withdraw_delay
@@ -101,6 +108,7 @@ pub async fn hold(
               WHERE id = (SELECT l.id FROM batch_lanes l \
                            WHERE l.wallet = $1 AND l.pay_to = $2 AND l.network = $3 AND l.asset = $4 \
                              AND l.receiver_authorizer = $5 AND l.withdraw_delay = $6 AND l.stopped IS NULL AND l.state = 'open' \
+                             AND l.charged + $8::numeric >= l.signed_ceiling \
                              AND (l.in_flight IS NULL OR (l.in_flight_at < now() - interval '1 minute' \
                                   AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = l.in_flight))) \
                            ORDER BY l.created_at LIMIT 1 FOR UPDATE SKIP LOCKED) \
@@ -113,6 +121,7 @@ pub async fn hold(
         .bind::<Text, _>(&key.receiver_authorizer)
         .bind::<BigInt, _>(key.withdraw_delay)
         .bind::<SqlUuid, _>(payment)
+        .bind::<Text, _>(price.to_string())
         .get_result(c)
         .await
         .optional()?;
@@ -214,10 +223,13 @@ pub async fn release(
     payment: Uuid,
     charged: Option<Amount>,
 ) -> diesel::QueryResult<()> {
+    // Without waiting for its WAL flush: the call's record, committed synchronously next,
+    // flushes it; lost in a crash of Postgres before that, the lane stays held by a payment
+    // whose takeover re-sends its recorded voucher, as after a crash before the release.
     diesel::sql_query(
         "UPDATE batch_lanes SET in_flight = NULL, in_flight_at = NULL, updated_at = now(), \
                 charged = LEAST(signed_ceiling, GREATEST(charged, COALESCE($3::numeric, charged))) \
-          WHERE id = $1 AND in_flight = $2",
+          WHERE id = $1 AND in_flight = $2 AND set_config('synchronous_commit', 'off', true) = 'off'",
     )
     .bind::<SqlUuid, _>(lane)
     .bind::<SqlUuid, _>(payment)

@@ -34,6 +34,8 @@ pub struct Repriced<'a> {
     /// The new terms, context, extensions and payment header with the request as sent:
     /// sealed, and shown redacted.
     pub kept: &'a Kept,
+    /// A batch-settlement voucher's lane write (`super::lanes::apply`), in the same transaction.
+    pub lane: Option<&'a super::lanes::LaneStep>,
 }
 
 /// Records `r`, fenced by the caller's lease, while the intent is still `signed`: the amount
@@ -95,7 +97,20 @@ pub async fn reprice(conn: &mut AsyncPgConnection, r: &Repriced<'_>) -> diesel::
         .prepared()
         .execute(c)
         .await?;
-        Ok(if n == 1 { Reservation::Reserved } else { Reservation::Fenced })
+        if n != 1 {
+            return Ok(Reservation::Fenced);
+        }
+        // The new voucher's ceiling is recorded with it, or neither is (its lane moved).
+        if let Some(step) = r.lane
+            && !super::lanes::apply(c, r.id, step).await?
+        {
+            return Err(diesel::result::Error::RollbackTransaction);
+        }
+        Ok(Reservation::Reserved)
     })
     .await
+    .or_else(|e| match e {
+        diesel::result::Error::RollbackTransaction => Ok(Reservation::LaneMoved),
+        e => Err(e),
+    })
 }

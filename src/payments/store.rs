@@ -338,6 +338,9 @@ pub enum Reservation {
     Refused(super::limits::Refusal),
     /// The caller no longer owns the key (or an intent exists already).
     Fenced,
+    /// A voucher's lane moved (an operator closed or stopped its channel): nothing written,
+    /// the voucher never leaves.
+    LaneMoved,
 }
 
 /// Atomically checks the agent's limits and commits the signed intent: the agent row is

@@ -26,7 +26,7 @@ fn enabled(extra: &[(&str, &str)]) -> Vec<(String, String)> {
     v
 }
 
-async fn app_on(chain: &Devnet, extra: &[(&str, &str)]) -> TestApp {
+pub(crate) async fn app_on(chain: &Devnet, extra: &[(&str, &str)]) -> TestApp {
     paid_app_with(chain, &enabled(extra).iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>()).await
 }
 
@@ -39,7 +39,7 @@ async fn route(app: &TestApp, key: &str, body: &Value) -> (u16, Value) {
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
-async fn lanes(app: &TestApp) -> Vec<Value> {
+pub(crate) async fn lanes(app: &TestApp) -> Vec<Value> {
     #[derive(diesel::QueryableByName)]
     struct Row {
         #[diesel(sql_type = diesel::sql_types::Jsonb)]
@@ -293,7 +293,7 @@ async fn a_takeover_after_the_server_charged_the_voucher_is_told_so_and_charges_
 
 // ---- a hostile batch-settlement server (in-process): its 402s are crafted by the test.
 
-mod hostile {
+pub(crate) mod hostile {
     use std::net::TcpListener;
     use std::sync::{Arc, Mutex};
 

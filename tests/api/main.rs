@@ -10,6 +10,7 @@ mod approvals;
 mod audit;
 mod auth;
 mod batch;
+mod batch_ahead;
 mod batch_channel;
 mod batch_settlement;
 mod caps;

@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 
 use super::call::PaidCall;
 use super::exchange::Sent;
-use super::scheme::{Answer, Attempt, Scheme, Signing};
+use super::scheme::{Attempt, Scheme, Signing};
 use super::{Resume, log_signed};
 use crate::payments::Final;
 use crate::payments::store::PaymentRow;
@@ -60,18 +60,16 @@ impl PaidCall<'_> {
         let first = &signing.attempt;
         let sent = self.send(&first.header).await?;
         Ok(Some(match sent {
-            Ok(resp) if resp.status == 402 && s.classify(&resp) == Answer::Refused => {
-                match self.repriced(s, (required, choice, &signing), &resp).await? {
-                    Some((second, unproven)) => {
-                        let outcome = self.exchange(s, &second).await?;
-                        if unproven {
-                            self.prove_charge(s, &second, &outcome).await;
-                        }
-                        outcome
+            Ok(resp) if s.reprices(&resp) => match self.repriced(s, (required, choice, &signing), &resp).await? {
+                Some((second, unproven)) => {
+                    let outcome = self.exchange(s, &second).await?;
+                    if unproven {
+                        self.prove_charge(s, &second, &outcome).await;
                     }
-                    None => self.finish(s, first, Ok(resp)).await,
+                    outcome
                 }
-            }
+                None => self.finish(s, first, Ok(resp)).await,
+            },
             sent => self.finish_ahead(s, first, sent).await,
         }))
     }

@@ -70,12 +70,20 @@ pub(super) async fn pay(
 }
 
 /// Pays known terms with the first request, with the first scheme that pays ahead and may pay
-/// them. `None`: nothing was signed or sent (the caller probes unpaid instead).
+/// them (in the order of [`pay`]). `None`: nothing was signed or sent (the caller probes unpaid instead).
 ///
 /// # Errors
 /// [`Error`] when nothing may be recorded.
 pub(super) async fn pay_ahead(pc: &PaidCall<'_>, required: &PaymentRequired) -> Result<Option<Outcome>, Error> {
-    debug_assert!(Evm.pays_ahead() && !Svm.pays_ahead() && !Batch.pays_ahead());
+    debug_assert!(Evm.pays_ahead() && !Svm.pays_ahead() && Batch.pays_ahead());
+    // A voucher first, as on a live 402: on the lane the router holds for it, whose state
+    // (what the server charged) the ledger knows.
+    if Batch.offered(pc, required)
+        && let Ok(choice) = Batch.choose(pc, required).await?
+    {
+        let existing = pc.earlier_intent().await?;
+        return pc.pay_ahead_with(&Batch, (required, &choice, ()), existing).await;
+    }
     let (chosen, existing, prepared) = tokio::join!(Evm.choose(pc, required), pc.earlier_intent(), Evm.prepare(pc));
     let Ok(choice) = chosen? else {
         return Ok(None);

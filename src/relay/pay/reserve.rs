@@ -107,8 +107,9 @@ impl PaidCall<'_> {
     }
 
     /// Records `second`, the terms an upstream asked instead of those paid ahead for `first_amount`,
-    /// signed with the same nonce over the same intent. `false`: a limit refuses the larger
-    /// amount (nothing recorded; the 402 is then a refusal).
+    /// signed with the same nonce (or, a voucher, on the same lane) over the same intent.
+    /// `false`: a limit refuses the larger amount, or the voucher's lane moved (nothing
+    /// recorded; the 402 is then a refusal).
     ///
     /// # Errors
     /// [`Error::Superseded`] when the lease was lost; database errors.
@@ -133,11 +134,12 @@ impl PaidCall<'_> {
             valid_before: c.valid_before,
             authorization: &authorization,
             kept: &kept,
+            lane: second.lane.as_ref(),
         };
         match reprice(&mut *self.db().await?, &row).await? {
             Reservation::Reserved => Ok(true),
             Reservation::Fenced => Err(Error::Superseded),
-            Reservation::Refused(_) => Ok(false),
+            Reservation::Refused(_) | Reservation::LaneMoved => Ok(false),
         }
     }
 }
@@ -181,7 +183,7 @@ fn budget_rate(supported: &crate::x402::Supported, network: &str, asset: &str) -
 fn fenced(reservation: Reservation) -> Result<Option<Refusal>, Error> {
     match reservation {
         Reservation::Reserved => Ok(None),
-        Reservation::Fenced => Err(Error::Superseded),
+        Reservation::Fenced | Reservation::LaneMoved => Err(Error::Superseded),
         Reservation::Refused(refusal) => Ok(Some(refusal)),
     }
 }

@@ -360,6 +360,12 @@ pub(crate) trait Scheme: Sync {
     /// What an answer to a paid request is.
     fn classify(&self, resp: &UpstreamResponse) -> Answer;
 
+    /// Whether an answer to a payment ahead may ask other terms, to be signed with
+    /// [`Self::sign_changed_terms`] (`ahead.rs`). By default: a refusal.
+    fn reprices(&self, resp: &UpstreamResponse) -> bool {
+        resp.status == 402 && self.classify(resp) == Answer::Refused
+    }
+
     /// A refusal of this scheme's own (e.g. a Permit2 allowance the wallet has not given): its
     /// code and the operator's instructions, when the payment did not move. By default none.
     fn refusal(&self, _signed: &Self::Signed, _reasons: &crate::x402::wire::RefusalReasons) -> Option<(Code, String)> {

@@ -59,20 +59,26 @@ pub(super) async fn confirm(
 
 /// The server's state of our channel, from a corrective 402.
 #[derive(Debug)]
-struct ServerState {
-    charged: U256,
+pub(super) struct ServerState {
+    pub charged: U256,
     signed: U256,
     signature: String,
 }
 
-fn server_state(resp: &UpstreamResponse, channel_id: B256) -> Option<(String, Option<ServerState>)> {
+/// A corrective 402's reason and its state of the channel `channel_id`, if it reads.
+fn read_402(resp: &UpstreamResponse, channel_id: B256) -> Option<(String, Option<ServerState>)> {
     let required =
         x402::wire::parse_payment_required(reqwest::StatusCode::PAYMENT_REQUIRED, &resp.headers, &resp.body).ok()?;
     let error = required.error.clone().unwrap_or_default();
-    let accept = required.raw_accepts.iter().find(|a| a.get("scheme").and_then(Value::as_str) == Some(batch::SCHEME));
+    Some((error, server_state(&required.raw_accepts, channel_id)))
+}
+
+/// The state of the channel `channel_id` that a 402's batch-settlement option carries, if any.
+pub(super) fn server_state(accepts: &[Value], channel_id: B256) -> Option<ServerState> {
+    let accept = accepts.iter().find(|a| a.get("scheme").and_then(Value::as_str) == Some(batch::SCHEME));
     let extra = accept.and_then(|a| a.get("extra"));
     let num = |v: Option<&Value>| v.and_then(Value::as_str).and_then(|s| Amount::parse(s).ok()).map(Amount::as_u256);
-    let state = extra.and_then(|x| {
+    extra.and_then(|x| {
         let cs = x.get("channelState")?;
         let vs = x.get("voucherState")?;
         let same = cs.get("channelId").and_then(Value::as_str).and_then(|c| c.parse::<B256>().ok());
@@ -84,12 +90,16 @@ fn server_state(resp: &UpstreamResponse, channel_id: B256) -> Option<(String, Op
             signed: num(vs.get("signedMaxClaimable"))?,
             signature: vs.get("signature")?.as_str()?.to_owned(),
         })
-    });
-    Some((error, state))
+    })
 }
 
 /// Why the server's state contradicts ours, if it does.
-async fn contradiction(pc: &PaidCall<'_>, s: &SignedBatch, lane_signed: U256, st: &ServerState) -> Option<String> {
+pub(super) async fn contradiction(
+    pc: &PaidCall<'_>,
+    s: &SignedBatch,
+    lane_signed: U256,
+    st: &ServerState,
+) -> Option<String> {
     let network = Network::parse_caip2(&s.network).ok()?;
     let payer: Address = s.payer.parse().ok()?;
     if st.charged > st.signed {
@@ -114,7 +124,7 @@ async fn contradiction(pc: &PaidCall<'_>, s: &SignedBatch, lane_signed: U256, st
 /// charged before) or a refusal (the voucher stays counted as charged: the server holds it).
 pub(super) async fn refused(pc: &PaidCall<'_>, attempt: &Attempt<SignedBatch>, resp: UpstreamResponse) -> Outcome {
     let s = &attempt.signed;
-    let read = server_state(&resp, s.channel_id);
+    let read = read_402(&resp, s.channel_id);
     let corrective = read
         .as_ref()
         .is_some_and(|(e, _)| e == batch::ERR_CUMULATIVE_MISMATCH || e == batch::ERR_CUMULATIVE_BELOW_CLAIMED);

@@ -17,6 +17,7 @@
 mod answer;
 pub mod channel;
 pub mod close;
+mod reprice;
 mod sign;
 mod terms;
 
@@ -79,17 +80,24 @@ impl Scheme for Batch {
     }
 
     fn pays_ahead(&self) -> bool {
-        // A voucher's ceiling depends on the channel's state when it is signed.
-        false
+        // A voucher's ceiling is the lane's charged total plus the price, both known before
+        // anything is sent: the lane is held and read when it is signed, ahead or not. A server
+        // whose state differs answers a corrective 402, checked as on the ordinary path.
+        true
+    }
+
+    fn reprices(&self, resp: &UpstreamResponse) -> bool {
+        // A corrective 402 to a voucher paid ahead may ask a new price (`reprice.rs`).
+        resp.status == 402
     }
 
     async fn sign_changed_terms(
         &self,
-        _: &PaidCall<'_>,
-        _: (&PaymentRequired, &Self::Choice, &Attempt<SignedBatch>),
-        _: (&PaymentRequired, &Self::Choice),
+        pc: &PaidCall<'_>,
+        (_, (first_terms, _), first): (&PaymentRequired, &Self::Choice, &Attempt<SignedBatch>),
+        asked: (&PaymentRequired, &Self::Choice),
     ) -> Result<Option<Signing<SignedBatch>>, Error> {
-        Ok(None)
+        reprice::sign_changed_terms(pc, (first_terms, first), asked).await
     }
 
     fn terms(&self, (terms, _): &Self::Choice) -> crate::approvals::Terms {

@@ -95,7 +95,7 @@ fn refusal(
     }
 }
 
-fn lane_key(pc: &PaidCall<'_>, t: &BatchTerms) -> LaneKey {
+pub(super) fn lane_key(pc: &PaidCall<'_>, t: &BatchTerms) -> LaneKey {
     LaneKey {
         wallet: pc.state.config.signer.address().to_string().to_lowercase(),
         pay_to: t.pay_to.to_string().to_lowercase(),
@@ -106,7 +106,7 @@ fn lane_key(pc: &PaidCall<'_>, t: &BatchTerms) -> LaneKey {
     }
 }
 
-fn config_of(pc: &PaidCall<'_>, t: &BatchTerms, salt: B256) -> batch::ChannelConfig {
+pub(super) fn config_of(pc: &PaidCall<'_>, t: &BatchTerms, salt: B256) -> batch::ChannelConfig {
     batch::channel_config(
         pc.state.config.signer.address(),
         (t.pay_to, t.receiver_authorizer, t.asset),
@@ -127,7 +127,7 @@ async fn hold_lane(pc: &PaidCall<'_>, cfg: &BatchConfig, t: &BatchTerms, payment
         let id = batch::channel_id(&config_of(pc, t, salt), t.network.chain_id());
         let held = lanes::hold(
             &mut *pc.db().await?,
-            &key,
+            (&key, t.amount),
             payment,
             i64::from(cfg.lanes),
             (&salt.to_string(), &id.to_string()),
@@ -157,7 +157,7 @@ pub(super) async fn sign(
     };
     let signed = signed_on(pc, (&cfg, t), &lane).await;
     let stop = match signed {
-        Ok(Ok(parts)) => return finish(pc, required, (t, raw), (id, &lane), parts).map(Ok),
+        Ok(Ok(parts)) => return signing(pc, required, (t, raw), (id, &lane), parts).map(Ok),
         Ok(Err(stop)) => Ok(stop),
         Err(e) => Err(e),
     };
@@ -169,12 +169,12 @@ pub(super) async fn sign(
 }
 
 /// A voucher and maybe a deposit, with the lane's ceiling they were signed over.
-struct Parts {
-    config: batch::ChannelConfig,
-    channel_id: B256,
-    voucher: SignedVoucher,
-    deposit: Option<batch::SignedDeposit>,
-    expected_ceiling: Amount,
+pub(super) struct Parts {
+    pub config: batch::ChannelConfig,
+    pub channel_id: B256,
+    pub voucher: SignedVoucher,
+    pub deposit: Option<batch::SignedDeposit>,
+    pub expected_ceiling: Amount,
 }
 
 async fn signed_on(
@@ -301,7 +301,7 @@ async fn wallet_left(pc: &PaidCall<'_>) -> Result<Option<U256>, Error> {
 }
 
 /// The attempt, the intent's columns, its sealed parts and the lane's write.
-fn finish(
+pub(super) fn signing(
     pc: &PaidCall<'_>,
     required: &PaymentRequired,
     (t, raw): (&BatchTerms, &Value),
