@@ -87,50 +87,62 @@ pub async fn hold(
     max_lanes: i64,
     new: (&str, &str),
 ) -> diesel::QueryResult<Option<Lane>> {
+    // The common case, one statement: a free lane that can pay `price`.
+    if let Some(lane) = take_free(conn, key, &price, payment).await? {
+        return Ok(Some(lane));
+    }
     let key = key.clone();
     let (salt, channel_id) = (new.0.to_owned(), new.1.to_owned());
     conn.transaction::<_, diesel::result::Error, _>(async move |c| {
-        // One writer per channel key at a time: the count of lanes below is exact. A hold
-        // commits without waiting for its WAL flush: lost in a crash of Postgres, it took
-        // nothing with it (no voucher leaves before the intent's synchronous commit, which
-        // flushes the hold too, and which applies only on a lane still held).
-        diesel::sql_query(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 40)), set_config('synchronous_commit', 'off', true)",
-        )
+        // One writer per channel key at a time: the count of lanes below is exact.
+        diesel::sql_query("SELECT pg_advisory_xact_lock(hashtextextended($1, 40))")
             .bind::<Text, _>(format!(
                 "{}|{}|{}|{}|{}|{}",
                 key.wallet, key.pay_to, key.network, key.asset, key.receiver_authorizer, key.withdraw_delay
             ))
             .execute(c)
             .await?;
-        let held: Option<Lane> = diesel::sql_query(format!(
-            "UPDATE batch_lanes SET in_flight = $7, in_flight_at = now(), updated_at = now() \
-              WHERE id = (SELECT l.id FROM batch_lanes l \
-                           WHERE l.wallet = $1 AND l.pay_to = $2 AND l.network = $3 AND l.asset = $4 \
-                             AND l.receiver_authorizer = $5 AND l.withdraw_delay = $6 AND l.stopped IS NULL AND l.state = 'open' \
-                             AND l.charged + $8::numeric >= l.signed_ceiling \
-                             AND (l.in_flight IS NULL OR (l.in_flight_at < now() - interval '1 minute' \
-                                  AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = l.in_flight))) \
-                           ORDER BY l.created_at LIMIT 1 FOR UPDATE SKIP LOCKED) \
-             RETURNING {COLUMNS}"
-        ))
-        .bind::<Text, _>(&key.wallet)
-        .bind::<Text, _>(&key.pay_to)
-        .bind::<Text, _>(&key.network)
-        .bind::<Text, _>(&key.asset)
-        .bind::<Text, _>(&key.receiver_authorizer)
-        .bind::<BigInt, _>(key.withdraw_delay)
-        .bind::<SqlUuid, _>(payment)
-        .bind::<Text, _>(price.to_string())
-        .get_result(c)
-        .await
-        .optional()?;
-        if held.is_some() {
-            return Ok(held);
+        if let Some(lane) = take_free(c, &key, &price, payment).await? {
+            return Ok(Some(lane));
         }
         open_lane(c, &key, payment, max_lanes, (&salt, &channel_id)).await
     })
     .await
+}
+
+/// Holds the oldest free lane of `key` that can pay `price` (one whose holder died without an
+/// intent a minute ago counts as free). A hold commits without waiting for its WAL flush: lost
+/// in a crash of Postgres, it took nothing with it (no voucher leaves before the intent's
+/// synchronous commit, which flushes the hold too, and which applies only on a lane still held).
+async fn take_free(
+    c: &mut AsyncPgConnection,
+    key: &LaneKey,
+    price: &Amount,
+    payment: Uuid,
+) -> diesel::QueryResult<Option<Lane>> {
+    diesel::sql_query(format!(
+        "UPDATE batch_lanes SET in_flight = $7, in_flight_at = now(), updated_at = now() \
+          WHERE id = (SELECT l.id FROM batch_lanes l \
+                       WHERE l.wallet = $1 AND l.pay_to = $2 AND l.network = $3 AND l.asset = $4 \
+                         AND l.receiver_authorizer = $5 AND l.withdraw_delay = $6 AND l.stopped IS NULL AND l.state = 'open' \
+                         AND l.charged + $8::numeric >= l.signed_ceiling \
+                         AND (l.in_flight IS NULL OR (l.in_flight_at < now() - interval '1 minute' \
+                              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = l.in_flight))) \
+                       ORDER BY l.created_at LIMIT 1 FOR UPDATE SKIP LOCKED) \
+            AND set_config('synchronous_commit', 'off', true) = 'off' \
+         RETURNING {COLUMNS}"
+    ))
+    .bind::<Text, _>(&key.wallet)
+    .bind::<Text, _>(&key.pay_to)
+    .bind::<Text, _>(&key.network)
+    .bind::<Text, _>(&key.asset)
+    .bind::<Text, _>(&key.receiver_authorizer)
+    .bind::<BigInt, _>(key.withdraw_delay)
+    .bind::<SqlUuid, _>(payment)
+    .bind::<Text, _>(price.to_string())
+    .get_result(c)
+    .await
+    .optional()
 }
 
 /// A new lane of `key` held for `payment`, unless `key` has `max_lanes` already.

@@ -215,11 +215,12 @@ async fn a_price_cut_after_the_terms_were_learnt_charges_nothing_for_the_refused
     let (status, env) = route(&app, &body).await;
     assert_eq!((status, env["payment"]["status"].as_str()), (200, Some("settled")), "{env}");
     assert_eq!(env["payment"]["amount"], "400", "{env}");
-    let account = server.account.lock().unwrap();
-    assert_eq!(account.ceilings(), vec![1000, 2000, 400], "the new price on a new channel");
-    assert_ne!(account.sent[2].0, account.sent[0].0);
-    assert_eq!(account.charged(), 1400);
-    drop(account);
+    {
+        let account = server.account.lock().unwrap();
+        assert_eq!(account.ceilings(), vec![1000, 2000, 400], "the new price on a new channel");
+        assert_ne!(account.sent[2].0, account.sent[0].0);
+        assert_eq!(account.charged(), 1400);
+    }
     assert_eq!(settled_sum(&app).await, 1400, "the ledger charged the agent what the server charged");
     let l = lanes(&app).await;
     assert_eq!(l.len(), 2, "{l:?}");

@@ -78,11 +78,11 @@ pub(super) async fn pay_ahead(pc: &PaidCall<'_>, required: &PaymentRequired) -> 
     debug_assert!(Evm.pays_ahead() && !Svm.pays_ahead() && Batch.pays_ahead());
     // A voucher first, as on a live 402: on the lane the router holds for it, whose state
     // (what the server charged) the ledger knows.
-    if Batch.offered(pc, required)
-        && let Ok(choice) = Batch.choose(pc, required).await?
-    {
-        let existing = pc.earlier_intent().await?;
-        return pc.pay_ahead_with(&Batch, (required, &choice, ()), existing).await;
+    if Batch.offered(pc, required) {
+        let (chosen, existing) = tokio::join!(Batch.choose(pc, required), pc.earlier_intent());
+        if let Ok(choice) = chosen? {
+            return pc.pay_ahead_with(&Batch, (required, &choice, ()), existing?).await;
+        }
     }
     let (chosen, existing, prepared) = tokio::join!(Evm.choose(pc, required), pc.earlier_intent(), Evm.prepare(pc));
     let Ok(choice) = chosen? else {
