@@ -8,7 +8,7 @@ import { clearKey, initAgents, renderAgents, resetAgents } from './agents.js';
 import { renderQueues } from './queues.js';
 import { renderApprovals } from './approvals.js';
 import { renderChannels } from './channels.js';
-import { outcome, renderChanges } from './changes.js';
+import { renderChanges, tell } from './changes.js';
 import { renderEvents } from './events.js';
 
 const TOKEN_KEY = 'x402-router.operator-token';
@@ -374,7 +374,7 @@ function initSettings() {
     await api('/admin/pause', { method: 'POST', body: { unpaid: $('pause-unpaid').checked } });
   }).then(refreshSettings).catch(showError));
   $('resume').addEventListener('click', () => act($('resume'), err, async () => {
-    err.textContent = outcome(await api('/admin/pause', { method: 'DELETE' }), '');
+    tell(err, await api('/admin/pause', { method: 'DELETE' }));
   }).then(refreshSettings).catch(showError));
   $('cap').addEventListener('input', () => { $('cap').dataset.touched = '1'; });
   updateCapHint = watchAmount($('cap'), $('cap-hint'));
@@ -384,11 +384,12 @@ function initSettings() {
     try {
       cap = readAmount($('cap').value);
     } catch (e) {
+      $('cap-error').classList.remove('news');
       $('cap-error').textContent = `Wallet daily cap: ${e.message}`;
       return;
     }
     act($('cap-save'), $('cap-error'), async () => {
-      $('cap-error').textContent = outcome(await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } }), '');
+      tell($('cap-error'), await api('/admin/settings', { method: 'PATCH', body: { wallet_daily_cap: cap } }));
       delete $('cap').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });
@@ -398,7 +399,7 @@ function initSettings() {
     ev.preventDefault();
     const list = $('blocked').value.split(/[\s,]+/).filter(Boolean);
     act($('blocked-save'), $('blocked-error'), async () => {
-      $('blocked-error').textContent = outcome(await api('/admin/settings', { method: 'PATCH', body: { blocked_pay_to: list.length ? list : null } }), '');
+      tell($('blocked-error'), await api('/admin/settings', { method: 'PATCH', body: { blocked_pay_to: list.length ? list : null } }));
       delete $('blocked').dataset.touched;
     }).then(refreshSettings).catch(showError);
   });

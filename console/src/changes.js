@@ -86,7 +86,15 @@ export async function renderChanges() {
     : 'This router applies every change at once (REQUIRE_SECOND_ADMIN is off).';
 }
 
+const proposed = (r) => Boolean(r && r.kind && r.fields);
+
 /** The text to show after a change the API answered: applied, or proposed (202). */
-export const outcome = (r, applied) => (r && r.kind && r.fields
+export const outcome = (r, applied) => (proposed(r)
   ? `Proposed: waits for another admin to confirm it (Pending changes).`
   : applied);
+
+/** Shows `outcome` in a form's message slot: a proposal as news (`.news`), not as an error. */
+export function tell(slot, r, applied = '') {
+  slot.textContent = outcome(r, applied);
+  slot.classList.toggle('news', proposed(r));
+}

@@ -139,6 +139,7 @@ export function change(control) {
 /** Runs `fn` with `button` disabled meanwhile; its error text goes to `out` (role=alert). */
 export async function act(button, out, fn) {
   out.textContent = '';
+  out.classList.remove('news');
   button.disabled = true;
   try {
     await fn();

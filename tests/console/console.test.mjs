@@ -1007,6 +1007,23 @@ await scenario('pending changes: a raise waits for a second admin; its proposer 
   assert((await raiseRow.locator('td').nth(3).textContent()).includes('(you'), 'the proposer is told it is theirs');
   await page.screenshot({ path: `${SHOTS}/changes-proposer.png`, fullPage: true });
   await noSidewaysScroll(page, 'pending changes (proposer)');
+  // Pausing applies at once; resuming is proposed, and the form says so as news, not as an error.
+  await nav(page, 'Overview').click();
+  await page.getByRole('button', { name: 'Pause payments' }).click();
+  await until('paused', async () => (await req(RULED, OPERATOR_TOKEN, '/admin/settings')).body.paused === true);
+  await page.getByRole('button', { name: 'Resume payments' }).click();
+  const slot = page.locator('#pause-error');
+  await slot.getByText(/^Proposed: waits for another admin/).waitFor({ timeout: WAIT });
+  const [news, color, errorColor] = await slot.evaluate((e) => {
+    const probe = document.createElement('p');
+    probe.className = 'error';
+    e.after(probe);
+    const c = getComputedStyle(probe).color;
+    probe.remove();
+    return [e.classList.contains('news'), getComputedStyle(e).color, c];
+  });
+  assert(news && color !== errorColor, `a proposal is not shown as an error: ${news} ${color} ${errorColor}`);
+  assert((await req(RULED, OPERATOR_TOKEN, '/admin/settings')).body.paused === true, 'the resume waits for a second admin');
 
   // Another admin confirms the raise and rejects the enabling.
   const other = await open();
@@ -1027,6 +1044,10 @@ await scenario('pending changes: a raise waits for a second admin; its proposer 
   await shown.waitFor({ timeout: WAIT });
   assert((await shown.inputValue()).startsWith('x4o_'), 'the new token is shown');
   await other.page.screenshot({ path: `${SHOTS}/changes-decided.png`, fullPage: true });
+  const resume = other.page.locator('#changes-body tr[data-id]').filter({ hasText: 'payments.resume' });
+  await resume.getByRole('button', { name: /^Confirm change/ }).click();
+  await resume.locator('td.state').getByText('confirmed').waitFor({ timeout: WAIT });
+  assert((await req(RULED, OPERATOR_TOKEN, '/admin/settings')).body.paused === false, 'resumed by the second admin');
   const agent = await req(RULED, OPERATOR_TOKEN, `/admin/agents/${id}`);
   assert(agent.body.daily_budget === '5000000' && agent.body.disabled === true, `applied: ${JSON.stringify(agent.body)}`);
   await noSidewaysScroll(other.page, 'pending changes');
