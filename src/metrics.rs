@@ -13,7 +13,7 @@ pub struct Metrics {
     /// `x402_router_http_request_duration_seconds{route, status}`.
     pub http_duration: HistogramVec,
     /// `x402_router_wallet_balance{network, asset}`: the paying wallet's token balance in
-    /// atomic units, refreshed by `wallet::spawn_balance_refresh`.
+    /// atomic units, refreshed by `audit::balance::spawn_balance_refresh`.
     pub wallet_balance: GaugeVec,
     /// `x402_router_rpc_errors_total{method}`: chain reads that failed or timed out.
     pub rpc_errors: IntCounterVec,

@@ -45,10 +45,14 @@ impl Application {
         let port = listener.local_addr()?.port();
         let metrics_listener = config.metrics_addr.map(TcpListener::bind).transpose()?;
         let mut state = build_state(config, hooks)?;
-        state.indexes =
-            Arc::new(crate::chain_index::Indexes::spawn(&state.config, &state.supported, &state.chain, &state.metrics));
+        state.indexes = Arc::new(crate::chains::evm_index::Indexes::spawn(
+            &state.config,
+            &state.supported,
+            &state.chain,
+            &state.metrics,
+        ));
         state.idempotency.cache.connect_in_background();
-        crate::wallet::spawn_balance_refresh(&state);
+        crate::audit::balance::spawn_balance_refresh(&state);
         crate::audit::gauges::spawn_refresh(&state);
         crate::discovery::spawn_refresh(&state.discovery, &state.upstream);
         let workers = if state.config.workers == 0 {
@@ -71,7 +75,7 @@ impl Application {
                 .app_data(app_state.clone())
                 .app_data(agent_cache.clone())
                 .app_data(mcp.clone())
-                .wrap(from_fn(crate::problem::negotiate))
+                .wrap(from_fn(crate::error::problem::negotiate))
                 .wrap(from_fn(crate::routes::no_store))
                 .wrap(from_fn(count_requests))
                 // Inside the request's span (wrapped before, so it runs after TracingLogger).
@@ -258,9 +262,9 @@ fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
         supported = supported.with_budget(budget.decimals, budget.values.clone());
     }
     let nonce_secret = Arc::new(crate::x402::nonce::nonce_secret(&config.signer));
-    let terms = Arc::new(crate::terms::Terms::new(config.requirements_cache));
+    let terms = Arc::new(crate::upstream::known_terms::Terms::new(config.requirements_cache));
     let solana = match config.solana.clone() {
-        Some(c) => Some(Arc::new(crate::solana::Solana::new(c, payments.rpc_timeout)?)),
+        Some(c) => Some(Arc::new(crate::chains::solana::Solana::new(c, payments.rpc_timeout)?)),
         None => None,
     };
     let operator_auth = Arc::new(crate::auth_throttle::AuthThrottle::new(config.operator_auth));

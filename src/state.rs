@@ -32,15 +32,15 @@ pub struct AppState {
     /// Key of the deterministic nonce and payment-identifier HMACs, derived from the wallet key.
     pub nonce_secret: Arc<[u8; 32]>,
     /// The payment terms upstreams asked last (paying ahead, `terms`).
-    pub terms: Arc<crate::terms::Terms>,
+    pub terms: Arc<crate::upstream::known_terms::Terms>,
     /// Paying on Solana networks (`None`: none configured).
-    pub solana: Option<Arc<crate::solana::Solana>>,
+    pub solana: Option<Arc<crate::chains::solana::Solana>>,
     /// What agents can discover: facilitators' catalogues and the 402s seen (`discovery`).
     pub discovery: Arc<crate::discovery::Discovery>,
     /// Failed operator authentications per client address (`auth_throttle`), per process.
     pub operator_auth: Arc<crate::auth_throttle::AuthThrottle>,
-    /// The chain index of each network with a WebSocket URL (`chain_index`).
-    pub indexes: Arc<crate::chain_index::Indexes>,
+    /// The chain index of each network with a WebSocket URL (`chains::evm_index`).
+    pub indexes: Arc<crate::chains::evm_index::Indexes>,
     /// Test-only fault points (`None` in production).
     pub faults: Option<crate::faults::Hook>,
 }

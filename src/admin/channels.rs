@@ -14,8 +14,7 @@ use super::AdminError;
 use crate::money::Amount;
 use crate::operators::{Actor, events};
 use crate::payments::channels::{self, ChannelRow, LaneState};
-use crate::relay::pay::batch::channel::{self as onchain, ChannelError, Reading};
-use crate::relay::pay::batch::close::{self, Closer, Withdraw};
+use crate::relay::pay::registry::channels::{self as channel, ChannelError, Closer, Reading, Withdraw};
 
 /// One channel (a lane) as operators see it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -149,7 +148,7 @@ pub async fn close(
         let note = "a call's voucher is out on this channel; nothing new is signed on it; close again once it ended";
         return finish(conn, id, CloseStep::Busy, note.into(), None).await;
     }
-    let seen = onchain::read(chain, &row).await?;
+    let seen = channel::read(chain, &row).await?;
     channels::record_chain(conn, id, seen.on_chain()).await?;
     if let Some((_, after)) = seen.withdrawal {
         return finalize(conn, (chain, closer), actor, &row, after).await;
@@ -158,9 +157,9 @@ pub async fn close(
         settle_closed(conn, actor, &row, &seen).await?;
         return finish(conn, id, CloseStep::Closed, "nothing unclaimed is left in the channel".into(), None).await;
     }
-    match close::refund(closer, &row).await {
+    match channel::refund(closer, &row).await {
         Ok(()) => {
-            let seen = onchain::read(chain, &row).await?;
+            let seen = channel::read(chain, &row).await?;
             channels::record_chain(conn, id, seen.on_chain()).await?;
             record(conn, actor, "channel.refunded", &target, Some(&seen)).await?;
             settle_closed(conn, actor, &row, &seen).await?;
@@ -168,12 +167,12 @@ pub async fn close(
         }
         Err(no) => {
             tracing::warn!(channel_id = %target, reason = %no.0, "a batch-settlement server did not refund; withdrawing");
-            let tx = close::withdraw(closer, &row, Withdraw::Initiate(seen.unclaimed())).await?;
+            let tx = channel::withdraw(closer, &row, Withdraw::Initiate(seen.unclaimed())).await?;
             let Some(tx) = tx else {
                 let note = format!("the server did not refund ({}); the contract refused the withdrawal now", no.0);
                 return Err(AdminError::Channel(ChannelError::Transaction(note)));
             };
-            let seen = onchain::read(chain, &row).await?;
+            let seen = channel::read(chain, &row).await?;
             channels::record_chain(conn, id, seen.on_chain()).await?;
             record(conn, actor, "channel.withdraw_initiated", &target, Some(&seen)).await?;
             let note = format!("the server did not refund ({}); the wallet started its withdrawal", no.0);
@@ -190,11 +189,11 @@ async fn finalize(
     row: &ChannelRow,
     after: u64,
 ) -> Result<CloseReport, AdminError> {
-    let Some(tx) = close::withdraw(closer, row, Withdraw::Finalize).await? else {
+    let Some(tx) = channel::withdraw(closer, row, Withdraw::Finalize).await? else {
         let note = format!("the wallet's withdrawal may be finalized from {after} (unix time, the chain's)");
         return finish(conn, row.id, CloseStep::WithdrawPending, note, None).await;
     };
-    let seen = onchain::read(chain, row).await?;
+    let seen = channel::read(chain, row).await?;
     channels::record_chain(conn, row.id, seen.on_chain()).await?;
     record(conn, actor, "channel.withdraw_finalized", &row.channel_id, Some(&seen)).await?;
     settle_closed(conn, actor, row, &seen).await?;

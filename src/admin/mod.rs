@@ -41,7 +41,7 @@ pub enum AdminError {
     Database(#[from] diesel::result::Error),
     /// A batch-settlement channel's chain could not be read, or the wallet's transaction failed.
     #[error(transparent)]
-    Channel(#[from] crate::relay::pay::batch::channel::ChannelError),
+    Channel(#[from] crate::relay::pay::registry::channels::ChannelError),
 }
 
 /// Most entries in an allowlist.
@@ -476,7 +476,7 @@ pub struct ReconcileRequest {
 /// [`AdminError::NotFound`] for an unknown payment id; database errors.
 pub async fn reconcile(
     conn: &mut AsyncPgConnection,
-    (chain, solana): (&crate::x402::Chain, Option<std::sync::Arc<crate::solana::SolanaRpcs>>),
+    (chain, solana): (&crate::x402::Chain, Option<std::sync::Arc<crate::chains::solana::SolanaRpcs>>),
     abandon_after: std::time::Duration,
     actor: &Actor,
     only: Option<Uuid>,
@@ -498,7 +498,7 @@ pub async fn reconcile(
     Ok(report)
 }
 
-pub mod approvals;
+pub mod approval_queue;
 mod caps;
 mod change_doc;
 pub mod channels;

@@ -14,7 +14,7 @@
 //! Nothing is signed or recorded while a call is held: the relay gives its Idempotency-Key
 //! back, so the agent's retry with the same key runs the call again and reaches the gate again.
 //! The approval row is what lasts (one per key and request, `approvals`): the decision an
-//! operator takes (`crate::admin::approvals`) is one conditional UPDATE, so of two deciding at once exactly
+//! operator takes (`crate::admin::approval_queue`) is one conditional UPDATE, so of two deciding at once exactly
 //! one wins. At most one payment follows an approval because the retry that pays owns the
 //! key (the idempotency ledger) and signs the request's one nonce.
 //!

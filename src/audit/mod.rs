@@ -17,6 +17,7 @@
 //! - Query strings are strict: an unknown or repeated parameter is a 400, so that a typo
 //!   (`agent=` for `agent_id=`) can never silently widen a query.
 
+pub mod balance;
 pub mod csv;
 pub mod cursor;
 pub mod gauges;

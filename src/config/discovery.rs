@@ -6,7 +6,31 @@ use url::Url;
 
 use super::ConfigError;
 use super::parse::parse_num;
-use crate::cli::DiscoveryArgs;
+use clap::Args;
+
+/// What agents can discover (`GET /discovery`, MCP `discover`): facilitators' catalogues and
+/// the Bazaar metadata of the 402s the router saw, kept in memory, bounded.
+#[derive(Debug, Args, Clone)]
+pub struct DiscoveryArgs {
+    /// Base URLs of facilitators whose Bazaar catalogue (`GET <url>/discovery/resources`) the
+    /// router reads, comma-separated (at most 16). Fetched like any upstream (SSRF guard,
+    /// timeouts, size limits). Empty: only what the router's own 402s show.
+    #[arg(long, env = "X402_DISCOVERY_URLS", default_value = "")]
+    pub x402_discovery_urls: String,
+    /// How often each catalogue is read again, in seconds (10–86400).
+    #[arg(long, env = "X402_DISCOVERY_REFRESH_SECONDS", default_value = "300")]
+    pub x402_discovery_refresh_seconds: String,
+    /// An entry not read again (catalogue) or seen again (402) within this many seconds is
+    /// dropped (at least the refresh interval, at most 7 days).
+    #[arg(long, env = "X402_DISCOVERY_MAX_AGE_SECONDS", default_value = "3600")]
+    pub x402_discovery_max_age_seconds: String,
+    /// Most entries kept in all (the oldest dropped first), 1–100000.
+    #[arg(long, env = "X402_DISCOVERY_MAX_ENTRIES", default_value = "2000")]
+    pub x402_discovery_max_entries: String,
+    /// Most bytes the kept entries may take in all (the oldest dropped first), 64 KiB–256 MiB.
+    #[arg(long, env = "X402_DISCOVERY_MAX_BYTES", default_value = "8388608")]
+    pub x402_discovery_max_bytes: String,
+}
 
 /// Most facilitator catalogues one router reads.
 pub const MAX_DISCOVERY_URLS: usize = 16;

@@ -1,36 +1,47 @@
-//! Typed settings, built once from the raw CLI/env strings.
+//! Typed settings, built once from the raw CLI/env strings: one concern per file (the flags
+//! as given beside the settings they become), re-exported here; [`Config`] is all of `serve`'s.
 //!
 //! Start-up fails fast: a missing or malformed setting becomes one [`ConfigError`] line
 //! that names the environment variable and the flag. Secrets live in [`Secret`], whose
 //! `Debug` never prints the value.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use alloy::primitives::Address;
 use alloy::signers::local::PrivateKeySigner;
-use ipnet::IpNet;
-use url::Url;
 
-use crate::cli::{DatabaseArgs, KeyArgs, ServeArgs, UpstreamArgs};
 pub use crate::idempotency::IdempotencyTiming;
-use crate::x402::Network;
 
 pub mod budget;
+mod database;
 pub mod discovery;
 mod parse;
+mod payment;
 pub mod secrets;
+mod serve;
 pub mod solana;
 pub mod symbols;
+mod upstream;
+mod usdc;
+mod wallet;
+
+pub use self::database::{DatabaseArgs, DatabaseConfig};
+pub use self::discovery::DiscoveryArgs;
+pub use self::payment::{BatchConfig, PaymentConfig, configured_assets};
+pub use self::secrets::SecretsArgs;
+pub use self::serve::ServeArgs;
+pub use self::solana::SolanaArgs;
+pub use self::upstream::{UpstreamArgs, UpstreamConfig};
+pub use self::usdc::{BUILT_IN_USDC, DEFAULT_ASSETS, built_in_usdc};
+pub use self::wallet::{KeyArgs, load_signer};
 
 pub use self::discovery::DiscoveryConfig;
 pub use self::parse::{
     Assets, OperatorAuthLimits, parse_mcp_wait, parse_ms, parse_num, parse_operator_auth, parse_requirements_cache,
     parse_rpc_urls,
 };
-use self::parse::{parse_assets, parse_bool, parse_cidrs, parse_max_auth, required};
+use self::parse::{parse_bool, parse_max_auth, required};
 pub use self::secrets::SecretsConfig;
 
 /// A setting that is missing or malformed. Displayed as one line naming the setting's
@@ -75,190 +86,6 @@ impl Secret {
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret(…)")
-    }
-}
-
-/// Postgres settings shared by every sub-command.
-#[derive(Debug, Clone)]
-pub struct DatabaseConfig {
-    pub url: Secret,
-    /// The URL parsed, with its TLS settings (`sslmode`, `sslrootcert`): see `db::tls`.
-    pub connector: crate::db::Connector,
-    pub pool_size: u32,
-    pub acquire_timeout: Duration,
-    /// Bounded waits of every pooled session (see [`Self::session_url`]).
-    pub lock_timeout: Duration,
-    pub statement_timeout: Duration,
-    pub idle_in_transaction_timeout: Duration,
-}
-
-impl DatabaseConfig {
-    /// The connection pool of these settings (nothing is connected yet).
-    /// Its sessions carry the bounded waits of [`Self::session_url`].
-    pub fn pool(&self) -> crate::db::PgPool {
-        // Both were validated when the configuration was built.
-        let session = self.session_url().ok();
-        let connector = session
-            .as_ref()
-            .and_then(|u| crate::db::Connector::from_url(u.expose()).ok())
-            .unwrap_or_else(|| self.connector.clone());
-        crate::db::pool(&crate::db::PoolSettings {
-            url: session.as_ref().map_or(self.url.expose(), |u| u.expose()),
-            connector: &connector,
-            size: self.pool_size,
-            acquire_timeout: self.acquire_timeout,
-        })
-    }
-
-    pub fn from_args(args: &DatabaseArgs) -> Result<Self, ConfigError> {
-        let url = required("DATABASE_URL", args.database_url.as_deref())?;
-        crate::db::conninfo::ConnInfo::parse(url).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
-        let connector = crate::db::Connector::from_url(url).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
-        let pool_size = parse_num::<u32>("DATABASE_POOL_SIZE", &args.database_pool_size)?;
-        if pool_size == 0 {
-            return Err(ConfigError::new("DATABASE_POOL_SIZE", "must be at least 1"));
-        }
-        let config = Self {
-            url: Secret::new(url.to_owned()),
-            connector,
-            pool_size,
-            acquire_timeout: parse_ms("DATABASE_ACQUIRE_TIMEOUT_MS", &args.database_acquire_timeout_ms)?,
-            lock_timeout: parse_ms("DB_LOCK_TIMEOUT_MS", &args.db_lock_timeout_ms)?,
-            statement_timeout: parse_ms("DB_STATEMENT_TIMEOUT_MS", &args.db_statement_timeout_ms)?,
-            idle_in_transaction_timeout: parse_ms(
-                "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
-                &args.db_idle_in_transaction_timeout_ms,
-            )?,
-        };
-        let session = config.session_url()?;
-        crate::db::Connector::from_url(session.expose()).map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
-        Ok(config)
-    }
-
-    /// The URL the pools connect with: `DATABASE_URL` plus the session settings that bound
-    /// every wait, passed as the connection's `options` (so they hold from the first
-    /// statement, whatever code opens the connection): `lock_timeout`, `statement_timeout`
-    /// and `idle_in_transaction_session_timeout`. The last one is what frees the locks of a
-    /// router that stopped inside a transaction (frozen VM, SIGSTOP, debugger): Postgres ends
-    /// its session, the transaction rolls back, and every other router may proceed.
-    /// Options already in the URL are kept (later `-c` settings win).
-    ///
-    /// # Errors
-    /// A `DATABASE_URL` that is neither a URL nor key/value pairs.
-    pub fn session_url(&self) -> Result<Secret, ConfigError> {
-        let mut info = crate::db::conninfo::ConnInfo::parse(self.url.expose())
-            .map_err(|e| ConfigError::new("DATABASE_URL", e.0))?;
-        let ms = |d: Duration| d.as_millis();
-        let ours = format!(
-            "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
-            ms(self.lock_timeout),
-            ms(self.statement_timeout),
-            ms(self.idle_in_transaction_timeout),
-        );
-        info.append("options", &ours);
-        Ok(Secret::new(info.to_string()))
-    }
-}
-
-/// Upstream HTTP client settings and the SSRF policy.
-#[derive(Debug, Clone)]
-pub struct UpstreamConfig {
-    pub allow_private: bool,
-    pub allow_cidrs: Vec<IpNet>,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
-    pub max_response_bytes: usize,
-}
-
-impl UpstreamConfig {
-    /// # Errors
-    /// The first malformed setting, naming it.
-    pub fn from_args(args: &UpstreamArgs) -> Result<Self, ConfigError> {
-        Ok(Self {
-            allow_private: parse_bool("UPSTREAM_ALLOW_PRIVATE", &args.upstream_allow_private)?,
-            allow_cidrs: parse_cidrs(&args.upstream_allow_cidrs)?,
-            connect_timeout: parse_ms("UPSTREAM_CONNECT_TIMEOUT_MS", &args.upstream_connect_timeout_ms)?,
-            timeout: parse_ms("UPSTREAM_TIMEOUT_MS", &args.upstream_timeout_ms)?,
-            max_response_bytes: parse_num("UPSTREAM_MAX_RESPONSE_BYTES", &args.upstream_max_response_bytes)?,
-        })
-    }
-}
-
-/// What the router is willing to pay with.
-#[derive(Debug, Clone)]
-pub struct PaymentConfig {
-    /// Network → its RPC URLs, in order of preference (fallback, see `x402::rpc`). A network
-    /// without one is never paid on.
-    pub rpc_urls: BTreeMap<Network, Vec<Url>>,
-    /// Network → token contracts the router pays with.
-    pub assets: BTreeMap<Network, Vec<Address>>,
-    /// Decimals of the assets that are configured (`@6`) or built in; the others are read
-    /// from the token before serving (`startup::preflight`).
-    pub decimals: BTreeMap<(Network, Address), u8>,
-    /// Assets configured `+permit2` (no EIP-3009): paid only via Permit2, and their
-    /// `authorizationState` is never asked.
-    pub permit2_only: BTreeSet<(Network, Address)>,
-    /// Symbols of the assets, only ever shown: `USDC` for the built-in USDC, the others read
-    /// from the token before serving (`startup::preflight`; none when unreadable).
-    pub symbols: BTreeMap<(Network, Address), String>,
-    pub rpc_timeout: Duration,
-    /// Network → its WebSocket URL for the chain index (`X402_WS_URLS`; none: no index).
-    pub ws_urls: BTreeMap<Network, Url>,
-    /// How many blocks back the chain index reads at start-up.
-    pub index_lookback_blocks: u64,
-    /// Longest lifetime of a signed authorization, whatever an upstream asks
-    /// (`validBefore = now + min(maxTimeoutSeconds, this)`).
-    pub max_auth_secs: u64,
-    /// Paying with x402 `batch-settlement` channels (`X402_SCHEMES` names it); `None`: off.
-    pub batch: Option<BatchConfig>,
-    /// The budget currency (`BUDGET_CURRENCY`): assets of different decimals share budgets
-    /// counted in it; `None`: every asset shares one unit (checked by [`Self::check_one_unit`]).
-    pub budget: Option<budget::BudgetConfig>,
-}
-
-/// The operator's bounds on batch-settlement channels (`X402_BATCH_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchConfig {
-    /// A new deposit is this many times the price (or the server's announced minimum, if more).
-    pub deposit_multiplier: u64,
-    /// The most one channel's deposits may hold (atomic units).
-    pub max_deposit: crate::money::Amount,
-    /// The longest withdraw delay a channel may lock the deposit for (seconds).
-    pub max_withdraw_delay: u64,
-    /// Lanes (channels) per upstream: parallel calls beyond this wait.
-    pub lanes: u32,
-}
-
-impl PaymentConfig {
-    /// Checks that every asset whose decimals are known has the same decimals: caps and
-    /// budgets are numbers of atomic units, so one budget can only span assets whose atomic
-    /// units are equal.
-    ///
-    /// # Errors
-    /// [`ConfigError`] naming two assets of different decimals.
-    pub fn check_one_unit(&self) -> Result<(), ConfigError> {
-        if self.budget.is_some() {
-            return Ok(()); // budgets are counted in the budget currency
-        }
-        let mut first: Option<(&(Network, Address), u8)> = None;
-        for (asset, d) in &self.decimals {
-            match first {
-                None => first = Some((asset, *d)),
-                Some((a, d0)) if d0 != *d => {
-                    return Err(ConfigError::new(
-                        "X402_ASSETS",
-                        format!(
-                            "mixes assets of different units: {}={} has {d0} decimals, {}={} has {d}; agents' caps \
-                             and budgets are in atomic units, so one budget cannot span them (set BUDGET_CURRENCY \
-                             and X402_ASSET_VALUES, or run one router per unit)",
-                            a.0, a.1, asset.0, asset.1
-                        ),
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
     }
 }
 
@@ -312,52 +139,6 @@ pub struct Config {
 pub struct TermsLimits {
     pub ttl: Duration,
     pub entries: usize,
-}
-
-/// USDC as deployed by Circle: the default `X402_ASSETS`.
-pub const DEFAULT_ASSETS: &str = "eip155:8453=0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913,\
-eip155:84532=0x036CbD53842c5426634e7929541eC2318f3dCF7e";
-
-/// Circle's USDC (EIP-3009, 6 decimals) by chain id: the asset paid on a network of
-/// `X402_RPC_URLS` for which `X402_ASSETS` names none, and assets whose decimals are known
-/// without asking the chain. From `DEFAULT_ASSETS` of the official `@x402/evm` 2.27.0 (OP
-/// Mainnet, which that table lacks: Circle's list of USDC contract addresses).
-pub const BUILT_IN_USDC: [(u64, &str); 8] = [
-    (8453, "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"),    // Base
-    (84_532, "0x036CbD53842c5426634e7929541eC2318f3dCF7e"),  // Base Sepolia
-    (1, "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48"),       // Ethereum
-    (137, "0x3c499c542cEF5E3811e1192ce70d8cC03d5c3359"),     // Polygon PoS
-    (42_161, "0xaf88d065e77c8cC2239327C5EDb3A432268e5831"),  // Arbitrum One
-    (421_614, "0x75faf114eafb1BDbe2F0316DF893fd58CE46AA4d"), // Arbitrum Sepolia
-    (10, "0x0b2C639c533813f4Aa9D7837CAf62653d097Ff85"),      // OP Mainnet
-    (43_114, "0xB97EF9Ef8734C71904D8002F8b6Bc66Dd9c48a6E"),  // Avalanche C-Chain
-];
-/// Decimals of every built-in USDC.
-const USDC_DECIMALS: u8 = 6;
-
-/// The built-in USDC of `network`, if it has one.
-pub fn built_in_usdc(network: Network) -> Option<Address> {
-    BUILT_IN_USDC.iter().find(|(id, _)| *id == network.chain_id()).and_then(|(_, a)| Address::from_str(a).ok())
-}
-
-/// The assets the router pays with: `X402_ASSETS` (empty: USDC on Base and Base Sepolia),
-/// plus the built-in USDC of every network of `rpc_urls` that `X402_ASSETS` gives no asset
-/// for. A network with neither gets nothing (it is never paid on).
-///
-/// # Errors
-/// A malformed `X402_ASSETS`.
-pub fn configured_assets(raw: &str, rpc_urls: &BTreeMap<Network, Vec<Url>>) -> Result<Assets, ConfigError> {
-    let raw = if raw.trim().is_empty() { DEFAULT_ASSETS } else { raw };
-    let (mut assets, mut decimals, permit2_only) = parse_assets(raw)?;
-    for network in rpc_urls.keys() {
-        if !assets.contains_key(network)
-            && let Some(usdc) = built_in_usdc(*network)
-        {
-            assets.insert(*network, vec![usdc]);
-            decimals.insert((*network, usdc), USDC_DECIMALS);
-        }
-    }
-    Ok((assets, decimals, permit2_only))
 }
 
 impl Config {
@@ -515,28 +296,13 @@ pub(crate) fn secret_text(
     }
 }
 
-/// The router's key from `ROUTER_PRIVATE_KEY` or `ROUTER_PRIVATE_KEY_FILE`; `None` when
-/// neither is set.
-///
-/// # Errors
-/// Both set, an unreadable file, or a value that is not a key.
-pub fn load_signer(args: &KeyArgs) -> Result<Option<PrivateKeySigner>, ConfigError> {
-    let Some((env, raw)) = secret_text(
-        ("ROUTER_PRIVATE_KEY", args.router_private_key.as_ref()),
-        ("ROUTER_PRIVATE_KEY_FILE", args.router_private_key_file.as_ref()),
-    )?
-    else {
-        return Ok(None);
-    };
-    let hex = raw.trim();
-    PrivateKeySigner::from_str(hex)
-        .map(Some)
-        .map_err(|_| ConfigError::new(env, "is not a 32-byte hex secp256k1 private key"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::x402::Network;
+    use alloy::primitives::Address;
+    use parse::parse_assets;
+    use url::Url;
 
     #[test]
     fn the_mcp_wait_is_one_second_to_one_hour() {

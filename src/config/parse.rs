@@ -8,7 +8,8 @@ use alloy::primitives::Address;
 use ipnet::IpNet;
 use url::Url;
 
-use super::{ConfigError, USDC_DECIMALS, built_in_usdc};
+use super::ConfigError;
+use super::usdc::{USDC_DECIMALS, built_in_usdc};
 use crate::x402::Network;
 
 pub(super) fn required<'a>(env: &'static str, value: Option<&'a str>) -> Result<&'a str, ConfigError> {
@@ -287,7 +288,7 @@ pub(super) fn parse_max_auth(raw: &str) -> Result<u64, ConfigError> {
 ///
 /// # Errors
 /// An unknown scheme, or a bound that does not parse or is out of range, naming the setting.
-pub fn parse_batch(args: &crate::cli::ServeArgs) -> Result<Option<super::BatchConfig>, ConfigError> {
+pub fn parse_batch(args: &super::ServeArgs) -> Result<Option<super::BatchConfig>, ConfigError> {
     let mut batch = false;
     for s in args.x402_schemes.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match s {

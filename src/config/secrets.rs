@@ -6,8 +6,26 @@ use std::sync::Arc;
 use alloy::signers::local::PrivateKeySigner;
 
 use super::{ConfigError, secret_text};
-use crate::cli::SecretsArgs;
 use crate::secrets::{Keyring, Redaction};
+use clap::Args;
+
+/// Secrets at rest (docs/operations.md, "Secrets at rest").
+#[derive(Debug, Args, Clone)]
+pub struct SecretsArgs {
+    /// A file of the keys that seal what agents forward (headers, URLs, bodies) in the ledger:
+    /// one per line, `<key id> <64 hex digits>`; the first seals, every one listed opens.
+    /// Unset: a key derived from the wallet key (id `wallet`).
+    #[arg(long, env = "SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<String>,
+    /// Query parameters whose values are redacted wherever a URL is shown or kept in the clear
+    /// (receipts, the audit API, the ledger), comma-separated, any letter case.
+    #[arg(long, env = "REDACT_QUERY_PARAMS", default_value = "api_key,key,token,sig")]
+    pub redact_query_params: String,
+    /// How long what an agent forwarded is kept (sealed) for a takeover or recovery to re-send
+    /// it, in hours (1–8760); `gc` drops it after, and as soon as the payment is settled.
+    #[arg(long, env = "SECRETS_RETENTION_HOURS", default_value = "48")]
+    pub secrets_retention_hours: String,
+}
 
 /// The longest retention accepted: a year.
 const MAX_RETENTION_HOURS: i32 = 24 * 366;

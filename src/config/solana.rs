@@ -15,8 +15,24 @@ use url::Url;
 
 use super::ConfigError;
 use super::parse::{is_solana_entry, split_list};
-use crate::cli::SolanaArgs;
 use crate::x402::svm::{SvmAddress, SvmNetwork, SvmSigner, transfer::MAX_COMPUTE_UNIT_PRICE};
+use clap::Args;
+
+/// The Solana wallet (x402 `exact` on `solana:` networks).
+#[derive(Debug, Args, Clone)]
+pub struct SolanaArgs {
+    /// The paying Solana wallet's key: a JSON array of 64 bytes (as `solana-keygen` writes) or
+    /// a base58 keypair. Prefer --solana-private-key-file.
+    #[arg(long, env = "SOLANA_PRIVATE_KEY", hide_env_values = true)]
+    pub solana_private_key: Option<String>,
+    /// A file holding the paying Solana wallet's key.
+    #[arg(long, env = "SOLANA_PRIVATE_KEY_FILE")]
+    pub solana_private_key_file: Option<String>,
+    /// The compute-unit price the router sets on its Solana payments, in micro-lamports (paid
+    /// by the upstream's fee payer; at most 5000000). Never taken from an upstream.
+    #[arg(long, env = "SOLANA_COMPUTE_UNIT_PRICE", default_value = "1")]
+    pub solana_compute_unit_price: String,
+}
 
 /// Circle's USDC mints (6 decimals) on Solana mainnet and devnet: the mint paid on a network of
 /// `X402_RPC_URLS` for which `X402_ASSETS` names none.

@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use super::parse::amount_field;
+use crate::chains::solana::Solana;
 use crate::codes::Code;
 use crate::money::Amount;
 use crate::payments::{Limits, Spend, limits};
-use crate::solana::Solana;
 use crate::x402::select::check;
 use crate::x402::svm::SvmTerms;
 use crate::x402::{RejectReason, Requirement, Supported, X402Version};

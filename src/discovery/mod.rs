@@ -298,7 +298,7 @@ impl Discovery {
 pub async fn find_for(
     conn: &mut diesel_async::AsyncPgConnection,
     discovery: &Discovery,
-    (supported, solana): (&crate::x402::Supported, Option<&crate::solana::Solana>),
+    (supported, solana): (&crate::x402::Supported, Option<&crate::chains::solana::Solana>),
     agent_id: uuid::Uuid,
     query: &DiscoveryQuery,
 ) -> diesel::QueryResult<DiscoveryPage> {

@@ -15,6 +15,7 @@
 
 pub mod cache;
 pub mod canonical;
+pub mod gc;
 pub mod key;
 pub mod redis_link;
 pub mod store;

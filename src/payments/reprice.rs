@@ -1,5 +1,5 @@
 //! An intent paid ahead on known terms, signed again for the terms the upstream's `402`
-//! asked instead (src/terms.rs): same nonce, same network, token and method, so the token
+//! asked instead (src/upstream/known_terms.rs): same nonce, same network, token and method, so the token
 //! (or Permit2) lets at most one of the two authorizations move money. Until the chain shows
 //! which one did, the intent reserves the larger amount and its charge is unproven.
 

@@ -31,8 +31,8 @@ use crate::codes::Code;
 use crate::idempotency::{Commit, Decision, Gate, Heartbeat, Hint, IdempotencyKey, Ownership, Stored};
 use crate::payments::limits;
 use crate::state::AppState;
-use crate::terms::TermsKey;
 use crate::upstream::UpstreamError;
+use crate::upstream::known_terms::TermsKey;
 pub use error::Error;
 pub use outcome::{Failure, Outcome, PaymentNote};
 use request::{Incoming, Received, RouteCall};
@@ -75,7 +75,7 @@ pub async fn handle(
     // Anything else is validated first: an invalid body is a 400 whatever its key's state.
     let call = request.into_call().map_err(|e| Error::BadRequest(e.0))?;
     // The request's payment terms, if an earlier 402 to exactly this request taught them.
-    let terms = crate::terms::TermsKey::of(agent_id, &call.upstream);
+    let terms = crate::upstream::known_terms::TermsKey::of(agent_id, &call.upstream);
     let (decision, path) = match cached {
         Hint::Decided(decision, path) => (decision, path),
         hint => {
@@ -236,7 +236,7 @@ async fn execute(
     {
         return pc.resume(intent, pay::Resume::Takeover).await;
     }
-    // Known terms: pay with the first request instead of probing unpaid (src/terms.rs).
+    // Known terms: pay with the first request instead of probing unpaid (src/upstream/known_terms.rs).
     if let Some(required) = state.terms.get(terms)
         && let Some(outcome) = pc.pay_ahead(&required).await?
     {

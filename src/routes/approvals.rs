@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::admin::approvals::{self, Decision, QueueEntry, StateFilter};
+use crate::admin::approval_queue::{self, Decision, QueueEntry, StateFilter};
 use crate::approvals::Approval;
 use crate::audit::{BadQuery, Params};
 use crate::auth::{Admin, Viewer};
@@ -40,7 +40,7 @@ pub async fn list(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Re
     let mut p = Params::parse(req.query_string(), &["state"])?;
     let filter = StateFilter::parse(p.take("state").as_deref()).map_err(|e| BadQuery(e.0))?;
     let mut conn = state.conn().await?;
-    let approvals = approvals::list(&mut conn, filter).await.map_err(ApiError::database)?;
+    let approvals = approval_queue::list(&mut conn, filter).await.map_err(ApiError::database)?;
     Ok(HttpResponse::Ok().json(ApprovalList { approvals }))
 }
 
@@ -83,6 +83,6 @@ pub async fn deny(state: web::Data<AppState>, op: Admin, id: web::Path<String>) 
 async fn decided(state: &AppState, op: &Admin, id: &str, decision: Decision) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.conn().await?;
-    let approval = approvals::decide(&mut conn, &op.actor, id, decision).await?;
+    let approval = approval_queue::decide(&mut conn, &op.actor, id, decision).await?;
     Ok(HttpResponse::Ok().json(approval))
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::admin::channels::{self, ChannelView, CloseReport};
 use crate::auth::{Admin, Viewer};
 use crate::error::{ApiError, PoolConn};
-use crate::relay::pay::batch::close::Closer;
+use crate::relay::pay::registry::channels::Closer;
 use crate::routes::responses::{AdminOnly, ChainUnavailable, ForbiddenAgentKey, NotFound, Unauthorized, Unavailable};
 use crate::state::AppState;
 

@@ -2,6 +2,7 @@
 //! same-host redirects only, no proxies, and the SSRF [`guard`] inside its resolver.
 
 pub mod guard;
+pub mod known_terms;
 pub mod mcp;
 
 use std::net::SocketAddr;

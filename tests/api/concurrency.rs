@@ -293,7 +293,7 @@ async fn a_router_frozen_inside_reserve_releases_the_agent_lock_and_nobody_is_ta
     assert_eq!(stats["paid"], 30, "{stats}");
     assert_eq!(stats["payment_attempts"], 30, "{stats}");
     // Unpaid probes: the frozen router's, and each router's until it knows the terms (then it
-    // pays with the first request; src/terms.rs).
+    // pays with the first request; src/upstream/known_terms.rs).
     let probes = stats["requests"].as_u64().unwrap() - 30;
     assert!((3..=31).contains(&probes), "at most one unpaid probe per key, the frozen router's included: {stats}");
 

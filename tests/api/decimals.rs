@@ -229,7 +229,7 @@ async fn the_ledgers_sql_charge_is_rusts_charge() {
 #[test]
 fn start_up_refuses_mixed_decimals_unless_budgets_have_a_currency() {
     use clap::Parser;
-    use x402_router::cli::{Cli, Command};
+    use x402_router::commands::{Cli, Command};
     let (usdc, t18) = ("0x00000000000000000000000000000000000000aa", "0x00000000000000000000000000000000000000bb");
     let read = |extra: &[(&str, String)]| {
         let mut given = vec![

@@ -28,13 +28,13 @@ async fn gc_removes_only_expired_rows_in_batches_and_keeps_receipts() {
         .await;
     }
     let mut conn = app.db.conn().await;
-    let deleted = x402_router::gc::run(&mut conn, 2, None).await.unwrap();
+    let deleted = x402_router::idempotency::gc::run(&mut conn, 2, None).await.unwrap();
     // In-flight rows are left to their owner or its takeover, however old.
     assert_eq!(deleted, 4);
     assert_eq!(app.idempotency_rows().await, 6);
     assert_eq!(count(&app.db, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'in_flight'").await, 3);
     assert_eq!(app.receipt_rows().await, 3);
-    assert_eq!(x402_router::gc::run(&mut conn, 2, None).await.unwrap(), 0);
+    assert_eq!(x402_router::idempotency::gc::run(&mut conn, 2, None).await.unwrap(), 0);
 }
 
 #[actix_web::test]
@@ -55,14 +55,14 @@ async fn gc_during_a_takeover_does_not_delete_the_in_flight_row() {
         deadline.next_poll().await.unwrap();
     }
     let mut conn = app.db.conn().await;
-    assert_eq!(x402_router::gc::run(&mut conn, 100, None).await.unwrap(), 0, "GC deleted a row in flight");
+    assert_eq!(x402_router::idempotency::gc::run(&mut conn, 100, None).await.unwrap(), 0, "GC deleted a row in flight");
     let retry = app.route(&key, &body).await;
     assert_eq!(retry.status(), 409, "a retry during the takeover waits; it does not execute afresh");
 
     let resp = call.await.unwrap().unwrap();
     assert_eq!(resp.status(), 200);
     // The takeover extended the expiry: the fresh result is kept and replayed.
-    assert_eq!(x402_router::gc::run(&mut conn, 100, None).await.unwrap(), 0);
+    assert_eq!(x402_router::idempotency::gc::run(&mut conn, 100, None).await.unwrap(), 0);
     let replay = app.route(&key, &body).await;
     assert_eq!(replay.headers().get("x-idempotent-replay").unwrap(), "true");
     assert_eq!(up.hits.get(path), 1);
@@ -111,7 +111,7 @@ async fn paced_gc_keeps_to_its_rows_per_second_budget() {
     // 7 rows, 2 per batch, 10 rows/s: the batches after 2, 4 and 6 rows are due at
     // 200, 400 and 600 ms.
     let started = std::time::Instant::now();
-    let deleted = x402_router::gc::run(&mut conn, 2, std::num::NonZeroU64::new(10)).await.unwrap();
+    let deleted = x402_router::idempotency::gc::run(&mut conn, 2, std::num::NonZeroU64::new(10)).await.unwrap();
     let elapsed = started.elapsed();
     assert_eq!(deleted, 7);
     assert!(elapsed >= std::time::Duration::from_millis(600), "paced GC took only {elapsed:?}");

@@ -289,7 +289,7 @@ async fn row_deleted_between_conflict_and_lookup_is_retried_and_proceeds() {
         Box::pin(async move {
             if fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 let mut conn = db.conn().await;
-                let n = x402_router::gc::run(&mut conn, 100, None).await.unwrap();
+                let n = x402_router::idempotency::gc::run(&mut conn, 100, None).await.unwrap();
                 assert_eq!(n, 1, "the janitor removed the expired row");
             }
         })

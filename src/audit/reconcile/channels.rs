@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::Report;
 use crate::money::Amount;
 use crate::payments::channels::{self, ChannelRow, LaneState};
-use crate::relay::pay::batch::channel as onchain;
+use crate::relay::pay::registry::channels as onchain;
 use crate::x402::Chain;
 
 /// What the chain showed of one lane's channel this run.

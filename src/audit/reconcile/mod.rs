@@ -79,8 +79,8 @@ use crate::faults::{self, Point};
 use crate::payments::store::PaymentRow;
 use crate::payments::{self, PaymentStatus, PaymentStatus::*, RecoveryKind, RecoveryStep};
 use crate::recovery::{self, Ending};
-use crate::relay::pay::batch::channel as batch_channel;
 use crate::relay::pay::registry;
+use crate::relay::pay::registry::channels as batch_channel;
 use crate::relay::pay::scheme::{Chains, RowRef, Verdict};
 use crate::upstream::{UpstreamClient, UpstreamResponse};
 use crate::x402::Chain;
@@ -156,7 +156,7 @@ pub struct Settings {
     pub only: Option<Uuid>,
     /// The Solana networks' endpoints (`None`: Solana intents are left as they are, counted
     /// as errors).
-    pub solana: Option<std::sync::Arc<crate::solana::SolanaRpcs>>,
+    pub solana: Option<std::sync::Arc<crate::chains::solana::SolanaRpcs>>,
 }
 
 /// What one run did; printed as one JSON line.

@@ -1,4 +1,4 @@
-//! Paying ahead on known terms ([`crate::terms`]): the call's first request already carries
+//! Paying ahead on known terms ([`crate::upstream::known_terms`]): the call's first request already carries
 //! the payment, saving the unpaid probe. A `402` to it with other terms is paid once more only
 //! when the scheme can sign them with the **same nonce** (`Scheme::sign_changed_terms`: the
 //! same nonce domain), so the chain lets at most one of the two authorizations move money; the

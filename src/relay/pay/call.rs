@@ -14,7 +14,7 @@ use crate::payments::store::{self, PaymentRow};
 use crate::relay::Error;
 use crate::relay::request::RouteCall;
 use crate::state::AppState;
-use crate::terms::TermsKey;
+use crate::upstream::known_terms::TermsKey;
 use crate::x402::{self, PaymentRequired};
 
 /// One call owned by this attempt, on its way to being paid (or resumed) and recorded.
@@ -23,7 +23,7 @@ pub(crate) struct PaidCall<'a> {
     pub state: &'a AppState,
     pub own: &'a Ownership,
     pub call: &'a RouteCall,
-    /// Where the terms of this request are remembered (`crate::terms`).
+    /// Where the terms of this request are remembered (`crate::upstream::known_terms`).
     pub terms: &'a TermsKey,
     /// The route deadline: an answer that arrived is recorded by it.
     pub deadline: Instant,

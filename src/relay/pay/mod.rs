@@ -25,7 +25,7 @@
 
 mod agent;
 mod ahead;
-mod approval;
+mod approval_gate;
 pub mod batch;
 pub(crate) mod call;
 mod evm;

@@ -93,7 +93,7 @@ pub(super) async fn pay_ahead(pc: &PaidCall<'_>, required: &PaymentRequired) -> 
 
 /// Whether `row` is a Solana payment.
 fn is_svm(network: &str) -> bool {
-    crate::solana::is_solana_network(network)
+    crate::chains::solana::is_solana_network(network)
 }
 
 /// Whether `stored` (a row's `signed_authorization`) is a batch-settlement voucher.
@@ -199,4 +199,14 @@ pub(crate) async fn recover(
     } else {
         with(&Evm, chains, upstream, (row, opened), deadline).await
     }
+}
+
+/// Batch-settlement channels as the rest of the router reaches them: reading one on the chain
+/// and closing it (`admin`, `reconcile`, the close route). The one door into `batch/` past the
+/// scheme seam (checked by `structure::a_scheme_is_a_folder_only_the_registry_names`).
+pub mod channels {
+    pub use super::super::batch::channel::ChannelError;
+    pub(crate) use super::super::batch::channel::{Reading, is_final, lane_of, read, voucher_verdict};
+    pub use super::super::batch::close::Closer;
+    pub(crate) use super::super::batch::close::{Withdraw, refund, withdraw};
 }

@@ -205,7 +205,7 @@ pub(crate) enum Verdict {
 #[derive(Clone, Copy)]
 pub(crate) struct Chains<'a> {
     pub evm: &'a crate::x402::Chain,
-    pub solana: Option<&'a crate::solana::SolanaRpcs>,
+    pub solana: Option<&'a crate::chains::solana::SolanaRpcs>,
 }
 
 impl<'a> Chains<'a> {

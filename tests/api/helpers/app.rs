@@ -9,7 +9,7 @@ use reqwest::Response;
 use serde_json::Value;
 use uuid::Uuid;
 use x402_router::auth::{agents, generate_api_key, hash_api_key};
-use x402_router::cli::{Cli, Command};
+use x402_router::commands::{Cli, Command};
 use x402_router::config::Config;
 use x402_router::operators::Role;
 use x402_router::startup::{Application, Hooks};

@@ -1,4 +1,4 @@
-//! The chain index's answers for EVM payments (`crate::chain_index`): what it knows of a
+//! The chain index's answers for EVM payments (`crate::chains::evm_index`): what it knows of a
 //! payment's nonce, and the wait for the settlement of a payment that just left. Every
 //! `Unknown` is read from the chain by the caller, as without an index.
 

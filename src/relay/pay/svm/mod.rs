@@ -19,6 +19,7 @@ mod sign;
 
 use alloy::primitives::U256;
 
+use crate::chains::solana::Solana;
 use crate::clock::now_unix;
 use crate::codes::Code;
 use crate::money::Amount;
@@ -31,7 +32,6 @@ use crate::relay::pay::scheme::{
 use crate::relay::pay::{Declined, SETTLEMENT_POLL_INTERVAL, SETTLEMENT_POLLS, Stop, agent, to_i64, wrong_chain};
 use crate::relay::view::{DecodeError, PaymentView, decode_svm_transfer, stored_version};
 use crate::relay::{Error, Outcome};
-use crate::solana::Solana;
 use crate::upstream::UpstreamResponse;
 use crate::x402::svm::{SignedSvmTransfer, SvmEndpoints, SvmRpc, SvmRpcError, SvmTerms, TransferState};
 use crate::x402::{self, PaymentRequired, SettlementResponse, X402Version};

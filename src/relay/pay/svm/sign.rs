@@ -6,6 +6,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::chains::solana::Solana;
 use crate::codes::Code;
 use crate::money::Amount;
 use crate::payments::limits;
@@ -15,7 +16,6 @@ use crate::relay::pay::agent::refuse_disabled;
 use crate::relay::pay::call::PaidCall;
 use crate::relay::pay::scheme::{Attempt, cheapest_allowed};
 use crate::relay::pay::{Declined, PayError, Stop, wrong_chain};
-use crate::solana::Solana;
 use crate::x402::svm::{ComputeBudget, SignedSvmTransfer, SvmRpc, SvmRpcError, SvmTerms};
 use crate::x402::{self, PaymentRequired};
 

@@ -3,6 +3,8 @@
 //! logged once, here. Domain errors (the relay's [`relay::Error`]) are converted here and
 //! nowhere else: unreachable dependencies ⇒ 503, failed queries and broken invariants ⇒ 500.
 
+pub mod problem;
+
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderValue, RETRY_AFTER};
 use actix_web::{HttpResponse, ResponseError};
@@ -241,7 +243,7 @@ impl From<crate::admin::AdminError> for ApiError {
             AdminError::NoRandomness(e) => Self::Internal(anyhow::anyhow!("no randomness: {e}")),
             AdminError::Stale => Self::ChangeStale,
             AdminError::Database(e) => Self::database(e),
-            AdminError::Channel(crate::relay::pay::batch::channel::ChannelError::Chain(e)) => {
+            AdminError::Channel(crate::relay::pay::registry::channels::ChannelError::Chain(e)) => {
                 tracing::warn!(error = %e, "a batch-settlement channel's chain cannot be read");
                 Self::PaymentNetworkUnavailable
             }
@@ -276,9 +278,9 @@ impl From<crate::operators::manage::OperatorError> for ApiError {
     }
 }
 
-impl From<crate::admin::approvals::DecideError> for ApiError {
-    fn from(e: crate::admin::approvals::DecideError) -> Self {
-        use crate::admin::approvals::DecideError;
+impl From<crate::admin::approval_queue::DecideError> for ApiError {
+    fn from(e: crate::admin::approval_queue::DecideError) -> Self {
+        use crate::admin::approval_queue::DecideError;
         match e {
             DecideError::NotFound => Self::NotFound,
             DecideError::Decided(a) => Self::ApprovalDecided(a),

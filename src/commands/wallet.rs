@@ -22,9 +22,74 @@ use alloy::sol;
 use serde::Serialize;
 use url::Url;
 
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use crate::config::{self, KeyArgs};
 use crate::x402::Network;
 
 pub use crate::x402::chain::PERMIT2;
+
+#[derive(Debug, Args)]
+pub struct WalletArgs {
+    #[command(subcommand)]
+    pub command: WalletCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WalletCommand {
+    /// Let Uniswap Permit2 move a configured token from the router's wallet (ERC-20
+    /// `approve`), for upstreams that answer 412 `permit2_allowance_required`; waits for the
+    /// receipt and prints one JSON line with the transaction hash and the new allowance.
+    ApprovePermit2(ApprovePermit2Args),
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovePermit2Args {
+    /// The network (CAIP-2 id or v1 name); it must have an RPC URL in X402_RPC_URLS.
+    #[arg(long)]
+    pub network: String,
+    /// The token: one the router pays with on that network (X402_ASSETS, or the built-in USDC).
+    #[arg(long)]
+    pub asset: String,
+    /// The allowance, in the token's atomic units, or `max` (2^256-1, never decremented).
+    #[arg(long, default_value = "max")]
+    pub amount: String,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Networks and their RPC URLs: `eip155:84532=http://…,…` (the routers' setting).
+    #[arg(long, env = "X402_RPC_URLS", default_value = "")]
+    pub x402_rpc_urls: String,
+    /// Token contracts per network (the routers' setting).
+    #[arg(long, env = "X402_ASSETS", default_value = "")]
+    pub x402_assets: String,
+    /// Timeout of each chain RPC call, in ms.
+    #[arg(long, env = "X402_RPC_TIMEOUT_MS", default_value = "5000")]
+    pub x402_rpc_timeout_ms: String,
+    /// How long to wait for the approval to be mined, in seconds.
+    #[arg(long, default_value = "120")]
+    pub wait_secs: String,
+}
+
+/// `wallet approve-permit2`: one ERC-20 `approve(Permit2, amount)` from the router's
+/// wallet for a configured network and asset; prints one JSON line once it is mined.
+///
+/// # Errors
+/// A missing or malformed setting, a network or asset the router does not pay with, or the
+/// transaction failing (the RPC URL and the key are never printed).
+pub async fn run(args: &WalletArgs) -> anyhow::Result<()> {
+    let WalletCommand::ApprovePermit2(a) = &args.command;
+    let rpc_urls = config::parse_rpc_urls(&a.x402_rpc_urls)?;
+    let (assets, _, _) = config::configured_assets(&a.x402_assets, &rpc_urls)?;
+    let signer = config::load_signer(&a.key)?.context("ROUTER_PRIVATE_KEY (or ROUTER_PRIVATE_KEY_FILE) is required")?;
+    let timeout = config::parse_ms("X402_RPC_TIMEOUT_MS", &a.x402_rpc_timeout_ms)?;
+    let wait: u64 = a.wait_secs.trim().parse().ok().filter(|w| *w > 0).context("--wait-secs: expected seconds > 0")?;
+    let request = Request::parse(&a.network, &a.asset, &a.amount, &rpc_urls, &assets)?;
+    crate::telemetry::init(false);
+    let done = approve_permit2(&request, signer, timeout, std::time::Duration::from_secs(wait)).await?;
+    println!("{}", serde_json::to_string(&done)?);
+    Ok(())
+}
 
 sol! {
     #[sol(rpc)]
