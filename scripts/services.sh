@@ -12,6 +12,15 @@ services_started=()
 
 svc_log() { printf '[services] %s\n' "$*" >&2; }
 
+# The debug binaries the scripts start (x402-router, x402-test-upstream), built with the
+# feature set that `cargo test --all-targets` resolves: naming the examples, which need the
+# dev-dependencies, makes cargo unify their features, so after scripts/test's "cargo test"
+# phase this is a no-op instead of a rebuild of tokio and everything above it with other
+# features (about 100 s on 2 cores).
+build_debug_bins() {
+  (cd "$services_root" && cargo build --locked --quiet --bin x402-router --bin x402-test-upstream --examples >&2)
+}
+
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 as_root() {

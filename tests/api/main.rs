@@ -25,6 +25,7 @@ mod discovery;
 mod failover;
 mod fault_points;
 mod faults;
+mod fuzz_regression;
 mod gas_sponsoring;
 mod gc;
 mod hostile;

@@ -1,5 +1,17 @@
-//! Checks shared by the fuzz targets. Each target feeds untrusted bytes to one parser of
-//! the router and asserts what the parser promises besides "does not panic".
+//! The fuzz targets' checks, one module per target, and what they share. Each `check` feeds
+//! untrusted bytes to one parser of the router and asserts what the parser promises besides
+//! "does not panic". libFuzzer drives them from `fuzz/fuzz_targets/` (scripts/fuzz, a
+//! workspace of its own, so libFuzzer never reaches the service's build); the router's test
+//! suite replays every committed seed and slow case through the same functions
+//! (tests/api/fuzz_regression.rs).
+
+pub mod envelope_roundtrip;
+pub mod request_canonical;
+pub mod requirements_v1_body;
+pub mod requirements_v2_header;
+pub mod settlement_header;
+pub mod svm_requirement;
+pub mod upstream_url_guard;
 
 use x402_router::x402::wire::{MAX_ACCEPTS, MAX_REASON_BYTES, PaymentRequired, Requirement};
 
@@ -23,7 +35,7 @@ pub fn check_payment_required(p: &PaymentRequired) {
 /// A block of the IANA special-purpose address registries that the SSRF guard must refuse
 /// (globally reachable "false" or "n/a"; see the table's header).
 pub fn iana_forbidden() -> Vec<ipnet::IpNet> {
-    include_str!("../../tests/fixtures/iana-special-purpose.txt")
+    include_str!("../../../tests/fixtures/iana-special-purpose.txt")
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| {
