@@ -67,6 +67,13 @@ pub struct Metrics {
     /// `x402_router_chain_index_answers_total{answer}`: what the chain index said instead of
     /// an RPC read (`used`, `unused`, `proof`), or that it could not (`unknown`, `no_proof`).
     pub chain_index_answers: IntCounterVec,
+    /// `x402_router_db_statements_total{pool, kind}`: statements the pool's connections sent,
+    /// `kind` `query` or `control` (BEGIN, COMMIT, ROLLBACK, savepoints); `pool` `main` or
+    /// `heartbeat` (`db::traffic`).
+    pub db_statements: IntCounterVec,
+    /// `x402_router_db_transactions_total{pool}`: transactions they ran (a statement outside
+    /// an explicit transaction counts as one).
+    pub db_transactions: IntCounterVec,
 }
 
 impl Metrics {
@@ -107,6 +114,8 @@ impl Metrics {
             build_info,
             chain_index_live: r.int_gauges("x402_router_chain_index_live", "1 while the chain index of the network answers (subscribed, caught up, not lagging)", &["network"])?,
             chain_index_answers: r.counters("x402_router_chain_index_answers_total", "Answers of the chain index instead of an RPC read (used, unused, proof) or not (unknown, no_proof)", &["answer"])?,
+            db_statements: r.counters("x402_router_db_statements_total", "Statements sent to Postgres by pool (main, heartbeat) and kind (query, control: BEGIN/COMMIT/ROLLBACK/savepoints)", &["pool", "kind"])?,
+            db_transactions: r.counters("x402_router_db_transactions_total", "Postgres transactions by pool (a statement outside an explicit transaction counts as one)", &["pool"])?,
             registry: r.0,
         };
         // Shown at 0 before the first failure (an alert on the rate needs the series).
@@ -125,6 +134,16 @@ impl Metrics {
         let counter = self.paid_amount.with_label_values(&[network, asset]);
         let add = u64::try_from(amount).unwrap_or(u64::MAX).min(u64::MAX - counter.get());
         counter.inc_by(add);
+    }
+
+    /// The counters a pool's connections count their statements into (`pool`: `main` or
+    /// `heartbeat`).
+    pub fn db_traffic(&self, pool: &str) -> crate::db::Traffic {
+        crate::db::Traffic {
+            queries: self.db_statements.with_label_values(&[pool, "query"]),
+            control: self.db_statements.with_label_values(&[pool, "control"]),
+            transactions: self.db_transactions.with_label_values(&[pool]),
+        }
     }
 
     /// Counts one idempotency decision (`outcome` is the decision path's label).

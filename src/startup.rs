@@ -233,14 +233,14 @@ const HEARTBEAT_POOL_SIZE: u32 = 2;
 
 fn build_state(config: Config, hooks: Hooks) -> anyhow::Result<AppState> {
     crate::db::tls::install_default_crypto_provider();
-    let pool = config.database.pool();
-    let heartbeat_pool =
-        crate::config::DatabaseConfig { pool_size: HEARTBEAT_POOL_SIZE, ..config.database.clone() }.pool();
+    let metrics = Arc::new(Metrics::new()?);
+    let pool = config.database.counted_pool(Some(metrics.db_traffic("main")));
+    let heartbeat_pool = crate::config::DatabaseConfig { pool_size: HEARTBEAT_POOL_SIZE, ..config.database.clone() }
+        .counted_pool(Some(metrics.db_traffic("heartbeat")));
     let cache_key = crate::idempotency::cache::mac_key(&config.signer.credential().to_bytes());
     let cache = Cache::new(config.redis.clone(), config.redis_timeout, config.redis_key_prefix.clone(), cache_key);
     let upstream = UpstreamClient::new(&config.upstream)?;
     let receipt_signer = Arc::new(config.signer.clone());
-    let metrics = Arc::new(Metrics::new()?);
     let idempotency = Idempotency {
         cache,
         timing: config.idempotency,

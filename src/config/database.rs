@@ -49,12 +49,18 @@ impl DatabaseConfig {
     /// The connection pool of these settings (nothing is connected yet).
     /// Its sessions carry the bounded waits of [`Self::session_url`].
     pub fn pool(&self) -> crate::db::PgPool {
+        self.counted_pool(None)
+    }
+
+    /// [`Self::pool`], its connections counting their statements into `traffic`.
+    pub fn counted_pool(&self, traffic: Option<crate::db::Traffic>) -> crate::db::PgPool {
         // Both were validated when the configuration was built.
         let session = self.session_url().ok();
         let connector = session
             .as_ref()
             .and_then(|u| crate::db::Connector::from_url(u.expose()).ok())
-            .unwrap_or_else(|| self.connector.clone());
+            .unwrap_or_else(|| self.connector.clone())
+            .counting(traffic);
         crate::db::pool(&crate::db::PoolSettings {
             url: session.as_ref().map_or(self.url.expose(), |u| u.expose()),
             connector: &connector,

@@ -7,9 +7,11 @@ pub mod prepared;
 pub mod schema;
 pub mod storable;
 pub mod tls;
+pub mod traffic;
 
 pub use prepared::PrepareExt;
 pub use tls::Connector;
+pub use traffic::Traffic;
 
 use std::time::Duration;
 
@@ -77,12 +79,20 @@ pub fn pool(settings: &PoolSettings<'_>) -> PgPool {
 /// statements without result rows, not those of a query's row stream). Such a connection is still open, so the pool would keep handing it out, every
 /// write failing, until the old primary went away; the pool's checkout check ([`pool`])
 /// discards it instead, without a round trip.
+///
+/// The same instrumentation counts what the connection sends ([`traffic`]).
 #[derive(Debug, Default)]
 pub struct FailoverWatch {
     read_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    traffic: traffic::TrafficWatch,
 }
 
 impl FailoverWatch {
+    /// A watch that also counts the connection's statements into `traffic`.
+    pub(crate) fn counting(traffic: Option<Traffic>) -> Self {
+        Self { read_only: std::sync::Arc::default(), traffic: traffic::TrafficWatch::new(traffic) }
+    }
+
     /// The flag the connection's driver sets.
     pub(crate) fn read_only_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
         std::sync::Arc::clone(&self.read_only)
@@ -100,6 +110,7 @@ impl FailoverWatch {
 impl diesel::connection::Instrumentation for FailoverWatch {
     fn on_connection_event(&mut self, event: diesel::connection::InstrumentationEvent<'_>) {
         use diesel::result::{DatabaseErrorKind, Error};
+        self.traffic.on_event(&event);
         if let diesel::connection::InstrumentationEvent::FinishQuery {
             error: Some(Error::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _)),
             ..

@@ -305,6 +305,8 @@ pub struct Connector {
     config: tokio_postgres::Config,
     tls: Option<MakeRustlsConnect>,
     mode: SslMode,
+    /// Where its connections count their statements (none: not counted).
+    traffic: Option<super::Traffic>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -330,7 +332,14 @@ impl Connector {
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
         });
         let tls = params.client_config()?.map(MakeRustlsConnect::new);
-        Ok(Self { config, tls, mode: params.mode })
+        Ok(Self { config, tls, mode: params.mode, traffic: None })
+    }
+
+    /// The same connector, its connections counting their statements into `traffic`.
+    #[must_use]
+    pub fn counting(mut self, traffic: Option<super::Traffic>) -> Self {
+        self.traffic = traffic;
+        self
     }
 
     /// The configured `sslmode`.
@@ -347,7 +356,7 @@ impl Connector {
     /// names the certificate problem, e.g. `invalid peer certificate: UnknownIssuer`).
     pub async fn connect(&self) -> ConnectionResult<AsyncPgConnection> {
         let fail = |e: tokio_postgres::Error| ConnectionError::BadConnection(postgres_error_chain(&e));
-        let watch = super::FailoverWatch::default();
+        let watch = super::FailoverWatch::counting(self.traffic.clone());
         let client = match &self.tls {
             Some(tls) => {
                 let (client, conn) = self.config.connect(tls.clone()).await.map_err(fail)?;

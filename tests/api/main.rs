@@ -46,6 +46,7 @@ mod rpc;
 mod secrets;
 mod solana;
 mod stalls;
+mod statements;
 mod stops;
 mod structure;
 mod terms;
