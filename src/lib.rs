@@ -38,7 +38,8 @@
 //!
 //! Process plumbing:
 //! * `config/`       typed settings, one concern per file; `startup` builds the application, `state` is
-//!   what handlers share; `db/` pool, schema, migrations, TLS; `metrics`, `telemetry` (logs, traces);
+//!   what handlers share; `db/` pool, schema, migrations, TLS; `metrics`, `telemetry/` (logs, traces,
+//!   progress of long commands);
 //!   `faults` deterministic fault points for tests (no hook in production).
 
 pub mod admin;

@@ -26,12 +26,14 @@ function groupThousands(whole) {
   return whole.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
 }
 
-/** `atomic` with its symbol: `0.01 USDC`; without a symbol, `0.01 units`; without a unit
+/** `atomic` in its token's units with its symbol: `0.01 USDC`; without a symbol, the amount in
+ *  tokens alone (`0.01`: the token is named beside it, by its address); without a unit
  *  (decimals unknown), the atomic amount itself: `10000 atomic units`. */
 export function formatAmount(atomic, unit) {
   if (atomic === null || atomic === undefined) return 'none';
   if (!unit || !Number.isInteger(unit.decimals)) return `${atomic} atomic units`;
-  return `${formatUnits(atomic, unit.decimals)} ${unit.symbol || 'units'}`;
+  const tokens = formatUnits(atomic, unit.decimals);
+  return unit.symbol ? `${tokens} ${unit.symbol}` : tokens;
 }
 
 /** The tooltip of a shown amount: the atomic units it stands for. */

@@ -266,7 +266,9 @@ function movedColumns(buckets) {
       return m ? Number(m.amount) / 10 ** decimals : 0;
     }));
   }
-  const symbols = new Set(assets.map((a) => assetUnit(...a.split(' '))?.symbol || 'atomic units'));
+  // Drawn in tokens when the asset's decimals are known (named by symbol, else by address).
+  const yOf = (network, asset) => { const u = assetUnit(network, asset); return u ? u.symbol || shortAddress(asset) : 'atomic units'; };
+  const symbols = new Set(assets.map((a) => yOf(...a.split(' '))));
   return { series, data, key: assets.join('|'), yLabel: symbols.size === 1 ? [...symbols][0] : 'amount' };
 }
 

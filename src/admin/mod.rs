@@ -489,8 +489,14 @@ pub async fn reconcile(
             return Err(AdminError::NotFound);
         }
     }
-    let settings =
-        reconcile::Settings { older_than: std::time::Duration::ZERO, abandon_after, faults: None, only, solana };
+    let settings = reconcile::Settings {
+        older_than: std::time::Duration::ZERO,
+        abandon_after,
+        faults: None,
+        only,
+        solana,
+        progress: None,
+    };
     let report = reconcile::run(conn, chain, &settings, None).await?;
     let target = only.map(|id| id.to_string());
     let after = serde_json::to_value(report).ok();

@@ -6,6 +6,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::config::{self, DatabaseArgs, DatabaseConfig};
+use crate::telemetry::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct GcArgs {
@@ -24,7 +25,9 @@ pub struct GcArgs {
 }
 
 /// `gc`: delete expired idempotency rows, then drop the secrets no payment can need any more
-/// (`payments::kept::drop_secrets`); prints `{"deleted": N, "secrets_dropped": M}`.
+/// (`payments::kept::drop_secrets`); prints `{"deleted": N, "secrets_dropped": M}`. The
+/// deletion shows its progress on standard error, one step per batch
+/// (`telemetry::progress`).
 ///
 /// # Errors
 /// Configuration or database errors (non-zero exit).
@@ -43,9 +46,14 @@ pub async fn run(args: &GcArgs) -> anyhow::Result<()> {
     let retention = config::secrets::retention_hours(&args.secrets_retention_hours)?;
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
-    let deleted = crate::idempotency::gc::run(&mut conn, batch, std::num::NonZeroU64::new(rate))
-        .await
-        .context("deleting expired rows")?;
+    crate::telemetry::init(false);
+    let expired = crate::idempotency::gc::count_expired(&mut conn).await.context("counting expired rows")?;
+    let progress = Progress::start("gc", "rows", Some(expired));
+    let deleted =
+        crate::idempotency::gc::run_reporting(&mut conn, batch, std::num::NonZeroU64::new(rate), Some(&progress))
+            .await
+            .context("deleting expired rows")?;
+    drop(progress);
     let dropped = crate::payments::kept::drop_secrets(&mut conn, retention, batch)
         .await
         .context("dropping the secrets of final or old payments")?;

@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::config::{self, DatabaseArgs, DatabaseConfig, KeyArgs, SecretsArgs, UpstreamArgs};
+use crate::telemetry::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
@@ -42,7 +43,9 @@ pub struct ReconcileArgs {
     pub recovery_secs: String,
 }
 
-/// `reconcile`: re-check stale payment intents on-chain; prints one JSON line of counts.
+/// `reconcile`: re-check stale payment intents on-chain; prints one JSON line of counts. The
+/// check shows its progress on standard error, one step per batch of intents
+/// (`telemetry::progress`).
 ///
 /// # Errors
 /// Configuration or database errors, or intents the chain could not answer for (after the
@@ -66,12 +69,13 @@ pub async fn run(args: &ReconcileArgs) -> anyhow::Result<()> {
         .map_err(|e| e.for_flag("older-than-secs"))?;
     let abandon_after = config::parse_ms("IDEMPOTENCY_ABANDON_AFTER_MS", &args.abandon_after_ms)
         .map_err(|e| e.for_flag("abandon-after-ms"))?;
-    let settings = reconcile::Settings {
+    let mut settings = reconcile::Settings {
         older_than: std::time::Duration::from_secs(older_than),
         abandon_after,
         faults: None,
         only: None,
         solana,
+        progress: None,
     };
     let receipt_signer = config::load_signer(&args.key)?;
     let upstream_config = config::UpstreamConfig::from_args(&args.upstream)?;
@@ -94,9 +98,12 @@ pub async fn run(args: &ReconcileArgs) -> anyhow::Result<()> {
     let chain = crate::x402::Chain::new(networks, timeout);
     let pool = db.pool();
     let mut conn = pool.get().await.context("connecting to Postgres")?;
+    let total = reconcile::count_candidates(&mut conn, &settings).await.context("counting payment intents")?;
+    settings.progress = Some(std::sync::Arc::new(Progress::start("reconcile", "intents", Some(total))));
     let report = reconcile::run(&mut conn, &chain, &settings, recovering.as_ref())
         .await
         .context("reconciling payment intents")?;
+    drop(settings); // the bar is cleared before the report is printed
     println!("{}", serde_json::to_string(&report)?);
     anyhow::ensure!(
         report.errors == 0,

@@ -61,12 +61,21 @@ pub struct SolanaNetwork {
     /// Never empty.
     pub rpc_urls: Vec<Url>,
     pub mints: Vec<(SvmAddress, u8)>,
+    /// The symbols the operator gave mints in `X402_ASSETS` (only ever shown).
+    pub symbols: Vec<(SvmAddress, String)>,
 }
 
 impl SolanaConfig {
     /// The decimals configured for `mint` on `network`, if the router pays with it there.
     pub fn decimals(&self, network: &SvmNetwork, mint: &SvmAddress) -> Option<u8> {
         self.networks.get(network)?.mints.iter().find(|(m, _)| m == mint).map(|(_, d)| *d)
+    }
+
+    /// The symbol `mint`'s amounts are shown in: the one given in `X402_ASSETS`, else `USDC`
+    /// for the built-in USDC mint, else none (shown by its address).
+    pub fn symbol(&self, network: &SvmNetwork, mint: &SvmAddress) -> Option<String> {
+        let given = self.networks.get(network).and_then(|n| n.symbols.iter().find(|(m, _)| m == mint));
+        given.map(|(_, s)| s.clone()).or_else(|| symbol(network, mint).map(str::to_owned))
     }
 }
 
@@ -92,18 +101,50 @@ pub fn rpc_urls(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<Url>>, ConfigError
     Ok(out)
 }
 
-/// The Solana entries of `X402_ASSETS`: `solana:<ref>=<mint>@<decimals>` (decimals required but
-/// for the built-in USDC mints).
+/// The Solana entries of `X402_ASSETS`: `solana:<ref>=<mint>@<decimals>[:<SYMBOL>]` (decimals
+/// required but for the built-in USDC mints; the symbol only ever shown, see [`mint_entries`]).
 ///
 /// # Errors
 /// A malformed entry.
 pub fn assets(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>>, ConfigError> {
-    let mut out: BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>> = BTreeMap::new();
+    Ok(mint_entries(raw)?
+        .into_iter()
+        .map(|(network, list)| (network, list.into_iter().map(|(m, d, _)| (m, d)).collect()))
+        .collect())
+}
+
+/// A Solana mint of `X402_ASSETS`: its address, decimals, and the symbol its amounts are shown
+/// in when the operator gave one.
+type MintEntry = (SvmAddress, u8, Option<String>);
+
+/// The Solana entries of `X402_ASSETS` with their symbols. An SPL mint has no `symbol()` to
+/// read, so the operator may name it (`<mint>@6:USDC`); it is only ever shown (the console,
+/// `/.well-known/x402-router`), never used to decide a payment, and must be a short plain word
+/// (`config::symbols::shown_symbol`). Without one, the built-in USDC mints are `USDC` and
+/// others have none.
+///
+/// # Errors
+/// A malformed entry.
+fn mint_entries(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<MintEntry>>, ConfigError> {
+    let mut out: BTreeMap<SvmNetwork, Vec<MintEntry>> = BTreeMap::new();
     for item in split_list(raw).filter(|i| is_solana_entry(i)) {
         let (network, spec) = pair("X402_ASSETS", item)?;
+        // Neither base58 nor decimals hold a ':', so the last one starts the symbol.
+        let (spec, symbol) = match spec.rsplit_once(':') {
+            Some((rest, raw_symbol)) => {
+                let symbol = super::symbols::shown_symbol(raw_symbol.trim()).ok_or_else(|| {
+                    ConfigError::new(
+                        "X402_ASSETS",
+                        format!("{raw_symbol:?} is not a symbol (1 to 16 ASCII letters, digits, `.`, `_`, `-` or `$`)"),
+                    )
+                })?;
+                (rest, Some(symbol))
+            }
+            None => (spec, None),
+        };
         let (mint, decimals) = match spec.split_once('@') {
             Some((m, d)) => (m.trim(), Some(d.trim())),
-            None => (spec, None),
+            None => (spec.trim(), None),
         };
         let mint = SvmAddress::from_str(mint)
             .map_err(|_| ConfigError::new("X402_ASSETS", format!("{mint:?} is not a Solana mint address")))?;
@@ -116,8 +157,8 @@ pub fn assets(raw: &str) -> Result<BTreeMap<SvmNetwork, Vec<(SvmAddress, u8)>>, 
             })?,
         };
         let list = out.entry(network).or_default();
-        if !list.iter().any(|(m, _)| *m == mint) {
-            list.push((mint, decimals));
+        if !list.iter().any(|(m, _, _)| *m == mint) {
+            list.push((mint, decimals, symbol));
         }
     }
     Ok(out)
@@ -172,7 +213,7 @@ pub fn config(
     unit: Option<u8>,
 ) -> Result<Option<SolanaConfig>, ConfigError> {
     let urls = rpc_urls(rpc_raw)?;
-    let mut mints = assets(assets_raw)?;
+    let mut mints = mint_entries(assets_raw)?;
     let signer = load_signer(args)?;
     let price: u64 = super::parse_num("SOLANA_COMPUTE_UNIT_PRICE", &args.solana_compute_unit_price)?;
     if price > MAX_COMPUTE_UNIT_PRICE {
@@ -196,7 +237,7 @@ pub fn config(
         let list = match mints.remove(&network) {
             Some(list) => list,
             None => match built_in_usdc(&network) {
-                Some(usdc) => vec![(usdc, USDC_DECIMALS)],
+                Some(usdc) => vec![(usdc, USDC_DECIMALS, None)],
                 None => {
                     return Err(ConfigError::new(
                         "X402_ASSETS",
@@ -206,7 +247,7 @@ pub fn config(
             },
         };
         let unit = *unit.get_or_insert(list[0].1);
-        if let Some((mint, d)) = list.iter().find(|(_, d)| *d != unit) {
+        if let Some((mint, d, _)) = list.iter().find(|(_, d, _)| *d != unit) {
             return Err(ConfigError::new(
                 "X402_ASSETS",
                 format!(
@@ -215,7 +256,9 @@ pub fn config(
                 ),
             ));
         }
-        networks.insert(network, SolanaNetwork { rpc_urls, mints: list });
+        let symbols = list.iter().filter_map(|(m, _, s)| Some((*m, s.clone()?))).collect();
+        let mints = list.into_iter().map(|(m, d, _)| (m, d)).collect();
+        networks.insert(network, SolanaNetwork { rpc_urls, mints, symbols });
     }
     let unit = unit.unwrap_or(USDC_DECIMALS);
     Ok(Some(SolanaConfig { signer: Arc::new(signer), networks, compute_unit_price: price, unit }))
@@ -272,9 +315,21 @@ mod tests {
         assert_eq!(config(&urls, &assets, &args(Some(KEY)), None).unwrap().unwrap().unit, 6);
         let e = config(&urls, &format!("{DEVNET}=0xabc@6"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
         assert!(e.contains("not a Solana mint"), "{e}");
+        // A mint's symbol is the operator's to give (only shown), and a short plain word.
+        let mint = SvmAddress::from_str(MINT).unwrap();
+        assert_eq!(c.symbol(&network, &mint), None, "none given, not the built-in USDC");
+        let named = config(&urls, &format!("{DEVNET}={MINT}@6:USDC"), &args(Some(KEY)), Some(6)).unwrap().unwrap();
+        assert_eq!(
+            (named.symbol(&network, &mint).as_deref(), named.decimals(&network, &mint)),
+            (Some("USDC"), Some(6))
+        );
+        let e = config(&urls, &format!("{DEVNET}={MINT}@6:<b>x"), &args(Some(KEY)), Some(6)).unwrap_err().to_string();
+        assert!(e.contains("not a symbol"), "{e}");
         // Devnet has a built-in USDC mint; a CAIP-2 id of another cluster does not.
         let built_in = config(&urls, "", &args(Some(KEY)), Some(6)).unwrap().unwrap();
         assert_eq!(built_in.networks[&network].mints.len(), 1);
+        let usdc = built_in.networks[&network].mints[0].0;
+        assert_eq!(built_in.symbol(&network, &usdc).as_deref(), Some("USDC"));
         let other = "solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z=http://c";
         let e = config(other, "", &args(Some(KEY)), Some(6)).unwrap_err().to_string();
         assert!(e.contains("names no mint"), "{e}");

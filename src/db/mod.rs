@@ -138,6 +138,18 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x0078_3430_326d_6967;
 /// # Errors
 /// Connection or migration failure.
 pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
+    run_migrations_reporting(url, |_, _| {}).await
+}
+
+/// [`run_migrations`], one migration at a time, calling `on_step(applied, pending)` before the
+/// first and after each (the `migrate` command's progress); not called when none is pending.
+///
+/// # Errors
+/// Connection or migration failure (the migrations applied before it stay applied).
+pub async fn run_migrations_reporting(
+    url: &str,
+    on_step: impl FnMut(usize, usize) + Send + 'static,
+) -> anyhow::Result<Vec<String>> {
     let connector = Connector::from_url(url).map_err(|e| anyhow::anyhow!("DATABASE_URL: {e}"))?;
     let conn = connector.connect().await?;
     let applied = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
@@ -154,15 +166,32 @@ pub async fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
             tracing::info!("another process is migrating the database; waiting for it");
             diesel::sql_query(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")).execute(&mut conn)?;
         }
-        let result = conn
-            .run_pending_migrations(MIGRATIONS)
-            .map(|versions| versions.into_iter().map(|v| v.to_string()).collect::<Vec<_>>())
-            .map_err(|e| anyhow::anyhow!("migration failed: {e}"));
+        let result = apply_pending(&mut conn, on_step);
         // Released with the session anyway; unlock explicitly for a long-lived caller.
         let _ = diesel::sql_query(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")).execute(&mut conn);
         result
     })
     .await??;
+    Ok(applied)
+}
+
+/// Applies the pending migrations in version order, each in its own transaction.
+fn apply_pending(
+    conn: &mut AsyncConnectionWrapper<AsyncPgConnection>,
+    mut on_step: impl FnMut(usize, usize),
+) -> anyhow::Result<Vec<String>> {
+    let pending = conn.pending_migrations(MIGRATIONS).map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
+    if !pending.is_empty() {
+        on_step(0, pending.len());
+    }
+    let mut applied = Vec::with_capacity(pending.len());
+    for migration in &pending {
+        let version = conn.run_migration(migration.as_ref()).map_err(|e| {
+            anyhow::anyhow!("migration {} failed: {e}", diesel::migration::Migration::name(migration.as_ref()))
+        })?;
+        applied.push(version.to_string());
+        on_step(applied.len(), pending.len());
+    }
     Ok(applied)
 }
 

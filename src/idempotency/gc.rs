@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 use diesel::sql_types::{BigInt, Nullable, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use crate::telemetry::progress::Progress;
+
 /// Deletes every terminal row whose `expires_at` has passed, `batch` rows per statement, and at
 /// most `max_rows_per_second` on average (`None`: as fast as Postgres goes). Returns how
 /// many were deleted.
@@ -41,6 +43,19 @@ pub async fn run(
     conn: &mut AsyncPgConnection,
     batch: i64,
     max_rows_per_second: Option<NonZeroU64>,
+) -> diesel::QueryResult<u64> {
+    run_reporting(conn, batch, max_rows_per_second, None).await
+}
+
+/// [`run`], each batch a step of `progress` (the `gc` command's bar or log lines).
+///
+/// # Errors
+/// Database errors (rows deleted by earlier batches stay deleted).
+pub async fn run_reporting(
+    conn: &mut AsyncPgConnection,
+    batch: i64,
+    max_rows_per_second: Option<NonZeroU64>,
+    progress: Option<&Progress>,
 ) -> diesel::QueryResult<u64> {
     let started = Instant::now();
     let mut total = 0u64;
@@ -63,6 +78,9 @@ pub async fn run(
         .await?;
         let n = deleted.len();
         total += n as u64;
+        if let Some(p) = progress {
+            p.step(n as u64);
+        }
         if (n as i64) < batch {
             // The counted calls and payments that left the rate limits' sliding window.
             crate::payments::limits::delete_old_rate_events(conn).await?;
@@ -77,6 +95,24 @@ pub async fn run(
             }
         }
     }
+}
+
+/// How many rows [`run`] would delete now (the `gc` command's total, for its time left).
+///
+/// # Errors
+/// Database errors.
+pub async fn count_expired(conn: &mut AsyncPgConnection) -> diesel::QueryResult<u64> {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let c: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM idempotency_keys WHERE expires_at < now() AND status <> 'in_flight'",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(u64::try_from(c.n).unwrap_or(0))
 }
 
 /// A deleted row's expiry (the cursor of the next batch).

@@ -1,6 +1,6 @@
-//! The MCP server (official Rust SDK, `rmcp`): tools `fetch`, `call_tool`, `get_receipt`,
-//! `get_budget`, `discover`. `call_tool` is `fetch` for a tool of another MCP server (the
-//! `mcp` form of `POST /route`), with the same keys, retries and bounded wait.
+//! The MCP server (official Rust SDK, `rmcp`): five tools ([`tools`]), `fetch`, `call_tool`,
+//! `get_receipt`, `get_budget`, `discover`. `call_tool` is `fetch` for a tool of another MCP
+//! server (the `mcp` form of `POST /route`), with the same keys, retries and bounded wait.
 //!
 //! Two transports share one [`RouterTools`] handler:
 //! * `x402-router mcp` over stdio, a thin HTTP client of a running router
@@ -65,7 +65,7 @@ pub struct McpAgent {
     pub credential: String,
 }
 
-/// The MCP server handler: four tools over a [`Backend`].
+/// The MCP server handler: the five tools of [`tools`] over a [`Backend`].
 #[derive(Clone)]
 pub struct RouterTools {
     backend: Backend,
@@ -195,7 +195,7 @@ fn discover_query(args: &Map<String, Value>) -> Result<String, McpError> {
     Ok(query.finish())
 }
 
-/// The four tools, as listed to clients.
+/// The five tools, as listed to clients.
 pub fn tools() -> Vec<Tool> {
     let fetch = Tool::new(
         "fetch",
@@ -583,5 +583,11 @@ mod tests {
         assert_eq!(wait_before_retry(Some(500), 1), Duration::from_secs(10));
         assert_eq!(wait_before_retry(None, 1), Duration::from_millis(500));
         assert_eq!(wait_before_retry(None, 3), Duration::from_millis(2000));
+    }
+
+    #[test]
+    fn five_tools_as_the_module_says() {
+        let names: Vec<String> = tools().into_iter().map(|t| t.name.to_string()).collect();
+        assert_eq!(names, ["fetch", "call_tool", "get_receipt", "get_budget", "discover"]);
     }
 }

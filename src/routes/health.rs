@@ -272,7 +272,7 @@ fn describe(state: &AppState) -> RouterDescription {
                 .map(|(mint, decimals)| AssetDescription {
                     asset: mint.to_string(),
                     decimals: *decimals,
-                    symbol: crate::config::solana::symbol(network, mint).map(str::to_owned),
+                    symbol: solana.config.symbol(network, mint),
                     asset_transfer_methods: vec![TransferMethod::Spl],
                     schemes: vec![Scheme::Exact],
                     x402_versions: versions.clone(),

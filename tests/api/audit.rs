@@ -655,3 +655,26 @@ fn reconcile_and_receipts_verify_have_help_and_name_a_missing_setting() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[actix_web::test]
+async fn reconcile_without_a_terminal_logs_one_progress_line_per_batch_of_intents() {
+    let app = operator_app().await;
+    for _ in 0..3 {
+        insert_payment(&app.db, app.agent.id, "signed", "now() - interval '10 minutes'").await;
+    }
+    // A fresh one is within the grace period: not counted.
+    insert_payment(&app.db, app.agent.id, "signed", "now()").await;
+    // The chain does not answer: every intent is checked (an error each), in one batch.
+    let out = router_command()
+        .arg("reconcile")
+        .env("DATABASE_URL", &app.db.url)
+        .env("X402_RPC_URLS", format!("eip155:84532=http://127.0.0.1:{}", free_port()))
+        .env("X402_RPC_TIMEOUT_MS", "1000")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((report["checked"].as_u64(), report["errors"].as_u64()), (Some(3), Some(3)), "{report} {stderr}");
+    crate::cli::assert_steps(&crate::cli::progress_lines(&stderr, "reconcile"), "intents", &[3]);
+}

@@ -138,7 +138,51 @@ async fn migrations_go_up_down_and_up_again() {
     let db = TestDb::new().await;
     let reverted = x402_router::db::revert_all_migrations(&db.url).await.unwrap();
     assert!(reverted >= 1);
-    let applied = x402_router::db::run_migrations(&db.url).await.unwrap();
-    assert_eq!(applied.len(), reverted);
+    // `migrate` with its standard error not a terminal: one progress line per migration.
+    let out = router_command().arg("migrate").env("DATABASE_URL", &db.url).env("RUST_LOG", "info").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(applied["applied"].as_array().unwrap().len(), reverted);
+    assert_steps(&progress_lines(&stderr, "migrate"), "migrations", &vec![1; reverted]);
     assert!(x402_router::db::run_migrations(&db.url).await.unwrap().is_empty());
+}
+
+/// The progress lines of `task` on a command's standard error (`telemetry::progress`), each
+/// as its fields (`step`, `done`, `total`, `unit`, `rate_per_s`, `elapsed_ms`, `eta_s`).
+pub fn progress_lines(stderr: &str, task: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let task = format!("task=\"{task}\"");
+    stderr
+        .lines()
+        .filter(|l| l.contains(" progress ") && l.split_whitespace().any(|w| w == task))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// `lines` are one per step, of `items[i]` more items each, counting `unit`s out of their sum,
+/// with a rate, the time elapsed and the time left.
+pub fn assert_steps(lines: &[std::collections::BTreeMap<String, String>], unit: &str, items: &[u64]) {
+    assert_eq!(lines.len(), items.len(), "one line per step: {lines:?}");
+    let total: u64 = items.iter().sum();
+    let mut done = 0;
+    for (i, (line, n)) in lines.iter().zip(items).enumerate() {
+        done += n;
+        let num = |k: &str| line.get(k).and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(num("step"), Some(i as u64 + 1), "{line:?}");
+        assert_eq!(num("done"), Some(done), "{line:?}");
+        assert_eq!(num("total"), Some(total), "{line:?}");
+        assert_eq!(line.get("unit").map(String::as_str), Some(unit), "{line:?}");
+        assert!(num("rate_per_s").is_some_and(|r| r > 0), "{line:?}");
+        assert!(num("elapsed_ms").is_some(), "{line:?}");
+        let eta = num("eta_s");
+        assert!(eta.is_some(), "{line:?}");
+        if done == total {
+            assert_eq!(eta, Some(0), "{line:?}");
+        }
+    }
 }

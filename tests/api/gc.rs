@@ -122,3 +122,33 @@ async fn paced_gc_keeps_to_its_rows_per_second_budget() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("GC_MAX_ROWS_PER_SECOND"));
 }
+
+#[actix_web::test]
+async fn gc_without_a_terminal_logs_one_progress_line_per_batch() {
+    let db = TestDb::new().await;
+    let agent = create_agent(&db, "gc-progress").await;
+    // 5 expired rows (2 per batch: 2, 2, 1) and one in flight, which is neither counted nor deleted.
+    exec(
+        &db,
+        &format!(
+            "INSERT INTO idempotency_keys (agent_id, key, request_hash, status, lease, response_status_code, expires_at) \
+             SELECT '{0}', 'expired-key-progress-' || lpad(i::text, 4, '0'), 'h', \
+                    CASE WHEN i = 6 THEN 'in_flight' ELSE 'completed' END, gen_random_uuid(), \
+                    CASE WHEN i = 6 THEN NULL ELSE 200 END, now() - interval '1 hour' \
+               FROM generate_series(1, 6) AS i",
+            agent.id
+        ),
+    )
+    .await;
+    let out = router_command()
+        .args(["gc", "--database-url", &db.url, "--gc-batch-size", "2", "--gc-max-rows-per-second", "0"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["deleted"], 5, "{printed}");
+    crate::cli::assert_steps(&crate::cli::progress_lines(&stderr, "gc"), "rows", &[2, 2, 1]);
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM idempotency_keys").await, 1);
+}

@@ -354,6 +354,7 @@ async fn reconcile_never_releases_an_intent_re_signed_between_its_read_and_its_w
         faults: Some(hook),
         only: None,
         solana: None,
+        progress: None,
     };
     let mut conn = app.db.conn().await;
     let run = tokio::spawn(async move { x402_router::audit::reconcile::run(&mut conn, &rpc, &settings, None).await });

@@ -710,3 +710,29 @@ async fn a_lagging_signature_index_never_releases_nor_re_signs_a_landed_payment(
     assert_eq!(rig.balances().await, paid_once);
     assert_eq!(ledger(&app, "SELECT count(*) AS n FROM payments").await, 1);
 }
+
+/// An SPL mint has no `symbol()` to read: the console shows its amounts (and, when every
+/// asset shares it, budgets) in the symbol the operator gave it in `X402_ASSETS`
+/// (`<mint>@6:USDC`), as `/.well-known/x402-router` says; without one, none.
+#[actix_web::test]
+async fn a_mint_is_shown_in_the_symbol_the_operator_gave_it() {
+    let rig = SolanaRig::start(&[]).await;
+    let (network, mint) = (rig.chain.field("network").to_owned(), rig.chain.field("mint").to_owned());
+    let described = |known: &Value| {
+        let assets = known["networks"].as_array().unwrap().iter().find(|n| n["network"] == network.as_str()).unwrap();
+        let asset = assets["assets"].as_array().unwrap().iter().find(|a| a["asset"] == mint.as_str()).unwrap();
+        (asset["symbol"].clone(), asset["decimals"].clone(), known["unit"].clone())
+    };
+    let mut extra = rig.router_extra();
+    extra.retain(|(k, _)| k != "x402-assets");
+    extra.push(("x402-assets".into(), format!("{network}={mint}@6:USDC")));
+    let named = spawn_app_with(AppOptions { extra, ..Default::default() }).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", named.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(described(&known), (json!("USDC"), json!(6), json!({"decimals": 6, "symbol": "USDC"})), "{known}");
+
+    let unnamed = solana_app(&rig).await;
+    let known: Value =
+        reqwest::get(format!("{}/.well-known/x402-router", unnamed.address)).await.unwrap().json().await.unwrap();
+    assert_eq!(described(&known).0, Value::Null, "{known}");
+}

@@ -177,6 +177,8 @@ await scenario('amounts: typed amounts convert to atomic units exactly (BigInt, 
     ['1234567890000', '1,234,567.89'], ['9007199254740993000001', '9,007,199,254,740,993.000001']];
   for (const [atomic, text] of shown) assert(formatUnits(atomic, 6) === text, `${atomic}: ${formatUnits(atomic, 6)}`);
   assert(formatAmount('10000', usdc) === '0.01 USDC' && formatAmount(null, usdc) === 'none', 'formatAmount');
+  // A Solana mint (or a unit) without a symbol: in tokens by its decimals, never "units".
+  assert(formatAmount('10000', { decimals: 6, symbol: null }) === '0.01', 'formatAmount without a symbol');
   for (const [typed] of good) assert(parseAmount(`${formatUnits(parseAmount(typed, usdc), 6)} USDC`, usdc) === parseAmount(typed, usdc), `round trip of ${typed}`);
   // Operator events as field-by-field changes, amounts humanized.
   const d = diff({ name: 'a', daily_budget: null, allowed_hosts: ['x.com'], disabled: false },

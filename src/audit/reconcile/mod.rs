@@ -157,6 +157,9 @@ pub struct Settings {
     /// The Solana networks' endpoints (`None`: Solana intents are left as they are, counted
     /// as errors).
     pub solana: Option<std::sync::Arc<crate::chains::solana::SolanaRpcs>>,
+    /// The `reconcile` command's progress: each batch of intents checked is a step
+    /// (`telemetry::progress`); `None` elsewhere.
+    pub progress: Option<std::sync::Arc<crate::telemetry::progress::Progress>>,
 }
 
 /// What one run did; printed as one JSON line.
@@ -242,6 +245,32 @@ const NO_LIVE_OWNER: &str = "NOT EXISTS (SELECT 1 FROM idempotency_keys k \
           AND k.created_at >= now() - make_interval(secs => $ABANDON::float8 / 1000))";
 
 /// One batch of intents to check, after `after` in `(created_at, id)` order.
+/// How many intents a run of all (`only: None`) would check now (the `reconcile` command's
+/// total, for its time left).
+///
+/// # Errors
+/// Database errors.
+pub async fn count_candidates(conn: &mut AsyncPgConnection, settings: &Settings) -> QueryResult<u64> {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let c: Count = diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM payments p \
+          WHERE p.status IN {} \
+            AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
+            AND {}",
+        payments::sql_list(RECONCILED),
+        NO_LIVE_OWNER.replace("$ABANDON", "$2")
+    ))
+    .bind::<BigInt, _>(millis(settings.older_than))
+    .bind::<BigInt, _>(millis(settings.abandon_after))
+    .get_result(conn)
+    .await?;
+    Ok(u64::try_from(c.n).unwrap_or(0))
+}
+
 async fn candidates(
     conn: &mut AsyncPgConnection,
     settings: &Settings,
@@ -333,6 +362,9 @@ async fn decide_all(
         for c in &batch {
             report.checked += 1;
             decide_one(conn, (chains, lanes), settings, c, report).await?;
+        }
+        if let Some(p) = &settings.progress {
+            p.step(batch.len() as u64);
         }
         if (batch.len() as i64) < BATCH {
             return Ok(());

@@ -12,6 +12,8 @@
 //! headers, reqwest a redirect's URL, h2 a request's path and query), and what an agent
 //! forwards must reach no log (docs/DESIGN.md §10).
 
+pub mod progress;
+
 use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
