@@ -229,3 +229,50 @@ async fn an_unused_payment_becomes_new_key_safe_once_reconcile_expires_it() {
     let (_, me, _) = get(&app, &app.agent, "/agents/me").await;
     assert_eq!(me["reserved"], "0");
 }
+
+/// An MCP session belongs to the agent that opened it: another agent naming its id (POST,
+/// GET, DELETE) is told 404, as for an unknown session, and the session lives on for its
+/// owner.
+#[actix_web::test]
+async fn an_mcp_session_is_its_agents_alone() {
+    let app = spawn_app().await;
+    let other = crate::helpers::create_agent(&app.db, "other").await;
+    let send = |method: reqwest::Method, key: &str, session: Option<&str>, message: Option<Value>| {
+        let mut req = app
+            .client
+            .request(method, format!("{}/mcp", app.address))
+            .bearer_auth(key)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        if let Some(m) = message {
+            req = req.json(&m);
+        }
+        req.send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let resp = send(reqwest::Method::POST, &app.agent.key, None, Some(init)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let session = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let resp = send(reqwest::Method::POST, &app.agent.key, Some(&session), Some(initialized)).await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+
+    for method in [reqwest::Method::POST, reqwest::Method::GET, reqwest::Method::DELETE] {
+        let body = (method == reqwest::Method::POST).then(|| list.clone());
+        let resp = send(method.clone(), &other.key, Some(&session), body).await.unwrap();
+        assert_eq!(resp.status(), 404, "another agent's {method} with the session");
+        assert_eq!(resp.json::<Value>().await.unwrap()["code"], "not_found");
+    }
+
+    // The owner's session is untouched: it still lists the tools, and its owner may end it.
+    let resp = send(reqwest::Method::POST, &app.agent.key, Some(&session), Some(list)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("call_tool"));
+    let resp = send(reqwest::Method::DELETE, &app.agent.key, Some(&session), None).await.unwrap();
+    assert!(resp.status().is_success(), "the owner ends its session: {}", resp.status());
+}
