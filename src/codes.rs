@@ -119,7 +119,7 @@ const APPROVAL_EXPIRED: &str = "No operator decided on the payment within `APPRO
 /// [`Code::ApprovalDecided`]'s description.
 const APPROVAL_DECIDED: &str = "The approval was already decided (by another operator, or twice) or has expired; nothing changed. `approval` shows its state.";
 /// [`Code::OwnChange`]'s description.
-const OWN_CHANGE: &str = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a change is confirmed by an admin other than the one who proposed it; nothing changed.";
+const OWN_CHANGE: &str = "Under the two-person rule (`REQUIRE_SECOND_ADMIN`) a change is confirmed by a named admin other than the one who proposed it, and a held payment is approved by a named admin: the bootstrap `OPERATOR_TOKEN` names nobody, so it may do neither (it may still deny or reject); nothing changed.";
 /// [`Code::ChangeStale`]'s description.
 const CHANGE_STALE: &str = "What the proposed change would apply to (the agent's limits, or the settings) changed since it was proposed; nothing was written. Reject it and propose again against the current values.";
 /// [`Code::ChangeDecided`]'s description.

@@ -45,6 +45,10 @@ pub enum DecideError {
     /// Already decided (by another operator, or twice), or expired: nothing changed.
     #[error("the approval is already {}", .0.state.as_str())]
     Decided(Box<Approval>),
+    /// Under the two-person rule a held payment is approved with a named admin's own token;
+    /// the bootstrap `OPERATOR_TOKEN` names no person.
+    #[error("under the two-person rule a payment is approved with a named admin's token")]
+    Unnamed,
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -118,16 +122,23 @@ pub async fn list(conn: &mut AsyncPgConnection, filter: StateFilter) -> QueryRes
         .collect()
 }
 
-/// Records `decision` on the pending approval `id`, with its operator event.
+/// Records `decision` on the pending approval `id`, with its operator event. With
+/// `named_only` (the two-person rule) an approval needs an operator row: the bootstrap
+/// `OPERATOR_TOKEN` may still deny, which only stops a payment.
 ///
 /// # Errors
-/// [`DecideError::NotFound`], [`DecideError::Decided`] (409: nothing changed); database errors.
+/// [`DecideError::NotFound`], [`DecideError::Decided`] (409: nothing changed),
+/// [`DecideError::Unnamed`]; database errors.
 pub async fn decide(
     conn: &mut AsyncPgConnection,
     actor: &Actor,
     id: Uuid,
     decision: Decision,
+    named_only: bool,
 ) -> Result<Approval, DecideError> {
+    if named_only && actor.operator_id.is_none() && matches!(decision, Decision::Approve) {
+        return Err(DecideError::Unnamed);
+    }
     conn.transaction::<_, DecideError, _>(async |c| {
         let decided: Option<Row> = diesel::sql_query(format!(
             "UPDATE approvals ap SET state = $2, decided_at = now(), decided_by = $3, decided_by_id = $4 \

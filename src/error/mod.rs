@@ -57,8 +57,12 @@ pub enum ApiError {
     /// An operator's decision came too late: the approval was decided or expired.
     #[error("the approval is already {}; nothing changed", .0.state.as_str())]
     ApprovalDecided(Box<crate::approvals::Approval>),
-    /// The two-person rule: the proposer may not confirm their own change.
-    #[error("a change is confirmed by an admin other than the one who proposed it; nothing changed")]
+    /// The two-person rule: the proposer may not confirm their own change, and the bootstrap
+    /// `OPERATOR_TOKEN` (no person) may neither confirm a change nor approve a payment.
+    #[error(
+        "under the two-person rule a change is confirmed by a named admin other than its proposer, and a held \
+         payment approved by a named admin (the bootstrap OPERATOR_TOKEN names nobody); nothing changed"
+    )]
     OwnChange,
     /// The two-person rule: the change's target changed since it was proposed.
     #[error("the agent or settings changed since this change was proposed; nothing changed (propose it again)")]
@@ -284,6 +288,7 @@ impl From<crate::admin::approval_queue::DecideError> for ApiError {
         match e {
             DecideError::NotFound => Self::NotFound,
             DecideError::Decided(a) => Self::ApprovalDecided(a),
+            DecideError::Unnamed => Self::OwnChange,
             DecideError::Database(e) => Self::database(e),
         }
     }

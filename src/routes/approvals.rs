@@ -47,13 +47,14 @@ pub async fn list(state: web::Data<AppState>, _: Viewer, req: HttpRequest) -> Re
 /// POST /admin/approvals/{id}/approve — the held payment may be made (the agent's retry pays).
 #[utoipa::path(post, path = "/admin/approvals/{id}/approve", tag = "admin", operation_id = "adminApprove",
     summary = "Approve a held payment",
-    description = "Admin. The agent's next retry with the same Idempotency-Key pays (once; its budgets and caps checked again then) and calls the upstream. An `approval.approve` operator event in the same transaction. Of two decisions on one approval exactly one wins; the other gets 409 `approval_decided`.",
+    description = "Admin. The agent's next retry with the same Idempotency-Key pays (once; its budgets and caps checked again then) and calls the upstream. An `approval.approve` operator event in the same transaction. Of two decisions on one approval exactly one wins; the other gets 409 `approval_decided`. Under the two-person rule (`REQUIRE_SECOND_ADMIN`) only a named admin approves: the bootstrap `OPERATOR_TOKEN` gets 403 `own_change` (it may deny).",
     security(("operatorToken" = [])),
     params(("id" = Uuid, Path, description = "The approval's id (not a uuid: 404).")),
     responses(
         (status = 200, description = "The approval, decided.", body = Approval),
         (status = 401, response = Unauthorized),
-        (status = 403, response = AdminOnly),
+        (status = 403, description = "Not an admin (`operator_only`), or the bootstrap token under the two-person rule (`own_change`); nothing changed.",
+            body = inline(crate::routes::inline::ApproveForbidden)),
         (status = 404, response = NotFound),
         (status = 409, response = ApprovalDecided),
         (status = 503, response = Unavailable),
@@ -83,6 +84,7 @@ pub async fn deny(state: web::Data<AppState>, op: Admin, id: web::Path<String>) 
 async fn decided(state: &AppState, op: &Admin, id: &str, decision: Decision) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(id).map_err(|_| ApiError::NotFound)?;
     let mut conn = state.conn().await?;
-    let approval = approval_queue::decide(&mut conn, &op.actor, id, decision).await?;
+    let named_only = state.config.second_admin.is_some();
+    let approval = approval_queue::decide(&mut conn, &op.actor, id, decision, named_only).await?;
     Ok(HttpResponse::Ok().json(approval))
 }

@@ -132,6 +132,8 @@ errors! {
     ChangeConflict => [ChangeStale, ChangeDecided];
     /// 403 of a confirmation: a viewer's token or an agent key, or the change's proposer.
     ConfirmForbidden => [OperatorOnly, OwnChange];
+    /// 403 of an approval: not an admin, or (the two-person rule) the bootstrap token.
+    ApproveForbidden => [OperatorOnly, OwnChange];
     /// 503 of `/route`.
     RouteUnavailable => [DatabaseUnavailable, PaymentNetworkUnavailable, PaymentsPaused];
 }

@@ -289,3 +289,36 @@ async fn an_agent_polling_on_two_routers_after_the_approval_pays_exactly_once() 
     assert_eq!(moved(&chain).await - before, U256::from(PRICE));
     assert_eq!(paid_at_upstream(&chain).await, 1);
 }
+
+/// Under the two-person rule a held payment is approved by a named admin: the bootstrap
+/// `OPERATOR_TOKEN` names nobody (it may be any admin's), so its approval is refused and
+/// nothing is signed; it may still deny.
+#[actix_web::test]
+async fn under_the_two_person_rule_the_bootstrap_token_cannot_approve_a_payment() {
+    const BOOTSTRAP: &str = "bootstrap-token-for-approval-tests-0123";
+    let chain = Devnet::start().await;
+    let mut extra = chain.router_extra();
+    extra.extend([
+        ("require-second-admin".to_owned(), "true".to_owned()),
+        ("operator-token".to_owned(), BOOTSTRAP.to_owned()),
+    ]);
+    let app = spawn_app_with(AppOptions { acquire_timeout_ms: 10_000, extra, ..Default::default() }).await;
+    set(&app.db, &app.agent, "approval_above = 0").await;
+    let before = moved(&chain).await;
+    let (key, body) = (new_key(), body(&chain));
+    let id = held(&app, &key, &body).await;
+    let (status, refused) = decide(&app, BOOTSTRAP, &id, "approve").await;
+    assert_eq!((status, refused["code"].as_str()), (403, Some("own_change")), "{refused}");
+    assert_eq!(held(&app, &key, &body).await, id, "still held");
+    assert_eq!((moved(&chain).await, paid_at_upstream(&chain).await), (before, 0));
+
+    let ada = admin(&app, "ada").await;
+    assert_eq!(decide(&app, &ada, &id, "approve").await.0, 200);
+    assert_eq!(call(&app, &key, &body).await.0, 200);
+    assert_eq!(paid_at_upstream(&chain).await, 1);
+
+    let (other_key, other_body) =
+        (new_key(), json!({"url": chain.url("/v2/weather?second=1"), "max_amount": "100000"}));
+    let second = held(&app, &other_key, &other_body).await;
+    assert_eq!(decide(&app, BOOTSTRAP, &second, "deny").await.0, 200, "the bootstrap token may still stop a payment");
+}

@@ -374,7 +374,12 @@ async fn the_bootstrap_token_is_one_admin_too() {
     let mine = proposed(&patch(&app, BOOTSTRAP, &agent, json!({"daily_budget": "20"})).await);
     assert_eq!(decide(&app, BOOTSTRAP, &mine, "confirm").await.1["code"], "own_change");
     assert_eq!(decide(&app, &ada, &mine, "confirm").await.0, 200);
+    // The bootstrap token names nobody: it may be ada's own, so it cannot be her second person.
     let hers = proposed(&patch(&app, &ada, &agent, json!({"daily_budget": "30"})).await);
-    assert_eq!(decide(&app, BOOTSTRAP, &hers, "confirm").await.0, 200);
+    let (status, refused) = decide(&app, BOOTSTRAP, &hers, "confirm").await;
+    assert_eq!((status, refused["code"].as_str()), (403, Some("own_change")), "{refused}");
+    assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "20");
+    let bob = admin(&app, "bob").await;
+    assert_eq!(decide(&app, &bob, &hers, "confirm").await.0, 200);
     assert_eq!(agent_json(&app, &ada, agent.id).await["daily_budget"], "30");
 }

@@ -345,8 +345,9 @@ pub enum DecideError {
     /// Already confirmed or rejected (by another admin, or twice), or expired.
     #[error("the change is already {}", .0.state.as_str())]
     Decided(Box<Proposal>),
-    /// The proposer tried to confirm their own change.
-    #[error("a change is confirmed by an admin other than the one who proposed it")]
+    /// The proposer tried to confirm their own change, or the confirmer is the bootstrap
+    /// `OPERATOR_TOKEN`, which names no person (it could be the proposer's).
+    #[error("a change is confirmed by a named admin other than the one who proposed it")]
     OwnChange,
     /// What the change would apply to changed since it was proposed.
     #[error("the change's target changed since it was proposed; propose it again")]
@@ -423,13 +424,19 @@ pub async fn reject(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> Re
     .await
 }
 
-/// Confirms the pending proposal `id` as `actor` (not its proposer) and applies exactly its
-/// values, in one transaction with a `change.confirm` event and the change's own event.
+/// Confirms the pending proposal `id` as `actor` (a named admin, not its proposer) and applies
+/// exactly its values, in one transaction with a `change.confirm` event and the change's own
+/// event.
 ///
 /// # Errors
 /// [`DecideError::NotFound`], [`DecideError::Decided`], [`DecideError::OwnChange`],
 /// [`DecideError::Stale`] (nothing written); database errors.
 pub async fn confirm(conn: &mut AsyncPgConnection, actor: &Actor, id: Uuid) -> Result<Confirmed, DecideError> {
+    // The rule counts people: a token without an operator row (the bootstrap
+    // `OPERATOR_TOKEN`) cannot show that its holder is not the proposer.
+    if actor.operator_id.is_none() {
+        return Err(DecideError::OwnChange);
+    }
     conn.transaction::<_, DecideError, _>(async |c| {
         let (proposal, base) = claim(c, actor, id, true).await?;
         let mut token = None;
