@@ -244,7 +244,18 @@ const NO_LIVE_OWNER: &str = "NOT EXISTS (SELECT 1 FROM idempotency_keys k \
         WHERE k.agent_id = p.agent_id AND k.key = p.idempotency_key AND k.status = 'in_flight' \
           AND k.created_at >= now() - make_interval(secs => $ABANDON::float8 / 1000))";
 
-/// One batch of intents to check, after `after` in `(created_at, id)` order.
+/// The intents a run checks, as a condition on a `payments p` row: a status `reconcile`
+/// decides, untouched for `$1` ms, and no live owner (`$2`: the abandon threshold in ms).
+fn candidate_condition() -> String {
+    format!(
+        "p.status IN {} \
+            AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
+            AND {}",
+        payments::sql_list(RECONCILED),
+        NO_LIVE_OWNER.replace("$ABANDON", "$2")
+    )
+}
+
 /// How many intents a run of all (`only: None`) would check now (the `reconcile` command's
 /// total, for its time left).
 ///
@@ -256,21 +267,15 @@ pub async fn count_candidates(conn: &mut AsyncPgConnection, settings: &Settings)
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let c: Count = diesel::sql_query(format!(
-        "SELECT count(*) AS n FROM payments p \
-          WHERE p.status IN {} \
-            AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
-            AND {}",
-        payments::sql_list(RECONCILED),
-        NO_LIVE_OWNER.replace("$ABANDON", "$2")
-    ))
-    .bind::<BigInt, _>(millis(settings.older_than))
-    .bind::<BigInt, _>(millis(settings.abandon_after))
-    .get_result(conn)
-    .await?;
+    let c: Count = diesel::sql_query(format!("SELECT count(*) AS n FROM payments p WHERE {}", candidate_condition()))
+        .bind::<BigInt, _>(millis(settings.older_than))
+        .bind::<BigInt, _>(millis(settings.abandon_after))
+        .get_result(conn)
+        .await?;
     Ok(u64::try_from(c.n).unwrap_or(0))
 }
 
+/// One batch of intents to check, after `after` in `(created_at, id)` order.
 async fn candidates(
     conn: &mut AsyncPgConnection,
     settings: &Settings,
@@ -283,15 +288,12 @@ async fn candidates(
                 EXISTS (SELECT 1 FROM receipts r WHERE r.agent_id = p.agent_id AND r.idempotency_key = p.idempotency_key \
                            AND r.request_hash = p.request_hash AND r.outcome = 'completed') AS served \
            FROM payments p \
-          WHERE p.status IN {} \
-            AND p.updated_at < now() - make_interval(secs => $1::float8 / 1000) \
-            AND {} \
+          WHERE {} \
             AND ($3::timestamptz IS NULL OR (p.created_at, p.id) > ($3, $4::uuid)) \
             AND ($6::uuid IS NULL OR p.id = $6) \
           ORDER BY p.created_at, p.id \
           LIMIT $5",
-        payments::sql_list(RECONCILED),
-        NO_LIVE_OWNER.replace("$ABANDON", "$2")
+        candidate_condition()
     ))
     .bind::<BigInt, _>(millis(settings.older_than))
     .bind::<BigInt, _>(millis(settings.abandon_after))
